@@ -1,0 +1,3 @@
+"""Built-in platform adapters; importing this package registers them by kind."""
+
+from replyd.platforms import memory  # noqa: F401
