@@ -1,3 +1,4 @@
 """Built-in platform adapters; importing this package registers them by kind."""
 
 from replyd.platforms import memory  # noqa: F401
+from replyd.platforms import mastodon  # noqa: F401

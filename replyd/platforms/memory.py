@@ -1,1 +1,202 @@
-"""Placeholder; replaced below."""
+"""A scripted platform for tests: in memory, or shared between processes through a journal file.
+
+Each ``send`` consumes the next step of ``script`` (default "ok"), so a test
+says exactly which fault the next send meets. With ``journal`` set, every
+created reply is appended to that file (one JSON line, ``O_APPEND``) and read
+back from it, so several OS processes see one platform and a test counts the
+replies that really exist.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from replyd.clock import Clock, SystemClock
+from replyd.errors import AlreadyLanded, BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, RateLimited, Rejected
+from replyd.platform import Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, register_platform
+
+# What a scripted send can meet.
+STEPS = (
+    "ok",  # created, answered
+    "not_sent",  # refused before acting (connect refused)
+    "rate_limited",  # 429 before acting
+    "rejected",  # 422
+    "lost",  # created, then the response is lost (MaybeSent)
+    "error_before",  # 5xx-ish ambiguity, but nothing was created (MaybeSent)
+    "crash_before",  # the process dies before the request leaves
+    "crash_after",  # the process dies after the platform created the reply
+    "already_landed",  # the platform says a reply already exists at this key
+)
+
+
+@register_platform("memory")
+class MemoryPlatform:
+    """An in-memory (or journal-file) platform whose every send follows a script."""
+
+    def __init__(
+        self,
+        *,
+        instance: str = "memory:test",
+        sender_id: str = "bot-1",
+        listing_delay_s: float = 0.0,
+        journal: str | Path | None = None,
+        clock: Clock | None = None,
+        script: Sequence[str] = (),
+    ) -> None:
+        self.instance = instance
+        self.sender_id = sender_id
+        self.listing_delay_s = listing_delay_s
+        self.clock = clock or SystemClock()
+        self.journal = Path(journal) if journal else None
+        self.script = list(script)
+        self.readback_failures = 0  # the next N read-backs raise
+        self.real_listing_delay_s: float | None = None  # when the platform is slower than configured
+        self.send_calls = 0
+        self.readback_calls = 0
+        self.parents: dict[str, Parent] = {}
+        self._replies: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock) -> MemoryPlatform:
+        """Build from config keys ``instance``, ``sender_id``, ``listing_delay_s``, ``journal``."""
+        try:
+            return cls(
+                instance=str(settings.get("instance", "memory:test")),
+                sender_id=str(settings.get("sender_id", "bot-1")),
+                listing_delay_s=float(settings.get("listing_delay_s", 0.0)),
+                journal=settings.get("journal"),
+                clock=clock,
+            )
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"memory platform: {exc}") from None
+
+    # -- world setup for tests ----------------------------------------------------
+
+    def add_parent(self, parent_id: str, author_id: str = "user-1", **kw: Any) -> Parent:
+        """Create a parent post the bot can find."""
+        p = Parent(id=parent_id, author_id=author_id, created_at=self.clock.now(), **kw)
+        self.parents[parent_id] = p
+        return p
+
+    def replies(self) -> list[dict[str, Any]]:
+        """Return every reply that exists on the platform (all processes, with a journal)."""
+        if self.journal is None:
+            with self._lock:
+                return list(self._replies)
+        if not self.journal.exists():
+            return []
+        out = []
+        for line in self.journal.read_text().splitlines():
+            if line.strip():
+                out.append(json.loads(line))
+        return out
+
+    def reply_count(self, parent_id: str) -> int:
+        """Return how many replies by the bot exist under ``parent_id``."""
+        return sum(1 for r in self.replies() if r["parent_id"] == parent_id and r["sender_id"] == self.sender_id)
+
+    # -- Protocol ------------------------------------------------------------------
+
+    def whoami(self) -> Identity:
+        """Return the configured sender id."""
+        return Identity(self.sender_id, "bot")
+
+    def inbox(self, cursor: str | None) -> Page:
+        """Return every parent added after ``cursor`` (its index)."""
+        items = list(self.parents.values())
+        start = int(cursor) if cursor else 0
+        return Page(items[start:], str(len(items)))
+
+    def search(self, query: str, cursor: str | None) -> Page:
+        """Return parents whose text contains ``query``."""
+        return Page([p for p in self.parents.values() if query.lower() in p.text.lower()], cursor)
+
+    def refind(self, since: float) -> list[Parent]:
+        """Return parents created since ``since``."""
+        return [p for p in self.parents.values() if (p.created_at or 0) >= since]
+
+    def resolve(self, ref: str) -> Parent:
+        """Return the parent with id ``ref`` (or a bare parent if unknown)."""
+        return self.parents.get(ref) or Parent(id=ref, author_id="")
+
+    def _create(self, parent: Parent, text: str, provider_key: str) -> str:
+        reply_id = f"r-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        rec = {
+            "reply_id": reply_id,
+            "parent_id": parent.id,
+            "sender_id": self.sender_id,
+            "at": self.clock.now(),
+            "text": text,
+            "provider_key": provider_key,
+        }
+        if self.journal is None:
+            with self._lock:
+                self._replies.append(rec)
+        else:
+            # One write() with O_APPEND: lines from racing processes never interleave.
+            fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, (json.dumps(rec) + "\n").encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return reply_id
+
+    def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
+        """Follow the next script step; create the reply when the step says so."""
+        self.send_calls += 1
+        step = self.script.pop(0) if self.script else "ok"
+        if step not in STEPS:
+            raise ValueError(f"unknown script step {step!r}")
+        if step == "crash_before":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if step == "not_sent":
+            raise DefinitelyNotSent("connection refused")
+        if step == "rate_limited":
+            raise RateLimited("429", retry_after_s=30.0)
+        if step == "rejected":
+            raise Rejected("422 validation failed", status=422)
+        if step == "error_before":
+            raise MaybeSent("502 bad gateway", status=502)
+        if step == "already_landed":
+            mine = [r for r in self.replies() if r["parent_id"] == parent.id and r["sender_id"] == self.sender_id]
+            raise AlreadyLanded("already a value at key", reply_id=mine[0]["reply_id"] if mine else None)
+        reply_id = self._create(parent, text, provider_key)
+        if step == "crash_after":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if step == "lost":
+            raise MaybeSent("connection reset after the request was sent")
+        return Sent(reply_id)
+
+    def read_back(self, pending: Sequence[Pending], *, sender_id: str) -> ReadBack:
+        """Return own replies visible after the (real) listing delay; all pending are checked."""
+        self.readback_calls += 1
+        if self.readback_failures > 0:
+            self.readback_failures -= 1
+            raise BadResponse("read-back failed (scripted)")
+        delay = self.listing_delay_s if self.real_listing_delay_s is None else self.real_listing_delay_s
+        now = self.clock.now()
+        wanted = {p.parent.id for p in pending}
+        found: dict[str, list[OwnReply]] = {}
+        for r in sorted(self.replies(), key=lambda r: r["at"]):
+            if r["sender_id"] == sender_id and r["parent_id"] in wanted and r["at"] + delay <= now:
+                found.setdefault(r["parent_id"], []).append(OwnReply(r["reply_id"], r["parent_id"], r["at"]))
+        return ReadBack(found=found, checked=wanted)
+
+    def delete(self, reply_id: str) -> None:
+        """Remove one reply (in-memory mode only)."""
+        with self._lock:
+            self._replies = [r for r in self._replies if r["reply_id"] != reply_id]
+
+    def close(self) -> None:
+        """Nothing to release."""

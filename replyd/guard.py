@@ -1,0 +1,375 @@
+"""The one posting function: every reply replyd sends leaves through ``Guard.post``.
+
+Order of work for one parent (DESIGN.md, "States"):
+
+1. pre-check and claim in one write transaction: insert the key's row if absent
+   (``ON CONFLICT DO NOTHING``), or compare-and-set a claimable row (released,
+   an expired ``composing`` lease, or ``not_landed`` with an attempt left);
+2. with a responder, the claim is ``composing`` (cheap, never sent) and the text
+   is written next; ``open`` is committed durably right before the send;
+3. send through the adapter; close with the reply id read back from the
+   response, release only when the adapter proves nothing was sent, reject on a
+   refusal, and leave the row open for the sweep on anything ambiguous.
+
+If the log cannot be written nothing is sent (fail closed) and the caller gets
+``StoreError``, distinct from ``ContentionError``.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from replyd import store as st
+from replyd.clock import Clock, SystemClock
+from replyd.errors import (
+    AlreadyLanded,
+    ContentionError,
+    DefinitelyNotSent,
+    PlatformError,
+    RateLimited,
+    Rejected,
+    StoreError,
+)
+from replyd.platform import Identity, Parent, Platform, default_provider_key
+from replyd.store import Key, Reply, Store
+
+log = structlog.get_logger("replyd.guard")
+
+Compose = Callable[[Parent], "str | None"]
+
+
+class Status(enum.StrEnum):
+    """What happened to one call of ``Guard.post``, as a value the caller acts on."""
+
+    POSTED = "posted"  # this call sent the reply; reply_id set
+    ALREADY_ANSWERED = "already_answered"  # a reply exists; reply_id set
+    IN_FLIGHT = "in_flight"  # someone holds the key, or it awaits the sweep
+    NOT_SENT = "not_sent"  # provably not sent; retry later (retry_after_s)
+    UNCERTAIN = "uncertain"  # this call's send may have landed; the sweep decides
+    REJECTED = "rejected"  # the platform refused; terminal until rearmed
+    GAVE_UP = "gave_up"  # attempts exhausted; terminal until rearmed
+    DECLINED = "declined"  # the responder chose not to answer
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of one ``Guard.post`` or ``Guard.check`` call."""
+
+    status: Status
+    key: Key
+    state: str | None = None
+    attempt: int = 0
+    reply_id: str | None = None
+    detail: str = ""
+    retry_after_s: float | None = None
+
+    @property
+    def sent(self) -> bool:
+        """True when this call made the platform create a reply."""
+        return self.status is Status.POSTED
+
+
+def text_hash(text: str) -> str:
+    """Return the hash stored with an open row (text is never part of the key)."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _classify(row: Reply, key: Key, now: float) -> Outcome:
+    """Describe an existing row the caller may not claim."""
+    s = row.state
+    if s == st.CLOSED:
+        return Outcome(Status.ALREADY_ANSWERED, key, s, row.attempt, row.reply_id)
+    if s == st.REJECTED:
+        return Outcome(Status.REJECTED, key, s, row.attempt, detail=row.error or "")
+    if s == st.GAVE_UP:
+        return Outcome(Status.GAVE_UP, key, s, row.attempt, detail=row.error or "")
+    if s == st.DECLINED:
+        return Outcome(Status.DECLINED, key, s, row.attempt)
+    if s == st.RELEASED and row.not_before and row.not_before > now:
+        return Outcome(Status.NOT_SENT, key, s, row.attempt, detail="backing off", retry_after_s=row.not_before - now)
+    return Outcome(Status.IN_FLIGHT, key, s, row.attempt)
+
+
+class Guard:
+    """Posts replies for one bot on one platform, each parent at most once."""
+
+    def __init__(
+        self,
+        store: Store,
+        platform: Platform,
+        identity: Identity,
+        *,
+        clock: Clock | None = None,
+        owner: str | None = None,
+        max_attempts: int = 2,
+        send_timeout_s: float = 30.0,
+        compose_lease_s: float = 120.0,
+        dry_run: bool = False,
+    ) -> None:
+        self.store = store
+        self.platform = platform
+        self.identity = identity
+        self.clock = clock or store.clock or SystemClock()
+        self.owner = owner or st.make_owner()
+        self.max_attempts = max_attempts
+        self.send_timeout_s = send_timeout_s
+        self.compose_lease_s = compose_lease_s
+        self.dry_run = dry_run
+        self.claiming = True  # the daemon clears this on shutdown: no new claims
+
+    def key(self, parent_id: str) -> Key:
+        """Return the answered-log key for ``parent_id`` exactly as given."""
+        return Key(self.platform.instance, self.identity.sender_id, parent_id)
+
+    def provider_key(self, parent_id: str) -> str:
+        """Return the idempotency key for this parent: the same on every attempt."""
+        custom = getattr(self.platform, "provider_key", None)
+        if callable(custom):
+            return custom(self.identity.sender_id, parent_id)
+        return default_provider_key(self.platform.instance, self.identity.sender_id, parent_id)
+
+    # -- read-only ---------------------------------------------------------------
+
+    def check(self, parent_id: str) -> Outcome | None:
+        """Return what ``post`` would meet for ``parent_id`` without claiming; None if unseen."""
+        key = self.key(parent_id)
+        row = self.store.get(key)
+        if row is None:
+            return None
+        if self._claimable(row, self.clock.now()):
+            return Outcome(Status.NOT_SENT, key, row.state, row.attempt, detail="claimable")
+        return _classify(row, key, self.clock.now())
+
+    # -- the one posting function ---------------------------------------------------
+
+    def post(self, parent: Parent, text: str | Compose, *, path: str = "api") -> Outcome:
+        """Reply to ``parent`` at most once; ``text`` is the reply or a responder to call once."""
+        key = self.key(parent.id)
+        if not self.claiming:
+            return Outcome(Status.NOT_SENT, key, detail="shutting down")
+        compose = None if isinstance(text, str) else text
+        claim = self._claim(key, parent, path, None if compose else text)
+        if isinstance(claim, Outcome):
+            return claim
+        row = claim
+        if compose is not None:
+            written = self._compose(key, parent, row, compose)
+            if isinstance(written, Outcome):
+                return written
+            body = written
+            row = self._open_composed(key, row, body)
+            if isinstance(row, Outcome):
+                return row
+        else:
+            body = text  # type: ignore[assignment]
+        return self._send(key, parent, row, body)
+
+    def _claimable(self, row: Reply, now: float) -> bool:
+        if row.state == st.RELEASED:
+            return not row.not_before or row.not_before <= now
+        if row.state == st.COMPOSING:
+            return row.lease_until is not None and row.lease_until < now
+        if row.state == st.NOT_LANDED:
+            return row.attempt < self.max_attempts
+        return False
+
+    def _claim(self, key: Key, parent: Parent, path: str, text: str | None) -> Reply | Outcome:
+        """Take the key atomically; return the claimed row, or an Outcome if not ours."""
+        now = self.clock.now()
+        if text is not None:
+            state, extra = st.OPEN, self._open_values(now, text)
+        else:
+            state, extra = st.COMPOSING, {"lease_owner": self.owner, "lease_until": now + self.compose_lease_s}
+        if self.dry_run:
+            row = self.store.get(key)
+            if row is not None and not self._claimable(row, now):
+                return _classify(row, key, now)
+            return Outcome(Status.NOT_SENT, key, detail="dry run: would post")
+        try:
+            with self.store.tx(relaxed=state == st.COMPOSING, doing="claiming") as conn:
+                row = self.store.get(key, conn)
+                if row is None:
+                    values = {
+                        "state": state,
+                        "attempt": 1,
+                        "created_at": now,
+                        "updated_at": now,
+                        "path": path,
+                        "snapshot": json.dumps(parent.snapshot(), default=str),
+                        "owner": self.owner,
+                        "provider_key": self.provider_key(parent.id),
+                        **extra,
+                    }
+                    won = self.store.insert_new(conn, key, values)
+                    attempt = 1
+                elif self._claimable(row, now):
+                    attempt = row.attempt + 1 if row.state == st.NOT_LANDED else row.attempt
+                    values = {
+                        "state": state,
+                        "attempt": attempt,
+                        "updated_at": now,
+                        "path": path,
+                        "snapshot": json.dumps(parent.snapshot(), default=str),
+                        "owner": self.owner,
+                        "error": None,
+                        "not_before": None,
+                        "reply_id": None,
+                        **extra,
+                    }
+                    won = self.store.cas(conn, key, states=[row.state], attempt=row.attempt, values=values)
+                else:
+                    return _classify(row, key, now)
+                if won:
+                    self.store.add_event(
+                        conn, key, "claimed", state=state, attempt=attempt, owner=self.owner, detail={"path": path}
+                    )
+                else:
+                    # Lost the race; whatever won must be reported, including a finished answer.
+                    row = self.store.get(key, conn)
+            if not won:
+                return _classify(row, key, now) if row else Outcome(Status.IN_FLIGHT, key)
+        except ContentionError:
+            log.warning("replyd.guard.contended", parent_id=key.parent_id)
+            raise
+        except StoreError as exc:
+            log.error("replyd.guard.store_failed", parent_id=key.parent_id, error=str(exc))
+            raise
+        log.info("replyd.guard.claimed", parent_id=key.parent_id, state=state, attempt=attempt, path=path)
+        return Reply(**{**values, "platform": key.platform, "sender_id": key.sender_id, "parent_id": key.parent_id})
+
+    def _open_values(self, now: float, text: str) -> dict[str, Any]:
+        return {
+            "opened_at": now,
+            "deadline_at": now + self.send_timeout_s + self.platform.listing_delay_s,
+            "text_hash": text_hash(text),
+            "lease_owner": None,
+            "lease_until": None,
+        }
+
+    def _compose(self, key: Key, parent: Parent, row: Reply, compose: Compose) -> str | Outcome:
+        """Call the responder once for a composing claim; release or decline on failure."""
+        try:
+            text = compose(parent)
+        except Exception as exc:  # a responder failure costs no attempt: the row goes back
+            detail = f"{type(exc).__name__}: {exc}"[:300]
+            self._transition(key, [st.COMPOSING], row.attempt, st.RELEASED, "responder_failed", {"error": detail}, relaxed=True)
+            log.warning("replyd.guard.responder_failed", parent_id=key.parent_id, error=detail)
+            return Outcome(Status.NOT_SENT, key, st.RELEASED, row.attempt, detail=detail)
+        if not text or not text.strip():
+            self._transition(key, [st.COMPOSING], row.attempt, st.DECLINED, "declined", {}, relaxed=True)
+            return Outcome(Status.DECLINED, key, st.DECLINED, row.attempt)
+        return text
+
+    def _open_composed(self, key: Key, row: Reply, text: str) -> Reply | Outcome:
+        """Turn our composing claim into a durable open row, unless the lease was lost."""
+        now = self.clock.now()
+        values = {**self._open_values(now, text), "state": st.OPEN, "updated_at": now}
+        with self.store.tx(doing="opening") as conn:
+            ok = self.store.cas(
+                conn, key, states=[st.COMPOSING], attempt=row.attempt, values=values,
+                extra_where=st.REPLIES.c.lease_owner == self.owner,
+            )
+            if ok:
+                self.store.add_event(conn, key, "opened", state=st.OPEN, attempt=row.attempt, owner=self.owner)
+            else:
+                current = self.store.get(key, conn)
+        if not ok:
+            return _classify(current, key, now) if current else Outcome(Status.IN_FLIGHT, key)
+        return Reply(**{**row.model_dump(), **values})
+
+    def _send(self, key: Key, parent: Parent, row: Reply, text: str) -> Outcome:
+        attempt = row.attempt
+        try:
+            sent = self.platform.send(parent, text, provider_key=row.provider_key or self.provider_key(parent.id))
+        except AlreadyLanded as exc:
+            if exc.reply_id:
+                return self._close(key, attempt, exc.reply_id, "already_landed")
+            self._note_open(key, attempt, exc)
+            return Outcome(Status.UNCERTAIN, key, st.OPEN, attempt, detail=exc.detail)
+        except RateLimited as exc:
+            now = self.clock.now()
+            nb = now + (exc.retry_after_s or 60.0)
+            self._transition(key, [st.OPEN], attempt, st.RELEASED, "released", {"error": str(exc), "not_before": nb}, error=exc)
+            return Outcome(Status.NOT_SENT, key, st.RELEASED, attempt, detail=exc.detail, retry_after_s=nb - now)
+        except DefinitelyNotSent as exc:
+            self._transition(key, [st.OPEN], attempt, st.RELEASED, "released", {"error": str(exc)}, error=exc)
+            return Outcome(Status.NOT_SENT, key, st.RELEASED, attempt, detail=exc.detail)
+        except Rejected as exc:
+            self._transition(key, [st.OPEN], attempt, st.REJECTED, "rejected", {"error": str(exc)}, error=exc)
+            return Outcome(Status.REJECTED, key, st.REJECTED, attempt, detail=exc.detail)
+        except PlatformError as exc:
+            self._note_open(key, attempt, exc)
+            return Outcome(Status.UNCERTAIN, key, st.OPEN, attempt, detail=exc.detail)
+        except Exception as exc:  # an unmapped error after the request may have left: never release
+            self._note_open(key, attempt, exc)
+            return Outcome(Status.UNCERTAIN, key, st.OPEN, attempt, detail=f"{type(exc).__name__}: {exc}"[:300])
+        return self._close(key, attempt, sent.reply_id, "closed")
+
+    def _close(self, key: Key, attempt: int, reply_id: str, kind: str) -> Outcome:
+        """Close our row with the reply id; a lost close is left to the sweep."""
+        now = self.clock.now()
+        values = {"state": st.CLOSED, "reply_id": reply_id, "closed_at": now, "updated_at": now, "error": None}
+        try:
+            with self.store.tx(relaxed=True, doing="closing") as conn:
+                # not_landed at our attempt: the sweep looked too early; our reply did land.
+                ok = self.store.cas(conn, key, states=[st.OPEN, st.NOT_LANDED], attempt=attempt, values=values)
+                if ok:
+                    self.store.add_event(conn, key, kind, state=st.CLOSED, attempt=attempt, owner=self.owner, detail={"reply_id": reply_id})
+                else:
+                    self.store.add_event(conn, key, "late_landing", attempt=attempt, owner=self.owner, detail={"reply_id": reply_id})
+        except StoreError as exc:
+            log.error("replyd.guard.close_failed", parent_id=key.parent_id, reply_id=reply_id, error=str(exc))
+            return Outcome(Status.POSTED, key, st.OPEN, attempt, reply_id, detail="posted; close not recorded, the sweep will close it")
+        if not ok:
+            log.warning("replyd.guard.late_landing", parent_id=key.parent_id, reply_id=reply_id, attempt=attempt)
+        log.info("replyd.guard.posted", parent_id=key.parent_id, reply_id=reply_id, attempt=attempt)
+        return Outcome(Status.POSTED, key, st.CLOSED, attempt, reply_id)
+
+    def _transition(
+        self,
+        key: Key,
+        states: list[str],
+        attempt: int,
+        to: str,
+        kind: str,
+        detail: dict[str, Any],
+        *,
+        error: BaseException | None = None,
+        relaxed: bool = False,
+    ) -> bool:
+        now = self.clock.now()
+        values: dict[str, Any] = {"state": to, "updated_at": now, "lease_owner": None, "lease_until": None}
+        if "not_before" in detail:
+            values["not_before"] = detail["not_before"]
+        if error is not None or "error" in detail:
+            values["error"] = detail.get("error") or str(error)
+        try:
+            with self.store.tx(relaxed=relaxed, doing=kind) as conn:
+                ok = self.store.cas(conn, key, states=states, attempt=attempt, values=values)
+                if ok:
+                    self.store.add_event(conn, key, kind, state=to, attempt=attempt, owner=self.owner, detail=detail)
+        except StoreError as exc:
+            # The row stays as it was (open rows are swept); never guess a state.
+            log.error("replyd.guard.transition_failed", parent_id=key.parent_id, to=to, error=str(exc))
+            return False
+        log.info(f"replyd.guard.{kind}", parent_id=key.parent_id, attempt=attempt, ok=ok, **{k: v for k, v in detail.items() if k == "error"})
+        return ok
+
+    def _note_open(self, key: Key, attempt: int, exc: BaseException) -> None:
+        """Record an ambiguous send: the row stays open for the sweep."""
+        detail = (getattr(exc, "detail", "") or f"{type(exc).__name__}: {exc}")[:300]
+        now = self.clock.now()
+        try:
+            with self.store.tx(relaxed=True, doing="recording an ambiguous send") as conn:
+                self.store.cas(conn, key, states=[st.OPEN], attempt=attempt, values={"error": detail, "updated_at": now})
+                self.store.add_event(conn, key, "maybe_sent", state=st.OPEN, attempt=attempt, owner=self.owner, detail={"error": detail})
+        except StoreError:
+            pass  # the open row itself is durable; this note is only for explain
+        log.warning("replyd.guard.maybe_sent", parent_id=key.parent_id, attempt=attempt, error=detail)

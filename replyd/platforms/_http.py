@@ -1,0 +1,482 @@
+"""Shared httpx helpers for platform adapters: error mapping, JSON fields, headers.
+
+Every adapter (Mastodon, Discourse, GitHub, Bluesky) talks HTTP through one
+shared ``httpx.Client`` and must map what it meets into ``replyd.errors`` the
+same way. The mapping lives here so the adapters cannot drift apart:
+
+=====================================================  ===================  ===================
+what happened                                          acting request       read request
+                                                       (POST/PUT/PATCH/     (GET/HEAD/OPTIONS)
+                                                       DELETE)
+=====================================================  ===================  ===================
+ConnectError (refused, DNS, TLS), ConnectTimeout,      DefinitelyNotSent    DefinitelyNotSent
+PoolTimeout, ProxyError, UnsupportedProtocol,
+InvalidURL: no byte reached the server
+ReadTimeout, WriteTimeout, ReadError, WriteError,      MaybeSent            DefinitelyNotSent
+RemoteProtocolError, any other transport error
+HTTP 429                                               RateLimited          RateLimited
+HTTP 401, 403 (auth: the server did nothing)           DefinitelyNotSent    DefinitelyNotSent
+HTTP 408 (server never got the whole request)          DefinitelyNotSent    DefinitelyNotSent
+HTTP 400-499 otherwise (404, 409, 410, 413, 422 ...)   Rejected             Rejected
+HTTP 500-599                                           MaybeSent            DefinitelyNotSent
+other non-2xx (1xx, 3xx: redirects are not followed)   MaybeSent            BadResponse
+2xx body not JSON / wrong type / field missing         BadResponse (the adapter decides
+                                                       whether a send's 2xx becomes MaybeSent)
+=====================================================  ===================  ===================
+
+A read cannot create anything, so its failures are ``DefinitelyNotSent``: the
+caller only needs to know that the read did not happen. Status mapping never
+looks at the error text: platforms localise it.
+
+Secrets: pass them as ``secrets=`` and every detail these helpers build has
+them masked. Authorisation goes through :class:`BearerAuth`, whose ``repr``
+hides the token, and transport exceptions are re-raised ``from None`` so a
+traceback renderer that prints frame locals (structlog's rich tracebacks do by
+default) never walks into httpcore frames holding raw header bytes.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+import re
+import threading
+from collections.abc import Callable, Generator, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from html.parser import HTMLParser
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+
+from replyd.errors import (
+    BadResponse,
+    DefinitelyNotSent,
+    MaybeSent,
+    RateLimited,
+    Rejected,
+)
+
+ACTING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+# These fail before any request byte is written, so nothing can have acted.
+_NEVER_LEFT: tuple[type[Exception], ...] = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.ProxyError,
+    httpx.UnsupportedProtocol,
+    httpx.InvalidURL,
+)
+
+_MAX_SERVER_TEXT = 200
+
+
+class BearerAuth(httpx.Auth):
+    """Adds ``Authorization: <scheme> <token>`` to each request; its repr hides the token."""
+
+    def __init__(self, token: str, scheme: str = "Bearer") -> None:
+        self._token = token
+        self._scheme = scheme
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        """Set the header and send the request once."""
+        request.headers["Authorization"] = f"{self._scheme} {self._token}"
+        yield request
+
+    def __repr__(self) -> str:
+        return f"BearerAuth(scheme={self._scheme!r}, token=<redacted>)"
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """Return ``text`` with every non-empty secret replaced by ``<redacted>``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "<redacted>")
+    return text
+
+
+def is_acting(method: str) -> bool:
+    """Return whether a request with ``method`` can change state on the server."""
+    return method.upper() in ACTING_METHODS
+
+
+def request(
+    client: httpx.Client,
+    method: str,
+    url: str,
+    *,
+    what: str,
+    acts: bool | None = None,
+    secrets: Iterable[str] = (),
+    **kwargs: Any,
+) -> httpx.Response:
+    """Send one request and return the response (any status); map transport errors.
+
+    ``acts`` defaults to ``is_acting(method)``; pass it explicitly for a POST
+    that only reads (a search RPC). ``kwargs`` go to ``client.request``.
+    Status codes are not checked here: call :func:`raise_for_status`.
+    """
+    acting = is_acting(method) if acts is None else acts
+    secrets = tuple(secrets)
+    try:
+        return client.request(method, url, **kwargs)
+    except _NEVER_LEFT as exc:
+        detail = redact(f"{what}: {type(exc).__name__}: {exc} (nothing sent)", secrets)
+        raise DefinitelyNotSent(detail) from None
+    except httpx.HTTPError as exc:
+        cls = MaybeSent if acting else DefinitelyNotSent
+        tail = "outcome unknown" if acting else "read failed"
+        detail = redact(f"{what}: {type(exc).__name__}: {exc} ({tail})", secrets)
+        raise cls(detail) from None
+
+
+def server_error_text(resp: httpx.Response) -> str:
+    """Return the server's short error text (JSON ``error``/``message``), for logs only."""
+    try:
+        data = json.loads(resp.content)
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    text: Any = ""
+    if isinstance(data, dict):
+        text = data.get("error") or data.get("message") or data.get("error_description") or ""
+        if isinstance(text, dict):
+            text = text.get("message", "")
+    if not isinstance(text, str):
+        return ""
+    text = " ".join(text.split())
+    return text[:_MAX_SERVER_TEXT]
+
+
+def raise_for_status(
+    resp: httpx.Response,
+    *,
+    what: str,
+    acts: bool | None = None,
+    now: Callable[[], float],
+    secrets: Iterable[str] = (),
+) -> None:
+    """Return if ``resp`` is 2xx, else raise the mapped ``PlatformError`` (see module table)."""
+    status = resp.status_code
+    if 200 <= status < 300:
+        return
+    acting = is_acting(resp.request.method) if acts is None else acts
+    server_text = server_error_text(resp)
+    detail = f"{what}: HTTP {status}" + (f" ({server_text})" if server_text else "")
+    detail = redact(detail, secrets)
+    if status == 429:
+        raise RateLimited(detail, status=status, retry_after_s=retry_after_s(resp, now()))
+    if status in (401, 403, 408):
+        raise DefinitelyNotSent(detail, status=status)
+    if 400 <= status < 500:
+        raise Rejected(detail, status=status)
+    if status >= 500:
+        raise (MaybeSent if acting else DefinitelyNotSent)(detail, status=status)
+    raise (MaybeSent if acting else BadResponse)(f"{detail}: unexpected status", status=status)
+
+
+# --- JSON bodies -----------------------------------------------------------------------
+
+_JSON_TYPE_NAMES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def json_body(resp: httpx.Response, what: str, expect: type | None = None) -> Any:
+    """Parse the body as JSON; raise ``BadResponse`` saying what was wrong with it.
+
+    ``expect`` (``dict`` or ``list``) checks the top-level type.
+    """
+    try:
+        data = json.loads(resp.content)
+    except (ValueError, UnicodeDecodeError):
+        ctype = resp.headers.get("content-type", "").split(";")[0].strip() or "no content-type"
+        raise BadResponse(f"{what}: not JSON ({ctype})", status=resp.status_code) from None
+    if expect is not None and not isinstance(data, expect):
+        raise BadResponse(
+            f"{what}: expected {_JSON_TYPE_NAMES.get(expect, expect.__name__)} at top level, "
+            f"got {_json_type(data)}",
+            status=resp.status_code,
+        )
+    return data
+
+
+_MISSING = object()
+
+
+def field(obj: Any, path: str, what: str, kind: type | tuple[type, ...] = str, *, default: Any = _MISSING) -> Any:
+    """Return ``obj[a][b]…`` for the dotted ``path``; raise ``BadResponse`` naming the field.
+
+    A missing (or null) value returns ``default`` when one is given. A present
+    value of the wrong type always raises. ``kind=str`` also refuses "".
+    """
+    cur = obj
+    for part in path.split("."):
+        if not isinstance(cur, dict) or cur.get(part) is None:
+            if default is not _MISSING:
+                return default
+            raise BadResponse(f"{what}: field {path} missing")
+        cur = cur[part]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    # bool is an int in Python; a JSON true is never a valid number or id here.
+    if not isinstance(cur, kinds) or (isinstance(cur, bool) and bool not in kinds):
+        raise BadResponse(f"{what}: field {path} is {_json_type(cur)}, not {'/'.join(k.__name__ for k in kinds)}")
+    if cur == "" and str in kinds:
+        if default is not _MISSING:
+            return default
+        raise BadResponse(f"{what}: field {path} is empty")
+    return cur
+
+
+# --- time ------------------------------------------------------------------------------
+
+
+def iso_to_epoch(value: str) -> float:
+    """Parse an ISO-8601 timestamp (``Z`` or offset; naive means UTC) to epoch seconds.
+
+    Raises ``ValueError`` on anything else.
+    """
+    if not isinstance(value, str):
+        raise ValueError("not a string")
+    text = value.strip()
+    if text.endswith(("z", "Z")):
+        text = text[:-1] + "+00:00"
+    dt = datetime.fromisoformat(text)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def parse_reset(value: str, now: float) -> float | None:
+    """Turn a rate-limit reset header into epoch seconds, or ``None`` if unreadable.
+
+    Accepts an ISO-8601 time (Mastodon), epoch seconds (GitHub, Bluesky: any
+    number ≥ 1e9) or seconds from now (smaller numbers).
+    """
+    text = value.strip()
+    try:
+        number = float(text)
+    except ValueError:
+        try:
+            return iso_to_epoch(text)
+        except ValueError:
+            return None
+    if not math.isfinite(number) or number < 0:
+        return None
+    return number if number >= 1e9 else now + number
+
+
+def retry_after_s(resp: httpx.Response, now: float) -> float | None:
+    """Seconds to wait after ``resp``: ``Retry-After`` (seconds or HTTP-date), else the reset header.
+
+    Returns ``None`` when the response says nothing usable; never negative.
+    """
+    raw = resp.headers.get("retry-after")
+    if raw is not None:
+        raw = raw.strip()
+        try:
+            seconds = float(raw)
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(raw)
+            except (TypeError, ValueError):
+                when = None
+            if when is not None:
+                if when.tzinfo is None:
+                    when = when.replace(tzinfo=timezone.utc)
+                return max(0.0, when.timestamp() - now)
+        else:
+            if math.isfinite(seconds):
+                return max(0.0, seconds)
+    for name in ("x-ratelimit-reset", "ratelimit-reset"):
+        reset_raw = resp.headers.get(name)
+        if reset_raw is not None:
+            reset = parse_reset(reset_raw, now)
+            if reset is not None:
+                return max(0.0, reset - now)
+    return None
+
+
+# --- rate limits -----------------------------------------------------------------------
+
+
+@dataclass
+class _Bucket:
+    remaining: int | None = None
+    reset_at: float | None = None
+
+
+class RateLimits:
+    """Remembers the last rate-limit headers per bucket; refuses requests while one is spent.
+
+    Platforms keep several budgets (Mastodon: every API call, plus a separate
+    one for creating statuses), so callers name the bucket a response reports
+    on and the buckets a request draws from. Thread-safe.
+    """
+
+    REMAINING_HEADERS = ("x-ratelimit-remaining", "ratelimit-remaining")
+    RESET_HEADERS = ("x-ratelimit-reset", "ratelimit-reset")
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+        self._lock = threading.Lock()
+        self._buckets: dict[str, _Bucket] = {}
+
+    def check(self, buckets: Iterable[str], *, what: str) -> None:
+        """Raise ``RateLimited`` (nothing sent) if any of ``buckets`` is spent until a future reset."""
+        now = self._now()
+        wait = 0.0
+        spent = ""
+        with self._lock:
+            for name in buckets:
+                b = self._buckets.get(name)
+                if b is None or b.remaining is None or b.remaining > 0 or b.reset_at is None:
+                    continue
+                if b.reset_at > now and b.reset_at - now > wait:
+                    wait, spent = b.reset_at - now, name
+        if spent:
+            raise RateLimited(
+                f"{what}: rate limit {spent!r} spent, resets in {wait:.0f}s (not sent)",
+                status=None,
+                retry_after_s=wait,
+            )
+
+    def note(self, bucket: str, resp: httpx.Response) -> None:
+        """Record the rate-limit headers of ``resp`` (and a 429's wait) under ``bucket``."""
+        now = self._now()
+        remaining = _first_int(resp.headers, self.REMAINING_HEADERS)
+        reset_at = None
+        for name in self.RESET_HEADERS:
+            if name in resp.headers:
+                reset_at = parse_reset(resp.headers[name], now)
+                break
+        if resp.status_code == 429:
+            wait = retry_after_s(resp, now)
+            remaining = 0
+            if wait is not None:
+                reset_at = now + wait
+        if remaining is None and reset_at is None:
+            return
+        with self._lock:
+            b = self._buckets.setdefault(bucket, _Bucket())
+            if remaining is not None:
+                b.remaining = remaining
+            if reset_at is not None:
+                b.reset_at = reset_at
+
+    def snapshot(self) -> dict[str, tuple[int | None, float | None]]:
+        """Return ``{bucket: (remaining, reset_at)}`` for metrics and tests."""
+        with self._lock:
+            return {k: (v.remaining, v.reset_at) for k, v in self._buckets.items()}
+
+
+def _first_int(headers: Mapping[str, str], names: Iterable[str]) -> int | None:
+    for name in names:
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            return int(float(raw.strip()))
+        except ValueError:
+            return None
+    return None
+
+
+# --- Link headers ----------------------------------------------------------------------
+
+_LINK_RE = re.compile(r"<([^>]*)>((?:\s*;\s*[^;,]*)*)")
+_PARAM_RE = re.compile(r';\s*([^\s=;,]+)\s*(?:=\s*(?:"([^"]*)"|([^\s;,]*)))?')
+
+
+def parse_link_header(value: str | None) -> dict[str, str]:
+    """Parse an RFC 8288 ``Link`` header into ``{rel: url}`` (first link wins per rel)."""
+    links: dict[str, str] = {}
+    if not value:
+        return links
+    for match in _LINK_RE.finditer(value):
+        url, params = match.group(1).strip(), match.group(2)
+        for pmatch in _PARAM_RE.finditer(params):
+            if pmatch.group(1).lower() != "rel":
+                continue
+            rels = pmatch.group(2) if pmatch.group(2) is not None else (pmatch.group(3) or "")
+            for rel in rels.split():
+                links.setdefault(rel.lower(), url)
+    return links
+
+
+def link_param(resp: httpx.Response, rel: str, name: str) -> str | None:
+    """Return query parameter ``name`` of the ``rel`` link of ``resp``, or ``None``.
+
+    Adapters take the page cursor from the link rather than following its URL:
+    the link's host may differ from the configured one (proxies, recorded
+    fixtures), and the token must only ever go to the configured host.
+    """
+    url = parse_link_header(resp.headers.get("link")).get(rel)
+    if url is None:
+        return None
+    values = parse_qs(urlsplit(url).query, keep_blank_values=False).get(name)
+    return values[0] if values else None
+
+
+# --- ids and HTML ----------------------------------------------------------------------
+
+
+def id_order(value: str) -> tuple[int, str]:
+    """Sort key for numeric-string ids without converting them: shorter is older."""
+    return (len(value), value)
+
+
+class _TextExtractor(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "br":
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "p":
+            self.parts.append("\n")
+
+    def handle_data(self, data: str) -> None:
+        self.parts.append(data)
+
+
+def html_to_text(html: str) -> str:
+    """Strip tags from server-rendered HTML; ``<br>`` and ``</p>`` become newlines."""
+    parser = _TextExtractor()
+    parser.feed(html)
+    parser.close()
+    return "".join(parser.parts).strip()
+
+
+__all__ = [
+    "ACTING_METHODS",
+    "BearerAuth",
+    "RateLimits",
+    "field",
+    "html_to_text",
+    "id_order",
+    "is_acting",
+    "iso_to_epoch",
+    "json_body",
+    "link_param",
+    "parse_link_header",
+    "parse_reset",
+    "raise_for_status",
+    "redact",
+    "request",
+    "retry_after_s",
+    "server_error_text",
+]

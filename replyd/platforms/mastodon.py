@@ -1,0 +1,696 @@
+"""The Mastodon adapter: mentions, search, replies and read-back over the REST API.
+
+Settings (``[platforms.<name>]`` with ``kind = "mastodon"``):
+
+==================  =========================================================
+``base_url``        required; ``http://`` or ``https://`` server root
+``token``           required; an access token with read + write:statuses
+``listing_delay_s`` seconds before a sweep may trust a read-back (default 10)
+``timeout_s``       per-request timeout (default 15)
+``idempotency``     send ``Idempotency-Key`` with every reply (default true)
+``visibility``      reply visibility; default: the parent's. Never wider than
+                    the parent's, so a ``direct`` parent gets a ``direct`` reply
+``mention_author``  prefix ``@acct `` unless the text mentions them (default true)
+``page_limit``      items per listing page, 1–80 (default 40)
+``max_pages``       pages per poll / re-find / read-back (default 5)
+``instance``        first part of the answered-log key
+                    (default ``mastodon:<base_url without trailing slash>``)
+==================  =========================================================
+
+Error mapping at this boundary (the shared table is in ``_http.py``)::
+
+    what happened                                   send (POST)        delete             reads (GET)
+    ----------------------------------------------  -----------------  -----------------  -----------------
+    connect refused, DNS, ConnectTimeout,           DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
+      PoolTimeout, TLS handshake
+    local rate limit spent (remaining 0, reset      RateLimited        RateLimited        RateLimited
+      in the future): refused before sending
+    ReadTimeout, WriteTimeout, ReadError,           MaybeSent          MaybeSent          DefinitelyNotSent
+      WriteError, RemoteProtocolError, other
+    429                                             RateLimited        RateLimited        RateLimited
+    401, 403 (auth), 408                            DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
+    404 (parent or target gone)                     Rejected           treated as done    Rejected
+    400, 409, 410, 413, 422, other 4xx              Rejected           Rejected           Rejected
+    500, 502, 503, 504 (HTML pages too)             MaybeSent          MaybeSent          DefinitelyNotSent
+    2xx with unreadable body / wrong parent         MaybeSent          -                  BadResponse
+
+``retry_after_s`` comes from ``Retry-After`` (seconds or HTTP-date), else from
+``X-RateLimit-Reset`` (an ISO time on Mastodon) minus the injected clock's now.
+Nothing branches on the ``error`` text: Mastodon localises it.
+
+Ids are the strings Mastodon serves; they are only ever compared as
+``(len, str)`` to pick the newest cursor, never converted to int.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+from urllib.parse import quote, urlsplit
+
+import httpx
+import structlog
+
+from replyd.clock import Clock
+from replyd.errors import BadResponse, ConfigError, MaybeSent, PlatformError, RateLimited, Rejected
+from replyd.platform import (
+    Identity,
+    OwnReply,
+    Page,
+    Parent,
+    Pending,
+    ReadBack,
+    Sent,
+    register_platform,
+)
+from replyd.platforms import _http
+from replyd.platforms._http import id_order
+
+log = structlog.get_logger("replyd.mastodon")
+
+# Widest first: a reply is never more visible than the post it answers.
+VISIBILITIES = ("public", "unlisted", "private", "direct")
+
+# Clock skew between our opened_at and the server's created_at.
+READ_BACK_MARGIN_S = 60.0
+# Mastodon caps account statuses at 40 per page whatever limit is asked.
+READ_BACK_PAGE = 40
+# An authenticated /context lists at most this many descendants; a full list may be cut.
+CONTEXT_LIMIT = 4096
+
+_KNOWN_SETTINGS = frozenset(
+    {
+        "kind",
+        "base_url",
+        "token",
+        "listing_delay_s",
+        "timeout_s",
+        "idempotency",
+        "visibility",
+        "mention_author",
+        "page_limit",
+        "max_pages",
+        "instance",
+    }
+)
+
+_STATUSES_PATH = "/api/v1/statuses"
+
+
+def _seg(value: str, what: str) -> str:
+    """Quote one path segment; refuse values that would walk the path."""
+    if not value or value in (".", ".."):
+        raise Rejected(f"{what}: id {value!r} is not usable in a URL path")
+    return quote(value, safe="")
+
+
+def _at(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _mentions(text: str, acct: str) -> bool:
+    """Whether ``text`` already mentions ``@acct`` (not merely a longer handle)."""
+    # A trailing "." ends a sentence; ".org" or "-x" would make it another domain.
+    pattern = r"(?<![\w@])@" + re.escape(acct) + r"(?![\w@-]|\.[\w-])"
+    return re.search(pattern, text, flags=re.IGNORECASE) is not None
+
+
+@register_platform("mastodon")
+class MastodonPlatform:
+    """A Mastodon account as a replyd platform: mentions in, replies out, own posts read back."""
+
+    kind: ClassVar[str] = "mastodon"
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        token: str,
+        http: httpx.Client,
+        clock: Clock,
+        listing_delay_s: float = 10.0,
+        timeout_s: float = 15.0,
+        idempotency: bool = True,
+        visibility: str | None = None,
+        mention_author: bool = True,
+        page_limit: int = 40,
+        max_pages: int = 5,
+        instance: str | None = None,
+    ) -> None:
+        self._base_url = base_url.rstrip("/")
+        self._token = token
+        self._auth = _http.BearerAuth(token)
+        self._http = http
+        self._clock = clock
+        self._timeout = httpx.Timeout(timeout_s)
+        self._idempotency = idempotency
+        self._visibility = visibility
+        self._mention_author = mention_author
+        self._page_limit = page_limit
+        self._max_pages = max_pages
+        self._limits = _http.RateLimits(clock.now)
+        self.listing_delay_s = float(listing_delay_s)
+        self.instance = instance or f"mastodon:{self._base_url}"
+
+    def __repr__(self) -> str:
+        return f"MastodonPlatform(instance={self.instance!r})"
+
+    # --- configuration -------------------------------------------------------------
+
+    @classmethod
+    def from_settings(
+        cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock
+    ) -> MastodonPlatform:
+        """Validate ``settings`` (``ConfigError`` names the key) and build the adapter."""
+        unknown = sorted(str(k) for k in settings if k not in _KNOWN_SETTINGS)
+        if unknown:
+            raise ConfigError(
+                f"mastodon setting {unknown[0]!r}: unknown key "
+                f"(known: {', '.join(sorted(_KNOWN_SETTINGS - {'kind'}))})"
+            )
+        base_url = cls._setting_base_url(settings)
+        token = settings.get("token")
+        if not isinstance(token, str) or not token.strip():
+            raise ConfigError("mastodon setting 'token': required, a non-empty string")
+        token = token.strip()
+        # The value is deliberately never echoed: it is a secret.
+        if any(c.isspace() for c in token) or not token.isprintable() or not token.isascii():
+            raise ConfigError("mastodon setting 'token': contains whitespace or non-ASCII characters")
+        visibility = settings.get("visibility")
+        if visibility is not None and visibility not in VISIBILITIES:
+            raise ConfigError(
+                f"mastodon setting 'visibility': {visibility!r} is not one of {', '.join(VISIBILITIES)}"
+            )
+        instance = settings.get("instance")
+        if instance is not None and (not isinstance(instance, str) or not instance.strip()):
+            raise ConfigError("mastodon setting 'instance': must be a non-empty string")
+        return cls(
+            base_url=base_url,
+            token=token,
+            http=http,
+            clock=clock,
+            listing_delay_s=_number(settings, "listing_delay_s", 10.0, minimum=0.0),
+            timeout_s=_number(settings, "timeout_s", 15.0, minimum=0.0, exclusive=True),
+            idempotency=_flag(settings, "idempotency", True),
+            visibility=visibility,
+            mention_author=_flag(settings, "mention_author", True),
+            page_limit=_integer(settings, "page_limit", 40, 1, 80),
+            max_pages=_integer(settings, "max_pages", 5, 1, 1000),
+            instance=instance.strip() if isinstance(instance, str) else None,
+        )
+
+    @staticmethod
+    def _setting_base_url(settings: Mapping[str, Any]) -> str:
+        raw = settings.get("base_url")
+        if not isinstance(raw, str) or not raw.strip():
+            raise ConfigError("mastodon setting 'base_url': required, e.g. https://mastodon.example")
+        parts = urlsplit(raw.strip())
+        if parts.scheme not in ("http", "https"):
+            raise ConfigError("mastodon setting 'base_url': scheme must be http or https")
+        if not parts.hostname:
+            raise ConfigError("mastodon setting 'base_url': no host")
+        if parts.username or parts.password:
+            raise ConfigError("mastodon setting 'base_url': must not carry credentials; use 'token'")
+        if parts.query or parts.fragment:
+            raise ConfigError("mastodon setting 'base_url': must not have a query or fragment")
+        return raw.strip().rstrip("/")
+
+    # --- transport ------------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        bucket: str = "api",
+        params: list[tuple[str, str]] | None = None,
+        data: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        """One request under the rate limits; returns a 2xx response or raises the mapped error."""
+        # Every call draws on the account-wide API budget; posting and deleting have their own too.
+        self._limits.check(("api",) if bucket == "api" else ("api", bucket), what=what)
+        resp = _http.request(
+            self._http,
+            method,
+            self._base_url + path,
+            what=what,
+            secrets=(self._token,),
+            auth=self._auth,
+            timeout=self._timeout,
+            params=params,
+            data=data,
+            headers=headers,
+        )
+        self._limits.note(bucket, resp)
+        if resp.status_code == 429:
+            log.warning("replyd.mastodon.rate_limited", what=what, bucket=bucket)
+        _http.raise_for_status(resp, what=what, now=self._clock.now, secrets=(self._token,))
+        return resp
+
+    # --- parsing --------------------------------------------------------------------
+
+    @staticmethod
+    def _time(obj: Any, path: str, what: str) -> float:
+        raw = _http.field(obj, path, what)
+        try:
+            return _http.iso_to_epoch(raw)
+        except ValueError:
+            raise BadResponse(f"{what}: field {path} is not an ISO-8601 time") from None
+
+    def _parent(self, obj: Any, what: str, at: str = "", *, unwrap: bool = False) -> Parent | None:
+        """Parse the status at dotted path ``at`` of ``obj``; ``None`` for a reblog unless ``unwrap``."""
+        status = _http.field(obj, at, what, dict) if at else obj
+        if not isinstance(status, dict):
+            raise BadResponse(f"{what}: status is not an object")
+        if _http.field(obj, _at(at, "reblog"), what, dict, default=None) is not None:
+            if not unwrap:
+                return None
+            at = _at(at, "reblog")
+        sid = _http.field(obj, _at(at, "id"), what)
+        author_id = _http.field(obj, _at(at, "account.id"), what)
+        acct = _http.field(obj, _at(at, "account.acct"), what)
+        created_at = self._time(obj, _at(at, "created_at"), what)
+        content = _http.field(obj, _at(at, "content"), what, default="")
+        in_reply_to = _http.field(obj, _at(at, "in_reply_to_id"), what, default=None)
+        visibility = _http.field(obj, _at(at, "visibility"), what, default="")
+        spoiler = _http.field(obj, _at(at, "spoiler_text"), what, default="")
+        language = _http.field(obj, _at(at, "language"), what, default=None)
+        url = _http.field(obj, _at(at, "url"), what, default="")
+        account = _http.field(obj, _at(at, "account"), what, dict)
+        return Parent(
+            id=sid,
+            author_id=author_id,
+            author_handle=acct,
+            author_is_bot=account.get("bot") is True,
+            text=_http.html_to_text(content),
+            url=url,
+            created_at=created_at,
+            thread_depth=0 if in_reply_to is None else 1,
+            extra={
+                "acct": acct,
+                "visibility": visibility,
+                "in_reply_to_id": in_reply_to,
+                "spoiler_text": spoiler,
+                "language": language,
+            },
+        )
+
+    def _own_status(self, item: Any, what: str) -> tuple[str, str, str | None, float]:
+        """``(id, account id, in_reply_to_id, created_at)`` of a read-back item, or BadResponse."""
+        if not isinstance(item, dict):
+            raise BadResponse(f"{what}: item is not an object")
+        return (
+            _http.field(item, "id", what),
+            _http.field(item, "account.id", what),
+            _http.field(item, "in_reply_to_id", what, default=None),
+            self._time(item, "created_at", what),
+        )
+
+    @staticmethod
+    def _skipped(what: str, exc: BadResponse, item: Any) -> None:
+        item_id = item.get("id") if isinstance(item, dict) else None
+        log.warning(
+            "replyd.mastodon.skipped",
+            what=what,
+            problem=exc.detail,
+            item_id=item_id if isinstance(item_id, str) else None,
+        )
+
+    # --- Platform -------------------------------------------------------------------
+
+    def whoami(self) -> Identity:
+        """Return the account's stable id (as served) and its acct."""
+        what = "whoami"
+        resp = self._call("GET", "/api/v1/accounts/verify_credentials", what=what)
+        body = _http.json_body(resp, what, dict)
+        return Identity(
+            sender_id=_http.field(body, "id", what),
+            handle=_http.field(body, "acct", what, default=""),
+        )
+
+    def inbox(self, cursor: str | None) -> Page:
+        """Return mentions newer than ``cursor`` (a notification id), oldest first.
+
+        With a cursor, pages forward with ``min_id`` along the ``prev`` links so
+        nothing between polls is skipped; without one, only the newest page.
+        """
+        what = "inbox"
+        base = [("types[]", "mention"), ("limit", str(self._page_limit))]
+        newest = cursor
+        found: dict[str, tuple[str, Parent]] = {}
+        min_id = cursor
+        pages = self._max_pages if cursor is not None else 1
+        for page_no in range(pages):
+            params = base + ([("min_id", min_id)] if min_id is not None else [])
+            try:
+                resp = self._call("GET", "/api/v1/notifications", what=what, params=params)
+                items = _http.json_body(resp, what, list)
+            except PlatformError as exc:
+                if page_no == 0:
+                    raise
+                # The pages read so far are contiguous above the cursor: keep that progress.
+                log.warning("replyd.mastodon.inbox_partial", pages=page_no, problem=exc.detail)
+                break
+            for item in items:
+                nid = self._take_mention(item, what, found, after=cursor)
+                if nid is not None and (newest is None or id_order(nid) > id_order(newest)):
+                    newest = nid
+            if cursor is None or not items:
+                break
+            nxt = _http.link_param(resp, "prev", "min_id")
+            if nxt is None or (min_id is not None and id_order(nxt) <= id_order(min_id)):
+                break
+            min_id = nxt
+        parents = [p for _, p in sorted(found.values(), key=lambda t: id_order(t[0]))]
+        return Page(parents=parents, cursor=newest)
+
+    def _take_mention(
+        self, item: Any, what: str, found: dict[str, tuple[str, Parent]], *, after: str | None
+    ) -> str | None:
+        """Add the mention's parent to ``found``; return the notification id (for the cursor)."""
+        try:
+            if not isinstance(item, dict):
+                raise BadResponse(f"{what}: notification is not an object")
+            nid = _http.field(item, "id", what)
+        except BadResponse as exc:
+            self._skipped(what, exc, item)
+            return None
+        if after is not None and id_order(nid) <= id_order(after):
+            return None
+        # Other types only appear if the server ignored types[]; they still move the cursor.
+        if item.get("type") != "mention":
+            return nid
+        try:
+            parent = self._parent(item, what, "status")
+        except BadResponse as exc:
+            self._skipped(what, exc, item)
+            return nid
+        if parent is not None:
+            found.setdefault(parent.id, (nid, parent))
+        return nid
+
+    def search(self, query: str, cursor: str | None) -> Page:
+        """Return statuses matching ``query`` newer than ``cursor`` (a status id), oldest first."""
+        what = "search"
+        newest = cursor
+        found: dict[str, Parent] = {}
+        offset = 0
+        for _ in range(self._max_pages):
+            params = [
+                ("q", query),
+                ("type", "statuses"),
+                ("resolve", "false"),
+                ("limit", str(self._page_limit)),
+            ]
+            if cursor is not None:
+                params.append(("min_id", cursor))
+            if offset:
+                params.append(("offset", str(offset)))
+            resp = self._call("GET", "/api/v2/search", what=what, params=params)
+            body = _http.json_body(resp, what, dict)
+            statuses = _http.field(body, "statuses", what, list)
+            for item in statuses:
+                try:
+                    parent = self._parent(item, what)
+                except BadResponse as exc:
+                    self._skipped(what, exc, item)
+                    continue
+                if parent is None or (cursor is not None and id_order(parent.id) <= id_order(cursor)):
+                    continue
+                found.setdefault(parent.id, parent)
+                if newest is None or id_order(parent.id) > id_order(newest):
+                    newest = parent.id
+            if len(statuses) < self._page_limit:
+                break
+            offset += len(statuses)
+        parents = sorted(found.values(), key=lambda p: id_order(p.id))
+        return Page(parents=parents, cursor=newest)
+
+    def refind(self, since: float) -> list[Parent]:
+        """Re-read mentions notified at or after epoch ``since``, paging back (no cursor)."""
+        what = "refind"
+        base = [("types[]", "mention"), ("limit", str(self._page_limit))]
+        found: dict[str, tuple[str, Parent]] = {}
+        max_id: str | None = None
+        for _ in range(self._max_pages):
+            params = base + ([("max_id", max_id)] if max_id is not None else [])
+            resp = self._call("GET", "/api/v1/notifications", what=what, params=params)
+            items = _http.json_body(resp, what, list)
+            oldest: float | None = None
+            for item in items:
+                try:
+                    if not isinstance(item, dict):
+                        raise BadResponse(f"{what}: notification is not an object")
+                    nid = _http.field(item, "id", what)
+                    created = self._time(item, "created_at", what)
+                except BadResponse as exc:
+                    self._skipped(what, exc, item)
+                    continue
+                oldest = created if oldest is None else min(oldest, created)
+                if created < since or item.get("type") != "mention":
+                    continue
+                try:
+                    parent = self._parent(item, what, "status")
+                except BadResponse as exc:
+                    self._skipped(what, exc, item)
+                    continue
+                if parent is not None:
+                    found.setdefault(parent.id, (nid, parent))
+            if not items or (oldest is not None and oldest < since):
+                break
+            nxt = _http.link_param(resp, "next", "max_id")
+            if nxt is None or (max_id is not None and id_order(nxt) >= id_order(max_id)):
+                break
+            max_id = nxt
+        return [p for _, p in sorted(found.values(), key=lambda t: id_order(t[0]))]
+
+    def resolve(self, ref: str) -> Parent:
+        """Turn a served status id or a status URL into the parent with its local served id."""
+        what = "resolve"
+        ref = ref.strip()
+        if "://" not in ref:
+            resp = self._call("GET", f"{_STATUSES_PATH}/{_seg(ref, what)}", what=what)
+            return self._resolved(_http.json_body(resp, what, dict), what)
+        if urlsplit(ref).scheme not in ("http", "https"):
+            raise Rejected(f"{what}: only http(s) URLs can be resolved")
+        params = [("q", ref), ("type", "statuses"), ("resolve", "true"), ("limit", "5")]
+        resp = self._call("GET", "/api/v2/search", what=what, params=params)
+        statuses = _http.field(_http.json_body(resp, what, dict), "statuses", what, list)
+        matching = [s for s in statuses if isinstance(s, dict) and ref in (s.get("url"), s.get("uri"))]
+        # A local web URL of a remote post (/@user@host/id) matches neither url nor uri,
+        # but URL resolution returns that one status only.
+        if not matching and len(statuses) == 1:
+            matching = statuses
+        if not matching:
+            raise Rejected(f"{what}: no status found for the URL")
+        return self._resolved(matching[0], what)
+
+    def _resolved(self, status: Any, what: str) -> Parent:
+        parent = self._parent(status, what, unwrap=True)
+        if parent is None:  # unreachable: unwrap turns a reblog into its original
+            raise BadResponse(f"{what}: reblog without original")
+        return parent
+
+    def _reply_visibility(self, parent: Parent) -> str | None:
+        parent_vis = parent.extra.get("visibility")
+        choices = [v for v in (self._visibility, parent_vis) if v in VISIBILITIES]
+        if not choices:
+            return None
+        return max(choices, key=VISIBILITIES.index)
+
+    def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
+        """Post ``text`` as a reply to ``parent`` (only ``replyd.guard`` calls this)."""
+        what = "send"
+        acct = parent.extra.get("acct") or parent.author_handle
+        if self._mention_author and acct and not _mentions(text, acct):
+            text = f"@{acct} {text}"
+        form = {"status": text, "in_reply_to_id": parent.id}
+        visibility = self._reply_visibility(parent)
+        if visibility is not None:
+            form["visibility"] = visibility
+        headers: dict[str, str] = {}
+        if self._idempotency and provider_key:
+            if not (provider_key.isascii() and provider_key.isprintable()):
+                raise Rejected(f"{what}: provider_key is not a valid header value")
+            headers["Idempotency-Key"] = provider_key
+        try:
+            resp = self._call(
+                "POST", _STATUSES_PATH, what=what, bucket="statuses", data=form, headers=headers
+            )
+        except PlatformError as exc:
+            log.info(
+                "replyd.mastodon.send_failed",
+                parent_id=parent.id,
+                error=type(exc).__name__,
+                status=exc.status,
+                detail=exc.detail,
+            )
+            raise
+        try:
+            body = _http.json_body(resp, what, dict)
+            reply_id = _http.field(body, "id", what)
+            in_reply_to = _http.field(body, "in_reply_to_id", what, default=None)
+            url = _http.field(body, "url", what, default="")
+        except BadResponse as exc:
+            # The server said 2xx: the status very likely exists, we just cannot name it.
+            raise MaybeSent(f"{exc.detail} (after HTTP {resp.status_code})", status=resp.status_code) from None
+        if in_reply_to != parent.id:
+            # E.g. an Idempotency-Key reused for another parent returns that older status.
+            raise MaybeSent(
+                f"{what}: created status {reply_id} answers {in_reply_to!r}, not {parent.id!r}",
+                status=resp.status_code,
+            )
+        log.info("replyd.mastodon.sent", parent_id=parent.id, reply_id=reply_id, visibility=visibility)
+        return Sent(reply_id=reply_id, url=url)
+
+    def read_back(self, pending: Sequence[Pending], *, sender_id: str) -> ReadBack:
+        """Find own replies to the pending parents: one pass over the own feed, then per-parent context.
+
+        A parent is ``checked`` only if the feed listed everything from before it
+        was opened (minus a margin) up to now, or its context was read in full.
+        """
+        result = ReadBack()
+        if not pending:
+            return result
+        opened: dict[str, float] = {}
+        for p in pending:
+            opened[p.parent.id] = min(p.opened_at, opened.get(p.parent.id, p.opened_at))
+        found: dict[str, dict[str, OwnReply]] = {}
+        try:
+            covered_after = self._scan_own_feed(sender_id, opened, found)
+        except PlatformError as exc:  # e.g. a sender id unusable in a path
+            log.warning("replyd.mastodon.read_back_failed", source="feed", problem=exc.detail)
+            covered_after = None
+        for pid, opened_at in opened.items():
+            if covered_after is not None and covered_after < opened_at - READ_BACK_MARGIN_S:
+                result.checked.add(pid)
+        feed_checked = len(result.checked)
+        for pid in opened:
+            if pid in result.checked:
+                continue
+            try:
+                replies, complete = self._context_replies(pid, sender_id)
+            except RateLimited as exc:
+                log.warning("replyd.mastodon.read_back_failed", source="context", parent_id=pid, problem=exc.detail)
+                break  # every further read would be refused the same way
+            except PlatformError as exc:
+                log.warning("replyd.mastodon.read_back_failed", source="context", parent_id=pid, problem=exc.detail)
+                continue
+            for reply in replies:
+                found.setdefault(pid, {})[reply.reply_id] = reply
+            if complete:
+                result.checked.add(pid)
+        for pid, replies in found.items():
+            result.found[pid] = sorted(
+                replies.values(), key=lambda r: (r.created_at or 0.0, id_order(r.reply_id))
+            )
+        log.info(
+            "replyd.mastodon.read_back",
+            pending=len(opened),
+            checked_by_feed=feed_checked,
+            checked=len(result.checked),
+            found=sum(len(v) for v in result.found.values()),
+        )
+        return result
+
+    def _scan_own_feed(
+        self, sender_id: str, opened: Mapping[str, float], found: dict[str, dict[str, OwnReply]]
+    ) -> float | None:
+        """Page back through the own statuses; return the epoch after which the listing is complete.
+
+        ``None``: nothing was read. ``-inf``: the feed ran out, so it is complete
+        for all time.
+        """
+        what = "read_back feed"
+        horizon = min(opened.values()) - READ_BACK_MARGIN_S
+        path = f"/api/v1/accounts/{_seg(sender_id, what)}/statuses"
+        covered_after: float | None = None
+        max_id: str | None = None
+        for page_no in range(self._max_pages):
+            params = [("limit", str(READ_BACK_PAGE))] + ([("max_id", max_id)] if max_id else [])
+            try:
+                resp = self._call("GET", path, what=what, params=params)
+                items = _http.json_body(resp, what, list)
+                # One unreadable item could be the reply we look for: the page is not conclusive.
+                page = [self._own_status(item, what) for item in items]
+            except PlatformError as exc:
+                log.warning("replyd.mastodon.read_back_failed", source="feed", page=page_no, problem=exc.detail)
+                return covered_after
+            for sid, author, in_reply_to, created in page:
+                if author == sender_id and in_reply_to in opened:
+                    found.setdefault(in_reply_to, {})[sid] = OwnReply(sid, in_reply_to, created)
+            if not page:
+                return float("-inf")
+            oldest = min(created for *_, created in page)
+            covered_after = oldest if covered_after is None else min(covered_after, oldest)
+            if covered_after < horizon:
+                return covered_after
+            nxt = _http.link_param(resp, "next", "max_id")
+            if nxt is None:
+                return float("-inf")
+            if max_id is not None and id_order(nxt) >= id_order(max_id):
+                return covered_after
+            max_id = nxt
+        return covered_after
+
+    def _context_replies(self, parent_id: str, sender_id: str) -> tuple[list[OwnReply], bool]:
+        """Own direct replies among the parent's descendants, and whether the list was complete."""
+        what = "read_back context"
+        resp = self._call("GET", f"{_STATUSES_PATH}/{_seg(parent_id, what)}/context", what=what)
+        descendants = _http.field(_http.json_body(resp, what, dict), "descendants", what, list)
+        replies = []
+        for item in descendants:
+            sid, author, in_reply_to, created = self._own_status(item, what)
+            if author == sender_id and in_reply_to == parent_id:
+                replies.append(OwnReply(sid, parent_id, created))
+        return replies, len(descendants) < CONTEXT_LIMIT
+
+    def delete(self, reply_id: str) -> None:
+        """Delete one own status; one that is already gone counts as deleted."""
+        what = "delete"
+        try:
+            self._call("DELETE", f"{_STATUSES_PATH}/{_seg(reply_id, what)}", what=what, bucket="delete")
+        except Rejected as exc:
+            if exc.status != 404:
+                raise
+            log.info("replyd.mastodon.deleted", reply_id=reply_id, already_gone=True)
+            return
+        log.info("replyd.mastodon.deleted", reply_id=reply_id, already_gone=False)
+
+    def close(self) -> None:
+        """Do nothing: the shared http client belongs to the caller."""
+
+    def rate_limits(self) -> dict[str, tuple[int | None, float | None]]:
+        """Return the last seen ``{bucket: (remaining, reset_at)}`` (for metrics)."""
+        return self._limits.snapshot()
+
+
+def _number(settings: Mapping[str, Any], key: str, default: float, *, minimum: float, exclusive: bool = False) -> float:
+    value = settings.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"mastodon setting {key!r}: must be a number, got {type(value).__name__}")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ConfigError(f"mastodon setting {key!r}: must be finite")
+    if value < minimum or (exclusive and value == minimum):
+        op = ">" if exclusive else ">="
+        raise ConfigError(f"mastodon setting {key!r}: must be {op} {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def _integer(settings: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
+    value = settings.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"mastodon setting {key!r}: must be an integer, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ConfigError(f"mastodon setting {key!r}: must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _flag(settings: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = settings.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"mastodon setting {key!r}: must be true or false, got {value!r}")
+    return value

@@ -1,0 +1,82 @@
+"""Shared fixtures: a store on SQLite and on the real PostgreSQL, a fake clock."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from replyd.clock import FakeClock
+from replyd.store import Store
+
+PG_ADMIN_URL = os.environ.get("REPLYD_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/postgres")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _pg_reachable() -> str | None:
+    """Return None if PostgreSQL answers, else why not."""
+    try:
+        eng = sa.create_engine(PG_ADMIN_URL, connect_args={"connect_timeout": 3})
+        with eng.connect() as c:
+            c.exec_driver_sql("SELECT 1")
+        eng.dispose()
+        return None
+    except Exception as exc:  # any failure means "not reachable" here
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session; dropped at the end."""
+    why = _pg_reachable()
+    if why:
+        if IN_CI:
+            pytest.fail(f"PostgreSQL is required under CI=true but unreachable at {PG_ADMIN_URL}: {why}")
+        pytest.skip(f"PostgreSQL unreachable at {PG_ADMIN_URL} ({why}); set REPLYD_TEST_PG or start it")
+    name = f"replyd_test_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = sa.engine.make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    Store.open(url).dispose()  # migrate once
+    yield url
+    with admin.connect() as c:
+        c.exec_driver_sql(
+            f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+        )
+        c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}"')
+    admin.dispose()
+
+
+def _truncate(url: str) -> None:
+    eng = sa.create_engine(url)
+    with eng.begin() as c:
+        c.exec_driver_sql("TRUNCATE replies, events, cursors")
+    eng.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    """A clean store URL, once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'replyd.sqlite3'}"
+    url = request.getfixturevalue("pg_url")
+    _truncate(url)
+    return url
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A clock that moves only when the test moves it."""
+    return FakeClock()
+
+
+@pytest.fixture
+def store(store_url: str, clock: FakeClock) -> Iterator[Store]:
+    """A migrated store on the parametrised database with the fake clock."""
+    s = Store.open(store_url, clock=clock)
+    yield s
+    s.dispose()

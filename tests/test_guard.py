@@ -1,0 +1,260 @@
+"""Contract tests of the guard and the sweep, run on SQLite and on the real PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+
+from replyd import store as st
+from replyd.errors import StoreError
+from replyd.guard import Guard, Status
+from replyd.platforms.memory import MemoryPlatform
+from replyd.store import Store
+from replyd.sweep import Bot, Sweeper
+
+
+@pytest.fixture
+def plat(clock):
+    """A scripted in-memory platform with a 5 s listing delay."""
+    return MemoryPlatform(clock=clock, listing_delay_s=5.0)
+
+
+@pytest.fixture
+def guard(store, plat, clock):
+    """The guard over the parametrised store."""
+    return Guard(store, plat, plat.whoami(), clock=clock, send_timeout_s=10.0)
+
+
+@pytest.fixture
+def sweeper(store, plat, clock):
+    """A sweeper over the same bot."""
+    return Sweeper(store, [Bot(plat, plat.whoami())], clock=clock, retry_s=30.0)
+
+
+def kinds(store: Store, guard: Guard, pid: str) -> list[str]:
+    return [e.kind for e in store.history(guard.key(pid))]
+
+
+def test_first_post_sends_and_closes_with_reply_id(guard, plat, store):
+    """A new parent is sent once and its row closed with the reply id from the send."""
+    out = guard.post(plat.add_parent("p1"), "hello")
+    assert out.status is Status.POSTED and out.sent
+    assert plat.reply_count("p1") == 1
+    row = store.get(guard.key("p1"))
+    assert row.state == st.CLOSED and row.reply_id == out.reply_id == plat.replies()[0]["reply_id"]
+    assert kinds(store, guard, "p1") == ["claimed", "closed"]
+
+
+def test_reworded_retry_hits_same_key(guard, plat):
+    """A second post with other words reports already answered and sends nothing."""
+    first = guard.post(plat.add_parent("p1"), "hello")
+    again = guard.post(plat.parents["p1"], "a completely different wording")
+    assert again.status is Status.ALREADY_ANSWERED and again.reply_id == first.reply_id
+    assert plat.send_calls == 1 and plat.reply_count("p1") == 1
+
+
+@pytest.mark.parametrize("a,b", [("abc", "ABC"), ("0123", "123"), ("at://did:plc:x/app.bsky.feed.post/3k", "at://did:plc:X/app.bsky.feed.post/3k")])
+def test_parent_ids_are_opaque(guard, plat, a, b):
+    """Ids that differ only in case or leading zeros are different keys."""
+    assert guard.post(plat.add_parent(a), "x").status is Status.POSTED
+    assert guard.post(plat.add_parent(b), "x").status is Status.POSTED
+    assert plat.reply_count(a) == 1 and plat.reply_count(b) == 1
+
+
+def test_provably_not_sent_releases_without_using_an_attempt(guard, plat, store):
+    """A refused connect releases the row; the next post sends with attempt still 1."""
+    plat.script = ["not_sent"]
+    out = guard.post(plat.add_parent("p1"), "x")
+    assert out.status is Status.NOT_SENT and store.get(guard.key("p1")).state == st.RELEASED
+    out = guard.post(plat.parents["p1"], "x")
+    assert out.status is Status.POSTED and out.attempt == 1
+    assert plat.reply_count("p1") == 1
+
+
+def test_rate_limited_backs_off_until_retry_after(guard, plat, clock):
+    """A 429 releases with a not-before time; posts before it send nothing."""
+    plat.script = ["rate_limited"]
+    out = guard.post(plat.add_parent("p1"), "x")
+    assert out.status is Status.NOT_SENT and out.retry_after_s == pytest.approx(30.0)
+    assert guard.post(plat.parents["p1"], "x").status is Status.NOT_SENT
+    assert plat.send_calls == 1
+    clock.advance(31)
+    assert guard.post(plat.parents["p1"], "x").status is Status.POSTED
+    assert plat.reply_count("p1") == 1
+
+
+def test_rejected_is_terminal(guard, plat):
+    """A platform refusal is recorded and later posts send nothing."""
+    plat.script = ["rejected"]
+    assert guard.post(plat.add_parent("p1"), "x").status is Status.REJECTED
+    assert guard.post(plat.parents["p1"], "x").status is Status.REJECTED
+    assert plat.send_calls == 1 and plat.reply_count("p1") == 0
+
+
+def test_lost_response_is_closed_by_the_sweep(guard, plat, sweeper, clock, store):
+    """A reply that landed but whose response was lost is found by the sweep, not resent."""
+    plat.script = ["lost"]
+    assert guard.post(plat.add_parent("p1"), "x").status is Status.UNCERTAIN
+    assert guard.post(plat.parents["p1"], "x").status is Status.IN_FLIGHT
+    assert sweeper.run_once().leased == 0  # deadline not reached: no read-back yet
+    clock.advance(16)
+    r = sweeper.run_once()
+    assert r.closed == 1 and r.not_landed == 0
+    row = store.get(guard.key("p1"))
+    assert row.state == st.CLOSED and row.reply_id == plat.replies()[0]["reply_id"]
+    assert guard.post(plat.parents["p1"], "x").status is Status.ALREADY_ANSWERED
+    assert plat.reply_count("p1") == 1
+
+
+def test_not_landed_allows_exactly_one_retry_then_gives_up(guard, plat, sweeper, clock, store):
+    """An ambiguous failure that did not land gets one more attempt; a second miss gives up."""
+    plat.script = ["error_before", "error_before"]
+    guard.post(plat.add_parent("p1"), "x")
+    clock.advance(16)
+    assert sweeper.run_once().not_landed == 1
+    out = guard.post(plat.parents["p1"], "x")
+    assert out.status is Status.UNCERTAIN and out.attempt == 2
+    clock.advance(16)
+    assert sweeper.run_once().gave_up == 1
+    assert guard.post(plat.parents["p1"], "x").status is Status.GAVE_UP
+    assert plat.send_calls == 2 and store.get(guard.key("p1")).state == st.GAVE_UP
+
+
+def test_retry_after_not_landed_posts_once(guard, plat, sweeper, clock):
+    """After not_landed the one retry sends and closes: exactly one reply in total."""
+    plat.script = ["error_before"]
+    guard.post(plat.add_parent("p1"), "x")
+    clock.advance(16)
+    sweeper.run_once()
+    out = guard.post(plat.parents["p1"], "reworded")
+    assert out.status is Status.POSTED and out.attempt == 2
+    assert plat.reply_count("p1") == 1
+
+
+def test_failed_readback_leaves_row_open(guard, plat, sweeper, clock, store):
+    """A read-back error is never 'not found': the row stays open and is swept again later."""
+    plat.script = ["lost"]
+    guard.post(plat.add_parent("p1"), "x")
+    clock.advance(16)
+    plat.readback_failures = 1
+    r = sweeper.run_once()
+    assert r.readback_errors == 1 and r.left_open == 1 and r.not_landed == 0
+    assert store.get(guard.key("p1")).state == st.OPEN
+    assert sweeper.run_once().leased == 0  # backed off
+    clock.advance(31)
+    assert sweeper.run_once().closed == 1
+
+
+def test_listing_slower_than_configured_is_a_measured_limit(guard, plat, sweeper, clock, store):
+    """If the real listing delay exceeds the configured one, the retry can duplicate and is reported."""
+    plat.real_listing_delay_s = 100.0
+    plat.script = ["lost"]
+    guard.post(plat.add_parent("p1"), "x")
+    clock.advance(16)
+    assert sweeper.run_once().not_landed == 1  # looked too early
+    assert guard.post(plat.parents["p1"], "x").status is Status.POSTED
+    assert plat.reply_count("p1") == 2  # the documented limit
+    # The sweep never sees closed rows, but a late read-back of an open row reports duplicates.
+    plat.script = ["lost"]
+    guard.post(plat.add_parent("p2"), "x")
+    plat.real_listing_delay_s = None
+    plat._replies.append({**plat.replies()[-1], "reply_id": "extra", "at": clock.now()})
+    clock.advance(16)
+    r = sweeper.run_once()
+    assert r.duplicates == 1 and "duplicate_detected" in kinds(store, guard, "p2")
+
+
+def test_delete_newer_duplicate(store, plat, clock, guard):
+    """With on_duplicate=delete_newer the newer own reply is deleted and the oldest kept."""
+    sw = Sweeper(store, [Bot(plat, plat.whoami())], clock=clock, on_duplicate="delete_newer")
+    plat.script = ["lost"]
+    guard.post(plat.add_parent("p1"), "x")
+    clock.advance(1)
+    plat._replies.append({**plat.replies()[0], "reply_id": "newer", "at": clock.now()})
+    clock.advance(16)
+    assert sw.run_once().duplicates == 1
+    assert [r["reply_id"] for r in plat.replies()] != [] and "newer" not in [r["reply_id"] for r in plat.replies()]
+    assert store.get(guard.key("p1")).reply_id != "newer"
+
+
+def test_already_landed_closes_with_existing_reply(guard, plat, store):
+    """A platform saying 'already a value at key' closes the row with that reply, no failure."""
+    plat.script = ["lost"]
+    guard.post(plat.add_parent("p1"), "x")
+    existing = plat.replies()[0]["reply_id"]
+    # Simulate a second process retrying a released row at the same provider key.
+    with store.tx() as conn:
+        store.cas(conn, guard.key("p1"), states=[st.OPEN], attempt=1, values={"state": st.RELEASED})
+    plat.script = ["already_landed"]
+    out = guard.post(plat.parents["p1"], "x")
+    assert out.status is Status.POSTED and out.reply_id == existing
+    assert plat.reply_count("p1") == 1
+
+
+def test_responder_called_once_and_not_for_answered(guard, plat):
+    """The responder runs once per parent; an answered parent costs no responder call."""
+    calls = []
+
+    def responder(parent):
+        calls.append(parent.id)
+        return f"hi {parent.id}"
+
+    assert guard.post(plat.add_parent("p1"), responder).status is Status.POSTED
+    assert guard.post(plat.parents["p1"], responder).status is Status.ALREADY_ANSWERED
+    assert calls == ["p1"]
+
+
+def test_responder_failure_consumes_no_attempt(guard, plat, store):
+    """A responder exception releases the composing row with attempt unchanged; nothing is sent."""
+    def boom(parent):
+        raise RuntimeError("model timeout")
+
+    out = guard.post(plat.add_parent("p1"), boom)
+    assert out.status is Status.NOT_SENT and plat.send_calls == 0
+    row = store.get(guard.key("p1"))
+    assert row.state == st.RELEASED and row.attempt == 1
+    assert guard.post(plat.parents["p1"], lambda p: "ok").status is Status.POSTED
+    assert store.get(guard.key("p1")).attempt == 1
+
+
+def test_decline_is_recorded(guard, plat, store):
+    """An empty responder answer declines: nothing sent, state declined."""
+    assert guard.post(plat.add_parent("p1"), lambda p: "").status is Status.DECLINED
+    assert store.get(guard.key("p1")).state == st.DECLINED and plat.send_calls == 0
+
+
+def test_expired_composing_lease_is_claimable(guard, plat, store, clock):
+    """A composing row whose lease expired (its process died) is claimable, same attempt."""
+    with store.tx() as conn:
+        store.insert_new(conn, guard.key("p1"), {"state": st.COMPOSING, "attempt": 1, "created_at": clock.now(),
+                                                  "updated_at": clock.now(), "lease_owner": "dead", "lease_until": clock.now() + 60})
+    plat.add_parent("p1")
+    assert guard.post(plat.parents["p1"], "x").status is Status.IN_FLIGHT
+    clock.advance(61)
+    out = guard.post(plat.parents["p1"], "x")
+    assert out.status is Status.POSTED and out.attempt == 1
+
+
+def test_check_is_read_only(guard, plat):
+    """check() reports the state and never sends."""
+    assert guard.check("p1") is None
+    guard.post(plat.add_parent("p1"), "x")
+    out = guard.check("p1")
+    assert out.status is Status.ALREADY_ANSWERED and plat.send_calls == 1
+
+
+def test_failing_database_sends_nothing(tmp_path, clock):
+    """A store that cannot be written raises StoreError naming storage, and nothing is sent."""
+    path = tmp_path / "ro.sqlite3"
+    Store.open(f"sqlite:///{path}").dispose()
+    ro = Store.open(f"sqlite:///file:{path}?mode=ro&uri=true", clock=clock, migrate=False)
+    plat = MemoryPlatform(clock=clock)
+    g = Guard(ro, plat, plat.whoami(), clock=clock)
+    with pytest.raises(StoreError, match="store unavailable while claiming"):
+        g.post(plat.add_parent("p1"), "x")
+    assert plat.send_calls == 0 and plat.replies() == []
+
+
+def test_unreachable_postgres_sends_nothing(clock):
+    """A PostgreSQL store that is down raises StoreError at open; the guard never reaches send."""
+    with pytest.raises(StoreError, match="store unavailable"):
+        Store.open("postgresql+psycopg://root@127.0.0.1:1/none", clock=clock)

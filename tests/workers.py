@@ -1,0 +1,50 @@
+"""Functions run in child OS processes by the race and crash tests (spawn-safe)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+
+from replyd.guard import Guard
+from replyd.platform import Parent
+from replyd.platforms.memory import MemoryPlatform
+from replyd.store import Store
+
+
+def _guard(url: str, journal: str, script: list[str] | None = None) -> Guard:
+    store = Store.open(url)
+    plat = MemoryPlatform(journal=journal, script=script or [], listing_delay_s=1.0)
+    return Guard(store, plat, plat.whoami(), send_timeout_s=5.0)
+
+
+def race_one(url: str, journal: str, parent_id: str, barrier, results) -> None:
+    """Wait at the barrier with every other process, then post the same parent once."""
+    g = _guard(url, journal)
+    barrier.wait()
+    out = g.post(Parent(id=parent_id, author_id="u"), f"reply from {os.getpid()}")
+    g.store.dispose()
+    results.put(out.status.value)
+
+
+def race_many(url: str, journal: str, n_parents: int, seed: int, barrier, results) -> None:
+    """Post every parent in a shuffled order after the barrier; report how many this process sent."""
+    g = _guard(url, journal)
+    ids = [f"p{i}" for i in range(n_parents)]
+    random.Random(seed).shuffle(ids)
+    barrier.wait()
+    sent = sum(1 for pid in ids if g.post(Parent(id=pid, author_id="u"), "x").sent)
+    g.store.dispose()
+    results.put(sent)
+
+
+def crash_in(url: str, journal: str, parent_id: str, where: str) -> None:
+    """Post one parent and die by SIGKILL at ``where``: before_send, after_send or before_close."""
+    script = {"before_send": ["crash_before"], "after_send": ["crash_after"]}.get(where, [])
+    g = _guard(url, journal, script)
+    if where == "before_close":
+        def die(*a, **k):
+            os.kill(os.getpid(), signal.SIGKILL)
+        g._close = die  # the send has returned; the process dies before the close commits
+    g.post(Parent(id=parent_id, author_id="u"), "x")
+    raise SystemExit(3)  # unreachable when the kill happened
