@@ -138,13 +138,11 @@ class Guard:
     # -- read-only ---------------------------------------------------------------
 
     def check(self, parent_id: str) -> Outcome | None:
-        """Return what ``post`` would meet for ``parent_id`` without claiming; None if unseen."""
+        """Return what blocks ``post`` for ``parent_id``, read-only; None if a post would claim it."""
         key = self.key(parent_id)
         row = self.store.get(key)
-        if row is None:
+        if row is None or self._claimable(row, self.clock.now()):
             return None
-        if self._claimable(row, self.clock.now()):
-            return Outcome(Status.NOT_SENT, key, row.state, row.attempt, detail="claimable")
         return _classify(row, key, self.clock.now())
 
     # -- the one posting function ---------------------------------------------------

@@ -1,0 +1,37 @@
+# replyd — two commands do everything on a fresh machine:
+#   make run    the demo on the embedded default (SQLite + the simulated platform)
+#   make test   every test (creates .venv, installs Python and npm dependencies)
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+BSKY   := tests/bsky
+
+.PHONY: install run test test-fast bsky-deps bench chaos clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# The Bluesky reference network (@atproto/dev-env) for the Bluesky tests.
+$(BSKY)/node_modules/.installed: $(BSKY)/package.json $(BSKY)/package-lock.json
+	cd $(BSKY) && npm ci --no-audit --no-fund && npm rebuild better-sqlite3
+	touch $@
+
+bsky-deps: $(if $(wildcard $(BSKY)/package-lock.json),$(BSKY)/node_modules/.installed)
+
+run: install
+	$(VENV)/bin/replyd demo
+
+test: install bsky-deps
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+clean:
+	rm -rf $(VENV) $(BSKY)/node_modules .pytest_cache

@@ -1,0 +1,192 @@
+"""Configuration: a TOML file, then ``REPLYD_*`` environment overrides.
+
+Nested keys are overridden with a double underscore:
+``REPLYD_STORE__URL=postgresql+psycopg://…`` or ``REPLYD_SWEEP__INTERVAL_S=5``.
+
+Secrets never live in the file: any platform or responder setting whose name
+ends in ``_env`` names an environment variable, read at load time
+(``token_env = "MASTODON_TOKEN"`` gives the adapter ``token``). Every error
+names the file, the key and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from replyd import log as rlog
+from replyd.errors import ConfigError
+
+logger = structlog.get_logger("replyd.config")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StoreConfig(_Strict):
+    """Where the answered-log lives."""
+
+    url: str = ""  # empty: SQLite under $XDG_STATE_HOME/replyd/
+    auto_migrate: bool = True
+
+
+class LogConfig(_Strict):
+    """How replyd logs."""
+
+    format: Literal["auto", "console", "json"] = "auto"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class GuardConfig(_Strict):
+    """The posting function's limits."""
+
+    max_attempts: int = Field(2, ge=1, le=5)
+    send_timeout_s: float = Field(30.0, gt=0)
+    compose_lease_s: float = Field(120.0, gt=0)
+    dry_run: bool = False
+
+
+class SweepConfig(_Strict):
+    """The read-back sweep."""
+
+    interval_s: float = Field(15.0, gt=0)
+    batch: int = Field(200, ge=1, le=5000)
+    lease_s: float = Field(120.0, gt=0)
+    retry_s: float = Field(60.0, gt=0)
+    on_duplicate: Literal["report", "delete_newer"] = "report"
+
+
+class PollerConfig(_Strict):
+    """How often each discovery path runs for one bot (0 disables a path)."""
+
+    inbox_interval_s: float = Field(30.0, ge=0)
+    search_interval_s: float = Field(120.0, ge=0)
+    search_queries: list[str] = []
+    refind_interval_s: float = Field(600.0, ge=0)
+    refind_lookback_s: float = Field(86_400.0, gt=0)
+    jitter_s: float = Field(2.0, ge=0)
+
+
+class PolicyConfig(_Strict):
+    """Whether to answer at all (more rules come with the responders issue)."""
+
+    skip_bots: bool = True
+    max_age_s: float | None = Field(None, gt=0)
+
+
+class ResponderConfig(BaseModel):
+    """What writes the reply: ``kind`` plus that responder's own settings."""
+
+    model_config = ConfigDict(extra="allow")
+    kind: str = "template"
+
+
+class BotConfig(_Strict):
+    """One account on one platform."""
+
+    name: str
+    platform: str
+    settings: dict[str, Any] = {}
+    pollers: PollerConfig = PollerConfig()
+    policy: PolicyConfig = PolicyConfig()
+    responder: ResponderConfig = ResponderConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not v or not v.replace("-", "").replace("_", "").isalnum():
+            raise ValueError("must be letters, digits, '-' or '_'")
+        return v
+
+
+class Config(BaseSettings):
+    """The whole replyd configuration."""
+
+    model_config = SettingsConfigDict(env_prefix="REPLYD_", env_nested_delimiter="__", extra="forbid")
+
+    replica_id: str = ""  # empty: host:pid:random
+    store: StoreConfig = StoreConfig()
+    log: LogConfig = LogConfig()
+    guard: GuardConfig = GuardConfig()
+    sweep: SweepConfig = SweepConfig()
+    bots: list[BotConfig] = []
+    source: str = Field("", exclude=True)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Environment first, then the file's values."""
+        return (env_settings, init_settings)
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> Config:
+        """Load ``path`` (or defaults when None) with environment overrides; raise ConfigError."""
+        data: dict[str, Any] = {}
+        where = "defaults"
+        if path is not None:
+            p = Path(path)
+            where = str(p)
+            try:
+                raw = p.read_bytes()
+            except OSError as exc:
+                raise ConfigError(f"{where}: cannot read config file: {exc.strerror}") from None
+            try:
+                data = tomllib.loads(raw.decode("utf-8"))
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+            _warn_if_world_readable(p)
+        try:
+            cfg = cls(**data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(x) for x in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors()
+            )
+            raise ConfigError(f"{where}: {problems}") from None
+        cfg.source = where
+        names = [b.name for b in cfg.bots]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ConfigError(f"{where}: bots: duplicate bot name(s) {sorted(dup)}")
+        for b in cfg.bots:
+            b.settings = resolve_env(b.settings, f"{where}: bots.{b.name}.settings")
+        return cfg
+
+
+def resolve_env(settings: dict[str, Any], where: str) -> dict[str, Any]:
+    """Replace every ``<key>_env = "VAR"`` by ``<key> = $VAR``; register the value as a secret."""
+    out: dict[str, Any] = {}
+    for k, v in settings.items():
+        if k.endswith("_env") and isinstance(v, str):
+            name = k[: -len("_env")]
+            value = os.environ.get(v)
+            if value is None or value == "":
+                raise ConfigError(f"{where}.{k}: environment variable {v!r} is not set")
+            rlog.add_secret(value)
+            out[name] = value
+        else:
+            out[k] = v
+    return out
+
+
+def _warn_if_world_readable(p: Path) -> None:
+    try:
+        mode = p.stat().st_mode
+    except OSError:
+        return
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        logger.warning("replyd.config.readable", path=str(p), mode=oct(mode & 0o777),
+                       hint="config files may name secrets' variables; chmod 600")

@@ -1,0 +1,174 @@
+"""The daemon: wires store, adapters, guards, pollers and the sweep onto one scheduler.
+
+Shutdown (SIGTERM/SIGINT): stop claiming at once, let running jobs finish
+within ``grace_s``, leave open rows to the sweep of the next start, exit 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import dataclass
+
+import httpx
+import stamina
+import structlog
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from replyd import store as st
+from replyd.clock import Clock, SystemClock
+from replyd.config import BotConfig, Config
+from replyd.errors import DefinitelyNotSent, MaybeSent
+from replyd.guard import Guard
+from replyd.pipeline import Pipeline
+from replyd.platform import Identity, Platform, make_platform
+from replyd.policy import Policy
+from replyd.pollers import Pollers
+from replyd.responders import make_responder
+from replyd.store import Store
+from replyd.sweep import Bot, Sweeper
+
+log = structlog.get_logger("replyd.daemon")
+
+
+@dataclass
+class BotRuntime:
+    """Everything one configured bot runs with."""
+
+    cfg: BotConfig
+    platform: Platform
+    identity: Identity
+    guard: Guard
+    pipeline: Pipeline
+    pollers: Pollers
+
+
+@stamina.retry(on=(DefinitelyNotSent, MaybeSent), attempts=5, wait_initial=0.5, wait_max=10.0)
+def _whoami(platform: Platform) -> Identity:
+    return platform.whoami()
+
+
+def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock, owner: str) -> BotRuntime:
+    """Build one bot's adapter, identity, guard, pipeline and pollers."""
+    settings = {"listing_delay_s": 10.0, **bc.settings}
+    platform = make_platform(bc.platform, settings, http=http, clock=clock)
+    identity = _whoami(platform)
+    guard = Guard(
+        store,
+        platform,
+        identity,
+        clock=clock,
+        owner=owner,
+        max_attempts=cfg.guard.max_attempts,
+        send_timeout_s=cfg.guard.send_timeout_s,
+        compose_lease_s=cfg.guard.compose_lease_s,
+        dry_run=cfg.guard.dry_run,
+    )
+    responder = make_responder(bc.responder.kind, bc.responder.model_dump(exclude={"kind"}))
+    pipeline = Pipeline(guard, responder, Policy(skip_bots=bc.policy.skip_bots, max_age_s=bc.policy.max_age_s), clock)
+    pollers = Pollers(store, platform, pipeline, bc.pollers, clock)
+    log.info("replyd.bot.ready", bot=bc.name, platform=platform.instance, sender_id=identity.sender_id)
+    return BotRuntime(bc, platform, identity, guard, pipeline, pollers)
+
+
+class Daemon:
+    """The long-running replyd process."""
+
+    def __init__(self, cfg: Config, *, clock: Clock | None = None) -> None:
+        self.cfg = cfg
+        self.clock = clock or SystemClock()
+        self.owner = cfg.replica_id or st.make_owner()
+        self.stopping = threading.Event()
+        self.store: Store | None = None
+        self.http: httpx.Client | None = None
+        self.bots: list[BotRuntime] = []
+        self.sweeper: Sweeper | None = None
+        self.scheduler: BackgroundScheduler | None = None
+
+    def start(self) -> None:
+        """Open the store, log every bot in, and start the scheduled jobs."""
+        self.store = Store.open(self.cfg.store.url or None, clock=self.clock, migrate=self.cfg.store.auto_migrate)
+        self.http = httpx.Client(timeout=httpx.Timeout(self.cfg.guard.send_timeout_s, connect=10.0))
+        for bc in self.cfg.bots:
+            self.bots.append(build_bot(self.cfg, bc, self.store, self.http, self.clock, self.owner))
+        sc = self.cfg.sweep
+        self.sweeper = Sweeper(
+            self.store,
+            [Bot(b.platform, b.identity) for b in self.bots],
+            clock=self.clock,
+            owner=self.owner,
+            batch=sc.batch,
+            lease_s=sc.lease_s,
+            retry_s=sc.retry_s,
+            max_attempts=self.cfg.guard.max_attempts,
+            on_duplicate=sc.on_duplicate,
+        )
+        self.scheduler = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(max_workers=max(4, 3 * len(self.bots) + 1))},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30},
+        )
+        for b in self.bots:
+            pc = b.cfg.pollers
+            for name, every_s, fn in (
+                ("inbox", pc.inbox_interval_s, b.pollers.inbox),
+                ("search", pc.search_interval_s if pc.search_queries else 0, b.pollers.search),
+                ("refind", pc.refind_interval_s, b.pollers.refind),
+            ):
+                if every_s > 0:
+                    self.scheduler.add_job(fn, "interval", seconds=every_s, jitter=pc.jitter_s or None,
+                                           id=f"{b.cfg.name}:{name}", next_run_time=_now_dt())
+        self.scheduler.add_job(self.sweep_once, "interval", seconds=sc.interval_s, id="sweep", next_run_time=_now_dt())
+        self.scheduler.start()
+        log.info("replyd.daemon.started", owner=self.owner, bots=len(self.bots), store=self.store.url)
+
+    def sweep_once(self) -> None:
+        """Run one sweep pass (scheduled; failures are logged, never raised)."""
+        if self.sweeper is None or self.stopping.is_set():
+            return
+        try:
+            self.sweeper.run_once()
+        except Exception as exc:  # a store outage must not kill the scheduler job
+            log.error("replyd.sweep.failed", error=str(exc)[:300])
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """Stop claiming, let running jobs finish within ``grace_s``, release resources."""
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        for b in self.bots:
+            b.guard.claiming = False
+        log.info("replyd.daemon.stopping", grace_s=grace_s)
+        if self.scheduler is not None:
+            t = threading.Thread(target=self.scheduler.shutdown, kwargs={"wait": True}, daemon=True)
+            t.start()
+            t.join(grace_s)
+            if t.is_alive():
+                log.warning("replyd.daemon.grace_expired", hint="open rows are left to the sweep")
+        if self.http is not None:
+            self.http.close()
+        if self.store is not None:
+            self.store.dispose()
+        log.info("replyd.daemon.stopped")
+
+    def run_forever(self, grace_s: float = 30.0) -> int:
+        """Start, wait for SIGTERM/SIGINT, stop gracefully; return the exit code."""
+        done = threading.Event()
+
+        def on_signal(signum: int, _frame: object) -> None:
+            log.info("replyd.daemon.signal", signal=signal.Signals(signum).name)
+            done.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        self.start()
+        while not done.wait(1.0):
+            pass
+        self.stop(grace_s)
+        return 0
+
+
+def _now_dt():  # noqa: ANN202
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc)

@@ -1,0 +1,78 @@
+"""structlog, configured once: console in a terminal, JSON otherwise, secrets masked."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import MutableMapping
+from typing import Any
+
+import structlog
+
+_SECRETS: set[str] = set()
+_lock = threading.Lock()
+MASK = "***"
+
+
+def add_secret(value: str) -> None:
+    """Register a secret so no log line ever shows it (short values are too common to mask)."""
+    if value and len(value) >= 6:
+        with _lock:
+            _SECRETS.add(value)
+
+
+def mask(text: str) -> str:
+    """Return ``text`` with every registered secret replaced by ``***``."""
+    for s in _SECRETS:
+        if s in text:
+            text = text.replace(s, MASK)
+    return text
+
+
+def _mask_secrets(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    if not _SECRETS:
+        return event
+    for k, v in list(event.items()):
+        if isinstance(v, str):
+            event[k] = mask(v)
+        elif isinstance(v, BaseException):
+            event[k] = mask(f"{type(v).__name__}: {v}")
+    return event
+
+
+def configure(fmt: str = "auto", level: str = "info", stream: Any = None) -> None:
+    """Configure structlog for the process (``fmt``: auto, console or json)."""
+    stream = stream or sys.stderr
+    if fmt == "auto":
+        fmt = "console" if getattr(stream, "isatty", lambda: False)() else "json"
+    renderer: Any
+    if fmt == "json":
+        renderer = structlog.processors.JSONRenderer()
+    else:
+        # show_locals=False: a frame's locals may hold a token.
+        renderer = structlog.dev.ConsoleRenderer(
+            exception_formatter=structlog.dev.RichTracebackFormatter(show_locals=False)
+            if _has_rich() else structlog.dev.plain_traceback
+        )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info if fmt == "json" else structlog.processors.StackInfoRenderer(),
+            _mask_secrets,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        cache_logger_on_first_use=False,
+    )
+
+
+def _has_rich() -> bool:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
