@@ -209,12 +209,22 @@ def config_check(path: Annotated[Path, typer.Argument(help="The TOML file to che
     from replyd.platform import registered_kinds
     from replyd.responders import make_responder
 
+    import httpx
+
+    from replyd.clock import SystemClock
+    from replyd.platform import make_platform
+
     cfg = Config.load(path)
     kinds = registered_kinds()
-    for b in cfg.bots:
-        if b.platform not in kinds:
-            raise ConfigError(f"{path}: bots.{b.name}.platform: unknown platform {b.platform!r} (known: {', '.join(kinds)})")
-        make_responder(b.responder.kind, b.responder.model_dump(exclude={"kind"}))
+    with httpx.Client() as http:  # adapters validate settings without any request
+        for b in cfg.bots:
+            if b.platform not in kinds:
+                raise ConfigError(f"{path}: bots.{b.name}.platform: unknown platform {b.platform!r} (known: {', '.join(kinds)})")
+            try:
+                make_platform(b.platform, {"listing_delay_s": 10.0, **b.settings}, http=http, clock=SystemClock())
+                make_responder(b.responder.kind, b.responder.model_dump(exclude={"kind"}))
+            except ConfigError as exc:
+                raise ConfigError(f"{path}: bots.{b.name}: {exc}") from None
     out.print(f"{path}: ok ({len(cfg.bots)} bot(s))")
 
 

@@ -148,7 +148,6 @@ class Config(BaseSettings):
                 data = tomllib.loads(raw.decode("utf-8"))
             except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
                 raise ConfigError(f"{where}: not valid TOML: {exc}") from None
-            _warn_if_world_readable(p)
         try:
             cfg = cls(**data)
         except ValidationError as exc:
@@ -161,9 +160,21 @@ class Config(BaseSettings):
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ConfigError(f"{where}: bots: duplicate bot name(s) {sorted(dup)}")
+        literal = False
         for b in cfg.bots:
+            raw = list(b.settings.items()) + list((b.responder.model_extra or {}).items())
+            for k, v in raw:
+                # A secret written into the file itself (not through *_env): mask it, and mind the mode.
+                if isinstance(v, str) and not k.endswith("_env") and any(w in k.lower() for w in SECRET_WORDS):
+                    rlog.add_secret(v)
+                    literal = True
             b.settings = resolve_env(b.settings, f"{where}: bots.{b.name}.settings")
+        if literal and path is not None:
+            _warn_if_world_readable(Path(path))
         return cfg
+
+
+SECRET_WORDS = ("token", "password", "secret", "api_key", "apikey")
 
 
 def resolve_env(settings: dict[str, Any], where: str) -> dict[str, Any]:
@@ -189,4 +200,4 @@ def _warn_if_world_readable(p: Path) -> None:
         return
     if mode & (stat.S_IRGRP | stat.S_IROTH):
         logger.warning("replyd.config.readable", path=str(p), mode=oct(mode & 0o777),
-                       hint="config files may name secrets' variables; chmod 600")
+                       hint="this file holds a secret and others can read it: chmod 600, or use <key>_env")

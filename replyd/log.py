@@ -41,9 +41,22 @@ def _mask_secrets(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> 
     return event
 
 
+class _Stderr:
+    """Writes to whatever ``sys.stderr`` is at write time (tests swap it)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def configure(fmt: str = "auto", level: str = "info", stream: Any = None) -> None:
     """Configure structlog for the process (``fmt``: auto, console or json)."""
-    stream = stream or sys.stderr
+    stream = stream or _Stderr()
     if fmt == "auto":
         fmt = "console" if getattr(stream, "isatty", lambda: False)() else "json"
     renderer: Any

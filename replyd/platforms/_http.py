@@ -53,6 +53,7 @@ import httpx
 
 from replyd.errors import (
     BadResponse,
+    ConfigError,
     DefinitelyNotSent,
     MaybeSent,
     RateLimited,
@@ -374,6 +375,24 @@ class RateLimits:
             if reset_at is not None:
                 b.reset_at = reset_at
 
+    def block(self, bucket: str, wait_s: float) -> None:
+        """Mark ``bucket`` spent for ``wait_s`` seconds from now.
+
+        For refusals whose wait is not in the rate-limit headers ``note`` reads:
+        a wait named only in the body (Discourse ``extras.wait_seconds``) or a
+        403 the platform documents as a rate limit (GitHub's secondary limits).
+        Never shortens a block already in place.
+        """
+        if not math.isfinite(wait_s) or wait_s <= 0:
+            return
+        until = self._now() + wait_s
+        with self._lock:
+            b = self._buckets.setdefault(bucket, _Bucket())
+            if b.remaining == 0 and b.reset_at is not None and b.reset_at > until:
+                return
+            b.remaining = 0
+            b.reset_at = until
+
     def snapshot(self) -> dict[str, tuple[int | None, float | None]]:
         """Return ``{bucket: (remaining, reset_at)}`` for metrics and tests."""
         with self._lock:
@@ -461,6 +480,95 @@ def html_to_text(html: str) -> str:
     return "".join(parser.parts).strip()
 
 
+# --- settings ------------------------------------------------------------------------------
+# Validation shared by adapters: each raises ConfigError naming ``<kind> setting '<key>'``
+# and never echoes a secret's value.
+
+
+def setting_url(settings: Mapping[str, Any], kind: str, key: str, default: str | None = None) -> str:
+    """An ``http(s)`` URL without credentials, query or fragment; returned without trailing slash."""
+    raw = settings.get(key, default)
+    if not isinstance(raw, str) or not raw.strip():
+        raise ConfigError(f"{kind} setting {key!r}: required, an http(s) URL")
+    parts = urlsplit(raw.strip())
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError(f"{kind} setting {key!r}: scheme must be http or https")
+    if not parts.hostname:
+        raise ConfigError(f"{kind} setting {key!r}: no host")
+    if parts.username or parts.password:
+        raise ConfigError(f"{kind} setting {key!r}: must not carry credentials")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"{kind} setting {key!r}: must not have a query or fragment")
+    return raw.strip().rstrip("/")
+
+
+def setting_secret(settings: Mapping[str, Any], kind: str, key: str) -> str | None:
+    """An optional token-like string (printable ASCII, no whitespace); ``None`` if absent."""
+    value = settings.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{kind} setting {key!r}: must be a non-empty string")
+    value = value.strip()
+    if any(c.isspace() for c in value) or not value.isprintable() or not value.isascii():
+        raise ConfigError(f"{kind} setting {key!r}: contains whitespace or non-ASCII characters")
+    return value
+
+
+def setting_number(
+    settings: Mapping[str, Any], kind: str, key: str, default: float, *, minimum: float, exclusive: bool = False
+) -> float:
+    """A finite number ``>= minimum`` (``>`` with ``exclusive``)."""
+    value = settings.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{kind} setting {key!r}: must be a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ConfigError(f"{kind} setting {key!r}: must be finite")
+    if value < minimum or (exclusive and value == minimum):
+        op = ">" if exclusive else ">="
+        raise ConfigError(f"{kind} setting {key!r}: must be {op} {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def setting_int(settings: Mapping[str, Any], kind: str, key: str, default: int, lo: int, hi: int) -> int:
+    """An integer in ``[lo, hi]``."""
+    value = settings.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{kind} setting {key!r}: must be an integer, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ConfigError(f"{kind} setting {key!r}: must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def setting_flag(settings: Mapping[str, Any], kind: str, key: str, default: bool) -> bool:
+    """A boolean."""
+    value = settings.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{kind} setting {key!r}: must be true or false, got {value!r}")
+    return value
+
+
+def setting_strings(settings: Mapping[str, Any], kind: str, key: str, default: Iterable[str] = ()) -> tuple[str, ...]:
+    """A list of non-empty strings (whitespace trimmed)."""
+    value = settings.get(key, list(default))
+    if not isinstance(value, (list, tuple)) or any(not isinstance(q, str) or not q.strip() for q in value):
+        raise ConfigError(f"{kind} setting {key!r}: must be a list of non-empty strings")
+    return tuple(q.strip() for q in value)
+
+
+def setting_queries(settings: Mapping[str, Any], kind: str) -> tuple[str, ...]:
+    """``search_queries``: the queries the search poller runs."""
+    return setting_strings(settings, kind, "search_queries")
+
+
+def setting_instance(settings: Mapping[str, Any], kind: str) -> str | None:
+    """``instance``: an optional non-empty override of the answered-log's platform part."""
+    instance = settings.get("instance")
+    if instance is not None and (not isinstance(instance, str) or not instance.strip()):
+        raise ConfigError(f"{kind} setting 'instance': must be a non-empty string")
+    return instance.strip() if isinstance(instance, str) else None
+
+
 __all__ = [
     "ACTING_METHODS",
     "BearerAuth",
@@ -479,4 +587,12 @@ __all__ = [
     "request",
     "retry_after_s",
     "server_error_text",
+    "setting_flag",
+    "setting_instance",
+    "setting_int",
+    "setting_number",
+    "setting_queries",
+    "setting_secret",
+    "setting_strings",
+    "setting_url",
 ]

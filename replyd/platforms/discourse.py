@@ -1,0 +1,1007 @@
+"""The Discourse adapter: notifications, search, replies and read-back over the JSON API.
+
+Settings (``[platforms.<name>]`` with ``kind = "discourse"``):
+
+======================  ======================================================
+``base_url``            required; ``http://`` or ``https://`` forum root
+``api_key``             an admin/user API key (header ``Api-Key``), together
+                        with ``api_username`` (header ``Api-Username``): the
+                        account the bot posts as
+``user_api_key``        instead: a User API key (header ``User-Api-Key``)
+``listing_delay_s``     seconds before a sweep may trust a read-back (default 30:
+                        a POST the client gave up on can still finish inside the
+                        server's own request timeout, 30 s on a standard install)
+``timeout_s``           per-request timeout (default 15)
+``search_queries``      queries the search poller runs (default none)
+``notification_types``  which notifications are parents (default mentioned,
+                        replied, quoted, private_message; also allowed:
+                        group_mentioned, posted, watching_first_post)
+``max_pages``           pages per poll / re-find / read-back (default 5)
+``instance``            first part of the answered-log key
+                        (default ``discourse:<base_url without trailing slash>``)
+======================  ======================================================
+
+Ids: a parent is a post, keyed by its post id as served (a JSON number, kept as
+its decimal string). A reply needs the post's *topic* and its *post number*
+(its position in the topic, not its id), so both ride in ``Parent.extra``
+(``topic_id``, ``post_number``). The sender id is the bot user's numeric id.
+
+Notification types are Discourse's ``Notification.types`` numbers: mentioned 1,
+replied 2, quoted 3, private_message 6, posted 9, group_mentioned 15,
+watching_first_post 17. Discourse *collapses* replied / posted / private_message
+notifications: a new one in a topic deletes the older ones and points at the
+first unread post (``post_number``) while ``data.original_post_id`` names the
+newest; so for those types every qualifying post in between is offered too.
+
+Read-back is batched from ``/user_actions.json?filter=5,12`` (the bot's replies
+and its private-message posts, newest first, offset paging) matched on
+``(topic_id, reply_to_post_number)``; a parent the feed does not reach back to
+is read from its topic (``/t/{id}.json``, then the post ids after the parent
+through ``/t/{id}/posts.json?post_ids[]=``). Discourse's duplicate-text check is
+never relied on: staff and admin keys skip it.
+
+Error mapping at this boundary (the shared table is in ``_http.py``)::
+
+    what happened                                   send (POST)        delete             reads (GET)
+    ----------------------------------------------  -----------------  -----------------  -----------------
+    connect refused, DNS, ConnectTimeout,           DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
+      PoolTimeout, TLS handshake
+    local rate limit spent after a 429              RateLimited        RateLimited        RateLimited
+    ReadTimeout, WriteTimeout, ReadError,           MaybeSent          MaybeSent          DefinitelyNotSent
+      WriteError, RemoteProtocolError, other
+    429 (Retry-After, else extras.wait_seconds)     RateLimited        RateLimited        RateLimited
+    403, credentials still accepted (topic          Rejected           DefinitelyNotSent  DefinitelyNotSent
+      closed / archived, no permission)
+    403, credentials refused on a re-check          DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
+    401, 408                                        DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
+    404 (topic or post deleted), 410                Rejected           treated as done    Rejected
+    422 ("Body is too similar", "title has          Rejected           Rejected           Rejected
+      already been used", too short), other 4xx
+    500-599 (read-only mode, proxy pages)           MaybeSent          MaybeSent          DefinitelyNotSent
+    200 {"action": "enqueued"} (post held for       Rejected           -                  -
+      moderator approval: it may land later, so
+      it is never retried)
+    2xx with unreadable body                        MaybeSent          -                  BadResponse
+
+A 403 on a send triggers one cheap GET of the identity endpoint: Discourse
+answers a bad or revoked key with the same 403 (``invalid_access``) as a closed
+topic, and the two need different handling (retry later vs. give up). The
+status decides, never the (localised) error text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar
+from urllib.parse import parse_qs, quote, urlsplit
+
+import httpx
+import structlog
+
+from replyd.clock import Clock
+from replyd.errors import (
+    BadResponse,
+    ConfigError,
+    DefinitelyNotSent,
+    MaybeSent,
+    PlatformError,
+    RateLimited,
+    Rejected,
+)
+from replyd.platform import (
+    Identity,
+    OwnReply,
+    Page,
+    Parent,
+    Pending,
+    ReadBack,
+    Sent,
+    register_platform,
+)
+from replyd.platforms import _http
+from replyd.platforms._http import id_order
+
+log = structlog.get_logger("replyd.discourse")
+
+# Discourse's Notification.types (app/models/notification.rb); stable across versions.
+NOTIFICATION_TYPES: dict[str, int] = {
+    "mentioned": 1,
+    "replied": 2,
+    "quoted": 3,
+    "private_message": 6,
+    "posted": 9,
+    "group_mentioned": 15,
+    "watching_first_post": 17,
+}
+DEFAULT_NOTIFICATION_TYPES = ("mentioned", "replied", "quoted", "private_message")
+# PostAlerter::COLLAPSED_NOTIFICATION_TYPES (plus watching_category_or_tag, 36).
+COLLAPSED_TYPES = frozenset({2, 6, 9, 36})
+# UserAction types: REPLY and NEW_PRIVATE_MESSAGE (a reply in a PM is logged as the latter).
+OWN_REPLY_ACTIONS = "5,12"
+# /user_actions.json pages are 30 long on every version (the ``limit`` param is newer).
+USER_ACTIONS_PAGE = 30
+# /t/{id}/posts.json?post_ids[]= is asked in the client's own chunk size.
+POST_IDS_CHUNK = 20
+# Clock skew between our opened_at and the server's created_at.
+READ_BACK_MARGIN_S = 60.0
+
+_KNOWN_SETTINGS = frozenset(
+    {
+        "kind",
+        "base_url",
+        "api_key",
+        "api_username",
+        "user_api_key",
+        "listing_delay_s",
+        "timeout_s",
+        "search_queries",
+        "notification_types",
+        "max_pages",
+        "instance",
+    }
+)
+
+
+class _HeaderAuth(httpx.Auth):
+    """Adds Discourse's key headers to each request; its repr hides the key."""
+
+    def __init__(self, headers: Mapping[str, str]) -> None:
+        self._headers = dict(headers)
+
+    def auth_flow(self, request: httpx.Request):  # type: ignore[no-untyped-def]
+        """Set the headers and send the request once."""
+        request.headers.update(self._headers)
+        yield request
+
+    def __repr__(self) -> str:
+        return f"_HeaderAuth(headers={sorted(self._headers)!r}, values=<redacted>)"
+
+
+def _seg(value: str, what: str) -> str:
+    """Quote one path segment; refuse values that would walk the path."""
+    if not value or value in (".", ".."):
+        raise Rejected(f"{what}: id {value!r} is not usable in a URL path")
+    return quote(value, safe="")
+
+
+def _served(obj: Any, path: str, what: str, *, default: Any = ...) -> Any:
+    """An id served as a JSON number (or string), as its exact decimal string."""
+    if default is ...:
+        value = _http.field(obj, path, what, (int, str))
+    else:
+        value = _http.field(obj, path, what, (int, str), default=default)
+        if value is default:
+            return default
+    return str(value)
+
+
+def _number(obj: Any, path: str, what: str, *, default: Any = ...) -> Any:
+    """A post or topic number served as a JSON number (topic ids, post numbers)."""
+    if default is ...:
+        value = _http.field(obj, path, what, int)
+    else:
+        value = _http.field(obj, path, what, int, default=default)
+    return value
+
+
+def _time(obj: Any, path: str, what: str) -> float:
+    raw = _http.field(obj, path, what)
+    try:
+        return _http.iso_to_epoch(raw)
+    except ValueError:
+        raise BadResponse(f"{what}: field {path} is not an ISO-8601 time") from None
+
+
+def _error_text(resp: httpx.Response) -> str:
+    """Discourse's ``{"errors": [...]}`` text (or the generic one), short, for logs only."""
+    try:
+        data = resp.json()
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    if isinstance(data, dict):
+        errors = data.get("errors")
+        if isinstance(errors, list):
+            text = "; ".join(e for e in errors if isinstance(e, str))
+            if text:
+                return " ".join(text.split())[:200]
+    return _http.server_error_text(resp)
+
+
+def _wait_seconds(resp: httpx.Response) -> float | None:
+    """``extras.wait_seconds`` of a Discourse 429 body."""
+    try:
+        data = resp.json()
+    except (ValueError, UnicodeDecodeError):
+        return None
+    extras = data.get("extras") if isinstance(data, dict) else None
+    wait = extras.get("wait_seconds") if isinstance(extras, dict) else None
+    if isinstance(wait, bool) or not isinstance(wait, (int, float, str)):
+        return None
+    try:
+        value = float(wait)
+    except ValueError:
+        return None
+    return value if value >= 0 and value == value and value != float("inf") else None
+
+
+@register_platform("discourse")
+class DiscoursePlatform:
+    """A Discourse account as a replyd platform: notifications in, replies out, own posts read back."""
+
+    kind: ClassVar[str] = "discourse"
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        http: httpx.Client,
+        clock: Clock,
+        api_key: str | None = None,
+        api_username: str | None = None,
+        user_api_key: str | None = None,
+        listing_delay_s: float = 30.0,
+        timeout_s: float = 15.0,
+        search_queries: Sequence[str] = (),
+        notification_types: Iterable[str] = DEFAULT_NOTIFICATION_TYPES,
+        max_pages: int = 5,
+        instance: str | None = None,
+    ) -> None:
+        if user_api_key:
+            headers = {"User-Api-Key": user_api_key}
+            self._secrets: tuple[str, ...] = (user_api_key,)
+        elif api_key and api_username:
+            headers = {"Api-Key": api_key, "Api-Username": api_username}
+            self._secrets = (api_key,)
+        else:
+            raise ConfigError("discourse setting 'api_key': give api_key + api_username, or user_api_key")
+        self._base_url = base_url.rstrip("/")
+        self._auth = _HeaderAuth(headers)
+        self._api_username = api_username if not user_api_key else None
+        self._http = http
+        self._clock = clock
+        self._timeout = httpx.Timeout(timeout_s)
+        self._max_pages = max_pages
+        self._types = frozenset(NOTIFICATION_TYPES[t] for t in notification_types)
+        self._limits = _http.RateLimits(clock.now)
+        self._me: Identity | None = None
+        self.search_queries = tuple(search_queries)
+        self.listing_delay_s = float(listing_delay_s)
+        self.instance = instance or f"discourse:{self._base_url}"
+
+    def __repr__(self) -> str:
+        return f"DiscoursePlatform(instance={self.instance!r})"
+
+    # --- configuration -------------------------------------------------------------
+
+    @classmethod
+    def from_settings(
+        cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock
+    ) -> DiscoursePlatform:
+        """Validate ``settings`` (``ConfigError`` names the key) and build the adapter."""
+        unknown = sorted(str(k) for k in settings if k not in _KNOWN_SETTINGS)
+        if unknown:
+            raise ConfigError(
+                f"discourse setting {unknown[0]!r}: unknown key "
+                f"(known: {', '.join(sorted(_KNOWN_SETTINGS - {'kind'}))})"
+            )
+        base_url = _http.setting_url(settings, "discourse", "base_url")
+        api_key = _http.setting_secret(settings, "discourse", "api_key")
+        user_api_key = _http.setting_secret(settings, "discourse", "user_api_key")
+        api_username = settings.get("api_username")
+        if api_username is not None and (not isinstance(api_username, str) or not api_username.strip()):
+            raise ConfigError("discourse setting 'api_username': must be a non-empty string")
+        if user_api_key and (api_key or api_username):
+            raise ConfigError("discourse setting 'user_api_key': give either it or api_key + api_username, not both")
+        if not user_api_key:
+            if not api_key:
+                raise ConfigError("discourse setting 'api_key': required (with api_username), or give user_api_key")
+            if not api_username:
+                raise ConfigError("discourse setting 'api_username': required with api_key")
+        types = settings.get("notification_types", list(DEFAULT_NOTIFICATION_TYPES))
+        if (
+            not isinstance(types, (list, tuple))
+            or not types
+            or any(not isinstance(t, str) or t not in NOTIFICATION_TYPES for t in types)
+        ):
+            raise ConfigError(
+                f"discourse setting 'notification_types': a non-empty list of {', '.join(NOTIFICATION_TYPES)}"
+            )
+        return cls(
+            base_url=base_url,
+            http=http,
+            clock=clock,
+            api_key=api_key,
+            api_username=api_username.strip() if isinstance(api_username, str) else None,
+            user_api_key=user_api_key,
+            listing_delay_s=_http.setting_number(settings, "discourse", "listing_delay_s", 30.0, minimum=0.0),
+            timeout_s=_http.setting_number(settings, "discourse", "timeout_s", 15.0, minimum=0.0, exclusive=True),
+            search_queries=_http.setting_queries(settings, "discourse"),
+            notification_types=types,
+            max_pages=_http.setting_int(settings, "discourse", "max_pages", 5, 1, 1000),
+            instance=_http.setting_instance(settings, "discourse"),
+        )
+
+    # --- transport ------------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        bucket: str = "api",
+        params: list[tuple[str, str]] | None = None,
+        json: dict[str, Any] | None = None,
+    ) -> httpx.Response:
+        """One request under the rate limits; returns a 2xx response or raises the mapped error."""
+        self._limits.check(("api",) if bucket == "api" else ("api", bucket), what=what)
+        resp = _http.request(
+            self._http,
+            method,
+            self._base_url + path,
+            what=what,
+            secrets=self._secrets,
+            auth=self._auth,
+            timeout=self._timeout,
+            params=params,
+            json=json,
+            headers={"Accept": "application/json"},
+        )
+        self._raise_for_status(resp, what=what, bucket=bucket)
+        return resp
+
+    def _raise_for_status(self, resp: httpx.Response, *, what: str, bucket: str) -> None:
+        status = resp.status_code
+        if 200 <= status < 300:
+            return
+        text = _error_text(resp)
+        detail = _http.redact(f"{what}: HTTP {status}" + (f" ({text})" if text else ""), self._secrets)
+        if status == 429:
+            now = self._clock.now()
+            wait = _http.retry_after_s(resp, now)
+            if wait is None:
+                wait = _wait_seconds(resp)
+            if wait is not None:
+                self._limits.block(bucket, wait)
+            log.warning("replyd.discourse.rate_limited", what=what, bucket=bucket, wait_s=wait)
+            raise RateLimited(detail, status=status, retry_after_s=wait)
+        try:
+            _http.raise_for_status(resp, what=what, now=self._clock.now, secrets=self._secrets)
+        except PlatformError as exc:  # same class and status, Discourse's own error text
+            raise type(exc)(detail, status=exc.status) from None
+
+    # --- parsing --------------------------------------------------------------------
+
+    def _post_parent(self, post: Any, what: str, *, private: bool | None = None) -> Parent:
+        """Turn a serialized post (``/posts/{id}.json`` or a topic's post stream) into a parent."""
+        if not isinstance(post, dict):
+            raise BadResponse(f"{what}: post is not an object")
+        pid = _served(post, "id", what)
+        topic_id = _number(post, "topic_id", what)
+        post_number = _number(post, "post_number", what)
+        author_id = _served(post, "user_id", what)
+        username = _http.field(post, "username", what, default="")
+        created = _time(post, "created_at", what)
+        raw = _http.field(post, "raw", what, default=None)
+        cooked = _http.field(post, "cooked", what, default="")
+        slug = _http.field(post, "topic_slug", what, default=None)
+        post_url = _http.field(post, "post_url", what, default=None)
+        reply_to = _number(post, "reply_to_post_number", what, default=None)
+        if post_url and post_url.startswith("/"):
+            url = self._base_url + post_url
+        else:
+            url = f"{self._base_url}/t/{slug or 'topic'}/{topic_id}/{post_number}"
+        extra: dict[str, Any] = {
+            "topic_id": topic_id,
+            "post_number": post_number,
+            "reply_to_post_number": reply_to,
+            "username": username,
+            "topic_slug": slug,
+        }
+        if private is not None:
+            extra["private_message"] = private
+        return Parent(
+            id=pid,
+            author_id=author_id,
+            author_handle=username,
+            # Discourse's own bots (system, discobot) have negative user ids.
+            author_is_bot=author_id.startswith("-"),
+            text=raw if raw else _http.html_to_text(cooked),
+            url=url,
+            created_at=created,
+            thread_depth=0 if post_number == 1 else 1,
+            extra=extra,
+        )
+
+    @staticmethod
+    def _skipped(what: str, problem: str, item: Any) -> None:
+        item_id = item.get("id") if isinstance(item, dict) else None
+        log.warning(
+            "replyd.discourse.skipped",
+            what=what,
+            problem=problem,
+            item_id=str(item_id) if isinstance(item_id, (int, str)) and not isinstance(item_id, bool) else None,
+        )
+
+    # --- Platform -------------------------------------------------------------------
+
+    def whoami(self) -> Identity:
+        """Return the bot user's numeric id (as a string) and username."""
+        what = "whoami"
+        if self._api_username is not None:
+            resp = self._call("GET", f"/u/{_seg(self._api_username, what)}.json", what=what)
+            body = _http.json_body(resp, what, dict)
+            root = "user"
+        else:
+            resp = self._call("GET", "/session/current.json", what=what)
+            body = _http.json_body(resp, what, dict)
+            root = "current_user"
+        me = Identity(
+            sender_id=_served(body, f"{root}.id", what),
+            handle=_http.field(body, f"{root}.username", what, default=""),
+        )
+        self._me = me
+        return me
+
+    def _identity(self) -> Identity:
+        return self._me if self._me is not None else self.whoami()
+
+    def _username(self) -> str:
+        return self._api_username or self._identity().handle
+
+    # inbox / refind --------------------------------------------------------------------
+
+    def _notification_page(self, offset: int, what: str) -> tuple[list[Any], int | None]:
+        """One page of ``/notifications.json``: its items and the next offset (None at the end)."""
+        params = [("offset", str(offset))] if offset else None
+        resp = self._call("GET", "/notifications.json", what=what, params=params)
+        body = _http.json_body(resp, what, dict)
+        items = _http.field(body, "notifications", what, list)
+        total = _http.field(body, "total_rows_notifications", what, int, default=None)
+        more = _http.field(body, "load_more_notifications", what, default=None)
+        nxt = offset + len(items)
+        if more:
+            values = parse_qs(urlsplit(more).query).get("offset")
+            if values and values[0].isdigit():
+                nxt = int(values[0])
+        if not items or nxt <= offset or (total is not None and nxt >= total):
+            return items, None
+        return items, nxt
+
+    def inbox(self, cursor: str | None) -> Page:
+        """Return parents from notifications newer than ``cursor`` (a notification id), oldest first.
+
+        Without a cursor only the newest page is read. Notifications are
+        resolved to their posts oldest first; if a resolution fails for a
+        transient reason the cursor stops before it, so the next poll retries.
+        """
+        what = "inbox"
+        fresh: list[tuple[str, dict[str, Any]]] = []
+        offset = 0
+        for page_no in range(self._max_pages if cursor is not None else 1):
+            try:
+                items, nxt = self._notification_page(offset, what)
+            except PlatformError as exc:
+                if page_no == 0:
+                    raise
+                log.warning("replyd.discourse.inbox_partial", pages=page_no, problem=exc.detail)
+                return self._notifications_to_page(fresh, cursor, complete=False, what=what)
+            reached = False
+            for item in items:
+                if not isinstance(item, dict):
+                    self._skipped(what, "notification is not an object", item)
+                    continue
+                try:
+                    nid = _served(item, "id", what)
+                except BadResponse as exc:
+                    self._skipped(what, exc.detail, item)
+                    continue
+                if cursor is not None and id_order(nid) <= id_order(cursor):
+                    reached = True
+                    continue
+                fresh.append((nid, item))
+            if cursor is None or reached or nxt is None:
+                break
+            offset = nxt
+        return self._notifications_to_page(fresh, cursor, complete=True, what=what)
+
+    def _notifications_to_page(
+        self, fresh: list[tuple[str, dict[str, Any]]], cursor: str | None, *, complete: bool, what: str
+    ) -> Page:
+        """Resolve fresh notifications oldest first; the cursor only moves over resolved ones.
+
+        ``complete`` is False when the listing did not reach back to the old
+        cursor: what was read is offered, but the cursor stays so the next poll
+        reads the gap again.
+        """
+        found: dict[str, Parent] = {}
+        newest = cursor
+        for nid, item in sorted(dict(fresh).items(), key=lambda t: id_order(t[0])):
+            try:
+                parents = self._notification_parents(item, what)
+            except (Rejected, BadResponse) as exc:  # gone, forbidden or unreadable: skip for good
+                self._skipped(what, exc.detail, item)
+                parents = []
+            except PlatformError as exc:  # transient: stop here, the next poll retries from here
+                log.warning("replyd.discourse.inbox_partial", notification_id=nid, problem=exc.detail)
+                break
+            for p in parents:
+                found.setdefault(p.id, p)
+            if complete and (newest is None or id_order(nid) > id_order(newest)):
+                newest = nid
+        return Page(parents=sorted(found.values(), key=lambda p: id_order(p.id)), cursor=newest)
+
+    def _notification_parents(self, item: dict[str, Any], what: str) -> list[Parent]:
+        """The posts a notification points at (several for a collapsed one); [] if not wanted."""
+        ntype = _http.field(item, "notification_type", what, int)
+        if ntype not in self._types:
+            return []
+        topic_id = _number(item, "topic_id", what, default=None)
+        post_number = _number(item, "post_number", what, default=None)
+        original = _served(item, "data.original_post_id", what, default=None)
+        private = True if ntype == NOTIFICATION_TYPES["private_message"] else None
+        if original is not None:
+            newest = self._post_by_id(original, what, private=private)
+        elif topic_id is not None and post_number is not None:
+            newest = self._post_by_number(topic_id, post_number, what, private=private)
+        else:
+            raise BadResponse(f"{what}: notification names no post")
+        parents = [newest]
+        first = post_number
+        if (
+            ntype in COLLAPSED_TYPES
+            and topic_id is not None
+            and first is not None
+            and newest.extra["topic_id"] == topic_id
+            and first < newest.extra["post_number"]
+        ):
+            parents = self._collapsed(topic_id, first, newest, ntype, what, private=private) + parents
+        return parents
+
+    def _collapsed(
+        self, topic_id: int, first: int, newest: Parent, ntype: int, what: str, *, private: bool | None
+    ) -> list[Parent]:
+        """Posts from ``first`` up to (not including) ``newest`` that the collapsed notification stood for."""
+        me = self._identity()
+        out: list[Parent] = []
+        after = first - 1
+        last = newest.extra["post_number"]
+        for _ in range(self._max_pages):
+            params = [("post_number", str(after)), ("asc", "true")]
+            resp = self._call("GET", f"/t/{topic_id}/posts.json", what=what, params=params)
+            posts = _http.field(_http.json_body(resp, what, dict), "post_stream.posts", what, list)
+            if not posts:
+                return out
+            for post in posts:
+                try:
+                    parent = self._post_parent(post, what, private=private)
+                except BadResponse as exc:
+                    self._skipped(what, exc.detail, post)
+                    continue
+                number = parent.extra["post_number"]
+                after = max(after, number)
+                if number >= last:
+                    return out
+                if parent.author_id == me.sender_id:
+                    continue
+                reply_to_user = post.get("reply_to_user") if isinstance(post, dict) else None
+                to_me = isinstance(reply_to_user, dict) and str(reply_to_user.get("username", "")).lower() == me.handle.lower()
+                # The first unread post is the one Discourse itself chose for the notification.
+                if ntype != NOTIFICATION_TYPES["replied"] or to_me or number == first:
+                    out.append(parent)
+        log.warning("replyd.discourse.collapsed_truncated", topic_id=topic_id, after=after, last=last)
+        return out
+
+    def _post_by_id(self, post_id: str, what: str, *, private: bool | None = None) -> Parent:
+        resp = self._call("GET", f"/posts/{_seg(post_id, what)}.json", what=what)
+        return self._post_parent(_http.json_body(resp, what, dict), what, private=private)
+
+    def _post_by_number(self, topic_id: int | str, post_number: int, what: str, *, private: bool | None = None) -> Parent:
+        resp = self._call("GET", f"/t/{_seg(str(topic_id), what)}/{post_number}.json", what=what)
+        posts = _http.field(_http.json_body(resp, what, dict), "post_stream.posts", what, list)
+        for post in posts:
+            if isinstance(post, dict) and post.get("post_number") == post_number:
+                return self._post_parent(post, what, private=private)
+        raise Rejected(f"{what}: post {post_number} not in topic {topic_id}")
+
+    def refind(self, since: float) -> list[Parent]:
+        """Re-read notifications created at or after epoch ``since`` (offset paging, no cursor)."""
+        what = "refind"
+        fresh: list[dict[str, Any]] = []
+        offset = 0
+        for page_no in range(self._max_pages):
+            try:
+                items, nxt = self._notification_page(offset, what)
+            except PlatformError as exc:
+                if page_no == 0:
+                    raise
+                log.warning("replyd.discourse.refind_partial", pages=page_no, problem=exc.detail)
+                break
+            older = False
+            for item in items:
+                try:
+                    if not isinstance(item, dict):
+                        raise BadResponse(f"{what}: notification is not an object")
+                    created = _time(item, "created_at", what)
+                except BadResponse as exc:
+                    self._skipped(what, exc.detail, item)
+                    continue
+                if created < since:
+                    older = True
+                    continue
+                fresh.append(item)
+            if older or nxt is None:
+                break
+            offset = nxt
+        found: dict[str, Parent] = {}
+        for item in reversed(fresh):
+            try:
+                parents = self._notification_parents(item, what)
+            except PlatformError as exc:  # no cursor here: the next re-find tries again
+                self._skipped(what, exc.detail, item)
+                continue
+            for p in parents:
+                found.setdefault(p.id, p)
+        return sorted(found.values(), key=lambda p: id_order(p.id))
+
+    # search ----------------------------------------------------------------------------
+
+    def search(self, query: str, cursor: str | None) -> Page:
+        """Return posts matching ``query`` newer than ``cursor`` (a post id), oldest first.
+
+        ``order:latest`` is added unless the query orders itself. Each new hit is
+        read from ``/posts/{id}.json`` (search hits carry no author id).
+        """
+        what = "search"
+        q = query if "order:" in query else f"{query} order:latest"
+        hits: dict[str, Any] = {}
+        for page in range(1, (self._max_pages if cursor is not None else 1) + 1):
+            params = [("q", q)] + ([("page", str(page))] if page > 1 else [])
+            try:
+                resp = self._call("GET", "/search.json", what=what, params=params)
+                body = _http.json_body(resp, what, dict)
+                posts = _http.field(body, "posts", what, list, default=[])
+            except PlatformError as exc:
+                if page == 1:
+                    raise
+                log.warning("replyd.discourse.search_partial", pages=page - 1, problem=exc.detail)
+                break
+            older = False
+            for post in posts:
+                try:
+                    pid = _served(post, "id", what)
+                except BadResponse as exc:
+                    self._skipped(what, exc.detail, post)
+                    continue
+                if cursor is not None and id_order(pid) <= id_order(cursor):
+                    older = True
+                    continue
+                hits.setdefault(pid, post)
+            more = _http.field(body, "grouped_search_result.more_full_page_results", what, bool, default=None)
+            if more is None:
+                more = bool(_http.field(body, "grouped_search_result.more_posts", what, bool, default=False))
+            if older or not more or not posts:
+                break
+        found: list[Parent] = []
+        newest = cursor
+        for pid in sorted(hits, key=id_order):
+            try:
+                parent = self._post_by_id(pid, what)
+            except (Rejected, BadResponse) as exc:
+                self._skipped(what, exc.detail, hits[pid])
+            except PlatformError as exc:
+                log.warning("replyd.discourse.search_partial", post_id=pid, problem=exc.detail)
+                break
+            else:
+                found.append(parent)
+            newest = pid if newest is None or id_order(pid) > id_order(newest) else newest
+        return Page(parents=found, cursor=newest)
+
+    # resolve ---------------------------------------------------------------------------
+
+    def resolve(self, ref: str) -> Parent:
+        """Turn a post id, a ``/p/{id}`` link or a ``/t/[slug/]{topic}/{number}`` URL into the parent."""
+        what = "resolve"
+        ref = ref.strip()
+        if ref.isdigit():
+            return self._post_by_id(ref, what)
+        parts = urlsplit(ref)
+        if parts.scheme or parts.netloc:
+            if parts.scheme not in ("http", "https"):
+                raise Rejected(f"{what}: only http(s) URLs can be resolved")
+            base = urlsplit(self._base_url)
+            if (parts.hostname or "").lower() != (base.hostname or "").lower():
+                raise Rejected(f"{what}: URL is not on {base.hostname}")
+        path = parts.path
+        prefix = urlsplit(self._base_url).path.rstrip("/")
+        if prefix and path.startswith(prefix + "/"):
+            path = path[len(prefix):]
+        segs = [s for s in path.split("/") if s]
+        if len(segs) == 2 and segs[0] == "p" and segs[1].isdigit():
+            return self._post_by_id(segs[1], what)
+        if segs and segs[0] == "t":
+            nums = segs[1:]
+            if nums and not nums[0].isdigit():
+                nums = nums[1:]  # the slug
+            if 1 <= len(nums) <= 2 and all(n.isdigit() for n in nums):
+                number = int(nums[1]) if len(nums) == 2 else 1
+                return self._post_by_number(nums[0], number, what)
+        raise Rejected(f"{what}: not a Discourse post reference")
+
+    # send ------------------------------------------------------------------------------
+
+    def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
+        """Post ``text`` as a reply to ``parent`` (only ``replyd.guard`` calls this).
+
+        Discourse honours no idempotency key: ``provider_key`` is not sent.
+        """
+        what = "send"
+        topic_id = parent.extra.get("topic_id")
+        post_number = parent.extra.get("post_number")
+        if isinstance(topic_id, str) and topic_id.isdigit():
+            topic_id = int(topic_id)  # the request body only; the stored parent is untouched
+        if (
+            isinstance(topic_id, bool)
+            or not isinstance(topic_id, int)
+            or isinstance(post_number, bool)
+            or not isinstance(post_number, int)
+            or post_number < 1
+        ):
+            raise Rejected(f"{what}: parent {parent.id} lacks topic_id / post_number")
+        payload = {"topic_id": topic_id, "reply_to_post_number": post_number, "raw": text}
+        try:
+            resp = self._call("POST", "/posts.json", what=what, bucket="post", json=payload)
+        except DefinitelyNotSent as exc:
+            if exc.status == 403:
+                raise self._classify_403(exc) from None
+            log.info("replyd.discourse.send_failed", parent_id=parent.id, error=type(exc).__name__, status=exc.status, detail=exc.detail)
+            raise
+        except PlatformError as exc:
+            log.info("replyd.discourse.send_failed", parent_id=parent.id, error=type(exc).__name__, status=exc.status, detail=exc.detail)
+            raise
+        try:
+            body = _http.json_body(resp, what, dict)
+            if body.get("action") == "enqueued":
+                pending = body.get("pending_post")
+                pending_id = pending.get("id") if isinstance(pending, dict) else None
+                raise Rejected(
+                    f"{what}: held for moderator approval (pending post {pending_id}); not retried",
+                    status=resp.status_code,
+                )
+            reply_id = _served(body, "id", what)
+            got_topic = _number(body, "topic_id", what, default=None)
+            got_reply_to = _number(body, "reply_to_post_number", what, default=None)
+            post_url = _http.field(body, "post_url", what, default=None)
+        except BadResponse as exc:
+            # 2xx: the post very likely exists, we just cannot name it.
+            raise MaybeSent(f"{exc.detail} (after HTTP {resp.status_code})", status=resp.status_code) from None
+        if got_topic != topic_id or got_reply_to != post_number:
+            # The post exists and is ours; the read-back matches on these fields, so say so loudly.
+            log.warning(
+                "replyd.discourse.reply_fields_differ",
+                parent_id=parent.id,
+                reply_id=reply_id,
+                topic_id=got_topic,
+                reply_to_post_number=got_reply_to,
+            )
+        url = self._base_url + post_url if isinstance(post_url, str) and post_url.startswith("/") else ""
+        log.info("replyd.discourse.sent", parent_id=parent.id, reply_id=reply_id)
+        return Sent(reply_id=reply_id, url=url)
+
+    def _classify_403(self, exc: DefinitelyNotSent) -> PlatformError:
+        """A 403 to a POST: refused credentials (retry later) or a refused target (give up)?"""
+        try:
+            self.whoami()
+        except PlatformError as probe:
+            if probe.status in (401, 403, 404):
+                return DefinitelyNotSent(f"{exc.detail}; credentials refused", status=403)
+            if isinstance(probe, RateLimited):
+                return DefinitelyNotSent(f"{exc.detail}; credentials not re-checked (rate limited)", status=403)
+            return Rejected(f"{exc.detail}; credentials not re-checked", status=403)
+        return Rejected(exc.detail, status=403)
+
+    # read-back -------------------------------------------------------------------------
+
+    def read_back(self, pending: Sequence[Pending], *, sender_id: str) -> ReadBack:
+        """Find own replies to the pending parents: the own activity feed, then per-topic reads.
+
+        A parent is ``checked`` only if the feed listed everything from before
+        it was opened (minus a margin) up to now, or its topic was read in full
+        after the parent.
+        """
+        result = ReadBack()
+        if not pending:
+            return result
+        opened: dict[str, float] = {}
+        where: dict[str, tuple[str, int]] = {}
+        for p in pending:
+            pid = p.parent.id
+            opened[pid] = min(p.opened_at, opened.get(pid, p.opened_at))
+            topic_id, number = p.parent.extra.get("topic_id"), p.parent.extra.get("post_number")
+            if topic_id is None or not isinstance(number, int) or isinstance(number, bool):
+                try:
+                    located = self._post_by_id(pid, "read_back locate")
+                except PlatformError as exc:
+                    log.warning("replyd.discourse.read_back_failed", source="locate", parent_id=pid, problem=exc.detail)
+                    continue
+                topic_id, number = located.extra["topic_id"], located.extra["post_number"]
+            where[pid] = (str(topic_id), number)
+        targets: dict[tuple[str, int], list[str]] = {}
+        for pid, loc in where.items():
+            targets.setdefault(loc, []).append(pid)
+        found: dict[str, dict[str, OwnReply]] = {}
+        try:
+            covered_after = self._scan_user_actions(sender_id, targets, opened, found)
+        except PlatformError as exc:
+            log.warning("replyd.discourse.read_back_failed", source="user_actions", problem=exc.detail)
+            covered_after = None
+        for pid in where:
+            if covered_after is not None and covered_after < opened[pid] - READ_BACK_MARGIN_S:
+                result.checked.add(pid)
+        feed_checked = len(result.checked)
+        by_topic: dict[str, list[str]] = {}
+        for pid, (topic_id, _) in where.items():
+            if pid not in result.checked:
+                by_topic.setdefault(topic_id, []).append(pid)
+        for topic_id, pids in by_topic.items():
+            try:
+                complete = self._scan_topic(topic_id, pids, where, sender_id, found)
+            except RateLimited as exc:
+                log.warning("replyd.discourse.read_back_failed", source="topic", topic_id=topic_id, problem=exc.detail)
+                break
+            except PlatformError as exc:
+                log.warning("replyd.discourse.read_back_failed", source="topic", topic_id=topic_id, problem=exc.detail)
+                continue
+            if complete:
+                result.checked.update(pids)
+        for pid, replies in found.items():
+            result.found[pid] = sorted(replies.values(), key=lambda r: (r.created_at or 0.0, id_order(r.reply_id)))
+        log.info(
+            "replyd.discourse.read_back",
+            pending=len(opened),
+            checked_by_feed=feed_checked,
+            checked=len(result.checked),
+            found=sum(len(v) for v in result.found.values()),
+        )
+        return result
+
+    def _scan_user_actions(
+        self,
+        sender_id: str,
+        targets: Mapping[tuple[str, int], list[str]],
+        opened: Mapping[str, float],
+        found: dict[str, dict[str, OwnReply]],
+    ) -> float | None:
+        """Page back through the own replies; return the epoch after which the listing is complete.
+
+        ``None``: nothing was read. ``-inf``: the feed ran out (complete for all time).
+        """
+        what = "read_back user_actions"
+        if not targets:
+            return None
+        horizon = min(opened[pid] for pids in targets.values() for pid in pids) - READ_BACK_MARGIN_S
+        username = self._username()
+        covered_after: float | None = None
+        offset = 0
+        for page_no in range(self._max_pages):
+            params = [("username", username), ("filter", OWN_REPLY_ACTIONS)]
+            if offset:
+                params.append(("offset", str(offset)))
+            try:
+                resp = self._call("GET", "/user_actions.json", what=what, params=params)
+                body = _http.json_body(resp, what, dict)
+                items = _http.field(body, "user_actions", what, list, default=[])
+                # One unreadable item could be the reply we look for: the page is not conclusive.
+                page = [self._own_action(item, what) for item in items]
+            except PlatformError as exc:
+                log.warning("replyd.discourse.read_back_failed", source="user_actions", page=page_no, problem=exc.detail)
+                return covered_after
+            for post_id, actor, topic_id, reply_to, created in page:
+                if actor != sender_id or reply_to is None:
+                    continue
+                for pid in targets.get((topic_id, reply_to), ()):
+                    found.setdefault(pid, {})[post_id] = OwnReply(post_id, pid, created)
+            if not page:
+                return float("-inf")
+            oldest = min(created for *_, created in page)
+            covered_after = oldest if covered_after is None else min(covered_after, oldest)
+            if covered_after < horizon:
+                return covered_after
+            if len(page) < USER_ACTIONS_PAGE:
+                return float("-inf")
+            offset += len(page)
+        return covered_after
+
+    @staticmethod
+    def _own_action(item: Any, what: str) -> tuple[str, str, str, int | None, float]:
+        """``(post id, acting user id, topic id, reply_to_post_number, created_at)`` of a user action."""
+        if not isinstance(item, dict):
+            raise BadResponse(f"{what}: item is not an object")
+        actor = _served(item, "acting_user_id", what, default=None) or _served(item, "user_id", what)
+        return (
+            _served(item, "post_id", what),
+            actor,
+            _served(item, "topic_id", what),
+            _number(item, "reply_to_post_number", what, default=None),
+            _time(item, "created_at", what),
+        )
+
+    def _scan_topic(
+        self,
+        topic_id: str,
+        pids: list[str],
+        where: Mapping[str, tuple[str, int]],
+        sender_id: str,
+        found: dict[str, dict[str, OwnReply]],
+    ) -> bool:
+        """Read a topic's posts after the oldest pending parent; True if every such post was read.
+
+        ``/t/{id}.json`` carries the first chunk (20) of posts and the full id
+        stream; the ids after the parent that were not loaded are fetched by id.
+        Post ids only grow, so a reply's id is above its parent's.
+        """
+        what = "read_back topic"
+        resp = self._call("GET", f"/t/{_seg(topic_id, what)}.json", what=what)
+        body = _http.json_body(resp, what, dict)
+        posts = _http.field(body, "post_stream.posts", what, list)
+        stream = _http.field(body, "post_stream.stream", what, list, default=[])
+        floor = min(pids, key=id_order)
+        by_number: dict[int, list[str]] = {}
+        for pid in pids:
+            by_number.setdefault(where[pid][1], []).append(pid)
+
+        def take(batch: list[Any]) -> set[str]:
+            seen = set()
+            for post in batch:
+                if not isinstance(post, dict):
+                    raise BadResponse(f"{what}: post is not an object")
+                post_id = _served(post, "id", what)
+                seen.add(post_id)
+                if _served(post, "user_id", what) != sender_id:
+                    continue
+                reply_to = _number(post, "reply_to_post_number", what, default=None)
+                for pid in by_number.get(reply_to, []) if reply_to is not None else []:
+                    found.setdefault(pid, {})[post_id] = OwnReply(post_id, pid, _time(post, "created_at", what))
+            return seen
+
+        loaded = take(posts)
+        wanted = []
+        for raw in stream:
+            if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+                raise BadResponse(f"{what}: post_stream.stream holds {type(raw).__name__}")
+            sid = str(raw)
+            if sid not in loaded and id_order(sid) > id_order(floor):
+                wanted.append(sid)
+        for start in range(0, len(wanted), POST_IDS_CHUNK):
+            chunk = wanted[start : start + POST_IDS_CHUNK]
+            params = [("post_ids[]", sid) for sid in chunk]
+            resp = self._call("GET", f"/t/{_seg(topic_id, what)}/posts.json", what=what, params=params)
+            batch = _http.field(_http.json_body(resp, what, dict), "post_stream.posts", what, list)
+            got = take(batch)
+            if not set(chunk) <= got:
+                # A post in the stream we could not read (deleted meanwhile, or hidden): not conclusive.
+                missing = sorted(set(chunk) - got, key=id_order)
+                log.warning("replyd.discourse.read_back_incomplete", topic_id=topic_id, missing=missing[:5])
+                return False
+        return True
+
+    # delete ----------------------------------------------------------------------------
+
+    def delete(self, reply_id: str) -> None:
+        """Delete one own post; one that is already gone counts as deleted."""
+        what = "delete"
+        try:
+            self._call("DELETE", f"/posts/{_seg(reply_id, what)}.json", what=what, bucket="post")
+        except Rejected as exc:
+            if exc.status != 404:
+                raise
+            log.info("replyd.discourse.deleted", reply_id=reply_id, already_gone=True)
+            return
+        log.info("replyd.discourse.deleted", reply_id=reply_id, already_gone=False)
+
+    def close(self) -> None:
+        """Do nothing: the shared http client belongs to the caller."""
+
+    def rate_limits(self) -> dict[str, tuple[int | None, float | None]]:
+        """Return the last seen ``{bucket: (remaining, reset_at)}`` (for metrics)."""
+        return self._limits.snapshot()

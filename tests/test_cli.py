@@ -1,0 +1,116 @@
+"""The replyd command line on a live log (subprocesses, the default SQLite path under XDG_STATE_HOME)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from replyd.guard import Guard
+from replyd.platforms.memory import MemoryPlatform
+from replyd.store import Store, default_sqlite_path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def replyd(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run `python -m replyd ARGS` and capture its output."""
+    return subprocess.run([sys.executable, "-m", "replyd", *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **env}, cwd=ROOT, timeout=60)
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """An XDG state dir of our own, so the default store is a fresh file."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return {"XDG_STATE_HOME": str(tmp_path / "state")}
+
+
+@pytest.fixture
+def answered(env):
+    """A default store where parent '0042' is answered and 'p-open' is in flight."""
+    store = Store.open()
+    plat = MemoryPlatform(instance="memory:cli")
+    g = Guard(store, plat, plat.whoami())
+    g.post(plat.add_parent("0042"), "hello")
+    plat.script = ["lost"]
+    g.post(plat.add_parent("p-open"), "hello")
+    yield store, g
+    store.dispose()
+
+
+def test_default_store_path_is_under_xdg_state(env):
+    """The embedded default lives at $XDG_STATE_HOME/replyd/replyd.sqlite3."""
+    assert default_sqlite_path() == Path(env["XDG_STATE_HOME"]) / "replyd" / "replyd.sqlite3"
+
+
+def test_check_answered_prints_already_answered_and_sends_nothing(answered, env):
+    """The card's verify step: an answered parent prints 'already answered', exit 0, log unchanged."""
+    store, g = answered
+    before = len(store.history(g.key("0042")))
+    r = replyd("check", "0042", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "already answered" in r.stdout and "nothing sent" in r.stdout
+    assert len(store.history(g.key("0042"))) == before
+
+
+def test_check_is_exact_about_ids(answered, env):
+    """'42' is not '0042': ids are opaque, so check finds no row and exits 1."""
+    r = replyd("check", "42", env=env)
+    assert r.returncode == 1 and "not answered" in r.stdout
+
+
+def test_check_in_flight(answered, env):
+    """An open row reports in flight, exit 1."""
+    r = replyd("check", "p-open", env=env)
+    assert r.returncode == 1 and "in flight" in r.stdout
+
+
+def test_status_json_counts(answered, env):
+    """status --json reports rows by state and the oldest open row."""
+    r = replyd("status", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    counts = {(c["platform"], c["state"]): c["rows"] for c in data["counts"]}
+    assert counts == {("memory:cli", "closed"): 1, ("memory:cli", "open"): 1}
+    assert [o["parent_id"] for o in data["oldest_open"]] == ["p-open"]
+
+
+def test_explain_shows_timeline(answered, env):
+    """explain --json shows the row and its events in order."""
+    r = replyd("explain", "p-open", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)[0]
+    assert doc["row"]["state"] == "open"
+    assert [e["kind"] for e in doc["events"]] == ["claimed", "maybe_sent"]
+
+
+def test_db_upgrade_and_current(env, tmp_path):
+    """db upgrade creates the schema at a given URL; db current reports the revision."""
+    url = f"sqlite:///{tmp_path / 'fresh.sqlite3'}"
+    e = {**env, "REPLYD_STORE__URL": url}
+    assert replyd("db", "upgrade", env=e).returncode == 0
+    r = replyd("db", "current", env=e)
+    assert r.returncode == 0 and "revision 0001" in r.stdout
+
+
+def test_bad_config_exits_2_with_clear_message(env, tmp_path):
+    """A bad config exits 2 with the file and key named, no traceback."""
+    p = tmp_path / "bad.toml"
+    p.write_text("[sweep]\ninterval_s = -1\n")
+    r = replyd("status", "--config", str(p), env=env)
+    assert r.returncode == 2
+    assert "bad.toml" in r.stderr and "sweep.interval_s" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_secret_never_printed(env, tmp_path):
+    """A secret read from the environment does not appear in a config error's output."""
+    p = tmp_path / "c.toml"
+    p.write_text('[[bots]]\nname = "b"\nplatform = "mastodon"\n[bots.settings]\ntoken_env = "TOK"\nbase_url = "ftp://x"\n')
+    r = replyd("config", "check", str(p), env={**env, "TOK": "very-secret-token-123"})
+    assert r.returncode == 2 and "bots.b" in r.stderr and "base_url" in r.stderr
+    assert "very-secret-token-123" not in r.stdout + r.stderr

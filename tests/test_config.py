@@ -1,0 +1,117 @@
+"""Config loading: examples are valid, errors name file, key and problem, env overrides apply."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from replyd.config import Config
+from replyd.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "config").glob("*.toml")), ids=lambda p: p.name)
+def test_example_configs_load(path, monkeypatch):
+    """Every example in config/ loads once the variables it names are set."""
+    text = path.read_text()
+    for line in text.splitlines():
+        if "_env" in line and "=" in line and not line.lstrip().startswith("#"):
+            var = line.split("=", 1)[1].split("#")[0].strip().strip('"')
+            monkeypatch.setenv(var, "dummy-secret-value")
+    cfg = Config.load(path)
+    assert cfg.bots, "an example config should configure at least one bot"
+
+
+def test_unknown_key_names_file_and_key(tmp_path):
+    """An unknown key is an error naming the file and the dotted key."""
+    p = tmp_path / "c.toml"
+    p.write_text("[sweep]\ninterval_s = 5\nintervall = 3\n")
+    with pytest.raises(ConfigError, match=r"c\.toml: sweep\.intervall: Extra inputs"):
+        Config.load(p)
+
+
+def test_bad_value_names_key(tmp_path):
+    """A value out of range names its key and the rule."""
+    p = tmp_path / "c.toml"
+    p.write_text("[guard]\nmax_attempts = 0\n")
+    with pytest.raises(ConfigError, match=r"guard\.max_attempts: Input should be greater than or equal to 1"):
+        Config.load(p)
+
+
+def test_invalid_toml_is_reported(tmp_path):
+    """A syntax error names the file and says it is not TOML."""
+    p = tmp_path / "c.toml"
+    p.write_text("[store\nurl=1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        Config.load(p)
+
+
+def test_missing_file(tmp_path):
+    """A missing file is a ConfigError, not a traceback."""
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        Config.load(tmp_path / "nope.toml")
+
+
+def test_env_overrides_file(tmp_path, monkeypatch):
+    """REPLYD_* variables override the file's values."""
+    p = tmp_path / "c.toml"
+    p.write_text("[sweep]\ninterval_s = 5\n")
+    monkeypatch.setenv("REPLYD_SWEEP__INTERVAL_S", "7.5")
+    monkeypatch.setenv("REPLYD_STORE__URL", "sqlite:////tmp/x.sqlite3")
+    cfg = Config.load(p)
+    assert cfg.sweep.interval_s == 7.5 and cfg.store.url == "sqlite:////tmp/x.sqlite3"
+
+
+def test_secret_env_missing_is_named(tmp_path, monkeypatch):
+    """A *_env setting whose variable is unset names the bot, key and variable."""
+    monkeypatch.delenv("NOPE_TOKEN", raising=False)
+    p = tmp_path / "c.toml"
+    p.write_text('[[bots]]\nname = "b"\nplatform = "mastodon"\n[bots.settings]\ntoken_env = "NOPE_TOKEN"\n')
+    with pytest.raises(ConfigError, match=r"bots\.b\.settings\.token_env: environment variable 'NOPE_TOKEN' is not set"):
+        Config.load(p)
+
+
+def test_secret_env_resolved(tmp_path, monkeypatch):
+    """A *_env setting gives the adapter the variable's value under the key without _env."""
+    monkeypatch.setenv("T_TOKEN", "s3cr3t-value")
+    p = tmp_path / "c.toml"
+    p.write_text('[[bots]]\nname = "b"\nplatform = "mastodon"\n[bots.settings]\ntoken_env = "T_TOKEN"\n')
+    assert Config.load(p).bots[0].settings == {"token": "s3cr3t-value"}
+
+
+def test_duplicate_bot_names(tmp_path):
+    """Two bots with one name are refused."""
+    p = tmp_path / "c.toml"
+    p.write_text('[[bots]]\nname = "b"\nplatform = "memory"\n[[bots]]\nname = "b"\nplatform = "memory"\n')
+    with pytest.raises(ConfigError, match="duplicate bot name"):
+        Config.load(p)
+
+
+def test_literal_secret_in_readable_file_warns_and_is_masked(tmp_path, capsys):
+    """A token written into a world-readable file triggers a warning and is masked in logs."""
+    from replyd import log as rlog
+
+    p = tmp_path / "c.toml"
+    p.write_text('[[bots]]\nname = "b"\nplatform = "mastodon"\n[bots.settings]\ntoken = "literal-secret-999"\n')
+    os.chmod(p, 0o644)
+    rlog.configure("json", "info")
+    Config.load(p)
+    err = capsys.readouterr().err
+    assert "replyd.config.readable" in err
+    assert rlog.mask("x literal-secret-999 y") == "x *** y"
+
+
+def test_private_file_with_env_secret_no_warning(tmp_path, capsys, monkeypatch):
+    """A 0600 file that names its secret through *_env gives no readability warning."""
+    from replyd import log as rlog
+
+    monkeypatch.setenv("T_TOKEN", "abcdefgh")
+    p = tmp_path / "c.toml"
+    p.write_text('[[bots]]\nname = "b"\nplatform = "mastodon"\n[bots.settings]\ntoken_env = "T_TOKEN"\n')
+    os.chmod(p, 0o600)
+    rlog.configure("json", "info")
+    Config.load(p)
+    assert "replyd.config.readable" not in capsys.readouterr().err
