@@ -1,4 +1,4 @@
-"""The ``replyd`` command line: run, demo, status, explain, check, sweep, db, config."""
+"""The ``replyd`` command line: run, demo, status, explain, check, sweep, log, rearm, adopt, export, db, config."""
 
 from __future__ import annotations
 
@@ -183,6 +183,185 @@ def sweep(
               f"left open {r.left_open}, duplicates {r.duplicates}, read-back errors {r.readback_errors}")
 
 
+def _bot_config(cfg: Config, name: str | None) -> list:
+    """Return the configured bots, or the one named ``name``."""
+    if not cfg.bots:
+        raise ConfigError(f"{cfg.source}: no [[bots]] configured; this command needs a config with bots")
+    if name is None:
+        return list(cfg.bots)
+    hits = [b for b in cfg.bots if b.name == name]
+    if not hits:
+        raise ConfigError(f"{cfg.source}: no bot named {name!r} (bots: {', '.join(b.name for b in cfg.bots)})")
+    return hits
+
+
+def _instance_of(cfg: Config, name: str) -> str | None:
+    """Return the platform instance of bot ``name`` without any request, or None if no such bot."""
+    import httpx
+
+    from replyd.clock import SystemClock
+    from replyd.platform import make_platform
+
+    for b in cfg.bots:
+        if b.name == name:
+            with httpx.Client() as http:  # building an adapter makes no request
+                return make_platform(b.platform, {"listing_delay_s": 10.0, **b.settings}, http=http,
+                                     clock=SystemClock()).instance
+    return None
+
+
+@app.command("log")
+def log_cmd(
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    state: Annotated[str | None, typer.Option(help="Only events that recorded this state.")] = None,
+    platform: Annotated[str | None, typer.Option(help="Only platform instances containing this text.")] = None,
+    path: Annotated[str | None, typer.Option(help="Only keys found by this path (inbox, search, refind, api, ...).")] = None,
+    kind: Annotated[str | None, typer.Option(help="Only this event kind (claimed, closed, rejected, rearmed, adopted, ...).")] = None,
+    parent: Annotated[str | None, typer.Option(help="Only this parent id (exact).")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=100_000, help="How many events, newest first.")] = 50,
+) -> None:
+    """Show recent events of the answered-log, newest first."""
+    from replyd import library
+
+    cfg = _load(config)
+    if state is not None and state not in st.STATES:
+        raise ConfigError(f"--state: unknown state {state!r} (known: {', '.join(st.STATES)})")
+    s = _store(cfg)
+    evs = library.events(s, limit=limit, kind=kind, state=state, platform=platform, path=path, parent_id=parent)
+    if as_json:
+        out.print_json(json.dumps(evs, default=str))
+        return
+    if not evs:
+        out.print("no events match")
+        return
+    t = Table("at (UTC)", "platform", "parent id", "event", "state", "attempt", "path", "detail", title="recent events")
+    for e in evs:
+        t.add_row(_ts(e["at"]), e["platform"], e["parent_id"], e["kind"], e["state"] or "", str(e["attempt"] or ""),
+                  e["path"] or "", json.dumps(e["detail"], sort_keys=True) if not isinstance(e["detail"], str) else e["detail"])
+    out.print(t)
+
+
+@app.command()
+def rearm(
+    platform: Annotated[str, typer.Argument(help="A bot name from the config, or the platform instance as stored.")],
+    parent: Annotated[str, typer.Argument(help="Parent id exactly as the platform serves it.")],
+    sender: Annotated[str | None, typer.Option(help="Own sender id, when several accounts share the instance.")] = None,
+    reason: Annotated[str, typer.Option(help="Why, recorded on the rearmed event.")] = "",
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Let a rejected, given-up or declined parent be answered again (recorded as a rearmed event)."""
+    from replyd import library
+
+    cfg = _load(config)
+    instance = _instance_of(cfg, platform) or platform
+    s = _store(cfg)
+    rows = [r for r in s.find(parent, instance) if sender is None or r.sender_id == sender]
+    if not rows:
+        err.print(f"no row for parent id {parent!r} on {instance} (ids are exact: case and leading zeros matter)")
+        raise typer.Exit(1)
+    if len(rows) > 1:
+        err.print(f"{len(rows)} accounts have a row for {parent!r} on {instance}: pass --sender "
+                  f"({', '.join(r.sender_id for r in rows)})")
+        raise typer.Exit(1)
+    res = library.rearm(s, Key(rows[0].platform, rows[0].sender_id, parent), by="cli", reason=reason,
+                        owner=cfg.replica_id or None)
+    if as_json:
+        out.print_json(json.dumps({"rearmed": res.rearmed, "previous_state": res.previous,
+                                   "state": res.row.state if res.row else None}))
+    elif res.rearmed:
+        out.print(f"rearmed: {instance} parent {parent} was {res.previous}, now released; the next find may answer it")
+    else:
+        err.print(f"not rearmed: the key is {res.previous}; only {', '.join(library.REARMABLE)} can be rearmed")
+    raise typer.Exit(0 if res.rearmed else 1)
+
+
+@app.command()
+def adopt(
+    config: ConfigOpt = None,
+    bot: Annotated[str | None, typer.Option(help="Only this bot (default: every configured bot).")] = None,
+    parent: Annotated[list[str] | None, typer.Option("--parent", help="A parent id or URL (repeatable).")] = None,
+    lookback_s: Annotated[float | None, typer.Option(min=1, help="Adopt parents found in this window (default: the "
+                                                                 "bot's refind_lookback_s when no --parent).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Read back and report; record nothing.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Record the bot's existing replies as answered, so a fresh install does not answer old threads again."""
+    import httpx
+
+    from replyd import library
+    from replyd.clock import SystemClock
+    from replyd.daemon import _whoami
+    from replyd.errors import PlatformError
+    from replyd.platform import make_platform
+
+    cfg = _load(config)
+    bots = _bot_config(cfg, bot)
+    s = _store(cfg)
+    owner = cfg.replica_id or st.make_owner()
+    clock = SystemClock()
+    report: dict[str, Any] = {}
+    incomplete = False
+    with httpx.Client(timeout=cfg.guard.send_timeout_s) as http:
+        for bc in bots:
+            plat = make_platform(bc.platform, {"listing_delay_s": 10.0, **bc.settings}, http=http, clock=clock)
+            ident = _whoami(plat)
+            parents = []
+            failed: list[str] = []
+            for ref in parent or []:
+                try:
+                    parents.append(plat.resolve(ref))
+                except PlatformError as exc:
+                    failed.append(ref)
+                    err.print(f"{bc.name}: cannot resolve {ref!r}: {exc.detail or type(exc).__name__}")
+            if not parent or lookback_s is not None:
+                window = lookback_s if lookback_s is not None else bc.pollers.refind_lookback_s
+                parents.extend(plat.refind(clock.now() - window))
+            res = library.adopt(s, plat, ident, parents, owner=owner, dry_run=dry_run)
+            res.unknown.extend(failed)
+            incomplete = incomplete or bool(res.unknown)
+            report[bc.name] = {"platform": plat.instance, "sender_id": ident.sender_id, "parents": len(parents),
+                               "dry_run": dry_run, **res.as_dict()}
+    if as_json:
+        out.print_json(json.dumps(report))
+    else:
+        t = Table("bot", "parents", "adopted", "already tracked", "no own reply", "not read back", "duplicates",
+                  title="adopt" + (" (dry run: nothing recorded)" if dry_run else ""))
+        for name, r in report.items():
+            t.add_row(name, str(r["parents"]), str(len(r["adopted"])), str(len(r["tracked"])),
+                      str(len(r["unanswered"])), str(len(r["unknown"])), str(sum(len(v) for v in r["duplicates"].values())))
+        out.print(t)
+        if incomplete:
+            err.print("some parents could not be read back conclusively: run adopt again before starting the daemon")
+    raise typer.Exit(1 if incomplete else 0)
+
+
+@app.command()
+def export(
+    config: ConfigOpt = None,
+    table: Annotated[str, typer.Option(help="replies (one row per key) or events (the audit log).")] = "replies",
+    fmt: Annotated[str, typer.Option("--format", help="csv or json.")] = "csv",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write (default: stdout).")] = None,
+    since: Annotated[float | None, typer.Option(help="Only rows updated (events recorded) at or after this epoch.")] = None,
+) -> None:
+    """Write the answered-log (or its events) as CSV or JSON."""
+    from replyd import library
+
+    cfg = _load(config)
+    if table not in library.TABLES:
+        raise ConfigError(f"--table: unknown table {table!r} (known: {', '.join(library.TABLES)})")
+    if fmt not in ("csv", "json"):
+        raise ConfigError(f"--format: unknown format {fmt!r} (use csv or json)")
+    s = _store(cfg)
+    if output is None:
+        n = library.export(s, sys.stdout, table=table, fmt=fmt, since=since)
+    else:
+        with output.open("w", newline="", encoding="utf-8") as fh:
+            n = library.export(s, fh, table=table, fmt=fmt, since=since)
+        err.print(f"wrote {n} {table} row(s) to {output}")
+
+
 @db_app.command("upgrade")
 def db_upgrade(config: ConfigOpt = None, revision: str = "head") -> None:
     """Apply schema migrations (run by one replica before the others start)."""
@@ -221,7 +400,7 @@ def config_check(path: Annotated[Path, typer.Argument(help="The TOML file to che
             if b.platform not in kinds:
                 raise ConfigError(f"{path}: bots.{b.name}.platform: unknown platform {b.platform!r} (known: {', '.join(kinds)})")
             try:
-                make_platform(b.platform, {"listing_delay_s": 10.0, **b.settings}, http=http, clock=SystemClock())
+                make_platform(b.platform, b.settings, http=http, clock=SystemClock())
                 make_responder(b.responder.kind, b.responder.model_dump(exclude={"kind"}))
             except ConfigError as exc:
                 raise ConfigError(f"{path}: bots.{b.name}: {exc}") from None

@@ -64,6 +64,33 @@ class SweepConfig(_Strict):
     on_duplicate: Literal["report", "delete_newer"] = "report"
 
 
+class ApiConfig(_Strict):
+    """The sidecar HTTP API and status page the daemon serves.
+
+    Writes always need the bearer token; reads need it too when ``host`` is not
+    a loopback address (and the daemon refuses to start there without one).
+    The token itself never lives in the file: ``token_env`` names the
+    environment variable that holds it.
+    """
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = Field(8787, ge=0, le=65535)  # 0: an ephemeral port (tests)
+    token_env: str = ""
+    refresh_s: int = Field(5, ge=1, le=3600)  # the status page's auto-refresh
+    max_body_bytes: int = Field(65_536, ge=1024)
+
+    def token(self) -> str | None:
+        """Return the API token from ``$token_env`` (None when unset); raise ConfigError if named but empty."""
+        if not self.token_env:
+            return None
+        value = os.environ.get(self.token_env)
+        if not value:
+            raise ConfigError(f"api.token_env: environment variable {self.token_env!r} is not set")
+        rlog.add_secret(value)
+        return value
+
+
 class PollerConfig(_Strict):
     """How often each discovery path runs for one bot (0 disables a path)."""
 
@@ -117,6 +144,7 @@ class Config(BaseSettings):
     log: LogConfig = LogConfig()
     guard: GuardConfig = GuardConfig()
     sweep: SweepConfig = SweepConfig()
+    api: ApiConfig = ApiConfig()
     bots: list[BotConfig] = []
     source: str = Field("", exclude=True)
 

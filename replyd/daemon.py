@@ -1,7 +1,12 @@
 """The daemon: wires store, adapters, guards, pollers and the sweep onto one scheduler.
 
-Shutdown (SIGTERM/SIGINT): stop claiming at once, let running jobs finish
-within ``grace_s``, leave open rows to the sweep of the next start, exit 0.
+With ``[api] enabled`` it also serves the sidecar API and status page
+(``replyd.api``) from a thread; the API starts before the bots log in, so
+``/healthz`` answers at once and ``/readyz`` says when every bot is ready.
+
+Shutdown (SIGTERM/SIGINT): stop claiming at once, let running API requests
+and jobs finish within ``grace_s``, leave open rows to the sweep of the next
+start, exit 0.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import signal
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
 import stamina
@@ -28,6 +34,9 @@ from replyd.pollers import Pollers
 from replyd.responders import make_responder
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
+
+if TYPE_CHECKING:
+    from replyd.api import ApiServer
 
 log = structlog.get_logger("replyd.daemon")
 
@@ -51,8 +60,8 @@ def _whoami(platform: Platform) -> Identity:
 
 def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock, owner: str) -> BotRuntime:
     """Build one bot's adapter, identity, guard, pipeline and pollers."""
-    settings = {"listing_delay_s": 10.0, **bc.settings}
-    platform = make_platform(bc.platform, settings, http=http, clock=clock)
+    # Each adapter owns its listing-delay default (Discourse 30 s, GitHub 60 s…); never override it here.
+    platform = make_platform(bc.platform, bc.settings, http=http, clock=clock)
     identity = _whoami(platform)
     guard = Guard(
         store,
@@ -85,13 +94,34 @@ class Daemon:
         self.bots: list[BotRuntime] = []
         self.sweeper: Sweeper | None = None
         self.scheduler: BackgroundScheduler | None = None
+        self.guards: dict[str, Guard] = {}  # by bot name, for the API; filled as bots log in
+        self.api: ApiServer | None = None
 
     def start(self) -> None:
-        """Open the store, log every bot in, and start the scheduled jobs."""
+        """Open the store, start the API if configured, log every bot in, and start the scheduled jobs."""
+        ac = self.cfg.api
+        token: str | None = None
+        if ac.enabled:
+            # Imported here: uvicorn and starlette cost nothing when the API is off (sweep, adopt, ...).
+            from replyd.api import Api, ApiServer, check_bind, is_loopback
+
+            token = ac.token()
+            check_bind(ac.host, token)  # before anything is opened: a public API without a token never starts
         self.store = Store.open(self.cfg.store.url or None, clock=self.clock, migrate=self.cfg.store.auto_migrate)
         self.http = httpx.Client(timeout=httpx.Timeout(self.cfg.guard.send_timeout_s, connect=10.0))
-        for bc in self.cfg.bots:
-            self.bots.append(build_bot(self.cfg, bc, self.store, self.http, self.clock, self.owner))
+        if ac.enabled:
+            api = Api(self.store, self.guards, expected=[b.name for b in self.cfg.bots], token=token,
+                      auth_reads=not is_loopback(ac.host), refresh_s=ac.refresh_s, max_body_bytes=ac.max_body_bytes)
+            self.api = ApiServer(api.app, host=ac.host, port=ac.port, grace_s=self.cfg.guard.send_timeout_s).start()
+        try:
+            for bc in self.cfg.bots:
+                bot = build_bot(self.cfg, bc, self.store, self.http, self.clock, self.owner)
+                self.bots.append(bot)
+                self.guards[bc.name] = bot.guard
+        except BaseException:
+            if self.api is not None:
+                self.api.stop()
+            raise
         sc = self.cfg.sweep
         self.sweeper = Sweeper(
             self.store,
@@ -139,6 +169,9 @@ class Daemon:
         for b in self.bots:
             b.guard.claiming = False
         log.info("replyd.daemon.stopping", grace_s=grace_s)
+        if self.api is not None:
+            # Before the HTTP client closes: running API posts still use it.
+            self.api.stop()
         if self.scheduler is not None:
             t = threading.Thread(target=self.scheduler.shutdown, kwargs={"wait": True}, daemon=True)
             t.start()

@@ -26,6 +26,7 @@ from typing import Any
 
 import structlog
 
+from replyd import metrics
 from replyd import store as st
 from replyd.clock import Clock, SystemClock
 from replyd.errors import (
@@ -147,6 +148,7 @@ class Guard:
 
     # -- the one posting function ---------------------------------------------------
 
+    @metrics.observe_post
     def post(self, parent: Parent, text: str | Compose, *, path: str = "api") -> Outcome:
         """Reply to ``parent`` at most once; ``text`` is the reply or a responder to call once."""
         key = self.key(parent.id)
@@ -254,7 +256,7 @@ class Guard:
     def _compose(self, key: Key, parent: Parent, row: Reply, compose: Compose) -> str | Outcome:
         """Call the responder once for a composing claim; release or decline on failure."""
         try:
-            text = compose(parent)
+            text = metrics.timed_responder(compose, parent, self.platform.instance)
         except Exception as exc:  # a responder failure costs no attempt: the row goes back
             detail = f"{type(exc).__name__}: {exc}"[:300]
             self._transition(key, [st.COMPOSING], row.attempt, st.RELEASED, "responder_failed", {"error": detail}, relaxed=True)
@@ -285,7 +287,8 @@ class Guard:
     def _send(self, key: Key, parent: Parent, row: Reply, text: str) -> Outcome:
         attempt = row.attempt
         try:
-            sent = self.platform.send(parent, text, provider_key=row.provider_key or self.provider_key(parent.id))
+            with metrics.watching_send(self.platform.instance):
+                sent = self.platform.send(parent, text, provider_key=row.provider_key or self.provider_key(parent.id))
         except AlreadyLanded as exc:
             if exc.reply_id:
                 return self._close(key, attempt, exc.reply_id, "already_landed")
@@ -293,7 +296,7 @@ class Guard:
             return Outcome(Status.UNCERTAIN, key, st.OPEN, attempt, detail=exc.detail)
         except RateLimited as exc:
             now = self.clock.now()
-            nb = now + (exc.retry_after_s or 60.0)
+            nb = now + (60.0 if exc.retry_after_s is None else exc.retry_after_s)
             self._transition(key, [st.OPEN], attempt, st.RELEASED, "released", {"error": str(exc), "not_before": nb}, error=exc)
             return Outcome(Status.NOT_SENT, key, st.RELEASED, attempt, detail=exc.detail, retry_after_s=nb - now)
         except DefinitelyNotSent as exc:
@@ -313,7 +316,10 @@ class Guard:
     def _close(self, key: Key, attempt: int, reply_id: str, kind: str) -> Outcome:
         """Close our row with the reply id; a lost close is left to the sweep."""
         now = self.clock.now()
-        values = {"state": st.CLOSED, "reply_id": reply_id, "closed_at": now, "updated_at": now, "error": None}
+        # A retry's close keeps a deadline: the sweep verifies once that no earlier attempt landed late.
+        verify_at = now + self.platform.listing_delay_s if attempt > 1 else None
+        values = {"state": st.CLOSED, "reply_id": reply_id, "closed_at": now, "updated_at": now, "error": None,
+                  "deadline_at": verify_at}
         try:
             with self.store.tx(relaxed=True, doing="closing") as conn:
                 # not_landed at our attempt: the sweep looked too early; our reply did land.

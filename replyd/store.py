@@ -422,9 +422,11 @@ class Store:
     # -- sweep leases --------------------------------------------------------------
 
     def lease_due(self, platform: str, sender_id: str, *, now: float, limit: int, lease_s: float, owner: str) -> list[Reply]:
-        """Lease up to ``limit`` open rows past their deadline that no live lease holds.
+        """Lease up to ``limit`` due rows that no live lease holds.
 
-        PostgreSQL skips rows another replica has locked (``FOR UPDATE SKIP
+        Due: open rows past their deadline, and closed rows that still carry a
+        deadline (a retry closed them: one verifying read-back looks for an
+        earlier attempt's late reply). PostgreSQL skips rows another replica has locked (``FOR UPDATE SKIP
         LOCKED``); SQLite serialises writers, so the same select-then-update
         inside ``BEGIN IMMEDIATE`` is already exclusive.
         """
@@ -432,7 +434,7 @@ class Store:
         q = (
             sa.select(REPLIES)
             .where(
-                REPLIES.c.state == OPEN,
+                REPLIES.c.state.in_([OPEN, CLOSED]),
                 REPLIES.c.platform == platform,
                 REPLIES.c.sender_id == sender_id,
                 REPLIES.c.deadline_at <= now,
@@ -451,7 +453,7 @@ class Store:
                 if self.cas(
                     conn,
                     key,
-                    states=[OPEN],
+                    states=[r.state],
                     attempt=r.attempt,
                     values={"lease_owner": owner, "lease_until": now + lease_s},
                     extra_where=free,

@@ -128,6 +128,9 @@ def test_retry_after_not_landed_posts_once(guard, plat, sweeper, clock):
     out = guard.post(plat.parents["p1"], "reworded")
     assert out.status is Status.POSTED and out.attempt == 2
     assert plat.reply_count("p1") == 1
+    clock.advance(6)  # the verifying read-back after the retry finds one reply: no duplicate
+    r = sweeper.run_once()
+    assert (r.verified, r.duplicates) == (1, 0)
 
 
 def test_failed_readback_leaves_row_open(guard, plat, sweeper, clock, store):
@@ -153,11 +156,18 @@ def test_listing_slower_than_configured_is_a_measured_limit(guard, plat, sweeper
     assert sweeper.run_once().not_landed == 1  # looked too early
     assert guard.post(plat.parents["p1"], "x").status is Status.POSTED
     assert plat.reply_count("p1") == 2  # the documented limit
-    # The sweep never sees closed rows, but a late read-back of an open row reports duplicates.
+    # The retry's close keeps a deadline: one verifying read-back reports the late first reply.
+    assert store.get(guard.key("p1")).deadline_at is not None
+    clock.advance(101)
+    r = sweeper.run_once()
+    assert r.verified == 1 and r.duplicates == 1
+    assert "duplicate_detected" in kinds(store, guard, "p1")
+    assert store.get(guard.key("p1")).deadline_at is None
+    assert sweeper.run_once().leased == 0  # verified once, never again
     plat.script = ["lost"]
     guard.post(plat.add_parent("p2"), "x")
-    plat.real_listing_delay_s = None
     plat._replies.append({**plat.replies()[-1], "reply_id": "extra", "at": clock.now()})
+    plat.real_listing_delay_s = None
     clock.advance(16)
     r = sweeper.run_once()
     assert r.duplicates == 1 and "duplicate_detected" in kinds(store, guard, "p2")

@@ -71,6 +71,8 @@ status decides, never the (localised) error text.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, quote, urlsplit
@@ -124,6 +126,9 @@ USER_ACTIONS_PAGE = 30
 POST_IDS_CHUNK = 20
 # Clock skew between our opened_at and the server's created_at.
 READ_BACK_MARGIN_S = 60.0
+# Posts resolved for notifications and search hits, remembered so a re-find over the
+# same notifications costs no request per notification (admin keys get 60 a minute).
+POST_CACHE_SIZE = 2048
 
 _KNOWN_SETTINGS = frozenset(
     {
@@ -264,6 +269,8 @@ class DiscoursePlatform:
         self._types = frozenset(NOTIFICATION_TYPES[t] for t in notification_types)
         self._limits = _http.RateLimits(clock.now)
         self._me: Identity | None = None
+        self._post_cache: OrderedDict[str, Parent] = OrderedDict()
+        self._cache_lock = threading.Lock()
         self.search_queries = tuple(search_queries)
         self.listing_delay_s = float(listing_delay_s)
         self.instance = instance or f"discourse:{self._base_url}"
@@ -541,7 +548,7 @@ class DiscoursePlatform:
         original = _served(item, "data.original_post_id", what, default=None)
         private = True if ntype == NOTIFICATION_TYPES["private_message"] else None
         if original is not None:
-            newest = self._post_by_id(original, what, private=private)
+            newest = self._post_by_id(original, what, private=private, cached=True)
         elif topic_id is not None and post_number is not None:
             newest = self._post_by_number(topic_id, post_number, what, private=private)
         else:
@@ -592,9 +599,21 @@ class DiscoursePlatform:
         log.warning("replyd.discourse.collapsed_truncated", topic_id=topic_id, after=after, last=last)
         return out
 
-    def _post_by_id(self, post_id: str, what: str, *, private: bool | None = None) -> Parent:
+    def _post_by_id(self, post_id: str, what: str, *, private: bool | None = None, cached: bool = False) -> Parent:
+        if cached:
+            with self._cache_lock:
+                hit = self._post_cache.get(post_id)
+                if hit is not None:
+                    self._post_cache.move_to_end(post_id)
+                    return hit
         resp = self._call("GET", f"/posts/{_seg(post_id, what)}.json", what=what)
-        return self._post_parent(_http.json_body(resp, what, dict), what, private=private)
+        parent = self._post_parent(_http.json_body(resp, what, dict), what, private=private)
+        with self._cache_lock:
+            self._post_cache[post_id] = parent
+            self._post_cache.move_to_end(post_id)
+            while len(self._post_cache) > POST_CACHE_SIZE:
+                self._post_cache.popitem(last=False)
+        return parent
 
     def _post_by_number(self, topic_id: int | str, post_number: int, what: str, *, private: bool | None = None) -> Parent:
         resp = self._call("GET", f"/t/{_seg(str(topic_id), what)}/{post_number}.json", what=what)
@@ -686,7 +705,7 @@ class DiscoursePlatform:
         newest = cursor
         for pid in sorted(hits, key=id_order):
             try:
-                parent = self._post_by_id(pid, what)
+                parent = self._post_by_id(pid, what, cached=True)
             except (Rejected, BadResponse) as exc:
                 self._skipped(what, exc.detail, hits[pid])
             except PlatformError as exc:

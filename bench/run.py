@@ -1,0 +1,303 @@
+"""replyd's benchmarks: run every section, print the tables, write docs/BENCHMARKS.md.
+
+    .venv/bin/python bench/run.py                  # the full run (answered-log up to 10^6 rows)
+    .venv/bin/python bench/run.py --quick          # a smoke run with small sizes (a minute or two)
+    .venv/bin/python bench/run.py --rows-max 10000000   # growth up to 10^7 rows (long)
+    .venv/bin/python bench/run.py --only overhead,readback
+
+Needs the bench extra (aws-lambda-powertools, boto3, redis, pyinstrument),
+PostgreSQL on 127.0.0.1:5432 (user root, trust; ``REPLYD_BENCH_PG`` overrides)
+and Redis on 127.0.0.1:6379 plus ``redis-server`` on PATH. Sections whose
+server is unreachable are reported as skipped, not failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import Table, configure_quiet_logs, machine  # noqa: E402
+
+SECTIONS = ("overhead", "races", "readback", "growth", "economy", "profile")
+
+
+def _load() -> str:
+    try:
+        return " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+def _sizes(rows_max: int, quick: bool) -> list[int]:
+    if quick:
+        return [10_000, 100_000][: max(1, len(str(rows_max)) - 4)]
+    out, n = [], 10_000
+    while n <= rows_max:
+        out.append(n)
+        n *= 10
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not for publishing")
+    ap.add_argument("--rows-max", type=int, default=1_000_000, help="largest answered-log for growth (default 10^6)")
+    ap.add_argument("--only", default="", help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "BENCHMARKS.md"), help="Markdown file to write ('-' for none)")
+    ap.add_argument("--json", default="", help="also dump the raw results to this file")
+    a = ap.parse_args(argv)
+    only = [s.strip() for s in a.only.split(",") if s.strip()] or list(SECTIONS)
+    bad = [s for s in only if s not in SECTIONS]
+    if bad:
+        ap.error(f"unknown section(s) {bad}; known: {', '.join(SECTIONS)}")
+
+    configure_quiet_logs()
+    import warnings
+
+    # Powertools outside Lambda warns on every call that it cannot read the remaining time; that is the setting measured.
+    warnings.filterwarnings("ignore", message="Couldn't determine the remaining time")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    cmd = ".venv/bin/python bench/run.py" + ("" if argv is None and len(sys.argv) == 1 else " " + shlex.join(
+        sys.argv[1:] if argv is None else argv))
+    q = a.quick
+    plan: dict[str, Callable[[], tuple[Any, list[Table]]]] = {}
+
+    def overhead() -> tuple[Any, list[Table]]:
+        from bench import overhead as o
+
+        res = o.measure(200 if q else 600, 1 if q else 3, warmup=20 if q else 100)
+        scen = o.scenarios(200 if q else 1000)
+        return {"loop": _summary(res), "scenarios": scen}, o.tables(res, scen, cmd)
+
+    def races() -> tuple[Any, list[Table]]:
+        from bench import races as r
+
+        res = r.measure(repeats=2 if q else 5, many_parents=200 if q else 1000)
+        return res, r.tables(res, cmd)
+
+    def readback() -> tuple[Any, list[Table]]:
+        from bench import readback as rb
+
+        res = rb.measure(200 if q else 1000)
+        return res, rb.tables(res, cmd)
+
+    def growth() -> tuple[Any, list[Table]]:
+        from bench import growth as g
+
+        res = g.measure(_sizes(a.rows_max, q), claims=200 if q else 1000, checks=400 if q else 2000,
+                        sweeps=2 if q else 5, rss_claims=100 if q else 200)
+        return res, g.tables(res, cmd)
+
+    def economy() -> tuple[Any, list[Table]]:
+        from bench import economy as e
+
+        res = e.measure(60 if q else 200)
+        return res, e.tables(res, cmd)
+
+    def profile() -> tuple[Any, list[Table]]:
+        from bench import profile as p
+
+        res = p.measure(300 if q else 1000)
+        return res, p.tables(res, cmd)
+
+    plan = {"overhead": overhead, "races": races, "readback": readback, "growth": growth, "economy": economy,
+            "profile": profile}
+    started = datetime.now(timezone.utc)
+    t_all = time.monotonic()
+    info = machine()
+    results: dict[str, Any] = {"machine": info, "command": cmd, "started": started.isoformat(timespec="seconds"),
+                               "sections": {}}
+    tables: dict[str, list[Table]] = {}
+    timing: dict[str, tuple[float, str, str]] = {}
+    print(f"replyd benchmarks: {cmd}", file=sys.stderr)
+    for name in only:
+        load0 = _load()
+        t0 = time.monotonic()
+        print(f"[{time.monotonic() - t_all:6.0f}s] {name} …", file=sys.stderr, flush=True)
+        try:
+            res, tbs = plan[name]()
+        except Exception as exc:  # one broken section must not lose the others
+            import traceback
+
+            traceback.print_exc()
+            res, tbs = {"error": f"{type(exc).__name__}: {exc}"}, [
+                Table(f"{name}: FAILED", ["error"], [[f"{type(exc).__name__}: {str(exc)[:300]}"]])]
+        timing[name] = (time.monotonic() - t0, load0, _load())
+        results["sections"][name] = res
+        tables[name] = tbs
+        for t in tbs:
+            print("\n" + t.text(), flush=True)
+    total = time.monotonic() - t_all
+    results["seconds"] = total
+    print(f"\ntotal {total:.0f} s", file=sys.stderr)
+    if a.out != "-":
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(render(results, tables, timing, cmd, q, info, started, total))
+        print(f"wrote {a.out}", file=sys.stderr)
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+def _summary(res: dict[str, Any]) -> dict[str, Any]:
+    """The loop's raw samples are large: keep medians, p99s and pairwise ratios in the JSON."""
+    from bench.common import med, pct
+
+    return {"n": res["n"], "rounds": res["rounds"], "seconds": res["seconds"],
+            "variants": {k: {"median_us": med(v), "p99_us": pct(v, 99), "count": len(v)} for k, v in res["variants"].items()}}
+
+
+def _goal_lines(tables: dict[str, list[Table]]) -> list[str]:
+    out = []
+    for name in SECTIONS:
+        for t in tables.get(name, []):
+            for v in t.verdicts:
+                if v.startswith("**met**") or v.startswith("**MISSED**"):
+                    out.append(f"| {t.title.split('.')[0]} | {v.replace('**met**: ', '').replace('**MISSED**: ', '')} | "
+                               f"{'met' if v.startswith('**met**') else '**missed**'} |")
+    return out
+
+
+def render(results: dict[str, Any], tables: dict[str, list[Table]], timing: dict[str, tuple[float, str, str]], cmd: str,
+           quick: bool, info: dict[str, str], started: datetime, total: float) -> str:
+    """The whole docs/BENCHMARKS.md."""
+    L: list[str] = []
+    L.append("# replyd benchmarks")
+    L.append("")
+    L.append(f"Generated by `{cmd}` (also `make bench`) on {started.strftime('%Y-%m-%d %H:%M UTC')}, in {total / 60:.1f} "
+             "minutes. Everything below — tables, verdicts, the profile — is written by `bench/run.py`; do not edit "
+             "by hand, re-run it.")
+    if quick:
+        L.append("")
+        L.append("> **This is a `--quick` smoke run** (small sizes, one round): the figures are not for publishing.")
+    L.append("")
+    L.append("This machine is shared and noisy: absolute times are for information only. Every ratio is computed pair "
+             "by pair inside one run — the compared variants are interleaved in one loop, so noise lands on both — and "
+             "medians and p99 are over all repeated measurements. The load average before and after each section is "
+             "recorded below so a reader can judge the noise.")
+    L.append("")
+    L.append("## How to run")
+    L.append("")
+    L.append("`make bench` runs `.venv/bin/python bench/run.py` after installing the `bench` extra "
+             "(`aws-lambda-powertools`, `boto3` — Powertools' idempotency package imports it —, `redis`, "
+             "`pyinstrument`). It needs PostgreSQL on 127.0.0.1:5432 (user root, trust; `REPLYD_BENCH_PG` overrides the "
+             "admin URL; the bench creates and drops its own databases), Redis on 127.0.0.1:6379 and `redis-server` on "
+             "the PATH (the bench starts and stops a second one with `appendfsync always`). `--quick` is a smoke run; "
+             "`--rows-max 10000000` adds the 10^7-row log to section 5 (about 14 GB per database and a long load); "
+             "`--only SECTION[,SECTION]` runs a subset; `--out -` prints without writing this file.")
+    L.append("")
+    L.append("## Machine")
+    L.append("")
+    L.append("| | |")
+    L.append("|---|---|")
+    for k, v in info.items():
+        L.append(f"| {k} | {v} |")
+    L.append("")
+    L.append("| section | run time s | load average before | after | run alone with |")
+    L.append("|---|---:|---|---|---|")
+    for name, (secs, l0, l1) in timing.items():
+        L.append(f"| {name} | {secs:.0f} | {l0} | {l1} | `.venv/bin/python bench/run.py{' --quick' if quick else ''} --only {name}` |")
+    L.append("")
+    goals = _goal_lines(tables)
+    if goals:
+        L.append("## Goals")
+        L.append("")
+        L.append("| section | figure | verdict |")
+        L.append("|---|---|---|")
+        L.extend(goals)
+        L.append("")
+    for name in SECTIONS:
+        for t in tables.get(name, []):
+            L.append(f"## {t.title}")
+            L.append("")
+            L.append(f"Command: `{cmd}`" + ("" if cmd.endswith(f"--only {name}") else
+                                           f" (this section alone: `.venv/bin/python bench/run.py{' --quick' if quick else ''} --only {name}`)"))
+            L.append("")
+            md = t.markdown().split("\n", 2)[2]  # without its own heading
+            L.append(md)
+    L.extend(_closing(results, tables))
+    return "\n".join(L).rstrip() + "\n"
+
+
+def _reading(prof: dict[str, Any]) -> list[str]:
+    """What the profile says, in words, from this run's figures."""
+    out: list[str] = []
+    sq = prof.get("SQLite")
+    if sq:
+        build = sq["shares"].get("SQLAlchemy: building statements + compiled-cache keys", 0)
+        execs = sq["shares"].get("SQLAlchemy: execution, pool, events, results", 0)
+        dbs = sum(v for k, v in sq["shares"].items() if k.startswith("database"))
+        calls = sq["per_post"].get("database calls", 0)
+        out.append(
+            f"On SQLite the database itself (the durable claim's fsync above all) is {dbs * 100:.0f}% of a guarded post; "
+            f"the rest is Python. The largest part, {build * 100:.0f}%, is SQLAlchemy Core building statements: the "
+            "store rebuilds `Key.where()`, `insert().values(**row)` and `update().where(…).values(…)` on every call, "
+            "so each literal becomes a new bind parameter and every execute computes a fresh compiled-cache key "
+            "(`coercions.expect`, `_gen_cache_key`, `get_cls_kwargs` lead the hot frames). SQLAlchemy's execution "
+            f"machinery (connection checkout, events, result objects) adds {execs * 100:.0f}%, spread over "
+            f"{calls:.0f} calls into SQLite per post where the floor makes 2 (per-transaction `PRAGMA synchronous` and "
+            "`BEGIN IMMEDIATE`, the pre-`SELECT`, the audit-event `INSERT`s, two `COMMIT`s)."
+        )
+    pg = prof.get("PostgreSQL")
+    if pg:
+        rt = pg["per_post"].get("round trips", 0)
+        dbs = sum(v for k, v in pg["shares"].items() if k.startswith("database"))
+        out.append("")
+        out.append(
+            f"On PostgreSQL the time is in the round trips ({dbs * 100:.0f}% waiting on the server): replyd makes "
+            f"{rt:.0f} per guarded post where the raw floor makes 2 — "
+            + ("a pool pre-ping per transaction, " if pg["per_post"].get("pre_ping") else "")
+            + "BEGIN, the pre-`SELECT`, the `INSERT … RETURNING`, the event `INSERT`, COMMIT; then BEGIN, "
+            "`SET LOCAL synchronous_commit`, the compare-and-set `UPDATE`, the event `INSERT`, COMMIT. The same "
+            "statement-building cost as on SQLite sits on top."
+        )
+    return out
+
+
+def _closing(results: dict[str, Any], tables: dict[str, list[Table]]) -> list[str]:
+    L: list[str] = []
+    prof = results["sections"].get("profile")
+    L.append("## Closing note: the bottleneck")
+    L.append("")
+    if not prof or "error" in prof:
+        L.append("The profile section did not run.")
+        return L
+    for db, p in prof.items():
+        shares = sorted(p["shares"].items(), key=lambda kv: -kv[1])
+        sa_share = sum(v for k, v in p["shares"].items() if k.startswith("SQLAlchemy"))
+        db_share = sum(v for k, v in p["shares"].items() if k.startswith("database"))
+        top = ", ".join(f"{k} {v * 100:.0f}%" for k, v in shares[:3])
+        L.append(f"- **{db}**: {top}. SQLAlchemy Core as a whole takes {sa_share * 100:.0f}% of a guarded post, the "
+                 f"database and its driver {db_share * 100:.0f}%.")
+    L.append("")
+    L.extend(_reading(prof))
+    L.append("")
+    if prof:
+        L.append("### Appendix: call tree of a guarded post (pyinstrument)")
+        L.append("")
+        for db, p in prof.items():
+            L.append(f"<details><summary>{db}</summary>")
+            L.append("")
+            L.append("```")
+            L.append(p["tree"])
+            L.append("```")
+            L.append("")
+            L.append("</details>")
+            L.append("")
+    return L
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,126 @@
+"""A small TCP proxy between replyd and PostgreSQL that can stop and start the database for one client.
+
+The shared PostgreSQL server must never be stopped, so "the database stopped
+and started" is what the proxy does to the connections of the replicas behind
+it: ``outage()`` cuts every open connection (both directions closed, so a
+query or a COMMIT in flight gets no answer) and refuses new ones (the
+listening socket is closed: connection refused) until ``restore()``.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:<port> to ``(host, port)``; ``outage``/``restore`` cut and refuse."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = 0
+        self._lock = threading.Lock()
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._listener: socket.socket | None = None
+        self._down = False
+        self._closed = False
+        self.outages = 0
+        self.cut_connections = 0
+
+    def start(self) -> TcpProxy:
+        """Listen on an ephemeral port."""
+        self._listen()
+        return self
+
+    def _listen(self) -> None:
+        for _ in range(100):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", self.port))
+            except OSError:
+                s.close()
+                time.sleep(0.05)
+                continue
+            s.listen(64)
+            self.port = s.getsockname()[1]
+            self._listener = s
+            threading.Thread(target=self._accept, args=(s,), daemon=True, name="chaos-proxy-accept").start()
+            return
+        raise RuntimeError(f"proxy could not listen on port {self.port} again")
+
+    def _accept(self, lsock: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = lsock.accept()
+            except OSError:
+                return
+            with self._lock:
+                if self._down or self._closed:
+                    client.close()
+                    continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            for s in (client, upstream):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                self._pairs.append((client, upstream))
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            self._close_pair(src, dst)
+
+    def _close_pair(self, a: socket.socket, b: socket.socket) -> None:
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            try:
+                s.close()
+            except OSError:
+                pass
+        with self._lock:
+            self._pairs = [p for p in self._pairs if a not in p and b not in p]
+
+    def outage(self) -> None:
+        """The database 'stops': cut every connection and refuse new ones."""
+        with self._lock:
+            self._down = True
+            pairs, self._pairs = self._pairs, []
+            listener, self._listener = self._listener, None
+            self.outages += 1
+            self.cut_connections += len(pairs)
+        if listener is not None:
+            listener.close()
+        for a, b in pairs:
+            self._close_pair(a, b)
+
+    def restore(self) -> None:
+        """The database 'starts' again: accept connections on the same port."""
+        with self._lock:
+            if not self._down or self._closed:
+                return
+            self._down = False
+        self._listen()
+
+    def close(self) -> None:
+        """Stop for good."""
+        with self._lock:
+            self._closed = True
+        self.outage()

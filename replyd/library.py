@@ -1,0 +1,402 @@
+"""The embeddable API: open a guard over a store and a platform and post once, plus the operator actions.
+
+A Python agent uses ``open_guard`` and gets the very ``Guard.post`` the daemon
+and the HTTP API use, so its answers share one answered-log with them::
+
+    with open_guard("sqlite:///replyd.sqlite3", "mastodon",
+                    {"base_url": "https://mastodon.example", "token_env": "MASTODON_TOKEN"}) as g:
+        outcome = g.post("113000000000000001", "Thanks!")
+
+The operator actions (``rearm``, ``adopt``, ``events``, ``export``) live here
+too, so the CLI and the HTTP API change state through the same few functions.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import httpx
+import sqlalchemy as sa
+import structlog
+
+from replyd import metrics
+from replyd import store as st
+from replyd.clock import Clock, SystemClock
+from replyd.config import resolve_env
+from replyd.errors import BadResponse, ConfigError, PlatformError
+from replyd.guard import Compose, Guard, Outcome
+from replyd.platform import Identity, Parent, Pending, Platform, ReadBack, make_platform
+from replyd.store import Event, Key, Reply, Store
+from replyd.sweep import Bot, Sweeper, SweepResult
+
+log = structlog.get_logger("replyd.library")
+
+# Terminal states an operator may send back to claimable.
+REARMABLE = (st.REJECTED, st.GAVE_UP, st.DECLINED)
+
+
+# -- posting ---------------------------------------------------------------------------------
+
+
+def submit(guard: Guard, parent: str | Parent, text: str | Compose, *, path: str = "api") -> Outcome:
+    """Resolve ``parent`` (an id or URL) through the adapter and post through ``Guard.post``.
+
+    A parent id that already has a blocking row (answered, in flight, refused)
+    is reported without a platform request. A ``PlatformError`` raised here
+    always comes from the resolve: nothing was sent.
+    """
+    if isinstance(parent, Parent):
+        return guard.post(parent, text, path=path)
+    # Read-only pre-check on the id as given: duplicate submissions cost no platform request.
+    blocked = guard.check(parent)
+    if blocked is not None:
+        metrics.outcome(guard.platform.instance, blocked.status.value)
+        return blocked
+    try:
+        resolved = guard.platform.resolve(parent)
+    except PlatformError as exc:
+        metrics.platform_error(guard.platform.instance, "resolve", exc)
+        raise
+    except Exception as exc:  # an adapter bug on a read path: report it as an unreadable answer
+        metrics.platform_error(guard.platform.instance, "resolve", exc)
+        log.error("replyd.library.resolve_failed", parent_id=parent, error=f"{type(exc).__name__}: {exc}"[:300])
+        raise BadResponse(f"resolve: {type(exc).__name__}") from None
+    return guard.post(resolved, text, path=path)
+
+
+class GuardSession:
+    """One bot's guard over one store, with the connections it opened; close it (or use ``with``)."""
+
+    def __init__(
+        self,
+        store: Store,
+        platform: Platform,
+        identity: Identity,
+        guard: Guard,
+        *,
+        http: httpx.Client | None = None,
+        owns_store: bool = True,
+    ) -> None:
+        self.store = store
+        self.platform = platform
+        self.identity = identity
+        self.guard = guard
+        self._http = http
+        self._owns_store = owns_store
+
+    def post(self, parent: str | Parent, text: str | Compose, *, path: str = "library") -> Outcome:
+        """Reply to ``parent`` (id, URL or Parent) at most once; ``text`` may be a responder."""
+        return submit(self.guard, parent, text, path=path)
+
+    def check(self, parent_id: str) -> Outcome | None:
+        """Return what blocks a post to ``parent_id`` (read-only), or None if a post would claim it."""
+        return self.guard.check(parent_id)
+
+    def history(self, parent_id: str) -> list[Event]:
+        """Return every event of this bot's key for ``parent_id``."""
+        return self.store.history(self.guard.key(parent_id))
+
+    def sweep(self, *, on_duplicate: str = "report") -> SweepResult:
+        """Bound this bot's due open rows by reading back (run it periodically without the daemon)."""
+        sweeper = Sweeper(self.store, [Bot(self.platform, self.identity)], clock=self.guard.clock,
+                          owner=self.guard.owner, max_attempts=self.guard.max_attempts, on_duplicate=on_duplicate)
+        return sweeper.run_once()
+
+    def rearm(self, parent_id: str, *, by: str = "library", reason: str = "") -> RearmResult:
+        """Send a rejected, given-up or declined key back to claimable."""
+        return rearm(self.store, self.guard.key(parent_id), by=by, reason=reason, owner=self.guard.owner)
+
+    def adopt(self, parents: Sequence[Parent]) -> AdoptResult:
+        """Record own replies that already exist on the platform as answered (see ``adopt``)."""
+        return adopt(self.store, self.platform, self.identity, parents, owner=self.guard.owner)
+
+    def close(self) -> None:
+        """Release the HTTP client and the store connections this session opened."""
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        if self._owns_store:
+            self.store.dispose()
+
+    def __enter__(self) -> GuardSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_guard(
+    store_url: str | None,
+    platform: str | Platform,
+    settings: Mapping[str, Any] | None = None,
+    *,
+    clock: Clock | None = None,
+    max_attempts: int = 2,
+    send_timeout_s: float = 30.0,
+    compose_lease_s: float = 120.0,
+    dry_run: bool = False,
+    migrate: bool = True,
+) -> GuardSession:
+    """Open the store at ``store_url`` (None: the embedded default), log the bot in, return a session.
+
+    ``platform`` is an adapter kind (``"mastodon"``, ...) configured by
+    ``settings`` — the same keys as a ``[bots.settings]`` table, ``*_env`` keys
+    read from the environment — or an adapter instance you built.
+    """
+    clock = clock or SystemClock()
+    http: httpx.Client | None = None
+    if isinstance(platform, str):
+        resolved = resolve_env(dict(settings or {}), f"open_guard({platform!r}).settings")
+        http = httpx.Client(timeout=httpx.Timeout(send_timeout_s, connect=10.0))
+        try:
+            adapter = make_platform(platform, {"listing_delay_s": 10.0, **resolved}, http=http, clock=clock)
+        except Exception:
+            http.close()
+            raise
+    elif settings:
+        raise ConfigError("open_guard: settings are for a platform kind; an adapter instance is already configured")
+    else:
+        adapter = platform
+    store: Store | None = None
+    try:
+        store = Store.open(store_url, clock=clock, migrate=migrate)
+        identity = adapter.whoami()
+    except Exception:
+        if store is not None:
+            store.dispose()
+        if http is not None:
+            http.close()
+        raise
+    guard = Guard(store, adapter, identity, clock=clock, max_attempts=max_attempts, send_timeout_s=send_timeout_s,
+                  compose_lease_s=compose_lease_s, dry_run=dry_run)
+    log.info("replyd.library.opened", platform=adapter.instance, sender_id=identity.sender_id, store=store.url)
+    return GuardSession(store, adapter, identity, guard, http=http)
+
+
+# -- rearm -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RearmResult:
+    """What a rearm did: ``previous`` is the state it found (None: no row)."""
+
+    key: Key
+    rearmed: bool
+    previous: str | None
+    row: Reply | None
+
+
+def rearm(store: Store, key: Key, *, by: str, reason: str = "", owner: str | None = None) -> RearmResult:
+    """Move a rejected, given-up or declined key to ``released`` (compare-and-set, event ``rearmed``).
+
+    The attempt is kept, so a rearmed key gets exactly one more try before it
+    can give up again; a key in any other state is left alone.
+    """
+    now = store.clock.now()
+    with store.tx(doing="rearming") as conn:
+        row = store.get(key, conn)
+        if row is None:
+            return RearmResult(key, False, None, None)
+        if row.state not in REARMABLE:
+            return RearmResult(key, False, row.state, row)
+        values = {"state": st.RELEASED, "updated_at": now, "error": None, "not_before": None,
+                  "lease_owner": None, "lease_until": None}
+        ok = store.cas(conn, key, states=[row.state], attempt=row.attempt, values=values)
+        if ok:
+            store.add_event(conn, key, "rearmed", state=st.RELEASED, attempt=row.attempt, owner=owner,
+                            detail={"from": row.state, "by": by, **({"reason": reason} if reason else {})})
+        current = store.get(key, conn)
+    log.info("replyd.library.rearmed" if ok else "replyd.library.rearm_refused", platform=key.platform,
+             parent_id=key.parent_id, previous=row.state, by=by)
+    return RearmResult(key, ok, row.state, current)
+
+
+# -- adopt -----------------------------------------------------------------------------------
+
+
+@dataclass
+class AdoptResult:
+    """Per parent: adopted (reply id), already tracked, read back with no own reply, or not conclusively read."""
+
+    adopted: dict[str, str] = field(default_factory=dict)
+    tracked: list[str] = field(default_factory=list)
+    unanswered: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    duplicates: dict[str, list[str]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
+        return {"adopted": self.adopted, "tracked": self.tracked, "unanswered": self.unanswered,
+                "unknown": self.unknown, "duplicates": self.duplicates}
+
+
+def adopt(
+    store: Store,
+    platform: Platform,
+    identity: Identity,
+    parents: Sequence[Parent],
+    *,
+    owner: str | None = None,
+    dry_run: bool = False,
+) -> AdoptResult:
+    """Read back the bot's existing replies to ``parents`` and record each found one as ``closed``.
+
+    So a fresh install does not answer threads the bot answered before replyd.
+    Parents that already have a row are left alone; a read-back that fails or
+    is inconclusive records nothing (the normal path will claim those, and the
+    platform's own idempotency is then the only guard).
+    """
+    owner = owner or st.make_owner()
+    result = AdoptResult()
+    fresh: dict[str, Parent] = {}
+    for p in parents:
+        if p.id in fresh:
+            continue
+        if store.get(Key(platform.instance, identity.sender_id, p.id)) is not None:
+            result.tracked.append(p.id)
+        else:
+            fresh[p.id] = p
+    if not fresh:
+        return result
+    # A reply cannot predate its parent, so the parent's time bounds how far back to read.
+    pending = [Pending(parent=p, opened_at=p.created_at or 0.0) for p in fresh.values()]
+    try:
+        rb = platform.read_back(pending, sender_id=identity.sender_id)
+    except Exception as exc:  # not read is not "not answered"
+        metrics.platform_error(platform.instance, "read_back", exc)
+        log.warning("replyd.library.adopt_readback_failed", platform=platform.instance, error=str(exc)[:300])
+        rb = ReadBack()
+    now = store.clock.now()
+    for pid, parent in fresh.items():
+        mine = rb.found.get(pid) or []
+        if not mine:
+            (result.unanswered if pid in rb.checked else result.unknown).append(pid)
+            continue
+        first = mine[0]
+        if len(mine) > 1:
+            result.duplicates[pid] = [m.reply_id for m in mine[1:]]
+        if dry_run:
+            result.adopted[pid] = first.reply_id
+            continue
+        key = Key(platform.instance, identity.sender_id, pid)
+        values = {
+            "state": st.CLOSED, "attempt": 1, "created_at": now, "updated_at": now, "closed_at": now,
+            "reply_id": first.reply_id, "path": "adopt", "owner": owner,
+            "snapshot": json.dumps(parent.snapshot(), default=str),
+        }
+        with store.tx(doing="adopting") as conn:
+            won = store.insert_new(conn, key, values)
+            if won:
+                store.add_event(conn, key, "adopted", state=st.CLOSED, attempt=1, owner=owner,
+                                detail={"reply_id": first.reply_id, "replies": len(mine)})
+                if len(mine) > 1:
+                    store.add_event(conn, key, "duplicate_detected", state=st.CLOSED, attempt=1, owner=owner,
+                                    detail={"kept": first.reply_id, "newer": result.duplicates[pid], "action": "report"})
+        if won:
+            result.adopted[pid] = first.reply_id
+        else:  # claimed by a poller between our check and our insert
+            result.tracked.append(pid)
+    log.info("replyd.library.adopted", platform=platform.instance, adopted=len(result.adopted),
+             tracked=len(result.tracked), unanswered=len(result.unanswered), unknown=len(result.unknown))
+    return result
+
+
+# -- reading the log -------------------------------------------------------------------------
+
+
+def _event_dict(m: Mapping[str, Any]) -> dict[str, Any]:
+    d = dict(m)
+    try:
+        d["detail"] = json.loads(d.get("detail") or "{}")
+    except ValueError:
+        pass  # an event written by hand: show it as stored
+    return d
+
+
+def events(
+    store: Store,
+    *,
+    limit: int = 50,
+    kind: str | None = None,
+    state: str | None = None,
+    platform: str | None = None,
+    path: str | None = None,
+    parent_id: str | None = None,
+    since: float | None = None,
+) -> list[dict[str, Any]]:
+    """Return the newest events, newest first, with the path that found each key.
+
+    ``platform`` matches any instance containing it; ``state`` is the state the
+    event recorded; ``path`` is the discovery path stored on the key's row.
+    """
+    e, r = st.EVENTS, st.REPLIES
+    join = e.outerjoin(r, sa.and_(e.c.platform == r.c.platform, e.c.sender_id == r.c.sender_id,
+                                  e.c.parent_id == r.c.parent_id))
+    q = sa.select(*e.c, r.c.path.label("path")).select_from(join)
+    if kind:
+        q = q.where(e.c.kind == kind)
+    if state:
+        q = q.where(e.c.state == state)
+    if platform:
+        q = q.where(e.c.platform.contains(platform, autoescape=True))
+    if path:
+        q = q.where(r.c.path == path)
+    if parent_id is not None:
+        q = q.where(e.c.parent_id == parent_id)
+    if since is not None:
+        q = q.where(e.c.at >= since)
+    q = q.order_by(e.c.id.desc()).limit(limit)
+    with store.tx(write=False, doing="reading events") as conn:
+        return [_event_dict(m) for m in conn.execute(q).mappings()]
+
+
+TABLES = {"replies": st.REPLIES, "events": st.EVENTS}
+
+
+def iter_table(store: Store, table: str, *, since: float | None = None) -> Iterator[dict[str, Any]]:
+    """Yield every row of ``replies`` or ``events`` (oldest first), optionally updated/at since ``since``."""
+    t = TABLES.get(table)
+    if t is None:
+        raise ConfigError(f"export: unknown table {table!r} (known: {', '.join(TABLES)})")
+    q = sa.select(t)
+    if table == "events":
+        q = q.order_by(t.c.id)
+        if since is not None:
+            q = q.where(t.c.at >= since)
+    else:
+        q = q.order_by(t.c.created_at, t.c.platform, t.c.sender_id, t.c.parent_id)
+        if since is not None:
+            q = q.where(t.c.updated_at >= since)
+    with store.tx(write=False, doing=f"exporting {table}") as conn:
+        for m in conn.execute(q).mappings():
+            yield _event_dict(m) if table == "events" else dict(m)
+
+
+def export(store: Store, out: TextIO, *, table: str = "replies", fmt: str = "csv", since: float | None = None) -> int:
+    """Write ``table`` to ``out`` as CSV or a JSON array; return the number of rows written."""
+    if fmt not in ("csv", "json"):
+        raise ConfigError(f"export: unknown format {fmt!r} (use csv or json)")
+    if table not in TABLES:
+        raise ConfigError(f"export: unknown table {table!r} (known: {', '.join(TABLES)})")
+    columns = [c.name for c in TABLES[table].columns]
+    n = 0
+    rows = iter_table(store, table, since=since)
+    if fmt == "csv":
+        w = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+        w.writeheader()
+        for row in rows:
+            if "detail" in row and not isinstance(row["detail"], str):
+                row["detail"] = json.dumps(row["detail"], sort_keys=True)
+            w.writerow(row)
+            n += 1
+        return n
+    out.write("[")
+    for row in rows:
+        out.write(("," if n else "") + "\n" + json.dumps(row, default=str, sort_keys=True))
+        n += 1
+    out.write("\n]\n" if n else "]\n")
+    return n

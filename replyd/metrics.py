@@ -1,0 +1,220 @@
+"""Prometheus metrics: counters the guard and the sweep bump, gauges read from the store at scrape time.
+
+The counters are process-wide (one daemon, many bots: the ``platform`` label
+tells them apart) and belong to no registry of their own; ``registry(store)``
+builds the one ``/metrics`` serves, adding the store's row gauges, which are
+computed when scraped so they are never stale and cost nothing between
+scrapes.
+
+The guard is a hot path: every hook here is a label lookup and an increment,
+O(1), with no I/O.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from replyd.errors import (
+    AlreadyLanded,
+    BadResponse,
+    ContentionError,
+    DefinitelyNotSent,
+    MaybeSent,
+    RateLimited,
+    Rejected,
+    ReplydError,
+    StoreError,
+)
+
+SENDS = Counter(
+    "replyd_sends", "Send requests made to a platform (attempts, whatever their fate).", ["platform"], registry=None
+)
+SEND_SECONDS = Histogram(
+    "replyd_send_seconds", "Time spent in one platform send.", ["platform"], registry=None,
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+OUTCOMES = Counter(
+    "replyd_outcomes",
+    "Results of Guard.post, and of API/library submissions its read-only pre-check answered, by status "
+    "(posted, already_answered, in_flight, ...; store_error and contended when it raised).",
+    ["platform", "status"],
+    registry=None,
+)
+PLATFORM_ERRORS = Counter(
+    "replyd_platform_errors",
+    "Errors a platform adapter reported, by operation (send, read_back, resolve) and kind.",
+    ["platform", "op", "kind"],
+    registry=None,
+)
+RESPONDER_CALLS = Counter(
+    "replyd_responder_calls", "Responder calls by result (ok, declined, failed).", ["platform", "result"], registry=None
+)
+RESPONDER_SECONDS = Histogram(
+    "replyd_responder_seconds", "Time spent in one responder call.", ["platform"], registry=None,
+    buckets=(0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+SWEEP_ROWS = Counter(
+    "replyd_sweep_rows",
+    "Rows the sweep decided, by result (closed, not_landed, gave_up, left_open).",
+    ["platform", "result"],
+    registry=None,
+)
+DUPLICATES = Counter(
+    "replyd_duplicates_detected",
+    "Own replies beyond the first found on the platform for one parent.",
+    ["platform"],
+    registry=None,
+)
+SHARED = (SENDS, SEND_SECONDS, OUTCOMES, PLATFORM_ERRORS, RESPONDER_CALLS, RESPONDER_SECONDS, SWEEP_ROWS, DUPLICATES)
+
+# Most specific first: subclasses before their bases.
+_KINDS: tuple[tuple[type[BaseException], str], ...] = (
+    (RateLimited, "rate_limited"),
+    (DefinitelyNotSent, "definitely_not_sent"),
+    (AlreadyLanded, "already_landed"),
+    (MaybeSent, "maybe_sent"),
+    (Rejected, "rejected"),
+    (BadResponse, "bad_response"),
+)
+_SWEEP_RESULTS = ("closed", "not_landed", "gave_up", "left_open")
+
+
+def error_kind(exc: BaseException) -> str:
+    """Return the metric label for an adapter error (``unexpected`` for an unmapped one)."""
+    for cls, kind in _KINDS:
+        if isinstance(exc, cls):
+            return kind
+    return "platform_error" if isinstance(exc, ReplydError) else "unexpected"
+
+
+def outcome(platform: str, status: str) -> None:
+    """Count one post result that did not go through ``Guard.post`` (a pre-check answered it)."""
+    OUTCOMES.labels(platform, status).inc()
+
+
+def platform_error(platform: str, op: str, exc: BaseException) -> None:
+    """Count one adapter error of operation ``op`` on ``platform``."""
+    PLATFORM_ERRORS.labels(platform, op, error_kind(exc)).inc()
+
+
+class watching_send:  # noqa: N801  (used as ``with metrics.watching_send(...)``, like a function)
+    """Context manager around one platform send: counts it, times it, and counts its error kind."""
+
+    __slots__ = ("platform", "t0")
+
+    def __init__(self, platform: str) -> None:
+        self.platform = platform
+        self.t0 = 0.0
+
+    def __enter__(self) -> None:
+        SENDS.labels(self.platform).inc()
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, _tb: Any) -> bool:
+        SEND_SECONDS.labels(self.platform).observe(time.perf_counter() - self.t0)
+        if exc is not None:
+            platform_error(self.platform, "send", exc)
+        return False  # never swallow: the guard maps the error
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def observe_post(fn: F) -> F:
+    """Decorate ``Guard.post``: count each call's Outcome status (or the store error it raised)."""
+
+    @functools.wraps(fn)
+    def wrapper(guard: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            out = fn(guard, *args, **kwargs)
+        except ContentionError:
+            OUTCOMES.labels(guard.platform.instance, "contended").inc()
+            raise
+        except StoreError:
+            OUTCOMES.labels(guard.platform.instance, "store_error").inc()
+            raise
+        OUTCOMES.labels(guard.platform.instance, out.status.value).inc()
+        return out
+
+    return wrapper  # type: ignore[return-value]
+
+
+def timed_responder(compose: Callable[[Any], str | None], parent: Any, platform: str) -> str | None:
+    """Call the responder once, counting the call by result and timing it; errors propagate."""
+    t0 = time.perf_counter()
+    try:
+        text = compose(parent)
+    except BaseException:
+        RESPONDER_CALLS.labels(platform, "failed").inc()
+        raise
+    finally:
+        RESPONDER_SECONDS.labels(platform).observe(time.perf_counter() - t0)
+    RESPONDER_CALLS.labels(platform, "ok" if text and text.strip() else "declined").inc()
+    return text
+
+
+def sweep_pass(platform: str, res: Any) -> None:
+    """Count one sweep pass's decisions (a ``SweepResult``)."""
+    for name in _SWEEP_RESULTS:
+        n = getattr(res, name)
+        if n:
+            SWEEP_ROWS.labels(platform, name).inc(n)
+    if res.duplicates:
+        DUPLICATES.labels(platform).inc(res.duplicates)
+
+
+class StoreCollector:
+    """Row gauges read from the store at scrape time; a store outage reports ``replyd_store_up 0``."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def describe(self) -> list[Metric]:
+        """Declare nothing up front, so registering never queries the store."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield store_up, rows by state, open rows and the oldest open row's age."""
+        from replyd import store as st
+
+        up = GaugeMetricFamily("replyd_store_up", "1 when the answered-log answered the scrape's queries.")
+        try:
+            counts = self.store.counts()
+            oldest = self.store.oldest_open(1)
+            now = self.store.clock.now()
+        except ReplydError:
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        rows = GaugeMetricFamily("replyd_rows", "Rows of the answered-log by platform and state.", labels=["platform", "state"])
+        open_rows = GaugeMetricFamily("replyd_open_rows", "Rows in state open (sent or sending, not yet closed).",
+                                      labels=["platform"])
+        for plat in sorted({p for p, _ in counts}):
+            # Every state for every platform, so a series never vanishes when it reaches zero.
+            for state in st.STATES:
+                rows.add_metric([plat, state], counts.get((plat, state), 0))
+            open_rows.add_metric([plat], counts.get((plat, st.OPEN), 0))
+        yield rows
+        yield open_rows
+        age = GaugeMetricFamily("replyd_oldest_open_row_age_seconds", "Age of the oldest open row; 0 when none is open.")
+        first = oldest[0] if oldest else None
+        age.add_metric([], max(0.0, now - (first.opened_at or first.created_at)) if first else 0.0)
+        yield age
+
+
+def registry(store: Any | None = None) -> CollectorRegistry:
+    """Return a registry with the process-wide counters and, given a store, its row gauges."""
+    reg = CollectorRegistry(auto_describe=False)
+    for m in SHARED:
+        reg.register(m)
+    if store is not None:
+        reg.register(StoreCollector(store))
+    return reg

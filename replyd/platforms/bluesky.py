@@ -1,0 +1,1147 @@
+"""The Bluesky adapter: mentions, search, replies and read-back over XRPC (no atproto SDK).
+
+Settings (``[bots.settings]`` with ``platform = "bluesky"``):
+
+===================  ==========================================================
+``service``          required; the PDS (or entryway) base URL, ``https://…``
+``identifier``       required; the bot's handle or DID
+``app_password``     required; an app password (secret: never logged, never in
+                     errors or ``repr``). Use ``app_password_env = "VAR"``
+``appview_did``      the AppView the PDS proxies ``app.bsky.*`` reads to, sent
+                     as ``atproto-proxy`` (default ``did:web:api.bsky.app#bsky_appview``;
+                     ``#bsky_appview`` is appended when no ``#`` is given; ``""``
+                     sends no header and lets the PDS pick its default AppView)
+``listing_delay_s``  seconds before a sweep may trust a read-back (default 5)
+``timeout_s``        per-request timeout (default 15)
+``search_queries``   accepted for symmetry with the pollers' setting (a list of strings)
+``langs``            optional list of BCP-47 language tags put on every reply
+``page_limit``       items per listing page, 1–100 (default 50)
+``max_pages``        pages per poll / re-find / read-back (default 5)
+``instance``         first part of the answered-log key (default ``bluesky:<service>``)
+===================  ==========================================================
+
+Ids. The sender id is the account's DID (from ``createSession``). A parent id
+is the post's ``at://did:…/app.bsky.feed.post/<rkey>`` URI exactly as the
+AppView serves it; its CID and thread root go into ``Parent.extra`` (``cid``,
+``root_uri``, ``root_cid``), so a reply deep in a thread gets root = the thread
+root from the parent's ``record.reply.root`` and parent = the post itself.
+
+Cursors (inbox and search). Bluesky pages only backwards (newest first, a
+``cursor`` for older items), so the persisted cursor is the newest
+``indexedAt`` seen, followed by the URIs seen at exactly that instant
+(``"<indexedAt>|<uri>|<uri>"``) so a tie is neither skipped nor re-offered.
+A poll pages back until it meets an item at or before that point. The bot's
+``seenAt`` (``updateSeen``) is deliberately not used: it is shared with every
+app the account is logged into and would make replyd's progress depend on a
+human opening the app. Without a cursor only the newest page is read.
+
+Record key (``provider_key``). Every reply is created with
+``com.atproto.repo.createRecord`` at a deterministic rkey: a TID whose 10-bit
+clock id and a 48-bit microsecond offset come from SHA-256 of
+``(sender DID, parent URI)``; the timestamp is 2000-01-01T00:00:00Z plus that
+offset (so it always lies in 2000-01-01 … 2008-11-30). Why this is accepted:
+the PDS checks an ``app.bsky.feed.post`` rkey only for record-key syntax, the
+lexicon's ``tid`` format (13 chars of ``234567abcdefghijklmnopqrstuvwxyz``,
+first char in ``234567abcdefghij``) and a slur list; it never checks the time
+(verified against @atproto/pds 0.4.217: ``2222222222222`` and ``7zzzzzzzzzzzz``
+are both accepted and indexed). A past time is chosen because it can never be
+"in the future" whatever the clock skew (atproto consumers are told to
+distrust future *revs*, and some may apply that to rkeys), and the AppView
+sorts posts by ``createdAt``/``indexedAt``, not by rkey. The few TIDs the
+PDS's slur filter would refuse are skipped deterministically.
+
+A second create at the same rkey fails; the reference PDS answers HTTP 500
+``{"error":"InternalServerError","message":"Internal Server Error"}`` (the
+MST's "There is already a value at key" is not passed on). So every
+ambiguous or refused create is followed by a ``getRecord`` at the rkey: a
+record there that replies to this parent is ``AlreadyLanded`` with its URI.
+
+Error mapping at this boundary (the shared table is in ``_http.py``)::
+
+    what happened                                   send (createRecord)             reads
+    ----------------------------------------------  ------------------------------  -----------------
+    connect refused, DNS, ConnectTimeout, pool      DefinitelyNotSent               DefinitelyNotSent
+    local rate limit spent (ratelimit-remaining 0)  RateLimited                     RateLimited
+    429 (ratelimit-reset: epoch seconds)            RateLimited                     RateLimited
+    400 ExpiredToken / InvalidToken, 401            refresh (or new session), retry once;
+                                                    still failing: DefinitelyNotSent
+    403, 408                                        DefinitelyNotSent               DefinitelyNotSent
+    ReadTimeout, reset, RemoteProtocolError, 5xx    getRecord at the rkey: our      DefinitelyNotSent
+      (500 is what a taken rkey answers)            reply there -> AlreadyLanded;
+                                                    else MaybeSent
+    400 InvalidRequest (record/rkey validation),    getRecord at the rkey: our      Rejected
+      other 4xx                                     reply there -> AlreadyLanded;
+                                                    else Rejected
+    the rkey holds a record answering another       Rejected                        -
+      parent (a hash collision)
+    2xx with an unreadable body                     getRecord -> AlreadyLanded,     BadResponse
+                                                    else MaybeSent
+
+Session calls (createSession, refreshSession) never post: their failures are
+``DefinitelyNotSent`` (or ``RateLimited``). Nothing branches on error text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, ClassVar
+from urllib.parse import unquote, urlsplit
+
+import httpx
+import structlog
+
+from replyd.clock import Clock
+from replyd.errors import (
+    AlreadyLanded,
+    BadResponse,
+    ConfigError,
+    DefinitelyNotSent,
+    MaybeSent,
+    PlatformError,
+    RateLimited,
+    Rejected,
+)
+from replyd.platform import (
+    Identity,
+    OwnReply,
+    Page,
+    Parent,
+    Pending,
+    ReadBack,
+    Sent,
+    register_platform,
+)
+from replyd.platforms import _http
+
+log = structlog.get_logger("replyd.bluesky")
+
+POST_NSID = "app.bsky.feed.post"
+DEFAULT_APPVIEW = "did:web:api.bsky.app#bsky_appview"
+DEFAULT_LISTING_DELAY_S = 5.0
+# Clock skew between our opened_at and the server's createdAt / indexedAt.
+READ_BACK_MARGIN_S = 60.0
+# getAuthorFeed serves at most 100 items per page.
+FEED_PAGE = 100
+INBOX_REASONS = ("mention", "reply")
+
+# --- TIDs ------------------------------------------------------------------------------
+
+B32_SORTABLE = "234567abcdefghijklmnopqrstuvwxyz"
+TID_RE = re.compile(r"^[234567abcdefghij][234567abcdefghijklmnopqrstuvwxyz]{12}$")
+# 2000-01-01T00:00:00Z in microseconds: every derived rkey lies in [2000-01-01, 2008-11-30).
+TID_BASE_US = 946_684_800_000_000
+TID_SPAN_BITS = 48
+
+# The PDS refuses rkeys matching its explicit-slur list (@atproto/pds
+# src/handle/explicit-slurs.ts). Over the TID alphabet only these shapes can
+# match: the one unanchored pattern, and two anchored ones whose repeatable
+# letters could fill all 13 characters.
+_RKEY_REFUSED = (
+    re.compile(r"n[ilo4a3][gq]{2}(?:l[e3]t|[e3]r)"),
+    re.compile(r"^k[iyl]k[e3](?:ry|rie)?s*$"),
+    re.compile(r"^tra+n{1,2}(?:ie|y|[e3]r)s?$"),
+)
+
+
+def tid_encode(timestamp_us: int, clock_id: int) -> str:
+    """Encode a TID: top bit 0, 53-bit microseconds since the epoch, 10-bit clock id."""
+    if not 0 <= timestamp_us < 1 << 53:
+        raise ValueError("TID timestamp out of range")
+    if not 0 <= clock_id < 1 << 10:
+        raise ValueError("TID clock id out of range")
+    value = (timestamp_us << 10) | clock_id
+    chars = []
+    for _ in range(13):
+        chars.append(B32_SORTABLE[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))
+
+
+def tid_decode(tid: str) -> tuple[int, int]:
+    """Return ``(timestamp_us, clock_id)`` of a valid TID; ``ValueError`` otherwise."""
+    if not is_tid(tid):
+        raise ValueError(f"not a TID: {tid!r}")
+    value = 0
+    for ch in tid:
+        value = (value << 5) | B32_SORTABLE.index(ch)
+    return value >> 10, value & 0x3FF
+
+
+def is_tid(value: object) -> bool:
+    """Whether ``value`` is a syntactically valid TID (what @atproto/syntax isValidTid checks)."""
+    return isinstance(value, str) and TID_RE.match(value) is not None
+
+
+def rkey_for(sender_did: str, parent_uri: str) -> str:
+    """The deterministic TID record key of the bot's reply to ``parent_uri``."""
+    for salt in range(64):
+        raw = f"replyd-bluesky-rkey\x1f{sender_did}\x1f{parent_uri}"
+        if salt:
+            raw += f"\x1f{salt}"
+        n = int.from_bytes(hashlib.sha256(raw.encode()).digest()[:8], "big")
+        offset = n >> (64 - TID_SPAN_BITS)
+        tid = tid_encode(TID_BASE_US + offset, n & 0x3FF)
+        if not any(p.search(tid) for p in _RKEY_REFUSED):
+            return tid
+    raise AssertionError("unreachable: 64 refused TIDs in a row")  # pragma: no cover
+
+
+# --- at:// URIs ------------------------------------------------------------------------
+
+_AT_URI_RE = re.compile(r"^at://([^/?#]+)/([^/?#]+)/([^/?#]+)$")
+
+
+@dataclass(frozen=True)
+class AtUri:
+    """``at://<authority>/<collection>/<rkey>`` (only record URIs)."""
+
+    authority: str
+    collection: str
+    rkey: str
+
+    @classmethod
+    def parse(cls, uri: str) -> AtUri:
+        """Parse a record URI; ``ValueError`` if it is not one."""
+        m = _AT_URI_RE.match(uri) if isinstance(uri, str) else None
+        if m is None:
+            raise ValueError(f"not an at:// record URI: {uri!r}")
+        return cls(*m.groups())
+
+    def __str__(self) -> str:
+        return f"at://{self.authority}/{self.collection}/{self.rkey}"
+
+
+def _web_url(actor: str, uri: str) -> str:
+    try:
+        rkey = AtUri.parse(uri).rkey
+    except ValueError:
+        return ""
+    return f"https://bsky.app/profile/{actor}/post/{rkey}"
+
+
+def _iso_now(now: float) -> str:
+    return datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _epoch(value: Any) -> float | None:
+    try:
+        t = _http.iso_to_epoch(value)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    return t if math.isfinite(t) else None
+
+
+class _Secret:
+    """A string that never shows in ``repr`` or tracebacks' locals."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def get(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "<redacted>"
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True)
+class _Session:
+    did: str
+    handle: str
+    access: _Secret
+    refresh: _Secret
+
+
+@dataclass(frozen=True)
+class _Cursor:
+    """Where a backwards-paging listing stopped: the newest indexedAt and the URIs at it."""
+
+    at: float
+    raw: str
+    uris: frozenset[str]
+
+    def covers(self, t: float, uri: str) -> bool:
+        """Whether an item at ``t`` with ``uri`` was already seen."""
+        return t < self.at or (t == self.at and uri in self.uris)
+
+    def encode(self) -> str:
+        return "|".join([self.raw, *sorted(self.uris)])
+
+    @classmethod
+    def decode(cls, cursor: str | None) -> _Cursor | None:
+        if not cursor:
+            return None
+        raw, *uris = cursor.split("|")
+        t = _epoch(raw)
+        if t is None:
+            log.warning("replyd.bluesky.bad_cursor", problem="cursor is not an ISO time; starting over")
+            return None
+        return cls(t, raw, frozenset(uris))
+
+
+_KNOWN_SETTINGS = frozenset(
+    {
+        "kind",
+        "service",
+        "identifier",
+        "app_password",
+        "appview_did",
+        "listing_delay_s",
+        "timeout_s",
+        "search_queries",
+        "langs",
+        "page_limit",
+        "max_pages",
+        "instance",
+    }
+)
+
+
+@register_platform("bluesky")
+class BlueskyPlatform:
+    """A Bluesky account as a replyd platform: notifications in, replies out, own posts read back."""
+
+    kind: ClassVar[str] = "bluesky"
+
+    def __init__(
+        self,
+        *,
+        service: str,
+        identifier: str,
+        app_password: str,
+        http: httpx.Client,
+        clock: Clock,
+        appview_did: str = DEFAULT_APPVIEW,
+        listing_delay_s: float = DEFAULT_LISTING_DELAY_S,
+        timeout_s: float = 15.0,
+        search_queries: Sequence[str] = (),
+        langs: Sequence[str] = (),
+        page_limit: int = 50,
+        max_pages: int = 5,
+        instance: str | None = None,
+    ) -> None:
+        self._service = service.rstrip("/")
+        self._identifier = identifier
+        self._password = _Secret(app_password)
+        self._http = http
+        self._clock = clock
+        if appview_did and "#" not in appview_did:
+            appview_did += "#bsky_appview"
+        self._proxy = appview_did
+        self._timeout = httpx.Timeout(timeout_s)
+        self.search_queries = list(search_queries)
+        self._langs = list(langs)
+        self._page_limit = page_limit
+        self._max_pages = max_pages
+        self._limits = _http.RateLimits(clock.now)
+        self._lock = threading.Lock()
+        self._session: _Session | None = None
+        self.listing_delay_s = float(listing_delay_s)
+        self.instance = instance or f"bluesky:{self._service}"
+
+    def __repr__(self) -> str:
+        return f"BlueskyPlatform(instance={self.instance!r})"
+
+    # --- configuration -------------------------------------------------------------
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock) -> BlueskyPlatform:
+        """Validate ``settings`` (``ConfigError`` names the key) and build the adapter."""
+        unknown = sorted(str(k) for k in settings if k not in _KNOWN_SETTINGS)
+        if unknown:
+            raise ConfigError(
+                f"bluesky setting {unknown[0]!r}: unknown key "
+                f"(known: {', '.join(sorted(_KNOWN_SETTINGS - {'kind'}))})"
+            )
+        service = _setting_url(settings)
+        identifier = settings.get("identifier")
+        if not isinstance(identifier, str) or not identifier.strip():
+            raise ConfigError("bluesky setting 'identifier': required, the bot's handle or DID")
+        identifier = identifier.strip().removeprefix("@")
+        if any(c.isspace() for c in identifier):
+            raise ConfigError("bluesky setting 'identifier': must not contain whitespace")
+        password = settings.get("app_password")
+        if not isinstance(password, str) or not password.strip():
+            raise ConfigError("bluesky setting 'app_password': required, a non-empty string (use app_password_env)")
+        password = password.strip()
+        # The value is deliberately never echoed: it is a secret.
+        if not password.isprintable() or any(c.isspace() for c in password):
+            raise ConfigError("bluesky setting 'app_password': contains whitespace or unprintable characters")
+        appview = settings.get("appview_did", DEFAULT_APPVIEW)
+        if not isinstance(appview, str) or (appview and not re.match(r"^did:[a-z]+:[^\s#]+(#[^\s#]+)?$", appview)):
+            raise ConfigError(
+                "bluesky setting 'appview_did': must be a DID with an optional #service id "
+                f"(e.g. {DEFAULT_APPVIEW!r}) or \"\""
+            )
+        instance = settings.get("instance")
+        if instance is not None and (not isinstance(instance, str) or not instance.strip()):
+            raise ConfigError("bluesky setting 'instance': must be a non-empty string")
+        return cls(
+            service=service,
+            identifier=identifier,
+            app_password=password,
+            http=http,
+            clock=clock,
+            appview_did=appview,
+            listing_delay_s=_number(settings, "listing_delay_s", DEFAULT_LISTING_DELAY_S, minimum=0.0),
+            timeout_s=_number(settings, "timeout_s", 15.0, minimum=0.0, exclusive=True),
+            search_queries=_strings(settings, "search_queries"),
+            langs=_strings(settings, "langs"),
+            page_limit=_integer(settings, "page_limit", 50, 1, 100),
+            max_pages=_integer(settings, "max_pages", 5, 1, 1000),
+            instance=instance.strip() if isinstance(instance, str) else None,
+        )
+
+    # --- transport ------------------------------------------------------------------
+
+    def _secrets(self) -> tuple[str, ...]:
+        s = self._session
+        out = [self._password.get()]
+        if s is not None:
+            out += [s.access.get(), s.refresh.get()]
+        return tuple(out)
+
+    def _raw(
+        self,
+        method: str,
+        nsid: str,
+        *,
+        what: str,
+        token: str | None,
+        proxy: bool = False,
+        acts: bool | None = None,
+        params: list[tuple[str, str]] | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> httpx.Response:
+        """One XRPC request under the rate limits; returns the response whatever its status."""
+        self._limits.check((nsid,), what=what)
+        headers: dict[str, str] = {}
+        if token is not None:
+            headers["authorization"] = f"Bearer {token}"
+        if proxy and self._proxy:
+            headers["atproto-proxy"] = self._proxy
+        resp = _http.request(
+            self._http,
+            method,
+            f"{self._service}/xrpc/{nsid}",
+            what=what,
+            acts=acts,
+            secrets=self._secrets() + ((token,) if token else ()),
+            timeout=self._timeout,
+            params=params,
+            json=body,
+            headers=headers,
+        )
+        self._limits.note(nsid, resp)
+        if resp.status_code == 429:
+            log.warning("replyd.bluesky.rate_limited", what=what, nsid=nsid)
+        return resp
+
+    def _xrpc(
+        self,
+        method: str,
+        nsid: str,
+        *,
+        what: str,
+        proxy: bool = False,
+        acts: bool | None = None,
+        params: list[tuple[str, str]] | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> httpx.Response:
+        """One authenticated call; renews the session once on an auth failure; 2xx or the mapped error."""
+        session = self._ensure_session(what)
+        resp = self._raw(method, nsid, what=what, token=session.access.get(), proxy=proxy, acts=acts,
+                         params=params, body=body)
+        if _auth_failure(resp):
+            # The PDS checks the token before the handler runs: nothing acted, a retry is safe.
+            log.info("replyd.bluesky.session_renew", what=what, error=_xrpc_error(resp) or resp.status_code)
+            session = self._renew(session, what)
+            resp = self._raw(method, nsid, what=what, token=session.access.get(), proxy=proxy, acts=acts,
+                             params=params, body=body)
+            if _auth_failure(resp):
+                raise DefinitelyNotSent(
+                    f"{what}: HTTP {resp.status_code} ({_xrpc_error(resp) or 'auth'}) after renewing the session",
+                    status=resp.status_code,
+                )
+        _http.raise_for_status(resp, what=what, acts=acts, now=self._clock.now, secrets=self._secrets())
+        return resp
+
+    # --- session ----------------------------------------------------------------------
+
+    def _ensure_session(self, what: str) -> _Session:
+        with self._lock:
+            if self._session is None:
+                self._session = self._create_session(what)
+            return self._session
+
+    def _renew(self, stale: _Session, what: str) -> _Session:
+        """Refresh the session (or log in again if the refresh token is refused)."""
+        with self._lock:
+            if self._session is not None and self._session is not stale:
+                return self._session  # another thread renewed it meanwhile
+            resp = self._raw("POST", "com.atproto.server.refreshSession", what=f"{what}: refreshSession",
+                             token=stale.refresh.get(), acts=False)
+            if _auth_failure(resp):
+                log.info("replyd.bluesky.session_relogin", what=what, error=_xrpc_error(resp) or resp.status_code)
+                self._session = self._create_session(what)
+            else:
+                _http.raise_for_status(resp, what=f"{what}: refreshSession", acts=False, now=self._clock.now,
+                                       secrets=self._secrets())
+                self._session = self._parse_session(resp, f"{what}: refreshSession", stale.did)
+            return self._session
+
+    def _create_session(self, what: str) -> _Session:
+        w = f"{what}: createSession"
+        resp = self._raw("POST", "com.atproto.server.createSession", what=w, token=None, acts=False,
+                         body={"identifier": self._identifier, "password": self._password.get()})
+        if _auth_failure(resp):
+            raise DefinitelyNotSent(f"{w}: HTTP {resp.status_code} ({_xrpc_error(resp) or 'refused'})",
+                                    status=resp.status_code)
+        _http.raise_for_status(resp, what=w, acts=False, now=self._clock.now, secrets=self._secrets())
+        session = self._parse_session(resp, w, None)
+        log.info("replyd.bluesky.session", did=session.did, handle=session.handle)
+        return session
+
+    def _parse_session(self, resp: httpx.Response, what: str, expect_did: str | None) -> _Session:
+        try:
+            body = _http.json_body(resp, what, dict)
+            did = _http.field(body, "did", what)
+            session = _Session(
+                did=did,
+                handle=_http.field(body, "handle", what, default=""),
+                access=_Secret(_http.field(body, "accessJwt", what)),
+                refresh=_Secret(_http.field(body, "refreshJwt", what)),
+            )
+        except BadResponse as exc:
+            raise DefinitelyNotSent(f"{exc.detail} (no session, nothing sent)", status=resp.status_code) from None
+        if not did.startswith("did:") or (expect_did is not None and did != expect_did):
+            raise DefinitelyNotSent(f"{what}: session is for an unexpected DID", status=resp.status_code)
+        return session
+
+    def _own_did(self, what: str) -> str:
+        return self._ensure_session(what).did
+
+    # --- parsing --------------------------------------------------------------------
+
+    def _post_parent(self, post: Any, what: str) -> Parent:
+        """Parse a post view (or a notification, which has the same fields) into a Parent."""
+        if not isinstance(post, dict):
+            raise BadResponse(f"{what}: post is not an object")
+        uri = _http.field(post, "uri", what)
+        try:
+            at = AtUri.parse(uri)
+        except ValueError:
+            raise BadResponse(f"{what}: field uri is not an at:// record URI") from None
+        if at.collection != POST_NSID:
+            raise BadResponse(f"{what}: {uri} is not an {POST_NSID}")
+        cid = _http.field(post, "cid", what)
+        did = _http.field(post, "author.did", what)
+        handle = _http.field(post, "author.handle", what, default="")
+        record = _http.field(post, "record", what, dict)
+        rtype = _http.field(record, "$type", what, default=POST_NSID)
+        if rtype != POST_NSID:
+            raise BadResponse(f"{what}: record of {uri} is a {rtype}, not a post")
+        text = _http.field(record, "text", what, default="")
+        created = _epoch(record.get("createdAt"))
+        if created is None:
+            created = _epoch(post.get("indexedAt"))
+        reply = _http.field(record, "reply", what, dict, default=None)
+        if reply is not None:
+            root_uri = _http.field(record, "reply.root.uri", what)
+            root_cid = _http.field(record, "reply.root.cid", what)
+            in_reply_to = _http.field(record, "reply.parent.uri", what)
+        else:
+            root_uri, root_cid, in_reply_to = uri, cid, None
+        labels = post["author"].get("labels")
+        is_bot = isinstance(labels, list) and any(isinstance(lb, dict) and lb.get("val") == "bot" for lb in labels)
+        return Parent(
+            id=uri,
+            author_id=did,
+            author_handle=handle,
+            author_is_bot=is_bot,
+            text=text,
+            url=_web_url(handle or did, uri),
+            created_at=created,
+            thread_depth=0 if reply is None else 1,
+            extra={"cid": cid, "root_uri": root_uri, "root_cid": root_cid, "in_reply_to": in_reply_to},
+        )
+
+    @staticmethod
+    def _skipped(what: str, exc: BadResponse, item: Any) -> None:
+        uri = item.get("uri") if isinstance(item, dict) else None
+        log.warning("replyd.bluesky.skipped", what=what, problem=exc.detail, uri=uri if isinstance(uri, str) else None)
+
+    # --- Platform: identity and discovery ---------------------------------------------
+
+    def whoami(self) -> Identity:
+        """Return the account's DID (the sender id) and handle, checking the session."""
+        what = "whoami"
+        resp = self._xrpc("GET", "com.atproto.server.getSession", what=what)
+        body = _http.json_body(resp, what, dict)
+        return Identity(sender_id=_http.field(body, "did", what), handle=_http.field(body, "handle", what, default=""))
+
+    def provider_key(self, sender_id: str, parent_id: str) -> str:
+        """The record key of the reply to ``parent_id``: a deterministic, valid TID (see module doc)."""
+        return rkey_for(sender_id, parent_id)
+
+    def inbox(self, cursor: str | None) -> Page:
+        """Return mention and reply notifications newer than ``cursor``, oldest first."""
+        what = "inbox"
+
+        def fetch(page_cursor: str | None) -> Any:
+            return self._notifications(what, page_cursor)
+
+        return self._scan_newer(what, fetch, "notifications", cursor, self._notification_parent)
+
+    def _notifications(self, what: str, page_cursor: str | None) -> Any:
+        params = [("limit", str(self._page_limit))] + [("reasons", r) for r in INBOX_REASONS]
+        if page_cursor:
+            params.append(("cursor", page_cursor))
+        resp = self._xrpc("GET", "app.bsky.notification.listNotifications", what=what, proxy=True, params=params)
+        return _http.json_body(resp, what, dict)
+
+    def _notification_parent(self, item: Any, what: str) -> Parent | None:
+        # Other reasons only appear if the server ignored ``reasons``; they still move the cursor.
+        if item.get("reason") not in INBOX_REASONS:
+            return None
+        return self._post_parent(item, what)
+
+    def search(self, query: str, cursor: str | None) -> Page:
+        """Return posts matching ``query`` indexed after ``cursor``, oldest first."""
+        what = "search"
+        since = _Cursor.decode(cursor)
+
+        def fetch(page_cursor: str | None) -> Any:
+            params = [("q", query), ("sort", "latest"), ("limit", str(min(self._page_limit, 100)))]
+            if since is not None:
+                params.append(("since", since.raw))
+            if page_cursor:
+                params.append(("cursor", page_cursor))
+            resp = self._xrpc("GET", "app.bsky.feed.searchPosts", what=what, proxy=True, params=params)
+            return _http.json_body(resp, what, dict)
+
+        return self._scan_newer(what, fetch, "posts", cursor, lambda item, w: self._post_parent(item, w))
+
+    def _scan_newer(
+        self,
+        what: str,
+        fetch: Callable[[str | None], Any],
+        items_key: str,
+        cursor: str | None,
+        parse: Callable[[Any, str], Parent | None],
+    ) -> Page:
+        """Page back from the newest item until one at or before ``cursor``; new parents oldest first."""
+        since = _Cursor.decode(cursor)
+        newest = since
+        found: dict[str, tuple[float, Parent]] = {}
+        page_cursor: str | None = None
+        pages = self._max_pages if since is not None else 1
+        for page_no in range(pages):
+            try:
+                body = fetch(page_cursor)
+                items = _http.field(body, items_key, what, list)
+            except PlatformError as exc:
+                if page_no == 0:
+                    raise
+                # Pages so far do not reach the cursor: offer what was read, keep the old cursor.
+                log.warning("replyd.bluesky.partial", what=what, pages=page_no, problem=exc.detail)
+                return Page(parents=_oldest_first(found), cursor=cursor)
+            reached = False
+            for item in items:
+                try:
+                    if not isinstance(item, dict):
+                        raise BadResponse(f"{what}: item is not an object")
+                    uri = _http.field(item, "uri", what)
+                    t_raw = _http.field(item, "indexedAt", what)
+                    t = _epoch(t_raw)
+                    if t is None:
+                        raise BadResponse(f"{what}: field indexedAt is not an ISO-8601 time")
+                except BadResponse as exc:
+                    self._skipped(what, exc, item)
+                    continue
+                if since is not None and since.covers(t, uri):
+                    reached = True
+                    continue
+                if newest is None or t > newest.at:
+                    newest = _Cursor(t, t_raw, frozenset({uri}))
+                elif t == newest.at:
+                    newest = _Cursor(newest.at, newest.raw, newest.uris | {uri})
+                try:
+                    parent = parse(item, what)
+                except BadResponse as exc:
+                    self._skipped(what, exc, item)
+                    continue
+                if parent is not None:
+                    prev = found.get(parent.id)
+                    if prev is None or t < prev[0]:
+                        found[parent.id] = (t, parent)
+            nxt = body.get("cursor")
+            if since is None or reached or not items or not isinstance(nxt, str) or not nxt or nxt == page_cursor:
+                break
+            page_cursor = nxt
+        else:
+            if since is not None:
+                # Refind re-reads the lookback window and closes this gap.
+                log.warning("replyd.bluesky.gap", what=what, pages=pages)
+        return Page(parents=_oldest_first(found), cursor=newest.encode() if newest else cursor)
+
+    def refind(self, since: float) -> list[Parent]:
+        """Re-read mention and reply notifications indexed at or after epoch ``since`` (no cursor)."""
+        what = "refind"
+        found: dict[str, tuple[float, Parent]] = {}
+        page_cursor: str | None = None
+        for _ in range(self._max_pages):
+            body = self._notifications(what, page_cursor)
+            items = _http.field(body, "notifications", what, list)
+            oldest: float | None = None
+            for item in items:
+                try:
+                    if not isinstance(item, dict):
+                        raise BadResponse(f"{what}: notification is not an object")
+                    t = _epoch(_http.field(item, "indexedAt", what))
+                    if t is None:
+                        raise BadResponse(f"{what}: field indexedAt is not an ISO-8601 time")
+                    oldest = t if oldest is None else min(oldest, t)
+                    if t < since:
+                        continue
+                    parent = self._notification_parent(item, what)
+                except BadResponse as exc:
+                    self._skipped(what, exc, item)
+                    continue
+                if parent is not None and parent.id not in found:
+                    found[parent.id] = (t, parent)
+            nxt = body.get("cursor")
+            if not items or (oldest is not None and oldest < since) or not isinstance(nxt, str) or not nxt:
+                break
+            if nxt == page_cursor:
+                break
+            page_cursor = nxt
+        return _oldest_first(found)
+
+    def resolve(self, ref: str) -> Parent:
+        """Turn an ``at://`` URI or a ``https://bsky.app/profile/<actor>/post/<rkey>`` URL into the served parent."""
+        what = "resolve"
+        ref = ref.strip()
+        if ref.startswith("at://"):
+            try:
+                at = AtUri.parse(ref)
+            except ValueError:
+                raise Rejected(f"{what}: not an at:// record URI") from None
+        elif urlsplit(ref).scheme in ("http", "https"):
+            parts = [unquote(p) for p in urlsplit(ref).path.split("/") if p]
+            if len(parts) != 4 or parts[0] != "profile" or parts[2] != "post" or not parts[1] or not parts[3]:
+                raise Rejected(f"{what}: not a post URL (/profile/<handle>/post/<rkey>)")
+            at = AtUri(parts[1].removeprefix("@"), POST_NSID, parts[3])
+        else:
+            raise Rejected(f"{what}: expected an at:// URI or a post URL")
+        if at.collection != POST_NSID:
+            raise Rejected(f"{what}: {at.collection} records cannot be answered")
+        did = at.authority if at.authority.startswith("did:") else self._resolve_handle(at.authority, what)
+        uri = str(AtUri(did, POST_NSID, at.rkey))
+        resp = self._xrpc("GET", "app.bsky.feed.getPosts", what=what, proxy=True, params=[("uris", uri)])
+        posts = _http.field(_http.json_body(resp, what, dict), "posts", what, list)
+        matching = [p for p in posts if isinstance(p, dict) and p.get("uri") == uri]
+        if not matching:
+            raise Rejected(f"{what}: no post found at {uri}")
+        return self._post_parent(matching[0], what)
+
+    def _resolve_handle(self, handle: str, what: str) -> str:
+        resp = self._xrpc("GET", "com.atproto.identity.resolveHandle", what=what,
+                          params=[("handle", handle.lower())])
+        did = _http.field(_http.json_body(resp, what, dict), "did", what)
+        if not did.startswith("did:"):
+            raise BadResponse(f"{what}: resolveHandle returned no DID")
+        return did
+
+    # --- Platform: sending -------------------------------------------------------------
+
+    def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
+        """Post ``text`` as a reply to ``parent`` at rkey ``provider_key`` (only ``replyd.guard`` calls this)."""
+        what = "send"
+        did = self._own_did(what)
+        rkey = provider_key if is_tid(provider_key) else rkey_for(did, parent.id)
+        if rkey != provider_key:
+            log.warning("replyd.bluesky.provider_key_not_tid", parent_id=parent.id, rkey=rkey)
+        refs = self._reply_refs(parent, what)
+        record: dict[str, Any] = {
+            "$type": POST_NSID,
+            "text": text,
+            "createdAt": _iso_now(self._clock.now()),
+            "reply": refs,
+        }
+        if self._langs:
+            record["langs"] = list(self._langs)
+        body = {"repo": did, "collection": POST_NSID, "rkey": rkey, "record": record}
+        try:
+            resp = self._xrpc("POST", "com.atproto.repo.createRecord", what=what, body=body)
+        except (MaybeSent, Rejected) as exc:
+            # A taken rkey answers 500 here (other PDSes may say 400/409): look before deciding.
+            landed = self._probe(did, rkey, parent.id, what, exc)
+            if landed is not None:
+                log.info("replyd.bluesky.already_landed", parent_id=parent.id, reply_id=landed, status=exc.status)
+                raise AlreadyLanded(f"{what}: our reply is already at rkey {rkey} ({exc.detail})",
+                                    status=exc.status, reply_id=landed) from None
+            log.info("replyd.bluesky.send_failed", parent_id=parent.id, error=type(exc).__name__,
+                     status=exc.status, detail=exc.detail)
+            raise
+        except PlatformError as exc:
+            log.info("replyd.bluesky.send_failed", parent_id=parent.id, error=type(exc).__name__,
+                     status=exc.status, detail=exc.detail)
+            raise
+        expected = str(AtUri(did, POST_NSID, rkey))
+        try:
+            uri = _http.field(_http.json_body(resp, what, dict), "uri", what)
+        except BadResponse as exc:
+            uri = None
+            problem = exc.detail
+        else:
+            problem = f"{what}: created {uri}, expected {expected}"
+        if uri != expected:
+            err = MaybeSent(f"{problem} (after HTTP {resp.status_code})", status=resp.status_code)
+            landed = self._probe(did, rkey, parent.id, what, err)
+            if landed is not None:
+                raise AlreadyLanded(f"{what}: our reply is at rkey {rkey}", status=resp.status_code, reply_id=landed)
+            raise err
+        log.info("replyd.bluesky.sent", parent_id=parent.id, reply_id=uri)
+        return Sent(reply_id=uri, url=_web_url(self._session.handle if self._session else did, uri))
+
+    def _reply_refs(self, parent: Parent, what: str) -> dict[str, Any]:
+        """``reply.root`` and ``reply.parent`` strong refs; fetch the parent if its snapshot lacks them."""
+        extra = parent.extra or {}
+        cid, root_uri, root_cid = extra.get("cid"), extra.get("root_uri"), extra.get("root_cid")
+        if not (isinstance(cid, str) and cid and isinstance(root_uri, str) and root_uri
+                and isinstance(root_cid, str) and root_cid):
+            try:
+                fresh = self.resolve(parent.id)
+            except (DefinitelyNotSent, Rejected):
+                raise
+            except PlatformError as exc:  # nothing was sent yet
+                raise DefinitelyNotSent(f"{what}: could not read the parent's refs: {exc.detail}") from None
+            if fresh.id != parent.id:
+                raise Rejected(f"{what}: parent id {parent.id!r} is not in served form ({fresh.id!r})")
+            cid, root_uri, root_cid = fresh.extra["cid"], fresh.extra["root_uri"], fresh.extra["root_cid"]
+        return {"root": {"uri": root_uri, "cid": root_cid}, "parent": {"uri": parent.id, "cid": cid}}
+
+    def _get_record(self, repo: str, rkey: str, what: str) -> dict[str, Any] | None:
+        """``getRecord`` of one own post: the body, or ``None`` if the PDS has no record at ``rkey``."""
+        params = [("repo", repo), ("collection", POST_NSID), ("rkey", rkey)]
+        try:
+            resp = self._xrpc("GET", "com.atproto.repo.getRecord", what=what, params=params)
+        except Rejected as exc:
+            if exc.status == 400 and "RecordNotFound" in (exc.detail or ""):
+                return None
+            raise
+        body = _http.json_body(resp, what, dict)
+        _http.field(body, "uri", what)
+        _http.field(body, "value", what, dict)
+        return body
+
+    def _probe(self, did: str, rkey: str, parent_id: str, what: str, cause: PlatformError) -> str | None:
+        """After an ambiguous or refused create: the URI of our reply at ``rkey``, or ``None``.
+
+        A record at ``rkey`` answering another parent means the key is taken for
+        good (a hash collision): that is ``Rejected``, never a close.
+        """
+        try:
+            rec = self._get_record(did, rkey, f"{what}: getRecord")
+        except PlatformError as exc:
+            log.warning("replyd.bluesky.probe_failed", rkey=rkey, problem=exc.detail)
+            return None
+        if rec is None:
+            return None
+        answers = _reply_parent_uri(rec.get("value"))
+        if answers != parent_id:
+            raise Rejected(
+                f"{what}: rkey {rkey} already holds {rec['uri']}, which answers {answers!r}, not this parent "
+                f"({cause.detail})",
+                status=cause.status,
+            )
+        return rec["uri"]
+
+    # --- Platform: read-back ---------------------------------------------------------------
+
+    def read_back(self, pending: Sequence[Pending], *, sender_id: str) -> ReadBack:
+        """Find own replies: ``getRecord`` at each row's rkey, then one own-feed pass, then threads.
+
+        ``getRecord`` reads the PDS (read-your-writes): found or ``RecordNotFound``
+        is conclusive at once, without waiting for the AppView. The own feed
+        (``getAuthorFeed``) is read when any row is not found that way, to spot
+        an own reply with another rkey; it makes a row ``checked`` only if it
+        listed everything back to the row's opening minus a margin. A row
+        neither way settled gets a per-parent ``getPostThread``.
+        """
+        result = ReadBack()
+        if not pending:
+            return result
+        opened: dict[str, float] = {}
+        rkeys: dict[str, set[str]] = {}
+        for p in pending:
+            pid = p.parent.id
+            opened[pid] = min(p.opened_at, opened.get(pid, p.opened_at))
+            key = p.provider_key if is_tid(p.provider_key) else rkey_for(sender_id, pid)
+            rkeys.setdefault(pid, set()).add(key)
+        found: dict[str, dict[str, OwnReply]] = {}
+        by_record = self._check_records(sender_id, rkeys, found)
+        result.checked |= by_record
+        feed_needed = any(pid not in found for pid in opened)
+        if feed_needed:
+            try:
+                covered_after = self._scan_own_feed(sender_id, opened, found)
+            except PlatformError as exc:
+                log.warning("replyd.bluesky.read_back_failed", source="feed", problem=exc.detail)
+                covered_after = None
+            for pid, opened_at in opened.items():
+                if covered_after is not None and covered_after < opened_at - READ_BACK_MARGIN_S:
+                    result.checked.add(pid)
+        for pid in opened:
+            if pid in result.checked:
+                continue
+            try:
+                replies, complete = self._thread_replies(pid, sender_id)
+            except RateLimited as exc:
+                log.warning("replyd.bluesky.read_back_failed", source="thread", parent_id=pid, problem=exc.detail)
+                break
+            except PlatformError as exc:
+                log.warning("replyd.bluesky.read_back_failed", source="thread", parent_id=pid, problem=exc.detail)
+                continue
+            for r in replies:
+                found.setdefault(pid, {})[r.reply_id] = r
+            if complete:
+                result.checked.add(pid)
+        for pid, replies in found.items():
+            result.found[pid] = sorted(replies.values(), key=lambda r: (r.created_at or 0.0, r.reply_id))
+            result.checked.add(pid)
+        log.info(
+            "replyd.bluesky.read_back",
+            pending=len(opened),
+            checked_by_record=len(by_record),
+            feed=feed_needed,
+            checked=len(result.checked),
+            found=sum(len(v) for v in result.found.values()),
+        )
+        return result
+
+    def _check_records(
+        self, sender_id: str, rkeys: Mapping[str, set[str]], found: dict[str, dict[str, OwnReply]]
+    ) -> set[str]:
+        """The fast path: ``getRecord`` at every rkey; return the parents settled this way."""
+        what = "read_back record"
+        settled: set[str] = set()
+        for pid, keys in rkeys.items():
+            ok = True
+            for rkey in sorted(keys):
+                try:
+                    rec = self._get_record(sender_id, rkey, what)
+                except RateLimited as exc:
+                    log.warning("replyd.bluesky.read_back_failed", source="record", problem=exc.detail)
+                    return settled  # every further read would be refused the same way
+                except PlatformError as exc:
+                    log.warning("replyd.bluesky.read_back_failed", source="record", parent_id=pid, problem=exc.detail)
+                    ok = False
+                    continue
+                if rec is None:
+                    continue
+                answers = _reply_parent_uri(rec.get("value"))
+                if answers != pid:
+                    log.error("replyd.bluesky.rkey_collision", parent_id=pid, rkey=rkey, holder=rec["uri"],
+                              answers=answers)
+                    ok = False
+                    continue
+                created = _epoch(rec["value"].get("createdAt"))
+                found.setdefault(pid, {})[rec["uri"]] = OwnReply(rec["uri"], pid, created)
+            if ok:
+                settled.add(pid)
+        return settled
+
+    def _scan_own_feed(
+        self, sender_id: str, opened: Mapping[str, float], found: dict[str, dict[str, OwnReply]]
+    ) -> float | None:
+        """Page back through the own posts; return the epoch after which the listing is complete.
+
+        ``None``: nothing was read. ``-inf``: the feed ran out, so it is complete for all time.
+        """
+        what = "read_back feed"
+        horizon = min(opened.values()) - READ_BACK_MARGIN_S
+        covered_after: float | None = None
+        cursor: str | None = None
+        for page_no in range(self._max_pages):
+            params = [("actor", sender_id), ("filter", "posts_with_replies"), ("limit", str(FEED_PAGE))]
+            if cursor:
+                params.append(("cursor", cursor))
+            try:
+                resp = self._xrpc("GET", "app.bsky.feed.getAuthorFeed", what=what, proxy=True, params=params)
+                body = _http.json_body(resp, what, dict)
+                feed = _http.field(body, "feed", what, list)
+                # One unreadable item could be the reply we look for: the page is not conclusive.
+                rows = [self._own_feed_item(item, what) for item in feed]
+            except PlatformError as exc:
+                log.warning("replyd.bluesky.read_back_failed", source="feed", page=page_no, problem=exc.detail)
+                return covered_after
+            for uri, author, in_reply_to, created, _ in rows:
+                if author == sender_id and in_reply_to in opened:
+                    found.setdefault(in_reply_to, {}).setdefault(uri, OwnReply(uri, in_reply_to, created))
+            if not feed:
+                return float("-inf")
+            times = [sort_t for *_, sort_t in rows if sort_t is not None]
+            if times:
+                oldest = min(times)
+                covered_after = oldest if covered_after is None else min(covered_after, oldest)
+                if covered_after < horizon:
+                    return covered_after
+            nxt = body.get("cursor")
+            if not isinstance(nxt, str) or not nxt:
+                return float("-inf")
+            if nxt == cursor:
+                return covered_after
+            cursor = nxt
+        return covered_after
+
+    @staticmethod
+    def _own_feed_item(item: Any, what: str) -> tuple[str, str, str | None, float | None, float | None]:
+        """``(uri, author DID, reply.parent.uri, createdAt, feed sort time)`` of a feed item."""
+        if not isinstance(item, dict):
+            raise BadResponse(f"{what}: feed item is not an object")
+        uri = _http.field(item, "post.uri", what)
+        author = _http.field(item, "post.author.did", what)
+        record = _http.field(item, "post.record", what, dict)
+        in_reply_to = _http.field(record, "reply.parent.uri", what, default=None)
+        created = _epoch(record.get("createdAt"))
+        indexed = _epoch(_http.field(item, "post.indexedAt", what))
+        reason = _http.field(item, "reason", what, dict, default=None)
+        if reason is not None:
+            # A repost is listed at the repost's time, a pin out of order: neither dates the listing.
+            sort_t = _epoch(reason.get("indexedAt")) if "Repost" in str(reason.get("$type", "")) else None
+        elif indexed is None:
+            raise BadResponse(f"{what}: field post.indexedAt is not an ISO-8601 time")
+        else:
+            sort_t = indexed if created is None else min(created, indexed)
+        return uri, author, in_reply_to, created, sort_t
+
+    def _thread_replies(self, parent_id: str, sender_id: str) -> tuple[list[OwnReply], bool]:
+        """Own direct replies in the parent's thread, and whether the listing was complete."""
+        what = "read_back thread"
+        params = [("uri", parent_id), ("depth", "1"), ("parentHeight", "0")]
+        resp = self._xrpc("GET", "app.bsky.feed.getPostThread", what=what, proxy=True, params=params)
+        thread = _http.field(_http.json_body(resp, what, dict), "thread", what, dict)
+        if "post" not in thread:
+            raise BadResponse(f"{what}: thread is a {thread.get('$type', 'non-post')}")
+        reply_count = _http.field(thread, "post.replyCount", what, int, default=0)
+        replies = _http.field(thread, "replies", what, list, default=[])
+        own: list[OwnReply] = []
+        for r in replies:
+            if not isinstance(r, dict) or "post" not in r:
+                continue  # blocked or not-found placeholders still count towards completeness
+            uri = _http.field(r, "post.uri", what)
+            author = _http.field(r, "post.author.did", what)
+            record = _http.field(r, "post.record", what, dict)
+            if author == sender_id and _reply_parent_uri(record) == parent_id:
+                own.append(OwnReply(uri, parent_id, _epoch(record.get("createdAt"))))
+        return own, len(replies) >= reply_count
+
+    def delete(self, reply_id: str) -> None:
+        """Delete one own post; one that is already gone counts as deleted."""
+        what = "delete"
+        try:
+            at = AtUri.parse(reply_id)
+        except ValueError:
+            raise Rejected(f"{what}: {reply_id!r} is not an at:// record URI") from None
+        did = self._own_did(what)
+        if at.authority != did or at.collection != POST_NSID:
+            raise Rejected(f"{what}: {reply_id} is not one of this account's posts")
+        self._xrpc("POST", "com.atproto.repo.deleteRecord", what=what,
+                   body={"repo": did, "collection": POST_NSID, "rkey": at.rkey})
+        log.info("replyd.bluesky.deleted", reply_id=reply_id)
+
+    def close(self) -> None:
+        """Do nothing: the shared http client belongs to the caller."""
+
+    def rate_limits(self) -> dict[str, tuple[int | None, float | None]]:
+        """Return the last seen ``{nsid: (remaining, reset_at)}`` (for metrics)."""
+        return self._limits.snapshot()
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def _oldest_first(found: Mapping[str, tuple[float, Parent]]) -> list[Parent]:
+    return [p for _, p in sorted(found.values(), key=lambda tp: (tp[0], tp[1].id))]
+
+
+def _reply_parent_uri(record: Any) -> str | None:
+    if not isinstance(record, dict):
+        return None
+    reply = record.get("reply")
+    parent = reply.get("parent") if isinstance(reply, dict) else None
+    uri = parent.get("uri") if isinstance(parent, dict) else None
+    return uri if isinstance(uri, str) else None
+
+
+def _xrpc_error(resp: httpx.Response) -> str:
+    """The XRPC ``error`` name of a response body (``ExpiredToken``…), or ``""``."""
+    try:
+        data = resp.json()
+    except ValueError:
+        return ""
+    name = data.get("error") if isinstance(data, dict) else None
+    return name if isinstance(name, str) else ""
+
+
+def _auth_failure(resp: httpx.Response) -> bool:
+    """Whether the PDS refused the token (it answers 400 ExpiredToken/InvalidToken, or 401)."""
+    if resp.status_code == 401:
+        return True
+    return resp.status_code == 400 and _xrpc_error(resp) in ("ExpiredToken", "InvalidToken")
+
+
+def _setting_url(settings: Mapping[str, Any]) -> str:
+    raw = settings.get("service")
+    if not isinstance(raw, str) or not raw.strip():
+        raise ConfigError("bluesky setting 'service': required, the PDS URL, e.g. https://bsky.social")
+    parts = urlsplit(raw.strip())
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError("bluesky setting 'service': scheme must be http or https")
+    if not parts.hostname:
+        raise ConfigError("bluesky setting 'service': no host")
+    if parts.username or parts.password:
+        raise ConfigError("bluesky setting 'service': must not carry credentials; use 'app_password'")
+    if parts.query or parts.fragment:
+        raise ConfigError("bluesky setting 'service': must not have a query or fragment")
+    return raw.strip().rstrip("/")
+
+
+def _number(settings: Mapping[str, Any], key: str, default: float, *, minimum: float, exclusive: bool = False) -> float:
+    value = settings.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"bluesky setting {key!r}: must be a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ConfigError(f"bluesky setting {key!r}: must be finite")
+    if value < minimum or (exclusive and value == minimum):
+        op = ">" if exclusive else ">="
+        raise ConfigError(f"bluesky setting {key!r}: must be {op} {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def _integer(settings: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
+    value = settings.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"bluesky setting {key!r}: must be an integer, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ConfigError(f"bluesky setting {key!r}: must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _strings(settings: Mapping[str, Any], key: str) -> list[str]:
+    value = settings.get(key, [])
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ConfigError(f"bluesky setting {key!r}: must be a list of non-empty strings")
+    return [v.strip() for v in value]

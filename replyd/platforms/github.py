@@ -1,0 +1,949 @@
+"""The GitHub adapter: issues and pull requests in, issue comments out, comments read back.
+
+Settings (``[platforms.<name>]`` with ``kind = "github"``):
+
+========================  ==================================================
+``token``                 required; a personal access token or an app
+                          installation token (sent as ``Bearer``)
+``api_url``               REST root (default ``https://api.github.com``;
+                          GitHub Enterprise: ``https://host/api/v3``)
+``repos``                 ``["owner/name", ...]`` whose open issues are
+                          parents (inbox, re-find); default none
+``notifications``         read ``/notifications`` for the inbox and re-find
+                          (default true; an installation token cannot, so
+                          set false for apps)
+``notification_reasons``  which threads are parents (default mention,
+                          assign, team_mention)
+``login``                 the bot's login; whoami then reads
+                          ``/users/{login}`` instead of ``/user`` (needed for
+                          installation tokens, e.g. ``my-app[bot]``)
+``search_queries``        queries the search poller runs (default none)
+``listing_delay_s``       seconds before a sweep may trust a read-back
+                          (default 60: GitHub ends API requests after 10 s
+                          but reads are served from replicas, and a POST the
+                          client gave up on may still land)
+``timeout_s``             per-request timeout (default 15)
+``writes_per_minute``     local pacing of comment creation (default 80)
+``writes_per_hour``       local pacing of comment creation (default 500)
+``max_pages``             pages per poll / re-find / read-back (default 5)
+``instance``              first part of the answered-log key
+                          (default ``github:<api_url without trailing slash>``)
+========================  ==================================================
+
+Ids: a parent is an issue or pull request, keyed by the issue's numeric ``id``
+as served (a JSON number above 2^31, kept as its decimal string; for a pull
+request the *issue* id, which is what ``/repos/{o}/{r}/issues/{n}`` serves).
+``owner``, ``repo``, ``number`` and ``node_id`` ride in ``Parent.extra``. A
+reply is an issue comment; its id is the comment id. The sender id is the
+numeric user id from ``/user`` (or ``/users/{login}``).
+
+Read-back is batched per repository from
+``/repos/{o}/{r}/issues/comments?since=…&sort=created&direction=asc`` (``since``
+filters on *update* time, so every comment created after it is listed), own
+comments matched to pending parents by ``issue_url``; a repository whose
+listing fails or runs past ``max_pages`` falls back to each parent's
+``/repos/{o}/{r}/issues/{n}/comments``.
+
+Rate limits: GitHub reports budgets per resource (``X-RateLimit-Resource``:
+``core``, ``search`` with 30 a minute …); a spent one (``remaining: 0``) makes
+the adapter refuse locally until ``X-RateLimit-Reset``. Content creation also
+has *secondary* limits (80 a minute, 500 an hour): sends are paced locally on
+the injected clock and refused with ``RateLimited`` *before* the request when
+the budget is spent. The pacing is per process: replicas posting as one account
+must share the budget (set lower ``writes_per_*`` on each).
+
+Error mapping at this boundary (the shared table is in ``_http.py``)::
+
+    what happened                                   send (POST)        delete             reads (GET)
+    ----------------------------------------------  -----------------  -----------------  -----------------
+    connect refused, DNS, ConnectTimeout,           DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
+      PoolTimeout, TLS handshake
+    local write pacing or a spent budget            RateLimited        RateLimited        RateLimited
+      (remaining 0, reset in the future)
+    ReadTimeout, WriteTimeout, ReadError,           MaybeSent          MaybeSent          DefinitelyNotSent
+      WriteError, RemoteProtocolError, other
+    429; or 403 with Retry-After, with              RateLimited        RateLimited        RateLimited
+      x-ratelimit-remaining 0, or a "rate limit"
+      message (primary/secondary limits; wait:
+      Retry-After, else the reset when remaining
+      is 0, else 60 s as GitHub documents)
+    403 otherwise (issue locked, repository         Rejected           Rejected           Rejected
+      archived, no permission, SSO not authorised)
+    401 (bad credentials), 408                      DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
+    404, 410 (issue gone / transferred), 422        Rejected           treated as done    Rejected
+      (validation), other 4xx
+    500-599                                         MaybeSent          MaybeSent          DefinitelyNotSent
+    3xx (moved repository: redirects are not        MaybeSent          MaybeSent          BadResponse
+      followed, the token stays on api_url)
+    2xx with unreadable body                        MaybeSent          -                  BadResponse
+
+GitHub honours no idempotency key on comment creation: a retry after a lost
+response can only be kept from duplicating by the read-back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any, ClassVar
+from urllib.parse import quote, urlsplit
+
+import httpx
+import structlog
+
+from replyd.clock import Clock
+from replyd.errors import (
+    BadResponse,
+    ConfigError,
+    DefinitelyNotSent,
+    MaybeSent,
+    PlatformError,
+    RateLimited,
+    Rejected,
+)
+from replyd.platform import (
+    Identity,
+    OwnReply,
+    Page,
+    Parent,
+    Pending,
+    ReadBack,
+    Sent,
+    register_platform,
+)
+from replyd.platforms import _http
+from replyd.platforms._http import id_order
+
+log = structlog.get_logger("replyd.github")
+
+DEFAULT_API_URL = "https://api.github.com"
+DEFAULT_REASONS = ("mention", "assign", "team_mention")
+API_HEADERS = {
+    "Accept": "application/vnd.github+json",
+    "X-GitHub-Api-Version": "2022-11-28",
+    "User-Agent": "replyd",
+}
+# Listings may show an item after newer ones (notifications are made in the background,
+# replicas lag): each poll re-reads this far behind its mark and skips what it has seen.
+LISTING_OVERLAP_S = 300.0
+# The search index lags further behind.
+SEARCH_OVERLAP_S = 900.0
+# Clock skew between our opened_at and GitHub's timestamps.
+READ_BACK_MARGIN_S = 60.0
+# GitHub's own wait when a secondary limit names none.
+DEFAULT_LIMIT_WAIT_S = 60.0
+PER_PAGE = 100
+NOTIFICATIONS_PER_PAGE = 50
+
+_REPO_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+_REPO_URL_RE = re.compile(r"/repos/([^/]+)/([^/]+)$")
+_ISSUE_URL_RE = re.compile(r"/repos/([^/]+)/([^/]+)/(issues|pulls)/(\d+)$")
+_WEB_ISSUE_RE = re.compile(r"^/([^/]+)/([^/]+)/(issues|pull)/(\d+)/?$")
+_SHORT_REF_RE = re.compile(r"^([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+)#(\d+)$")
+
+_KNOWN_SETTINGS = frozenset(
+    {
+        "kind",
+        "token",
+        "api_url",
+        "repos",
+        "notifications",
+        "notification_reasons",
+        "login",
+        "search_queries",
+        "listing_delay_s",
+        "timeout_s",
+        "writes_per_minute",
+        "writes_per_hour",
+        "max_pages",
+        "instance",
+    }
+)
+
+
+def _seg(value: str, what: str) -> str:
+    """Quote one path segment; refuse values that would walk the path."""
+    if not value or value in (".", ".."):
+        raise Rejected(f"{what}: {value!r} is not usable in a URL path")
+    return quote(value, safe="")
+
+
+def _served(obj: Any, path: str, what: str) -> str:
+    """An id served as a JSON number (or string), as its exact decimal string."""
+    return str(_http.field(obj, path, what, (int, str)))
+
+
+def _time(obj: Any, path: str, what: str) -> float:
+    raw = _http.field(obj, path, what)
+    try:
+        return _http.iso_to_epoch(raw)
+    except ValueError:
+        raise BadResponse(f"{what}: field {path} is not an ISO-8601 time") from None
+
+
+def _iso(t: float) -> str:
+    """Epoch seconds as GitHub's ``since`` wants them, rounded down to the second."""
+    return datetime.fromtimestamp(int(t // 1), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _issue_ref(url: str) -> tuple[str, str, int] | None:
+    """``(owner, repo, number)`` of an API issue or pull URL, or None."""
+    m = _ISSUE_URL_RE.search(urlsplit(url).path)
+    return (m.group(1), m.group(2), int(m.group(4))) if m else None
+
+
+def _repo_key(owner: str, repo: str) -> str:
+    """Repository names are case-insensitive on GitHub; compare them folded."""
+    return f"{owner}/{repo}".lower()
+
+
+class _Mark:
+    """A listing position: the newest time seen, and what was seen in the overlap before it."""
+
+    def __init__(self, at: float | None = None, seen: Mapping[str, float] | None = None) -> None:
+        self.at = at
+        self.seen: dict[str, float] = dict(seen or {})
+
+    @classmethod
+    def load(cls, raw: Any) -> _Mark:
+        if not isinstance(raw, dict):
+            return cls()
+        at = raw.get("at")
+        seen = raw.get("seen")
+        if isinstance(at, bool) or not isinstance(at, (int, float)):
+            return cls()
+        if not isinstance(seen, dict):
+            seen = {}
+        return cls(float(at), {str(k): float(v) for k, v in seen.items() if isinstance(v, (int, float))})
+
+    def dump(self, overlap: float) -> dict[str, Any] | None:
+        if self.at is None:
+            return None
+        keep = {k: v for k, v in self.seen.items() if v >= self.at - overlap}
+        return {"at": self.at, "seen": dict(sorted(keep.items()))}
+
+    def take(self, key: str, t: float) -> None:
+        self.seen[key] = t
+        self.at = t if self.at is None else max(self.at, t)
+
+
+def _load_cursor(cursor: str | None) -> dict[str, Any]:
+    if not cursor:
+        return {}
+    try:
+        data = json.loads(cursor)
+    except ValueError:
+        log.warning("replyd.github.cursor_unreadable")
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+@register_platform("github")
+class GitHubPlatform:
+    """A GitHub account (user or app) as a replyd platform: issues in, comments out, comments read back."""
+
+    kind: ClassVar[str] = "github"
+
+    def __init__(
+        self,
+        *,
+        token: str,
+        http: httpx.Client,
+        clock: Clock,
+        api_url: str = DEFAULT_API_URL,
+        repos: Sequence[str] = (),
+        notifications: bool = True,
+        notification_reasons: Iterable[str] = DEFAULT_REASONS,
+        login: str | None = None,
+        search_queries: Sequence[str] = (),
+        listing_delay_s: float = 60.0,
+        timeout_s: float = 15.0,
+        writes_per_minute: int = 80,
+        writes_per_hour: int = 500,
+        max_pages: int = 5,
+        instance: str | None = None,
+    ) -> None:
+        self._api_url = api_url.rstrip("/")
+        self._token = token
+        self._auth = _http.BearerAuth(token)
+        self._http = http
+        self._clock = clock
+        self._timeout = httpx.Timeout(timeout_s)
+        self._repos = tuple(repos)
+        self._notifications = notifications
+        self._reasons = frozenset(notification_reasons)
+        self._login = login
+        self._wpm = writes_per_minute
+        self._wph = writes_per_hour
+        self._max_pages = max_pages
+        self._limits = _http.RateLimits(clock.now)
+        self._writes: deque[float] = deque()
+        self._writes_lock = threading.Lock()
+        # Comment id -> (owner, repo), learnt from sends and read-backs: delete needs the repo.
+        self._comment_repo: dict[str, tuple[str, str]] = {}
+        self.search_queries = tuple(search_queries)
+        self.listing_delay_s = float(listing_delay_s)
+        self.instance = instance or f"github:{self._api_url}"
+
+    def __repr__(self) -> str:
+        return f"GitHubPlatform(instance={self.instance!r})"
+
+    # --- configuration -------------------------------------------------------------
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock) -> GitHubPlatform:
+        """Validate ``settings`` (``ConfigError`` names the key) and build the adapter."""
+        unknown = sorted(str(k) for k in settings if k not in _KNOWN_SETTINGS)
+        if unknown:
+            raise ConfigError(
+                f"github setting {unknown[0]!r}: unknown key "
+                f"(known: {', '.join(sorted(_KNOWN_SETTINGS - {'kind'}))})"
+            )
+        token = _http.setting_secret(settings, "github", "token")
+        if not token:
+            raise ConfigError("github setting 'token': required, a personal access or installation token")
+        repos = _http.setting_strings(settings, "github", "repos")
+        for r in repos:
+            if not _REPO_RE.match(r):
+                raise ConfigError(f"github setting 'repos': {r!r} is not owner/name")
+        login = settings.get("login")
+        if login is not None and (not isinstance(login, str) or not login.strip() or "/" in login):
+            raise ConfigError("github setting 'login': must be a user or bot login")
+        reasons = _http.setting_strings(settings, "github", "notification_reasons", DEFAULT_REASONS)
+        if not reasons:
+            raise ConfigError("github setting 'notification_reasons': must not be empty")
+        wpm = _http.setting_int(settings, "github", "writes_per_minute", 80, 1, 100_000)
+        wph = _http.setting_int(settings, "github", "writes_per_hour", 500, 1, 1_000_000)
+        return cls(
+            token=token,
+            http=http,
+            clock=clock,
+            api_url=_http.setting_url(settings, "github", "api_url", DEFAULT_API_URL),
+            repos=repos,
+            notifications=_http.setting_flag(settings, "github", "notifications", True),
+            notification_reasons=reasons,
+            login=login.strip() if isinstance(login, str) else None,
+            search_queries=_http.setting_queries(settings, "github"),
+            listing_delay_s=_http.setting_number(settings, "github", "listing_delay_s", 60.0, minimum=0.0),
+            timeout_s=_http.setting_number(settings, "github", "timeout_s", 15.0, minimum=0.0, exclusive=True),
+            writes_per_minute=wpm,
+            writes_per_hour=wph,
+            max_pages=_http.setting_int(settings, "github", "max_pages", 5, 1, 1000),
+            instance=_http.setting_instance(settings, "github"),
+        )
+
+    # --- transport ------------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        bucket: str = "core",
+        params: list[tuple[str, str]] | None = None,
+        json_body: dict[str, Any] | None = None,
+    ) -> httpx.Response:
+        """One request under the rate limits; returns a 2xx response or raises the mapped error."""
+        self._limits.check((bucket,), what=what)
+        resp = _http.request(
+            self._http,
+            method,
+            self._api_url + path,
+            what=what,
+            secrets=(self._token,),
+            auth=self._auth,
+            timeout=self._timeout,
+            params=params,
+            json=json_body,
+            headers=API_HEADERS,
+        )
+        # GitHub names the budget a response draws on; trust it over our guess.
+        self._limits.note(resp.headers.get("x-ratelimit-resource") or bucket, resp)
+        self._raise_for_status(resp, what=what, bucket=resp.headers.get("x-ratelimit-resource") or bucket)
+        return resp
+
+    def _raise_for_status(self, resp: httpx.Response, *, what: str, bucket: str) -> None:
+        status = resp.status_code
+        if 200 <= status < 300:
+            return
+        secrets = (self._token,)
+        if status in (403, 429):
+            text = _http.server_error_text(resp)
+            detail = _http.redact(f"{what}: HTTP {status}" + (f" ({text})" if text else ""), secrets)
+            remaining = resp.headers.get("x-ratelimit-remaining", "").strip()
+            limited = (
+                status == 429
+                or "retry-after" in resp.headers
+                or remaining == "0"
+                or "rate limit" in text.lower()
+            )
+            if not limited:
+                # Locked issue, archived repository, missing permission, SSO: a refusal, not auth.
+                raise Rejected(detail, status=status)
+            now = self._clock.now()
+            wait: float | None = None
+            if "retry-after" in resp.headers:
+                wait = _http.retry_after_s(resp, now)
+            if wait is None and remaining == "0":
+                reset = resp.headers.get("x-ratelimit-reset")
+                at = _http.parse_reset(reset, now) if reset else None
+                wait = max(0.0, at - now) if at is not None else None
+            if wait is None:
+                wait = DEFAULT_LIMIT_WAIT_S
+            self._limits.block(bucket, wait)
+            log.warning("replyd.github.rate_limited", what=what, bucket=bucket, status=status, wait_s=wait)
+            raise RateLimited(detail, status=status, retry_after_s=wait)
+        _http.raise_for_status(resp, what=what, now=self._clock.now, secrets=secrets)
+
+    def _pages(
+        self, path: str, params: list[tuple[str, str]], *, what: str, bucket: str = "core", pages: int | None = None
+    ) -> Iterable[tuple[int, httpx.Response]]:
+        """Yield ``(page number, response)`` along the ``next`` links (only their ``page`` is used)."""
+        page: str | None = None
+        for page_no in range(pages if pages is not None else self._max_pages):
+            resp = self._call("GET", path, what=what, bucket=bucket, params=params + ([("page", page)] if page else []))
+            yield page_no, resp
+            nxt = _http.link_param(resp, "next", "page")
+            if nxt is None or nxt == page:
+                return
+            page = nxt
+
+    # --- write pacing ---------------------------------------------------------------
+
+    def _reserve_write(self, what: str) -> float:
+        """Take a slot in the secondary write budget, or raise ``RateLimited`` (nothing sent)."""
+        now = self._clock.now()
+        with self._writes_lock:
+            while self._writes and self._writes[0] <= now - 3600.0:
+                self._writes.popleft()
+            recent = [t for t in self._writes if t > now - 60.0]
+            waits = []
+            if len(recent) >= self._wpm:
+                waits.append(recent[len(recent) - self._wpm] + 60.0 - now)
+            if len(self._writes) >= self._wph:
+                waits.append(self._writes[len(self._writes) - self._wph] + 3600.0 - now)
+            if waits:
+                wait = max(0.0, max(waits))
+                raise RateLimited(
+                    f"{what}: write budget spent ({self._wpm}/min, {self._wph}/h), next slot in {wait:.0f}s (not sent)",
+                    status=None,
+                    retry_after_s=wait,
+                )
+            self._writes.append(now)
+        return now
+
+    def _release_write(self, slot: float) -> None:
+        with self._writes_lock:
+            try:
+                self._writes.remove(slot)
+            except ValueError:
+                pass
+
+    # --- parsing --------------------------------------------------------------------
+
+    def _issue_parent(self, issue: Any, what: str) -> Parent:
+        """Turn an issue object (issues, search, a single issue) into a parent."""
+        if not isinstance(issue, dict):
+            raise BadResponse(f"{what}: issue is not an object")
+        iid = _served(issue, "id", what)
+        number = _http.field(issue, "number", what, int)
+        repo_url = _http.field(issue, "repository_url", what, default="")
+        m = _REPO_URL_RE.search(urlsplit(repo_url).path) if repo_url else None
+        if m:
+            owner, repo = m.group(1), m.group(2)
+        else:
+            ref = _issue_ref(_http.field(issue, "url", what))
+            if ref is None:
+                raise BadResponse(f"{what}: field repository_url names no repository")
+            owner, repo = ref[0], ref[1]
+        title = _http.field(issue, "title", what, default="")
+        body = _http.field(issue, "body", what, default="")
+        user_type = _http.field(issue, "user.type", what, default="")
+        return Parent(
+            id=iid,
+            author_id=_served(issue, "user.id", what),
+            author_handle=_http.field(issue, "user.login", what, default=""),
+            author_is_bot=user_type == "Bot",
+            text=f"{title}\n\n{body}".strip(),
+            url=_http.field(issue, "html_url", what, default=""),
+            created_at=_time(issue, "created_at", what),
+            thread_depth=0,
+            extra={
+                "owner": owner,
+                "repo": repo,
+                "number": number,
+                "node_id": _http.field(issue, "node_id", what, default=None),
+                "pull_request": isinstance(issue.get("pull_request"), dict),
+                "state": _http.field(issue, "state", what, default=None),
+                "locked": issue.get("locked") is True,
+                "title": title,
+            },
+        )
+
+    @staticmethod
+    def _skipped(what: str, problem: str, item: Any) -> None:
+        item_id = item.get("id") if isinstance(item, dict) else None
+        log.warning(
+            "replyd.github.skipped",
+            what=what,
+            problem=problem,
+            item_id=str(item_id) if isinstance(item_id, (int, str)) and not isinstance(item_id, bool) else None,
+        )
+
+    def _issue(self, owner: str, repo: str, number: int, what: str) -> Parent:
+        path = f"/repos/{_seg(owner, what)}/{_seg(repo, what)}/issues/{number}"
+        resp = self._call("GET", path, what=what)
+        return self._issue_parent(_http.json_body(resp, what, dict), what)
+
+    # --- Platform -------------------------------------------------------------------
+
+    def whoami(self) -> Identity:
+        """Return the account's numeric user id (as a string) and login."""
+        what = "whoami"
+        path = f"/users/{_seg(self._login, what)}" if self._login else "/user"
+        body = _http.json_body(self._call("GET", path, what=what), what, dict)
+        return Identity(sender_id=_served(body, "id", what), handle=_http.field(body, "login", what, default=""))
+
+    # inbox ------------------------------------------------------------------------------
+
+    def inbox(self, cursor: str | None) -> Page:
+        """Return issues addressed to the bot (notifications) and new issues in ``repos``.
+
+        The cursor is a JSON object holding one listing mark per source. A
+        source that fails keeps its mark; only if every source fails is the
+        error raised.
+        """
+        state = _load_cursor(cursor)
+        found: dict[str, Parent] = {}
+        errors: list[PlatformError] = []
+        out: dict[str, Any] = {}
+        if self._notifications:
+            mark = _Mark.load(state.get("notifications"))
+            try:
+                self._notification_parents(mark, found, what="inbox")
+            except PlatformError as exc:
+                errors.append(exc)
+                log.warning("replyd.github.inbox_partial", source="notifications", problem=exc.detail)
+            out["notifications"] = mark.dump(LISTING_OVERLAP_S)
+        repo_marks = state.get("repos") if isinstance(state.get("repos"), dict) else {}
+        out_repos: dict[str, Any] = {}
+        for full in self._repos:
+            mark = _Mark.load(repo_marks.get(full))
+            try:
+                self._repo_issue_parents(full, mark, found)
+            except PlatformError as exc:
+                errors.append(exc)
+                log.warning("replyd.github.inbox_partial", source=full, problem=exc.detail)
+            out_repos[full] = mark.dump(LISTING_OVERLAP_S)
+        if self._repos:
+            out["repos"] = out_repos
+        sources = int(self._notifications) + len(self._repos)
+        if sources and len(errors) == sources:
+            raise errors[0]
+        parents = sorted(found.values(), key=lambda p: (p.created_at or 0.0, id_order(p.id)))
+        return Page(parents=parents, cursor=json.dumps(out, sort_keys=True))
+
+    def _notification_parents(self, mark: _Mark, found: dict[str, Parent], *, what: str, since: float | None = None) -> None:
+        """Resolve wanted notification threads newer than ``mark`` (or since ``since``) oldest first."""
+        params = [("all", "true"), ("per_page", str(NOTIFICATIONS_PER_PAGE))]
+        if since is not None:
+            params.append(("since", _iso(since)))
+        elif mark.at is not None:
+            params.append(("since", _iso(mark.at - LISTING_OVERLAP_S)))
+        threads: list[tuple[float, str, dict[str, Any]]] = []
+        pages = self._max_pages if (mark.at is not None or since is not None) else 1
+        # Newest first: a page failing below the first would leave a gap under what was
+        # read, so any listing failure fails the source and leaves its mark where it was.
+        for page_no, resp in self._pages("/notifications", params, what=what, pages=pages):
+            for item in _http.json_body(resp, what, list):
+                try:
+                    if not isinstance(item, dict):
+                        raise BadResponse(f"{what}: notification is not an object")
+                    tid = _served(item, "id", what)
+                    updated = _time(item, "updated_at", what)
+                except BadResponse as exc:
+                    self._skipped(what, exc.detail, item)
+                    continue
+                key = f"{tid}@{updated}"
+                if key in mark.seen:
+                    continue
+                threads.append((updated, key, item))
+            if page_no == pages - 1 and _http.link_param(resp, "next", "page") is not None:
+                log.warning("replyd.github.listing_truncated", what=what, source="notifications", pages=pages)
+        for updated, key, item in sorted(threads, key=lambda t: (t[0], t[1])):
+            try:
+                parent = self._thread_parent(item, what)
+            except (Rejected, BadResponse) as exc:
+                self._skipped(what, exc.detail, item)
+                parent = None
+            except PlatformError as exc:
+                if since is not None:  # re-find: no mark to hold; skip it this time
+                    self._skipped(what, exc.detail, item)
+                    continue
+                log.warning("replyd.github.inbox_partial", source="notifications", thread=key, problem=exc.detail)
+                return
+            if parent is not None:
+                found.setdefault(parent.id, parent)
+            mark.take(key, updated)
+
+    def _thread_parent(self, item: dict[str, Any], what: str) -> Parent | None:
+        """The issue a notification thread is about, if its reason and subject are wanted."""
+        if item.get("reason") not in self._reasons:
+            return None
+        if _http.field(item, "subject.type", what, default="") not in ("Issue", "PullRequest"):
+            return None
+        ref = _issue_ref(_http.field(item, "subject.url", what))
+        if ref is None:
+            raise BadResponse(f"{what}: subject.url is not an issue or pull request URL")
+        owner, repo, number = ref
+        # A pull request's thread names /pulls/{n}; its issue (and the key) is /issues/{n}.
+        return self._issue(owner, repo, number, what)
+
+    def _repo_issue_parents(self, full: str, mark: _Mark, found: dict[str, Parent]) -> None:
+        """Open issues (and pull requests) of ``full`` updated after ``mark``, oldest first."""
+        what = "inbox repo"
+        owner, repo = full.split("/", 1)
+        path = f"/repos/{_seg(owner, what)}/{_seg(repo, what)}/issues"
+        params = [("state", "open"), ("per_page", str(PER_PAGE)), ("sort", "updated")]
+        if mark.at is None:
+            params.append(("direction", "desc"))
+            pages = 1
+        else:
+            params += [("direction", "asc"), ("since", _iso(mark.at - LISTING_OVERLAP_S))]
+            pages = self._max_pages
+        for _, resp in self._pages(path, params, what=what, pages=pages):
+            items = _http.json_body(resp, what, list)
+            batch = []
+            for item in items:
+                try:
+                    parent = self._issue_parent(item, what)
+                    updated = _time(item, "updated_at", what)
+                except BadResponse as exc:
+                    self._skipped(what, exc.detail, item)
+                    continue
+                batch.append((updated, f"{parent.id}@{updated}", parent))
+            for updated, key, parent in sorted(batch, key=lambda t: (t[0], t[1])):
+                if key in mark.seen:
+                    continue
+                found.setdefault(parent.id, parent)
+                mark.take(key, updated)
+
+    # search -----------------------------------------------------------------------------
+
+    def search(self, query: str, cursor: str | None) -> Page:
+        """Return issues and pull requests matching ``query`` created after the cursor, oldest first.
+
+        Without a cursor: the newest page. With one: ``created:>=`` a window
+        behind the newest seen (the index lags), ascending, so a long backlog is
+        read over several polls without gaps. Search has its own budget (30 a
+        minute), tracked apart from the core one.
+        """
+        what = "search"
+        mark = _Mark.load(_load_cursor(cursor))
+        if mark.at is None:
+            params = [("q", query), ("sort", "created"), ("order", "desc"), ("per_page", str(PER_PAGE))]
+            pages = 1
+        else:
+            q = f"{query} created:>={_iso(mark.at - SEARCH_OVERLAP_S)}"
+            params = [("q", q), ("sort", "created"), ("order", "asc"), ("per_page", str(PER_PAGE))]
+            pages = self._max_pages
+        found: dict[str, Parent] = {}
+        batch: list[tuple[float, str, Parent]] = []
+        try:
+            for _, resp in self._pages("/search/issues", params, what=what, bucket="search", pages=pages):
+                body = _http.json_body(resp, what, dict)
+                if body.get("incomplete_results") is True:
+                    log.warning("replyd.github.search_incomplete", query=query)
+                for item in _http.field(body, "items", what, list):
+                    try:
+                        parent = self._issue_parent(item, what)
+                    except BadResponse as exc:
+                        self._skipped(what, exc.detail, item)
+                        continue
+                    batch.append((parent.created_at or 0.0, parent.id, parent))
+        except PlatformError as exc:
+            if not batch:
+                raise
+            log.warning("replyd.github.search_partial", problem=exc.detail)
+        for created, key, parent in sorted(batch, key=lambda t: (t[0], id_order(t[1]))):
+            if key in mark.seen:
+                continue
+            found.setdefault(parent.id, parent)
+            mark.take(key, created)
+        parents = sorted(found.values(), key=lambda p: (p.created_at or 0.0, id_order(p.id)))
+        dumped = mark.dump(SEARCH_OVERLAP_S)
+        return Page(parents=parents, cursor=json.dumps(dumped, sort_keys=True) if dumped else cursor)
+
+    # refind -----------------------------------------------------------------------------
+
+    def refind(self, since: float) -> list[Parent]:
+        """Open issues in ``repos`` updated since ``since``, plus wanted notification threads."""
+        found: dict[str, Parent] = {}
+        errors: list[PlatformError] = []
+        for full in self._repos:
+            what = "refind"
+            owner, repo = full.split("/", 1)
+            path = f"/repos/{_seg(owner, what)}/{_seg(repo, what)}/issues"
+            params = [
+                ("state", "open"),
+                ("sort", "updated"),
+                ("direction", "desc"),
+                ("since", _iso(since)),
+                ("per_page", str(PER_PAGE)),
+            ]
+            try:
+                for _, resp in self._pages(path, params, what=what):
+                    for item in _http.json_body(resp, what, list):
+                        try:
+                            parent = self._issue_parent(item, what)
+                        except BadResponse as exc:
+                            self._skipped(what, exc.detail, item)
+                            continue
+                        found.setdefault(parent.id, parent)
+            except PlatformError as exc:
+                errors.append(exc)
+                log.warning("replyd.github.refind_partial", source=full, problem=exc.detail)
+        if self._notifications:
+            try:
+                self._notification_parents(_Mark(), found, what="refind", since=since)
+            except PlatformError as exc:
+                errors.append(exc)
+                log.warning("replyd.github.refind_partial", source="notifications", problem=exc.detail)
+        sources = int(self._notifications) + len(self._repos)
+        if sources and len(errors) == sources:
+            raise errors[0]
+        return sorted(found.values(), key=lambda p: (p.created_at or 0.0, id_order(p.id)))
+
+    # resolve ----------------------------------------------------------------------------
+
+    def resolve(self, ref: str) -> Parent:
+        """Turn ``owner/repo#n``, an issue/PR web URL or an API issue URL into the parent."""
+        what = "resolve"
+        ref = ref.strip()
+        m = _SHORT_REF_RE.match(ref)
+        if m:
+            return self._issue(m.group(1), m.group(2), int(m.group(3)), what)
+        parts = urlsplit(ref)
+        if parts.scheme not in ("http", "https"):
+            raise Rejected(f"{what}: give owner/repo#number or an issue URL (an issue id alone names no repository)")
+        api_ref = _issue_ref(ref)
+        if api_ref is not None and "/repos/" in parts.path:
+            return self._issue(*api_ref, what)
+        m = _WEB_ISSUE_RE.match(parts.path)
+        if m:
+            return self._issue(m.group(1), m.group(2), int(m.group(4)), what)
+        raise Rejected(f"{what}: not an issue or pull request URL")
+
+    # send -------------------------------------------------------------------------------
+
+    def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
+        """Comment ``text`` on the parent issue (only ``replyd.guard`` calls this).
+
+        GitHub honours no idempotency key: ``provider_key`` is not sent.
+        """
+        what = "send"
+        owner, repo, number = parent.extra.get("owner"), parent.extra.get("repo"), parent.extra.get("number")
+        if (
+            not isinstance(owner, str)
+            or not isinstance(repo, str)
+            or isinstance(number, bool)
+            or not isinstance(number, int)
+            or number < 1
+        ):
+            raise Rejected(f"{what}: parent {parent.id} lacks owner/repo/number")
+        path = f"/repos/{_seg(owner, what)}/{_seg(repo, what)}/issues/{number}/comments"
+        self._limits.check(("core",), what=what)
+        slot = self._reserve_write(what)
+        try:
+            resp = self._call("POST", path, what=what, json_body={"body": text})
+        except PlatformError as exc:
+            if isinstance(exc, DefinitelyNotSent) and exc.status is None:
+                self._release_write(slot)  # nothing reached GitHub: the slot is not spent
+            log.info("replyd.github.send_failed", parent_id=parent.id, error=type(exc).__name__, status=exc.status, detail=exc.detail)
+            raise
+        try:
+            body = _http.json_body(resp, what, dict)
+            reply_id = _served(body, "id", what)
+            issue_url = _http.field(body, "issue_url", what, default="")
+            html_url = _http.field(body, "html_url", what, default="")
+        except BadResponse as exc:
+            # 2xx: the comment very likely exists, we just cannot name it.
+            raise MaybeSent(f"{exc.detail} (after HTTP {resp.status_code})", status=resp.status_code) from None
+        got = _issue_ref(issue_url) if issue_url else None
+        if got is None or _repo_key(got[0], got[1]) != _repo_key(owner, repo) or got[2] != number:
+            # The comment is ours and exists (a transferred issue answers under its new name).
+            log.warning("replyd.github.reply_issue_differs", parent_id=parent.id, reply_id=reply_id, issue_url=issue_url)
+        self._comment_repo[reply_id] = (owner, repo)
+        log.info("replyd.github.sent", parent_id=parent.id, reply_id=reply_id)
+        return Sent(reply_id=reply_id, url=html_url)
+
+    # read-back --------------------------------------------------------------------------
+
+    def read_back(self, pending: Sequence[Pending], *, sender_id: str) -> ReadBack:
+        """Find own comments on the pending parents: one listing per repository, then per issue.
+
+        A parent is ``checked`` only if its repository's listing (or its own
+        issue's comments) was read to the end from before it was opened
+        (minus a margin).
+        """
+        result = ReadBack()
+        if not pending:
+            return result
+        opened: dict[str, float] = {}
+        where: dict[str, tuple[str, str, int]] = {}
+        for p in pending:
+            pid = p.parent.id
+            opened[pid] = min(p.opened_at, opened.get(pid, p.opened_at))
+            owner, repo, number = (p.parent.extra.get(k) for k in ("owner", "repo", "number"))
+            if isinstance(owner, str) and isinstance(repo, str) and isinstance(number, int) and not isinstance(number, bool):
+                where[pid] = (owner, repo, number)
+            else:
+                log.warning("replyd.github.read_back_failed", source="parent", parent_id=pid, problem="no owner/repo/number")
+        by_repo: dict[str, list[str]] = {}
+        for pid, (owner, repo, _) in where.items():
+            by_repo.setdefault(_repo_key(owner, repo), []).append(pid)
+        found: dict[str, dict[str, OwnReply]] = {}
+        fallback: list[str] = []
+        for key, pids in by_repo.items():
+            owner, repo, _ = where[pids[0]]
+            targets = {(_repo_key(*where[pid][:2]), where[pid][2]): pid for pid in pids}
+            since = min(opened[pid] for pid in pids) - READ_BACK_MARGIN_S
+            try:
+                complete = self._scan_repo_comments(owner, repo, since, sender_id, targets, found)
+            except RateLimited as exc:
+                log.warning("replyd.github.read_back_failed", source="repo", repo=key, problem=exc.detail)
+                complete = None
+            except PlatformError as exc:
+                log.warning("replyd.github.read_back_failed", source="repo", repo=key, problem=exc.detail)
+                complete = False
+            if complete:
+                result.checked.update(pids)
+            elif complete is False:
+                fallback.extend(pids)
+        repo_checked = len(result.checked)
+        for pid in fallback:
+            owner, repo, number = where[pid]
+            try:
+                complete = self._scan_issue_comments(owner, repo, number, opened[pid] - READ_BACK_MARGIN_S, sender_id, pid, found)
+            except RateLimited as exc:
+                log.warning("replyd.github.read_back_failed", source="issue", parent_id=pid, problem=exc.detail)
+                break
+            except PlatformError as exc:
+                log.warning("replyd.github.read_back_failed", source="issue", parent_id=pid, problem=exc.detail)
+                continue
+            if complete:
+                result.checked.add(pid)
+        for pid, replies in found.items():
+            result.found[pid] = sorted(replies.values(), key=lambda r: (r.created_at or 0.0, id_order(r.reply_id)))
+        log.info(
+            "replyd.github.read_back",
+            pending=len(opened),
+            checked_by_repo=repo_checked,
+            checked=len(result.checked),
+            found=sum(len(v) for v in result.found.values()),
+        )
+        return result
+
+    def _own_comment(self, item: Any, what: str) -> tuple[str, str, str, float]:
+        """``(comment id, author id, issue_url, created_at)`` of a listed comment."""
+        if not isinstance(item, dict):
+            raise BadResponse(f"{what}: comment is not an object")
+        return (
+            _served(item, "id", what),
+            _served(item, "user.id", what),
+            _http.field(item, "issue_url", what),
+            _time(item, "created_at", what),
+        )
+
+    def _scan_repo_comments(
+        self,
+        owner: str,
+        repo: str,
+        since: float,
+        sender_id: str,
+        targets: Mapping[tuple[str, int], str],
+        found: dict[str, dict[str, OwnReply]],
+    ) -> bool:
+        """List the repository's comments updated since ``since``; True if the listing ended."""
+        what = "read_back repo"
+        path = f"/repos/{_seg(owner, what)}/{_seg(repo, what)}/issues/comments"
+        params = [("since", _iso(since)), ("sort", "created"), ("direction", "asc"), ("per_page", str(PER_PAGE))]
+        for page_no, resp in self._pages(path, params, what=what):
+            items = _http.json_body(resp, what, list)
+            # One unreadable item could be the reply we look for: the page is not conclusive.
+            page = [self._own_comment(item, what) for item in items]
+            for cid, author, issue_url, created in page:
+                if author != sender_id:
+                    continue
+                ref = _issue_ref(issue_url)
+                pid = targets.get((_repo_key(ref[0], ref[1]), ref[2])) if ref else None
+                if pid is not None:
+                    found.setdefault(pid, {})[cid] = OwnReply(cid, pid, created)
+                    self._comment_repo[cid] = (owner, repo)
+            if _http.link_param(resp, "next", "page") is None:
+                return True
+            if page_no == self._max_pages - 1:
+                log.warning("replyd.github.listing_truncated", what=what, repo=f"{owner}/{repo}", pages=self._max_pages)
+        return False
+
+    def _scan_issue_comments(
+        self, owner: str, repo: str, number: int, since: float, sender_id: str, pid: str, found: dict[str, dict[str, OwnReply]]
+    ) -> bool:
+        """List one issue's comments updated since ``since``; True if the listing ended."""
+        what = "read_back issue"
+        path = f"/repos/{_seg(owner, what)}/{_seg(repo, what)}/issues/{number}/comments"
+        params = [("since", _iso(since)), ("per_page", str(PER_PAGE))]
+        for _, resp in self._pages(path, params, what=what):
+            for cid, author, _, created in (self._own_comment(i, what) for i in _http.json_body(resp, what, list)):
+                if author == sender_id:
+                    found.setdefault(pid, {})[cid] = OwnReply(cid, pid, created)
+                    self._comment_repo[cid] = (owner, repo)
+            if _http.link_param(resp, "next", "page") is None:
+                return True
+        return False
+
+    # delete -----------------------------------------------------------------------------
+
+    def delete(self, reply_id: str) -> None:
+        """Delete one own comment; one that is already gone counts as deleted.
+
+        The comment's repository must be known: learnt from the send or the
+        read-back that found it, or the only configured repository.
+        """
+        what = "delete"
+        where = self._comment_repo.get(reply_id)
+        if where is None and len(self._repos) == 1:
+            owner, repo = self._repos[0].split("/", 1)
+            where = (owner, repo)
+        if where is None:
+            raise Rejected(f"{what}: repository of comment {reply_id} unknown (read it back first)")
+        path = f"/repos/{_seg(where[0], what)}/{_seg(where[1], what)}/issues/comments/{_seg(reply_id, what)}"
+        try:
+            self._call("DELETE", path, what=what)
+        except Rejected as exc:
+            if exc.status != 404:
+                raise
+            log.info("replyd.github.deleted", reply_id=reply_id, already_gone=True)
+            return
+        log.info("replyd.github.deleted", reply_id=reply_id, already_gone=False)
+
+    def close(self) -> None:
+        """Do nothing: the shared http client belongs to the caller."""
+
+    def rate_limits(self) -> dict[str, tuple[int | None, float | None]]:
+        """Return the last seen ``{bucket: (remaining, reset_at)}`` (for metrics)."""
+        return self._limits.snapshot()
+
+    def write_budget(self) -> tuple[int, int]:
+        """Return the sends paced in the last minute and the last hour (for metrics and tests)."""
+        now = self._clock.now()
+        with self._writes_lock:
+            return (
+                sum(1 for t in self._writes if t > now - 60.0),
+                sum(1 for t in self._writes if t > now - 3600.0),
+            )

@@ -1,0 +1,120 @@
+"""The read-only status page at ``/``: counts, oldest open rows, recent events; refreshes itself.
+
+One self-contained HTML document (no script, no external assets, a meta
+refresh), so it works behind any proxy and in a locked-down browser. Every
+value from the log is escaped: parent ids and event details come from other
+people's posts.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from replyd import store as st
+
+_CSS = """
+body{font:14px/1.4 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1d2330;background:#f7f8fa}
+h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:24px 0 8px}
+.meta{color:#5b6475;margin-bottom:16px}
+.cards{display:flex;gap:12px;flex-wrap:wrap}
+.card{background:#fff;border:1px solid #dde1e8;border-radius:6px;padding:10px 14px;min-width:110px}
+.card b{display:block;font-size:22px}
+.bad b{color:#b3261e}.ok b{color:#1b7f3b}
+table{border-collapse:collapse;background:#fff;border:1px solid #dde1e8;width:100%}
+th,td{padding:4px 8px;border-bottom:1px solid #eceef2;text-align:left;font-variant-numeric:tabular-nums}
+th{background:#eef0f4;font-weight:600}td.n{text-align:right}
+code{font-size:12px;word-break:break-all}.empty{color:#5b6475;font-style:italic}
+"""
+
+
+def _ts(t: float | None) -> str:
+    return "" if t is None else datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _e(v: Any) -> str:
+    return html.escape("" if v is None else str(v), quote=True)
+
+
+def _counts_table(counts: list[dict[str, Any]]) -> str:
+    if not counts:
+        return '<p class="empty" id="counts-empty">no rows yet: nothing answered</p>'
+    by: dict[str, dict[str, int]] = {}
+    for c in counts:
+        by.setdefault(c["platform"], {})[c["state"]] = c["rows"]
+    head = "".join(f"<th>{_e(s)}</th>" for s in st.STATES)
+    body = []
+    for plat in sorted(by):
+        cells = "".join(
+            f'<td class="n" data-platform="{_e(plat)}" data-state="{_e(s)}">{by[plat].get(s, 0)}</td>' for s in st.STATES
+        )
+        body.append(f"<tr><td><code>{_e(plat)}</code></td>{cells}</tr>")
+    return f'<table id="counts"><tr><th>platform</th>{head}</tr>{"".join(body)}</table>'
+
+
+def _open_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return '<p class="empty" id="open-empty">no open rows</p>'
+    body = "".join(
+        f'<tr><td><code>{_e(r["platform"])}</code></td><td><code>{_e(r["parent_id"])}</code></td>'
+        f'<td>{_e(_ts(r["opened_at"]))}</td><td class="n">{r["age_s"]:.0f}</td><td>{_e(r["attempt"])}</td></tr>'
+        for r in rows
+    )
+    return (f'<table id="oldest-open"><tr><th>platform</th><th>parent id</th><th>opened (UTC)</th>'
+            f'<th>age (s)</th><th>attempt</th></tr>{body}</table>')
+
+
+def _events_table(events: list[dict[str, Any]]) -> str:
+    if not events:
+        return '<p class="empty" id="events-empty">no events yet</p>'
+    body = "".join(
+        f'<tr><td>{_e(_ts(ev["at"]))}</td><td><code>{_e(ev["platform"])}</code></td>'
+        f'<td><code>{_e(ev["parent_id"])}</code></td><td class="kind">{_e(ev["kind"])}</td><td>{_e(ev["state"])}</td>'
+        f'<td>{_e(ev["attempt"])}</td><td>{_e(ev.get("path"))}</td>'
+        f'<td><code>{_e(json.dumps(ev["detail"], sort_keys=True) if not isinstance(ev["detail"], str) else ev["detail"])}</code></td></tr>'
+        for ev in events
+    )
+    return (f'<table id="events"><tr><th>at (UTC)</th><th>platform</th><th>parent id</th><th>event</th><th>state</th>'
+            f'<th>attempt</th><th>path</th><th>detail</th></tr>{body}</table>')
+
+
+def render(summary: dict[str, Any], *, refresh_s: int = 5) -> str:
+    """Render the status page from a ``/v1/status`` summary."""
+    totals: dict[str, int] = {}
+    for c in summary["counts"]:
+        totals[c["state"]] = totals.get(c["state"], 0) + c["rows"]
+    store_ok = summary["store"]["up"]
+    bots = summary.get("bots", {})
+    cards = [
+        f'<div class="card {"ok" if store_ok else "bad"}" id="card-store">store<b>{"up" if store_ok else "down"}</b></div>',
+        *(f'<div class="card" id="card-{_e(s)}">{_e(s.replace("_", " "))}<b>{totals.get(s, 0)}</b></div>'
+          for s in (st.CLOSED, st.OPEN, st.NOT_LANDED, st.REJECTED, st.GAVE_UP)),
+        f'<div class="card" id="card-oldest">oldest open (s)<b>{summary["oldest_open_age_s"]:.0f}</b></div>',
+    ]
+    bot_rows = "".join(
+        f'<tr><td>{_e(name)}</td><td>{"logged in" if b["ready"] else "not logged in"}</td>'
+        f'<td><code>{_e(b.get("platform") or "")}</code></td><td><code>{_e(b.get("sender_id") or "")}</code></td></tr>'
+        for name, b in sorted(bots.items())
+    )
+    bots_html = (f'<table id="bots"><tr><th>bot</th><th>state</th><th>platform</th><th>sender id</th></tr>{bot_rows}</table>'
+                 if bots else '<p class="empty">no bots configured</p>')
+    store_note = "" if store_ok else f'<p class="bad" id="store-error">store unavailable: {_e(summary["store"].get("error"))}</p>'
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="refresh" content="{int(refresh_s)}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>replyd status</title><style>{_CSS}</style></head>
+<body>
+<h1>replyd</h1>
+<div class="meta">read-only status &middot; generated <span id="generated">{_e(_ts(summary["generated_at"]))}</span> UTC
+&middot; refreshes every {int(refresh_s)} s &middot; store <code>{_e(summary["store"]["url"])}</code></div>
+{store_note}
+<div class="cards">{"".join(cards)}</div>
+<h2>bots</h2>{bots_html}
+<h2>rows by state</h2>{_counts_table(summary["counts"])}
+<h2>oldest open rows</h2>{_open_table(summary["oldest_open"])}
+<h2>recent events</h2>{_events_table(summary["recent_events"])}
+</body></html>
+"""

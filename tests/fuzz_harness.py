@@ -1,0 +1,207 @@
+"""Shared pieces of the adapter fuzz tests: mutations of recorded bodies, a regex-routed server, checks.
+
+An adapter under fuzz is served its platform's recorded responses
+(``shared/fixtures/<platform>``) over real local HTTP, with one response
+replaced by a hypothesis-drawn mutation: a field deleted, a node replaced by a
+value of another JSON type, a huge string or list, random bytes, an HTML error
+page, a truncated body, a connection cut mid-body, an unexpected status.
+
+What a call may do: return a well-formed value, or raise a ``ReplydError``
+(``PlatformError`` and its subclasses, which the daemon logs and retries).
+Never another exception type, and never a half-parsed ``Parent``: every parent
+returned has a non-empty id that the served body really contains, a non-empty
+author id (the "never answer yourself" policy compares it), the declared field
+types and a JSON-serialisable snapshot (the guard stores it).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import hypothesis.strategies as hs
+
+from replyd.errors import ReplydError
+from replyd.platform import Identity, OwnReply, Page, Parent, ReadBack, Sent
+from tests.fixtures_server import FixtureServer, Recorded, Reply
+
+HTML_PAGE = "<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway</h1></center></body></html>"
+MUTATIONS = ("delete", "replace", "replace", "delete_many", "huge_string", "huge_list", "not_json", "html_200",
+             "truncate", "drop", "empty", "wrong_top", "status")
+STATUSES = (200, 201, 204, 301, 400, 401, 403, 404, 409, 410, 413, 422, 429, 500, 502, 503, 504)
+
+json_leaf = hs.none() | hs.booleans() | hs.integers(-2**70, 2**70) | hs.floats(allow_nan=False, allow_infinity=False) \
+    | hs.text(max_size=12) | hs.sampled_from(["", "0", "-1", "1e309", "NaN", "2026-13-45T99:99:99Z", "@", "../..", "%2F"])
+json_value = hs.recursive(json_leaf, lambda c: hs.lists(c, max_size=3) | hs.dictionaries(hs.text(max_size=6), c, max_size=3),
+                          max_leaves=6)
+
+
+def node_paths(obj: Any, prefix: tuple = ()) -> list[tuple]:
+    """Every path to a node of a JSON document (the root is ``()``)."""
+    out = [prefix]
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.extend(node_paths(v, (*prefix, k)))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out.extend(node_paths(v, (*prefix, i)))
+    return out
+
+
+def _parent_of(doc: Any, path: tuple) -> tuple[Any, Any]:
+    cur = doc
+    for p in path[:-1]:
+        cur = cur[p]
+    return cur, path[-1]
+
+
+@hs.composite
+def mutated(draw: hs.DrawFn, raw: bytes) -> tuple[str, Reply]:
+    """A mutation of the recorded body ``raw``: (what was done, the reply to serve)."""
+    kind = draw(hs.sampled_from(MUTATIONS))
+    doc = json.loads(raw)
+    if kind in ("delete", "replace", "delete_many", "huge_string", "huge_list"):
+        doc = copy.deepcopy(doc)
+        paths = node_paths(doc)
+        if kind == "delete_many":
+            victims = draw(hs.lists(hs.sampled_from(paths[1:]), min_size=2, max_size=6)) if len(paths) > 1 else []
+            for path in sorted(victims, key=len, reverse=True):
+                try:
+                    holder, k = _parent_of(doc, path)
+                    del holder[k]
+                except (KeyError, IndexError, TypeError):
+                    pass
+            return f"delete_many {victims}", Reply(body=doc)
+        if kind == "huge_list":
+            lists = [p for p in paths if isinstance(_get(doc, p), list)]
+            if lists:
+                path = draw(hs.sampled_from(lists))
+                items = _get(doc, path)
+                if items:
+                    items.extend(copy.deepcopy(items[0]) for _ in range(3000))
+                return f"huge_list {path}", Reply(body=doc)
+            kind = "huge_string"
+        if kind == "huge_string":
+            strings = [p for p in paths if isinstance(_get(doc, p), str)]
+            if strings:
+                path = draw(hs.sampled_from(strings))
+                holder, k = _parent_of(doc, path)
+                holder[k] = "x" * 2_000_000
+                return f"huge_string {path}", Reply(body=doc)
+            kind = "replace"
+        if len(paths) == 1:
+            return "replace root", Reply(body=draw(json_value))
+        path = draw(hs.sampled_from(paths[1:]))
+        holder, k = _parent_of(doc, path)
+        if kind == "delete":
+            del holder[k]
+        else:
+            holder[k] = draw(json_value)
+        return f"{kind} {path}", Reply(body=doc)
+    if kind == "not_json":
+        return kind, Reply(body=draw(hs.binary(max_size=300)), content_type="application/octet-stream")
+    if kind == "html_200":
+        return kind, Reply(body=HTML_PAGE, content_type="text/html")
+    if kind == "truncate":
+        n = draw(hs.integers(0, max(0, len(raw) - 1)))
+        return f"truncate {n}", Reply(body=raw[:n])
+    if kind == "drop":
+        return kind, Reply(fault="drop")
+    if kind == "empty":
+        return kind, Reply(body=b"", content_type="application/json")
+    if kind == "wrong_top":
+        return kind, Reply(body=draw(hs.sampled_from([[], {}, "a string", 42, None, [1, 2], {"error": "x"}])))
+    status = draw(hs.sampled_from(STATUSES))
+    body = draw(hs.sampled_from([raw, HTML_PAGE.encode(), b"", b'{"error": "nope"}']))
+    headers = {"Retry-After": draw(hs.sampled_from(["1", "-5", "abc", "Wed, 21 Oct 2015 07:28:00 GMT", "1e400"]))}
+    return f"status {status}", Reply(status=status, body=body, headers=headers)
+
+
+def _get(doc: Any, path: tuple) -> Any:
+    for p in path:
+        doc = doc[p]
+    return doc
+
+
+class RoutedServer:
+    """Routes a FixtureServer by (method, path regex) to recorded bodies, one route replaced by a mutation."""
+
+    def __init__(self, server: FixtureServer, routes: list[tuple[str, str, bytes]]) -> None:
+        self.server = server
+        self.routes = [(m, re.compile(rx), body) for m, rx, body in routes]
+        self.override: dict[int, Reply] = {}
+        self.served: list[bytes] = []
+        server.reset()
+        server._next = self._next  # type: ignore[method-assign]
+
+    def _next(self, rec: Recorded) -> Reply:
+        for i, (m, rx, body) in enumerate(self.routes):
+            if m == rec.method and rx.fullmatch(rec.path):
+                reply = self.override.get(i) or Reply(body=body)
+                self.served.append(reply.encoded())
+                return reply
+        return Reply(status=404, body={"error": "no route"})
+
+
+def check_parent(p: Any, served: list[bytes]) -> None:
+    """A parent is whole: typed fields, non-empty ids it was served, a JSON-safe snapshot."""
+    assert isinstance(p, Parent), p
+    assert isinstance(p.id, str) and p.id.strip(), p
+    assert any(p.id.encode() in b or json.dumps(p.id)[1:-1].encode() in b for b in served), f"id {p.id!r} was never served"
+    assert isinstance(p.author_id, str) and p.author_id.strip(), f"parent {p.id} has no author id: {p.author_id!r}"
+    assert isinstance(p.author_handle, str) and isinstance(p.text, str) and isinstance(p.url, str), p
+    assert isinstance(p.author_is_bot, bool) and isinstance(p.thread_depth, int) and isinstance(p.extra, dict), p
+    assert p.created_at is None or (isinstance(p.created_at, float) and math.isfinite(p.created_at)), p
+    json.dumps(p.snapshot(), default=str)
+    assert Parent.from_snapshot(json.loads(json.dumps(p.snapshot()))).id == p.id
+
+
+def check_result(value: Any, served: list[bytes], pending_ids: set[str] | None = None) -> None:
+    """Validate whatever an adapter call returned."""
+    if isinstance(value, Identity):
+        assert isinstance(value.sender_id, str) and value.sender_id.strip(), value
+    elif isinstance(value, Page):
+        assert value.cursor is None or isinstance(value.cursor, str), value.cursor
+        for p in value.parents:
+            check_parent(p, served)
+    elif isinstance(value, Parent):
+        check_parent(value, served)
+    elif isinstance(value, list):
+        for p in value:
+            check_parent(p, served)
+    elif isinstance(value, Sent):
+        assert isinstance(value.reply_id, str) and value.reply_id.strip(), value
+    elif isinstance(value, ReadBack):
+        assert pending_ids is not None
+        assert set(value.found) <= pending_ids and value.checked <= pending_ids, value
+        for pid, replies in value.found.items():
+            for r in replies:
+                assert isinstance(r, OwnReply) and isinstance(r.reply_id, str) and r.reply_id.strip(), r
+    else:
+        raise AssertionError(f"unexpected return value {value!r}")
+
+
+@dataclass
+class Call:
+    """One adapter entry point: the route it reads, and how to call it."""
+
+    name: str
+    route: int  # index of the route whose response is mutated
+    fn: Callable[[Any], Any]
+    pending_ids: set[str] | None = None
+
+
+def run_call(platform: Any, call: Call, rs: RoutedServer) -> tuple[str, Any]:
+    """Call; return ("ok", value) or ("error", exc) for a ReplydError; anything else propagates."""
+    try:
+        value = call.fn(platform)
+    except ReplydError as exc:
+        assert str(exc) is not None
+        return "error", exc
+    check_result(value, rs.served, call.pending_ids)
+    return "ok", value

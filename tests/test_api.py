@@ -1,0 +1,293 @@
+"""The sidecar API over real HTTP: every status of POST /v1/replies, auth, history, rearm, readiness."""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from replyd import store as st
+from replyd.api import Api, ApiServer, check_bind, is_loopback
+from replyd.config import Config
+from replyd.daemon import Daemon
+from replyd.errors import ConfigError
+from replyd.store import Store
+from tests.api_harness import TOKEN, TOKEN_ENV, Harness, replyd_cli, running, sim_world, write_config
+
+
+@pytest.fixture
+def h(tmp_path, monkeypatch):
+    """A sim and a daemon serving the API with a token."""
+    with running(tmp_path, monkeypatch) as harness:
+        yield harness
+
+
+def post(h: Harness, parent_id: str, text: str = "thanks!", **kw) -> httpx.Response:
+    """POST /v1/replies for the sim bot."""
+    with h.client() as c:
+        return c.post("/v1/replies", json={"platform": "sim", "parent_id": parent_id, "text": text, **kw})
+
+
+def test_posted_201_then_already_answered_200(h):
+    """The first post answers 201 with the reply id; a reworded retry answers 200 with the same id, nothing sent."""
+    pid = h.parent()
+    r = post(h, pid)
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["status"] == "posted" and body["reply_id"] and body["parent_id"] == pid
+    assert body["bot"] == "sim" and body["platform"] == h.instance and body["sender_id"] == h.bot.id
+    creates = h.world.creates_attempted
+    again = post(h, pid, "a completely different wording")
+    assert again.status_code == 200 and again.json()["status"] == "already_answered"
+    assert again.json()["reply_id"] == body["reply_id"]
+    assert h.bot_replies(pid) == 1 and h.world.creates_attempted == creates
+
+
+def test_platform_may_be_the_instance(h):
+    """The platform field accepts the platform instance as well as the bot name."""
+    pid = h.parent()
+    with h.client() as c:
+        r = c.post("/v1/replies", json={"platform": h.instance, "parent_id": pid, "text": "hi", "path": "agent-x"})
+    assert r.status_code == 201, r.text
+    assert Store.open(f"sqlite:///{h.db}").get(st.Key(h.instance, h.bot.id, pid)).path == "agent-x"
+
+
+def test_lost_response_202_uncertain_then_in_flight(h):
+    """A send whose response is lost answers 202 uncertain; a retry answers 202 in flight and sends nothing."""
+    pid = h.parent()
+    h.world.queue_faults(next_creates=["lost_504"])
+    r = post(h, pid)
+    assert r.status_code == 202 and r.json()["status"] == "uncertain" and r.json()["state"] == "open"
+    again = post(h, pid)
+    assert again.status_code == 202 and again.json()["status"] == "in_flight"
+    assert h.world.creates_attempted == 1 and h.bot_replies(pid) == 1
+
+
+def test_rejected_409_is_terminal(h):
+    """A reply the platform refuses answers 409 rejected, and a retry is refused without a send."""
+    pid = h.parent()
+    r = post(h, pid, "x" * 600)  # over the sim's 500-character limit
+    assert r.status_code == 409 and r.json()["status"] == "rejected"
+    again = post(h, pid, "short now")
+    assert again.status_code == 409 and again.json()["status"] == "rejected"
+    assert h.world.creates_attempted == 1 and h.bot_replies(pid) == 0
+
+
+def test_rate_limited_429_with_retry_after(h):
+    """A 429 from the platform answers 429 not_sent with Retry-After; nothing landed."""
+    pid = h.parent()
+    h.world.queue_faults(next_creates=["rate_limit_429"])
+    r = post(h, pid)
+    assert r.status_code == 429 and r.json()["status"] == "not_sent"
+    assert int(r.headers["Retry-After"]) >= 1
+    assert h.bot_replies(pid) == 0
+
+
+def test_shutting_down_503_sends_nothing(h):
+    """A guard that stopped claiming answers 503 not_sent with Retry-After; the platform gets no create."""
+    pid = h.parent()
+    h.daemon.guards["sim"].claiming = False
+    r = post(h, pid)
+    assert r.status_code == 503 and r.json()["status"] == "not_sent" and "shutting down" in r.json()["detail"]
+    assert "Retry-After" in r.headers
+    assert h.world.creates_attempted == 0 and h.bot_statuses() == 0
+
+
+def test_broken_store_503_and_nothing_sent(h):
+    """With the store unreadable, POST answers 503 store_unavailable and the sim counts zero creates."""
+    pid = h.parent()
+    store = h.daemon.store
+    store.engine.dispose()
+    h.db.write_bytes(b"not a database " * 1000)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{h.db}{suffix}").unlink(missing_ok=True)
+    r = post(h, pid)
+    assert r.status_code == 503, r.text
+    assert r.json()["error"] == "store_unavailable" and "nothing sent" in r.json()["detail"]
+    assert h.world.creates_attempted == 0 and h.bot_statuses() == 0
+    with h.client() as c:
+        ready = c.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["store"]["up"] is False
+        assert c.get("/v1/status").status_code == 503
+        assert "replyd_store_up 0.0" in c.get("/metrics").text
+        assert c.get("/healthz").status_code == 200
+
+
+def test_bad_bodies_400_and_422_name_the_field(h):
+    """Malformed JSON is 400; a missing, mistyped or unknown field is 422 naming it; nothing is sent."""
+    with h.client() as c:
+        bad = c.post("/v1/replies", content=b'{"platform": "sim",', headers={"Content-Type": "application/json"})
+        assert bad.status_code == 400 and bad.json()["field"] == "body"
+        cases = [
+            ({"platform": "sim", "parent_id": "1"}, "text"),
+            ({"platform": "sim", "parent_id": 1, "text": "x"}, "parent_id"),
+            ({"platform": "sim", "parent_id": "1", "text": "   "}, "text"),
+            ({"platform": "sim", "parent_id": "1", "text": "x", "colour": "red"}, "colour"),
+            ({"platform": "", "parent_id": "1", "text": "x"}, "platform"),
+        ]
+        for body, field in cases:
+            r = c.post("/v1/replies", json=body)
+            assert r.status_code == 422, (body, r.text)
+            assert r.json()["field"] == field and field in r.json()["detail"]
+        arr = c.post("/v1/replies", json=["not", "an", "object"])
+        assert arr.status_code == 422 and arr.json()["field"] == "body"
+        form = c.post("/v1/replies", content=b"platform=sim", headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert form.status_code == 415
+        huge = c.post("/v1/replies", content=b'{"text": "' + b"x" * 70_000 + b'"}', headers={"Content-Type": "application/json"})
+        assert huge.status_code == 413
+    assert h.world.creates_attempted == 0
+
+
+def test_unknown_platform_and_unknown_parent_404(h):
+    """An unknown bot and a parent the platform does not know are 404 naming the field; nothing is sent."""
+    r = post(h, h.parent(), platform="nobody")
+    assert r.status_code == 404 and r.json()["field"] == "platform"
+    r = post(h, "999999")
+    assert r.status_code == 404 and r.json()["error"] == "unknown_parent" and r.json()["field"] == "parent_id"
+    assert h.world.creates_attempted == 0
+
+
+def test_resolve_failure_502_sends_nothing(h):
+    """When the platform cannot be reached to resolve the parent, 502 says so and no row is claimed."""
+    pid = h.parent()
+    h.sim.stop()
+    r = post(h, pid)
+    assert r.status_code == 502 and r.json()["error"] == "resolve_failed" and "nothing sent" in r.json()["detail"]
+    assert Store.open(f"sqlite:///{h.db}").get(st.Key(h.instance, h.bot.id, pid)) is None
+    assert h.world.creates_attempted == 0
+
+
+def test_twenty_concurrent_clients_one_send(h):
+    """Twenty clients posting one parent at once cause exactly one create on the platform."""
+    pid = h.parent()
+    codes: list[int] = []
+    barrier = threading.Barrier(20)
+
+    def one(i: int) -> None:
+        """Wait for all, then post with a text of its own."""
+        with h.client() as c:
+            barrier.wait()
+            codes.append(c.post("/v1/replies", json={"platform": "sim", "parent_id": pid, "text": f"reply {i}"}).status_code)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(codes) == 20
+    assert codes.count(201) == 1 and set(codes) <= {200, 201, 202}, codes
+    assert h.world.creates_attempted == 1 and h.bot_replies(pid) == 1
+
+
+def test_writes_need_the_token(h):
+    """Writes without a token, with a wrong one, or with Basic credentials are 401; nothing is sent."""
+    pid = h.parent()
+    body = {"platform": "sim", "parent_id": pid, "text": "x"}
+    with h.client(token=None) as c:
+        r = c.post("/v1/replies", json=body)
+        assert r.status_code == 401 and r.headers["WWW-Authenticate"].startswith("Bearer")
+        assert c.post("/v1/replies", json=body, headers={"Authorization": "Bearer wrong-token"}).status_code == 401
+        basic = base64.b64encode(f"x:{TOKEN}".encode()).decode()
+        assert c.post("/v1/replies", json=body, headers={"Authorization": f"Basic {basic}"}).status_code == 401
+        assert c.post(f"/v1/replies/sim/{pid}/rearm").status_code == 401
+        # Reads on a loopback bind need no token.
+        assert c.get("/v1/status").status_code == 200
+        assert c.get("/v1/status", headers={"Authorization": "Bearer wrong-token"}).status_code == 401
+    assert h.world.creates_attempted == 0
+
+
+def test_writes_refused_403_without_a_configured_token(tmp_path, monkeypatch):
+    """With no token configured the API still serves reads, and refuses every write with 403 and a clear message."""
+    with running(tmp_path, monkeypatch, token=None) as h:
+        r = post(h, h.parent())
+        assert r.status_code == 403 and "token_env" in r.json()["detail"]
+        with h.client(token=None) as c:
+            assert c.get("/v1/status").status_code == 200
+        assert h.world.creates_attempted == 0
+
+
+def test_public_bind_without_token_refused_at_start(tmp_path, monkeypatch):
+    """A non-loopback bind with no token stops the daemon before it opens anything (library and CLI)."""
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("example.org")
+    with pytest.raises(ConfigError, match="token"):
+        check_bind("0.0.0.0", None)
+    check_bind("0.0.0.0", "some-token")
+    with sim_world(monkeypatch) as (_world, srv, _bot):
+        cfg = write_config(tmp_path / "c.toml", srv.base_url, tmp_path / "r.sqlite3", host="0.0.0.0", token_env=None)
+        d = Daemon(Config.load(cfg))
+        with pytest.raises(ConfigError, match="api.host.*token"):
+            d.start()
+        assert d.store is None and d.api is None
+        r = replyd_cli("run", "--config", str(cfg), env={"SIM_TOKEN": os.environ["SIM_TOKEN"]})
+        assert r.returncode == 2 and "api.host" in r.stderr and "token" in r.stderr, r.stderr
+        # A named but unset token variable is a config error too.
+        cfg2 = write_config(tmp_path / "c2.toml", srv.base_url, tmp_path / "r.sqlite3", host="0.0.0.0")
+        with pytest.raises(ConfigError, match=TOKEN_ENV):
+            Daemon(Config.load(cfg2)).start()
+
+
+def test_reads_need_the_token_when_public(tmp_path, monkeypatch):
+    """Served as if public (auth_reads), reads need the token (Bearer, or Basic for browsers); probes stay open."""
+    store = Store.open(f"sqlite:///{tmp_path / 'r.sqlite3'}")
+    api = Api(store, {}, expected=[], token=TOKEN, auth_reads=True)
+    with ApiServer(api.app) as srv, httpx.Client(base_url=srv.url) as c:
+        for path in ("/v1/status", "/metrics", "/", "/v1/replies/sim/1"):
+            r = c.get(path)
+            assert r.status_code == 401, path
+            assert "Basic" in r.headers["WWW-Authenticate"]
+        assert c.get("/v1/status", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+        basic = base64.b64encode(f"ops:{TOKEN}".encode()).decode()
+        assert c.get("/", headers={"Authorization": f"Basic {basic}"}).status_code == 200
+        assert c.get("/healthz").status_code == 200 and c.get("/readyz").status_code == 200
+        assert c.get("/openapi.json").json()["paths"]["/v1/status"]["get"]["security"] == [
+            {"bearerAuth": []}, {"basicAuth": []}]
+    store.dispose()
+
+
+def test_history_and_rearm_via_api(h):
+    """GET shows the rejected key's history; rearm releases it once; the next post answers; events record it."""
+    pid = h.parent()
+    assert post(h, pid, "x" * 600).status_code == 409
+    with h.client() as c:
+        got = c.get(f"/v1/replies/sim/{pid}")
+        assert got.status_code == 200
+        doc = got.json()
+        assert doc["row"]["state"] == "rejected" and doc["parent"]["id"] == pid
+        assert [e["kind"] for e in doc["events"]] == ["claimed", "rejected"]
+        assert c.get(f"/v1/replies/sim/{pid}-nope").status_code == 404
+        assert c.post(f"/v1/replies/sim/{pid}-nope/rearm").status_code == 404
+        r = c.post(f"/v1/replies/sim/{pid}/rearm")
+        assert r.status_code == 200, r.text
+        assert r.json()["previous_state"] == "rejected" and r.json()["row"]["state"] == "released"
+        again = c.post(f"/v1/replies/sim/{pid}/rearm")
+        assert again.status_code == 409 and again.json()["state"] == "released"
+    ok = post(h, pid, "short enough")
+    assert ok.status_code == 201 and h.bot_replies(pid) == 1
+    with h.client() as c:
+        kinds = [e["kind"] for e in c.get(f"/v1/replies/sim/{pid}").json()["events"]]
+    assert kinds == ["claimed", "rejected", "rearmed", "claimed", "closed"]
+    with h.client() as c:
+        closed = c.post(f"/v1/replies/sim/{pid}/rearm")
+    assert closed.status_code == 409 and closed.json()["state"] == "closed"
+
+
+def test_health_ready_status_and_unknown_routes(h):
+    """healthz and readyz answer; readyz lists the bot; unknown routes and methods are JSON 404/405."""
+    with h.client(token=None) as c:
+        assert c.get("/healthz").json() == {"status": "ok"}
+        ready = c.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["bots"] == {"sim": True}
+        assert c.get("/nope").status_code == 404 and c.get("/nope").json()["error"] == "not_found"
+        r = c.delete("/v1/replies")
+        assert r.status_code == 405 and "POST" in r.headers["Allow"]
+        status = c.get("/v1/status").json()
+        assert status["bots"]["sim"]["ready"] and status["store"]["up"]
+    h.daemon.guards["sim"].claiming = False
+    with h.client(token=None) as c:
+        assert c.get("/readyz").status_code == 503

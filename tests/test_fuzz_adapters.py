@@ -1,0 +1,154 @@
+"""Fuzzing the other adapters' parsing (Discourse, GitHub, Bluesky: whichever modules exist).
+
+Each adapter is built from settings (as the daemon does) against a local
+server that serves its recorded responses (``shared/fixtures/<platform>``) by
+path, with the response of one drawn route replaced by a hypothesis mutation
+(see ``tests/fuzz_harness.py``). Every entry point must return a whole value or
+raise a ``ReplydError``. The parents given to ``send`` and ``read_back`` come
+from the adapter's own parse of the unmutated fixtures where it yields any.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+
+from replyd.clock import FakeClock
+from replyd.errors import ReplydError
+from replyd.platform import Parent, Pending, make_platform
+from tests.fixtures_server import (  # noqa: F401  (pytest fixtures by name)
+    FixtureServer,
+    fixture_server,
+    fixture_server_session,
+    fixtures_dir,
+    http_client,
+)
+from tests.fuzz_harness import Call, RoutedServer, mutated, run_call
+
+FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def _fx(platform: str, name: str) -> bytes:
+    return (fixtures_dir(platform) / name).read_bytes()
+
+
+def _issue(platform: str) -> bytes:
+    return json.dumps(json.loads(_fx(platform, "search_issues.json"))["items"][0]).encode()
+
+
+def _issues(platform: str) -> bytes:
+    return json.dumps(json.loads(_fx(platform, "search_issues.json"))["items"]).encode()
+
+
+SESSION = json.dumps({"did": "did:plc:fuzzbotfuzzbotfuzzbot", "handle": "fuzz.bsky.test", "accessJwt": "a.b.c",
+                      "refreshJwt": "d.e.f", "active": True}).encode()
+
+SPECS: dict[str, dict[str, Any]] = {
+    "discourse": {
+        "settings": {"api_key": "k-fuzz-0123456789", "api_username": "bot", "search_queries": ["help"]},
+        "url_key": "base_url",
+        "routes": lambda: [
+            ("GET", r"/u/[^/]+\.json", _fx("discourse", "user.json")),
+            ("GET", r"/session/current\.json", _fx("discourse", "user.json")),
+            ("GET", r"/notifications\.json", _fx("discourse", "notifications.json")),
+            ("GET", r"/search\.json", _fx("discourse", "search.json")),
+            ("GET", r"/user_actions\.json", _fx("discourse", "user_actions_replies.json")),
+            ("GET", r"/t/[^/]+/posts\.json", _fx("discourse", "topic.json")),
+            ("GET", r"/t/[^/]+/\d+\.json", _fx("discourse", "topic.json")),
+            ("GET", r"/t/[^/]+\.json", _fx("discourse", "topic.json")),
+            ("GET", r"/posts/[^/]+\.json", _fx("discourse", "post_created.json")),
+            ("POST", r"/posts\.json", _fx("discourse", "post_created.json")),
+        ],
+    },
+    "github": {
+        "settings": {"token": "ghp_fuzz0123456789abcdef", "repos": ["octo/repo"], "search_queries": ["help"]},
+        "url_key": "api_url",
+        "routes": lambda: [
+            ("GET", r"/user", _fx("github", "user.json")),
+            ("GET", r"/users/[^/]+", _fx("github", "user.json")),
+            ("GET", r"/notifications", _fx("github", "notifications.json")),
+            ("GET", r"/search/issues", _fx("github", "search_issues.json")),
+            ("GET", r"/repos/[^/]+/[^/]+/issues/comments", _fx("github", "repo_issue_comments.json")),
+            ("GET", r"/repos/[^/]+/[^/]+/issues/\d+/comments", _fx("github", "issue_comments.json")),
+            ("POST", r"/repos/[^/]+/[^/]+/issues/\d+/comments", _fx("github", "issue_comment_created.json")),
+            ("GET", r"/repos/[^/]+/[^/]+/issues/\d+", _issue("github")),
+            ("GET", r"/repos/[^/]+/[^/]+/issues", _issues("github")),
+            ("GET", r"/repos/[^/]+/[^/]+/pulls/\d+", _issue("github")),
+        ],
+    },
+    "bluesky": {
+        "settings": {"identifier": "fuzz.bsky.test", "app_password": "abcd-efgh-ijkl-mnop"},
+        "url_key": "service",
+        "routes": lambda: [
+            ("POST", r"/xrpc/com\.atproto\.server\.createSession", SESSION),
+            ("GET", r"/xrpc/com\.atproto\.server\.getSession", SESSION),
+            ("GET", r"/xrpc/app\.bsky\.notification\.listNotifications", _fx("bluesky", "listNotifications.json")),
+            ("GET", r"/xrpc/app\.bsky\.feed\.searchPosts", _fx("bluesky", "searchPosts.json")),
+            ("GET", r"/xrpc/app\.bsky\.feed\.getPostThread", _fx("bluesky", "getPostThread.json")),
+            ("GET", r"/xrpc/app\.bsky\.feed\.getAuthorFeed", _fx("bluesky", "getAuthorFeed.json")),
+            ("POST", r"/xrpc/com\.atproto\.repo\.createRecord", _fx("bluesky", "createRecord.json")),
+            ("GET", r"/xrpc/com\.atproto\.repo\.getRecord", _fx("bluesky", "createRecord.json")),
+        ],
+    },
+}
+PRESENT = [k for k in SPECS if importlib.util.find_spec(f"replyd.platforms.{k}") is not None]
+
+
+def build(kind: str, url: str, http: httpx.Client) -> Any:
+    spec = SPECS[kind]
+    return make_platform(kind, {**spec["settings"], spec["url_key"]: url, "listing_delay_s": 1.0, "timeout_s": 5.0,
+                                "max_pages": 2}, http=http, clock=FakeClock(1.8e9))
+
+
+def sample_parent(kind: str, rs: RoutedServer, url: str, http: httpx.Client) -> Parent:
+    """A parent the adapter itself parsed from the unmutated fixtures, else a bare one."""
+    rs.override = {}
+    plat = build(kind, url, http)
+    for fn in (lambda: plat.inbox(None).parents, lambda: plat.search("help", None).parents, lambda: plat.refind(0.0)):
+        try:
+            got = fn()
+        except ReplydError:
+            continue
+        if got:
+            return got[0]
+    return Parent(id="1", author_id="2", author_handle="someone")
+
+
+def calls(parent: Parent) -> list[Call]:
+    pend = [Pending(parent=parent, opened_at=1.7e9)]
+    ids = {parent.id}
+    return [
+        Call("whoami", -1, lambda p: p.whoami()),
+        Call("inbox", -1, lambda p: p.inbox(None)),
+        Call("search", -1, lambda p: p.search("help", None)),
+        Call("refind", -1, lambda p: p.refind(0.0)),
+        Call("resolve", -1, lambda p: p.resolve(parent.url or parent.id)),
+        Call("send", -1, lambda p: p.send(parent, "thanks", provider_key="k-fuzz")),
+        Call("read_back", -1, lambda p: p.read_back(pend, sender_id=p.whoami().sender_id), ids),
+    ]
+
+
+@pytest.mark.parametrize("kind", PRESENT)
+def test_fuzzed_adapter(kind: str, fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """Any route mutated, any entry point called: a whole value or a ReplydError."""
+    rs = RoutedServer(fixture_server, SPECS[kind]["routes"]())
+    parent = sample_parent(kind, rs, fixture_server.url, http_client)
+    entry = calls(parent)
+
+    @FUZZ
+    @given(data=hs.data())
+    def check(data) -> None:
+        call = data.draw(hs.sampled_from(entry), label="call")
+        route = data.draw(hs.integers(0, len(rs.routes) - 1), label="route")
+        what, reply = data.draw(mutated(rs.routes[route][2]), label="mutation")
+        rs.override = {route: reply}
+        rs.served.clear()
+        run_call(build(kind, fixture_server.url, http_client), call, rs)
+
+    check()

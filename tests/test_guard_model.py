@@ -1,0 +1,254 @@
+"""The guard's state machine against a model, driven by hypothesis (RuleBasedStateMachine).
+
+Two guards (two replicas: different owners) and two sweepers share one
+answered-log (SQLite) and one scripted platform (``MemoryPlatform``) whose real
+listing delay is the configured one. Hypothesis interleaves posts that meet
+every scripted platform outcome except the crash steps (crashes are real-process
+tests: test_crash, the chaos runs), responder outcomes (text, decline, raise, a
+compose slower than its lease while the other replica takes the key), clock
+moves, sweeps and failed read-backs.
+
+After every step:
+
+* at most one reply per parent exists on the platform;
+* every row's history (its events, in order) follows the allowed transitions
+  of DESIGN.md, attempts never go down and never exceed ``max_attempts``, and
+  the last event's state is the row's state;
+* states that say "nothing landed" (released, not_landed, gave_up, rejected,
+  declined) have no reply on the platform, and a closed row names a reply that
+  exists under that parent;
+* a failed read-back never moves an open row.
+
+Then ``drain`` (also run at teardown) lets the platform accept from now on:
+every parent that was neither refused (rejected), declined nor out of attempts
+ends closed with exactly one reply — no answer is lost. There is no rearm API
+yet, so there is no rearm rule.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from pathlib import Path
+
+import hypothesis.strategies as hs
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from replyd import store as st
+from replyd.clock import FakeClock
+from replyd.guard import Guard, Status
+from replyd.platform import Parent
+from replyd.platforms.memory import STEPS, MemoryPlatform
+from replyd.store import Key, Store
+from replyd.sweep import Bot, Sweeper
+
+SEND_STEPS = [s for s in STEPS if not s.startswith("crash")]
+PARENTS = ["p1", "p2", "p3"]
+MAX_ATTEMPTS = 3
+SEND_TIMEOUT = 5.0
+LISTING_DELAY = 10.0
+COMPOSE_LEASE = 20.0
+RETRY_S = 7.0
+
+# One step of a row's history: state before -> state after (None: no row yet).
+ALLOWED = {
+    None: {st.COMPOSING, st.OPEN},
+    st.COMPOSING: {st.COMPOSING, st.OPEN, st.RELEASED, st.DECLINED},
+    st.OPEN: {st.OPEN, st.CLOSED, st.RELEASED, st.REJECTED, st.NOT_LANDED, st.GAVE_UP},
+    st.RELEASED: {st.COMPOSING, st.OPEN},
+    st.NOT_LANDED: {st.COMPOSING, st.OPEN, st.CLOSED},
+    st.CLOSED: {st.CLOSED},  # duplicate_detected / duplicate_deleted re-state a closed row
+    st.REJECTED: set(),
+    st.GAVE_UP: set(),
+    st.DECLINED: set(),
+}
+NOTHING_LANDED = (st.RELEASED, st.NOT_LANDED, st.GAVE_UP, st.REJECTED, st.DECLINED)
+
+_DB: dict[str, Store] = {}
+
+
+def shared_store() -> Store:
+    """One migrated SQLite store for all examples; each example uses its own platform instance (key part)."""
+    if "s" not in _DB:
+        # tmpfs when there is one: every claim commits with synchronous=FULL.
+        base = "/dev/shm" if Path("/dev/shm").is_dir() else None
+        path = Path(tempfile.mkdtemp(prefix="replyd-model-", dir=base)) / "model.sqlite3"
+        _DB["s"] = Store.open(f"sqlite:///{path}")
+    return _DB["s"]
+
+
+class GuardModel(RuleBasedStateMachine):
+    """Guards + sweepers + platform, checked against the rules above."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.store = shared_store()
+        self.store.clock = self.clock
+        self.plat = MemoryPlatform(instance=f"memory:{uuid.uuid4().hex}", listing_delay_s=LISTING_DELAY, clock=self.clock)
+        me = self.plat.whoami()
+        self.guards = [
+            Guard(self.store, self.plat, me, clock=self.clock, owner=f"g{i}", max_attempts=MAX_ATTEMPTS,
+                  send_timeout_s=SEND_TIMEOUT, compose_lease_s=COMPOSE_LEASE)
+            for i in range(2)
+        ]
+        self.sweepers = [
+            Sweeper(self.store, [Bot(self.plat, me)], clock=self.clock, owner=f"s{i}", lease_s=30.0,
+                    retry_s=RETRY_S, max_attempts=MAX_ATTEMPTS)
+            for i in range(2)
+        ]
+        self.parents = {pid: Parent(id=pid, author_id="user-1", author_handle="user") for pid in PARENTS}
+        self.touched: set[str] = set()
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def key(self, pid: str) -> Key:
+        return self.guards[0].key(pid)
+
+    def row(self, pid: str) -> st.Reply | None:
+        return self.store.get(self.key(pid))
+
+    def replies(self, pid: str) -> list[dict]:
+        return [r for r in self.plat.replies() if r["parent_id"] == pid and r["sender_id"] == self.plat.sender_id]
+
+    def _post(self, g: int, pid: str, step: str, mode: str) -> None:
+        guard, other = self.guards[g], self.guards[1 - g]
+        parent = self.parents[pid]
+        self.plat.script = [step]
+        calls = self.plat.send_calls
+
+        def compose(p: Parent) -> str | None:
+            if mode == "decline":
+                return None
+            if mode == "raise":
+                raise RuntimeError("responder down")
+            if mode == "stolen":
+                # This replica's compose outlives its lease; the other replica takes the key meanwhile.
+                self.clock.advance(COMPOSE_LEASE + 1)
+                self.plat.script = ["ok"]
+                other.post(p, "reply from the other replica")
+                self.plat.script = [step]
+            return "a reply"
+
+        out = guard.post(parent, "a reply" if mode == "text" else compose)
+        sent = self.plat.send_calls - calls
+        self.plat.script = []
+        self.touched.add(pid)
+        if out.status is Status.POSTED:
+            assert out.reply_id in {r["reply_id"] for r in self.replies(pid)}, out
+        if mode != "stolen" and sent == 0:
+            assert out.status is not Status.POSTED and out.status is not Status.UNCERTAIN, out
+        assert sent <= (2 if mode == "stolen" else 1)
+
+    # -- rules ----------------------------------------------------------------------------
+
+    @rule(g=hs.integers(0, 1), pid=hs.sampled_from(PARENTS), step=hs.sampled_from(SEND_STEPS),
+          mode=hs.sampled_from(["text", "compose", "compose", "decline", "raise", "stolen"]))
+    def post(self, g: int, pid: str, step: str, mode: str) -> None:
+        """A discovery path offers ``pid`` to replica ``g``; the platform answers ``step``."""
+        self._post(g, pid, step, mode)
+
+    @rule(seconds=hs.sampled_from([0.5, 3.0, SEND_TIMEOUT + LISTING_DELAY + 0.1, 31.0, 61.0]))
+    def advance(self, seconds: float) -> None:
+        """Time passes (past deadlines, leases and rate-limit back-offs at the larger values)."""
+        self.clock.advance(seconds)
+
+    @rule(s=hs.integers(0, 1))
+    def sweep(self, s: int) -> None:
+        """One sweep pass by replica ``s``."""
+        self.sweepers[s].run_once()
+
+    @rule(s=hs.integers(0, 1))
+    def sweep_readback_fails(self, s: int) -> None:
+        """A sweep whose read-back fails: open rows must stay open, untouched."""
+        before = {pid: self.row(pid) for pid in PARENTS}
+        self.clock.advance(SEND_TIMEOUT + LISTING_DELAY + 0.1)
+        self.plat.readback_failures = 1
+        self.sweepers[s].run_once()
+        self.plat.readback_failures = 0
+        for pid, r in before.items():
+            if r is not None and r.state == st.OPEN:
+                now = self.row(pid)
+                assert now is not None and now.state == st.OPEN and now.attempt == r.attempt, (pid, r, now)
+
+    @precondition(lambda self: bool(self.touched))
+    @rule()
+    def drain(self) -> None:
+        """From now on the platform accepts: every answerable parent ends answered exactly once."""
+        self._drain()
+
+    def _drain(self) -> None:
+        for _ in range(3 * MAX_ATTEMPTS + 3):
+            self.clock.advance(max(SEND_TIMEOUT + LISTING_DELAY, COMPOSE_LEASE, RETRY_S, 30.0) + 1)
+            self.sweepers[0].run_once()
+            for pid in sorted(self.touched):
+                self.plat.script = ["ok"]
+                self.guards[0].post(self.parents[pid], "a reply")
+                self.plat.script = []
+            rows = [self.row(pid) for pid in self.touched]
+            if all(r is not None and r.state in st.TERMINAL for r in rows):
+                break
+        for pid in self.touched:
+            r = self.row(pid)
+            assert r is not None and r.state in st.TERMINAL, (pid, r)
+            n = len(self.replies(pid))
+            if r.state == st.CLOSED:
+                assert n == 1, (pid, n)
+            elif r.state == st.GAVE_UP:
+                assert r.attempt == MAX_ATTEMPTS and n == 0, (pid, r)
+            else:  # rejected by the platform or declined by the responder: never sent successfully
+                assert r.state in (st.REJECTED, st.DECLINED) and n == 0, (pid, r)
+        self.check_histories()
+
+    def teardown(self) -> None:
+        if self.touched:
+            self._drain()
+
+    # -- invariants -----------------------------------------------------------------------
+
+    @invariant()
+    def at_most_one_reply_per_parent(self) -> None:
+        for pid in PARENTS:
+            assert len(self.replies(pid)) <= 1, (pid, self.replies(pid))
+
+    @invariant()
+    def check_histories(self) -> None:
+        for pid in PARENTS:
+            r = self.row(pid)
+            events = self.store.history(self.key(pid))
+            if r is None:
+                assert not events
+                continue
+            state, attempt = None, 0
+            for e in events:
+                if e.state is None:  # late_landing: a note, not a transition
+                    continue
+                assert e.state in st.STATES
+                assert e.state in ALLOWED[state], f"{pid}: {state} -> {e.state} ({e.kind}) not allowed"
+                assert e.attempt is not None and attempt <= e.attempt <= MAX_ATTEMPTS, (pid, e)
+                if e.attempt > attempt and state is not None:
+                    assert state == st.NOT_LANDED and e.kind == "claimed", f"{pid}: attempt rose on {e.kind} from {state}"
+                state, attempt = e.state, e.attempt
+            assert state == r.state and attempt == r.attempt, (pid, state, attempt, r.state, r.attempt)
+            assert 1 <= r.attempt <= MAX_ATTEMPTS
+            mine = {x["reply_id"] for x in self.replies(pid)}
+            if r.state in NOTHING_LANDED:
+                assert not mine, (pid, r.state, mine)
+            if r.state == st.CLOSED:
+                assert r.reply_id in mine, (pid, r.reply_id, mine)
+
+
+GuardModel.TestCase.settings = settings(
+    max_examples=100, stateful_step_count=30, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestGuardModel = GuardModel.TestCase
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _dispose_store():
+    yield
+    if "s" in _DB:
+        _DB.pop("s").dispose()

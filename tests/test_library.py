@@ -1,0 +1,89 @@
+"""The library API: open_guard posts through the same Guard.post and the same log as the daemon and its API."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from replyd import GuardSession, open_guard
+from replyd.errors import ConfigError
+from replyd.guard import Status
+from replyd.platforms.memory import MemoryPlatform
+from tests.api_harness import ROOT, running
+
+
+def test_docs_example_runs_against_the_sim(tmp_path):
+    """The python example in docs/API.md runs as written and prints what the doc says it prints."""
+    doc = (ROOT / "docs" / "API.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", doc, re.S)[0]
+    expected = re.search(r"prints\n\n```\n(.*?)```", doc, re.S).group(1)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout == expected
+
+
+def test_library_and_api_share_one_log(tmp_path, monkeypatch):
+    """A post through the library and one through the daemon's API are the same key: one reply, either order."""
+    with running(tmp_path, monkeypatch) as h:
+        settings = {"base_url": h.sim.base_url, "token_env": "SIM_TOKEN", "listing_delay_s": 0.2}
+        with open_guard(f"sqlite:///{h.db}", "mastodon", settings) as g:
+            assert isinstance(g, GuardSession) and g.platform.instance == h.instance
+            first = h.parent()
+            lib = g.post(first, "from the library")
+            assert lib.status is Status.POSTED
+            with h.client() as c:
+                api = c.post("/v1/replies", json={"platform": "sim", "parent_id": first, "text": "from the API"})
+            assert api.status_code == 200 and api.json()["reply_id"] == lib.reply_id
+            second = h.parent()
+            with h.client() as c:
+                assert c.post("/v1/replies", json={"platform": "sim", "parent_id": second, "text": "api"}).status_code == 201
+            assert g.post(second, "library, reworded").status is Status.ALREADY_ANSWERED
+            assert g.check(second).status is Status.ALREADY_ANSWERED
+            assert [e.kind for e in g.history(first)] == ["claimed", "closed"]
+        assert h.bot_replies(first) == 1 and h.bot_replies(second) == 1
+
+
+def test_library_sweep_closes_a_lost_send(tmp_path, monkeypatch):
+    """A send whose response was lost stays open; the session's sweep closes it from the read-back."""
+    with running(tmp_path, monkeypatch) as h:
+        settings = {"base_url": h.sim.base_url, "token_env": "SIM_TOKEN", "listing_delay_s": 0.2}
+        with open_guard(f"sqlite:///{h.db}", "mastodon", settings, send_timeout_s=0.5) as g:
+            pid = h.parent()
+            h.world.queue_faults(next_creates=["lost_drop"])
+            assert g.post(pid, "hello").status is Status.UNCERTAIN
+            time.sleep(1.0)
+            assert g.sweep().closed == 1
+            assert g.post(pid, "hello").status is Status.ALREADY_ANSWERED
+        assert h.bot_replies(pid) == 1
+
+
+def test_open_guard_with_an_adapter_instance_and_a_responder(tmp_path):
+    """An adapter instance works too; a responder runs once per parent; rearm and adopt are on the session."""
+    plat = MemoryPlatform(instance="memory:lib")
+    calls = []
+
+    def respond(parent):
+        """Count the call and answer."""
+        calls.append(parent.id)
+        return "hi"
+
+    with open_guard(f"sqlite:///{tmp_path / 'r.sqlite3'}", plat) as g:
+        p = plat.add_parent("p1")
+        assert g.post(p, respond).status is Status.POSTED
+        assert g.post(p, respond).status is Status.ALREADY_ANSWERED
+        assert calls == ["p1"] and plat.reply_count("p1") == 1
+        plat.script = ["rejected"]
+        assert g.post(plat.add_parent("p2"), "x").status is Status.REJECTED
+        res = g.rearm("p2", reason="fixed the text")
+        assert res.rearmed and res.previous == "rejected" and res.row.state == "released"
+        assert g.post(plat.parents["p2"], "better").status is Status.POSTED
+        assert g.rearm("p2").rearmed is False
+    with pytest.raises(ConfigError, match="settings"):
+        open_guard(f"sqlite:///{tmp_path / 'r.sqlite3'}", plat, {"x": 1})
+    with pytest.raises(ConfigError, match="NOPE_NOT_SET"):
+        open_guard(f"sqlite:///{tmp_path / 'r.sqlite3'}", "mastodon", {"base_url": "http://x", "token_env": "NOPE_NOT_SET"})

@@ -1,0 +1,215 @@
+"""Secrets never leak: a full daemon run with known secrets, then grep everything it wrote.
+
+The daemon (a real ``python -m replyd run`` process, no API) answers the sim
+under faults (lost responses, 5xx, 429, failed read-backs) with a token given
+through ``token_env`` and a literal secret written into the config; then the
+CLI's outputs (``status``, ``explain``, ``check``, ``sweep``, ``config check``,
+a failing start) are captured. None of the stderr/stdout, the SQLite database
+bytes (main file and WAL), the events' details or the exception strings may
+contain a secret. The adapter is also pointed at a server that echoes the
+Authorization header back in its error bodies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from structlog.testing import capture_logs
+
+from replyd.clock import FakeClock, SystemClock
+from replyd.errors import ReplydError, StoreError
+from replyd.platform import Parent, Pending
+from replyd.platforms.mastodon import MastodonPlatform
+from replyd.sim import SimServer, World
+from replyd.store import Store
+from tests.fixtures_server import (  # noqa: F401  (pytest fixtures by name)
+    FixtureServer,
+    Recorded,
+    Reply,
+    fixture_server,
+    fixture_server_session,
+    http_client,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "tok-LEAKCHECK-7f3a9c1e5b2d8e4f6a0c"
+LITERAL = "lit-LEAKCHECK-a1b2c3d4e5f6a7b8c9d0"
+PG_PASSWORD = "pw-LEAKCHECK-0d9c8b7a6f5e"
+SECRETS = (TOKEN, LITERAL, PG_PASSWORD)
+BOT = "leakbot"
+
+
+def leaks(blob: bytes | str) -> list[str]:
+    """The secrets found in ``blob`` (also URL- and JSON-escaped forms)."""
+    data = blob if isinstance(blob, bytes) else blob.encode("utf-8", "replace")
+    return [s for s in SECRETS if s.encode() in data]
+
+
+def write_config(path: Path, base_url: str, db: Path) -> Path:
+    path.write_text(f"""
+[store]
+url = "sqlite:///{db}"
+
+[log]
+format = "json"
+level = "debug"
+
+[guard]
+send_timeout_s = 2.0
+
+[sweep]
+interval_s = 0.3
+retry_s = 0.3
+
+[[bots]]
+name = "leak"
+platform = "mastodon"
+
+[bots.settings]
+base_url = "{base_url}"
+token_env = "LEAK_TOKEN"
+listing_delay_s = 0.4
+timeout_s = 2.0
+
+[bots.pollers]
+inbox_interval_s = 0.3
+search_interval_s = 0.5
+search_queries = ["help"]
+refind_interval_s = 0.6
+jitter_s = 0
+
+[bots.responder]
+kind = "template"
+api_key = "{LITERAL}"
+""")
+    os.chmod(path, 0o600)
+    return path
+
+
+def cli(*args: str, env: dict[str, str]) -> str:
+    p = subprocess.run([sys.executable, "-m", "replyd", *args], capture_output=True, env=env, cwd=ROOT, timeout=120)
+    return p.stdout.decode("utf-8", "replace") + p.stderr.decode("utf-8", "replace")
+
+
+@pytest.mark.slow
+def test_full_run_writes_no_secret(tmp_path):
+    """Daemon + CLI + database: the token and the literal secret appear nowhere."""
+    world = World(SystemClock(), seed=5, listing_delay_s=0.2)
+    world.add_account(BOT, bot=True, token=TOKEN)
+    world.configure(lost_drop_rate=0.15, lost_504_rate=0.15, error_500_before_rate=0.1, rate_limit_rate=0.1,
+                    readback_error_rate=0.3)
+    db = tmp_path / "r.sqlite3"
+    log = tmp_path / "daemon.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LEAK_TOKEN": TOKEN}
+    with SimServer(world) as srv:
+        cfg = write_config(tmp_path / "c.toml", srv.base_url, db)
+        parents = [s.id for s in world.generate(12, target=BOT, query_word="help")]
+        proc = subprocess.Popen([sys.executable, "-m", "replyd", "run", "--config", str(cfg), "--grace-s", "5"],
+                                stdout=subprocess.PIPE, stderr=log.open("wb"), env=env, cwd=ROOT)
+        try:
+            end = time.monotonic() + 40
+            while time.monotonic() < end and sum(world.replies_by(world.account(BOT).id).values()) < len(parents):
+                time.sleep(0.3)
+            time.sleep(1.0)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=30)
+        assert sum(world.faults_injected.values()) > 0, "the run met no fault: the error paths were not exercised"
+        outputs = {
+            "daemon stdout": out.decode("utf-8", "replace"),
+            "daemon stderr": log.read_text(errors="replace"),
+            "status": cli("status", "--config", str(cfg), "--json", env=env),
+            "status table": cli("status", "--config", str(cfg), env=env),
+            "explain": cli("explain", parents[0], "--config", str(cfg), "--json", env=env),
+            "explain table": cli("explain", parents[1], "--config", str(cfg), env=env),
+            "check": cli("check", parents[2], "--config", str(cfg), env=env),
+            "sweep": cli("sweep", "--config", str(cfg), env=env),
+            "config check": cli("config", "check", str(cfg), env=env),
+        }
+        # A start the platform refuses (the token is wrong, and the error is about it).
+        world.accounts[world.account(BOT).id].token = "something-else-entirely"
+        outputs["refused start"] = cli("run", "--config", str(cfg), "--grace-s", "1", env=env)
+    assert "replyd.guard.posted" in outputs["daemon stderr"]
+    assert "maybe_sent" in outputs["daemon stderr"] or "readback_failed" in outputs["daemon stderr"]
+    found = {name: leaks(text) for name, text in outputs.items() if leaks(text)}
+    for f in sorted(tmp_path.iterdir()):
+        if f.name.startswith("r.sqlite3"):
+            if leaks(f.read_bytes()):
+                found[f.name] = leaks(f.read_bytes())
+    con = sqlite3.connect(db)
+    try:
+        rows = con.execute("SELECT * FROM events").fetchall() + con.execute("SELECT * FROM replies").fetchall()
+    finally:
+        con.close()
+    if leaks(json.dumps(rows, default=str)):
+        found["events/replies rows"] = leaks(json.dumps(rows, default=str))
+    assert not found, found
+
+
+def _echo(status: int, ctype: str = "application/json"):
+    def handler(rec: Recorded) -> Reply:
+        auth = rec.headers.get("authorization", "")
+        if ctype == "text/html":
+            return Reply(status=status, body=f"<html><body>denied for {auth}</body></html>", content_type=ctype)
+        return Reply(status=status, body={"error": f"token {auth} refused", "message": auth})
+
+    return handler
+
+
+@pytest.mark.parametrize("status,ctype", [(401, "application/json"), (403, "application/json"), (422, "application/json"),
+                                          (429, "application/json"), (500, "application/json"), (502, "text/html"),
+                                          (404, "application/json")])
+def test_echoed_token_never_reaches_errors_or_logs(status, ctype, fixture_server: FixtureServer,
+                                                   http_client: httpx.Client) -> None:
+    """A server that echoes the Authorization header in its errors: every exception and log line is clean."""
+    for method, path in (("GET", "/api/v1/accounts/verify_credentials"), ("GET", "/api/v1/notifications"),
+                         ("POST", "/api/v1/statuses"), ("GET", "/api/v1/accounts/1/statuses"),
+                         ("GET", "/api/v1/statuses/5/context"), ("GET", "/api/v2/search"),
+                         ("DELETE", "/api/v1/statuses/9")):
+        fixture_server.route(method, path, _echo(status, ctype))
+    plat = MastodonPlatform(base_url=fixture_server.url, token=TOKEN, http=http_client, clock=FakeClock(1.8e9))
+    assert not leaks(repr(plat))
+    parent = Parent(id="5", author_id="2", author_handle="a", extra={"acct": "a"})
+    calls = [lambda: plat.whoami(), lambda: plat.inbox(None), lambda: plat.search("q", None), lambda: plat.refind(0),
+             lambda: plat.send(parent, "hi", provider_key="k"), lambda: plat.delete("9"),
+             lambda: plat.read_back([Pending(parent, 1.0e9)], sender_id="1")]
+    texts = []
+    with capture_logs() as logs:
+        for call in calls:
+            try:
+                texts.append(repr(call()))
+            except ReplydError as exc:
+                texts += [str(exc), repr(exc), getattr(exc, "detail", ""), repr(exc.__cause__), repr(exc.__context__)]
+    texts.append(json.dumps(logs, default=str))
+    assert any("refused" in t or "HTTP" in t for t in texts), texts  # the server's errors were seen
+    assert not leaks("\n".join(texts)), [t for t in texts if leaks(t)]
+
+
+def test_store_errors_hide_the_database_password(tmp_path) -> None:
+    """A PostgreSQL URL's password appears in no StoreError and no Store.url."""
+    url = f"postgresql+psycopg://replyd:{PG_PASSWORD}@127.0.0.1:1/nope"
+    with pytest.raises(StoreError) as ei:
+        Store.open(url)
+    assert not leaks(str(ei.value)) and not leaks(repr(ei.value))
+    with pytest.raises(ReplydError) as ei2:
+        Store.open(f"notadb://u:{PG_PASSWORD}@h/x")
+    assert not leaks(str(ei2.value))
+
+
+def test_cli_store_error_hides_password(tmp_path) -> None:
+    """`replyd status` on an unreachable PostgreSQL URL with a password prints the error, not the password."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\nurl = "postgresql+psycopg://replyd:{PG_PASSWORD}@127.0.0.1:1/nope"\n')
+    os.chmod(cfg, 0o600)
+    out = cli("status", "--config", str(cfg), env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "StoreError" in out or "store" in out.lower(), out
+    assert not leaks(out), out

@@ -1,0 +1,80 @@
+"""The status page in a real browser (Debian's headless Chromium) with the counts from a real run."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from replyd import statuspage
+from tests.api_harness import ROOT, running
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+def chromium() -> str:
+    """Return the chromium binary; skip locally (fail under CI=true) when it is missing."""
+    path = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
+    if path is None:
+        msg = "chromium is not installed: run .ci/install-chromium (Debian's chromium package)"
+        if IN_CI:
+            pytest.fail(msg + " — required under CI=true")
+        pytest.skip(msg)
+    return path
+
+
+def browse(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    """Run headless Chromium once on ``url`` with ``extra`` flags (--dump-dom, --screenshot=...)."""
+    args = [
+        chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1200,900", *extra, url,
+    ]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(tmp_path)})
+
+
+def test_render_escapes_log_values():
+    """Values from the log are escaped: a parent id cannot inject markup into the page."""
+    html = statuspage.render({
+        "generated_at": 0.0, "store": {"url": "sqlite://", "up": True, "error": None},
+        "counts": [{"platform": "p", "state": "closed", "rows": 1}], "open_rows": 0, "oldest_open_age_s": 0.0,
+        "oldest_open": [], "bots": {},
+        "recent_events": [{"at": 0.0, "platform": "p", "parent_id": "<script>alert(1)</script>", "kind": "closed",
+                           "state": "closed", "attempt": 1, "detail": {"x": "<b>"}, "path": "api"}],
+    })
+    assert "<script>alert(1)" not in html and "&lt;script&gt;" in html
+    assert '<meta http-equiv="refresh" content="5">' in html
+
+
+def test_status_page_in_headless_chromium(tmp_path, monkeypatch):
+    """After real posts (answered, refused, in flight) the page shows those counts in Chromium; a screenshot is kept."""
+    chromium()
+    with running(tmp_path, monkeypatch) as h:
+        with h.client() as c:
+            for _ in range(3):
+                assert c.post("/v1/replies", json={"platform": "sim", "parent_id": h.parent(), "text": "hi"}).status_code == 201
+            assert c.post("/v1/replies", json={"platform": "sim", "parent_id": h.parent(), "text": "x" * 600}).status_code == 409
+            h.world.queue_faults(next_creates=["lost_504"])
+            assert c.post("/v1/replies", json={"platform": "sim", "parent_id": h.parent(), "text": "hi"}).status_code == 202
+        dom = browse(h.url + "/", tmp_path, "--dump-dom")
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        page = dom.stdout
+        inst = re.escape(h.instance)
+        assert "<title>replyd status</title>" in page
+        for state, n in (("closed", 3), ("rejected", 1), ("open", 1), ("gave_up", 0)):
+            assert re.search(rf'data-platform="{inst}" data-state="{state}">{n}<', page), (state, page[:3000])
+        assert re.search(r'id="card-closed">closed<b>3</b>', page)
+        assert page.count('class="kind">claimed<') == 5 and 'class="kind">rejected<' in page
+        assert 'id="oldest-open"' in page and "logged in" in page
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = ARTIFACTS / "statuspage.png"
+        shot.unlink(missing_ok=True)
+        r = browse(h.url + "/", tmp_path, f"--screenshot={shot}")
+        assert r.returncode == 0, r.stderr[-2000:]
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
