@@ -291,7 +291,8 @@ class Guard:
                 sent = self.platform.send(parent, text, provider_key=row.provider_key or self.provider_key(parent.id))
         except AlreadyLanded as exc:
             if exc.reply_id:
-                return self._close(key, attempt, exc.reply_id, "already_landed")
+                # This call created nothing: the caller learns the reply was already there.
+                return self._close(key, attempt, exc.reply_id, "already_landed", Status.ALREADY_ANSWERED)
             self._note_open(key, attempt, exc)
             return Outcome(Status.UNCERTAIN, key, st.OPEN, attempt, detail=exc.detail)
         except RateLimited as exc:
@@ -313,7 +314,7 @@ class Guard:
             return Outcome(Status.UNCERTAIN, key, st.OPEN, attempt, detail=f"{type(exc).__name__}: {exc}"[:300])
         return self._close(key, attempt, sent.reply_id, "closed")
 
-    def _close(self, key: Key, attempt: int, reply_id: str, kind: str) -> Outcome:
+    def _close(self, key: Key, attempt: int, reply_id: str, kind: str, status: Status = Status.POSTED) -> Outcome:
         """Close our row with the reply id; a lost close is left to the sweep."""
         now = self.clock.now()
         # A retry's close keeps a deadline: the sweep verifies once that no earlier attempt landed late.
@@ -330,11 +331,11 @@ class Guard:
                     self.store.add_event(conn, key, "late_landing", attempt=attempt, owner=self.owner, detail={"reply_id": reply_id})
         except StoreError as exc:
             log.error("replyd.guard.close_failed", parent_id=key.parent_id, reply_id=reply_id, error=str(exc))
-            return Outcome(Status.POSTED, key, st.OPEN, attempt, reply_id, detail="posted; close not recorded, the sweep will close it")
+            return Outcome(status, key, st.OPEN, attempt, reply_id, detail="posted; close not recorded, the sweep will close it")
         if not ok:
             log.warning("replyd.guard.late_landing", parent_id=key.parent_id, reply_id=reply_id, attempt=attempt)
         log.info("replyd.guard.posted", parent_id=key.parent_id, reply_id=reply_id, attempt=attempt)
-        return Outcome(Status.POSTED, key, st.CLOSED, attempt, reply_id)
+        return Outcome(status, key, st.CLOSED, attempt, reply_id)
 
     def _transition(
         self,

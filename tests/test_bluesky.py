@@ -23,7 +23,6 @@ from structlog.testing import capture_logs
 
 from tests.fixtures_server import (  # noqa: F401  (pytest finds the fixtures by name)
     FixtureServer,
-    Recorded,
     Reply,
     closed_port_url,
     fixture_server,

@@ -33,7 +33,7 @@ from tests.bsky_network import BskyNetwork, bsky_network, crash_before_close  # 
 from replyd import store as st
 from replyd.clock import FakeClock, SystemClock
 from replyd.guard import Guard, Status
-from replyd.platform import Identity, Parent, Pending
+from replyd.platform import Identity, Pending
 from replyd.platforms.bluesky import POST_NSID, BlueskyPlatform, rkey_for
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
@@ -218,7 +218,7 @@ class World:
 
     def bot_replies(self, parent_id: str, at_least: int = 1) -> list[dict[str, Any]]:
         """The bot's replies under ``parent_id`` as the AppView shows them (waits for indexing)."""
-        got = self.net.wait_replies_by(parent_id, self.me.sender_id, at_least=at_least)
+        self.net.wait_replies_by(parent_id, self.me.sender_id, at_least=at_least)
         time.sleep(0.5)  # and a little longer, so a late second reply would show too
         return self.net.replies_by(parent_id, self.me.sender_id)
 
@@ -343,7 +343,7 @@ def test_second_post_reports_already_answered(world: World, tmp_path: Any) -> No
         stranger = Guard(other, world.adapter(), world.me, clock=world.clock)
         with capture_logs() as logs:
             out = stranger.post(parent, "a replica that never saw the first answer")
-        assert out.reply_id == first.reply_id
+        assert (out.status, out.reply_id) == (Status.ALREADY_ANSWERED, first.reply_id) and not out.sent
         assert other.get(stranger.key(parent.id)).state == st.CLOSED
         assert [e.kind for e in other.history(stranger.key(parent.id))][-1] == "already_landed"
         assert any(e["event"] == "replyd.bluesky.already_landed" and e["status"] == 500 for e in logs)
@@ -461,6 +461,8 @@ def test_crash_and_lagging_listing_retry_is_already_landed(world: World, proxy: 
     row = world.row(parent.id)
     assert (row.state, row.attempt, row.reply_id, out.reply_id) == (st.CLOSED, 2, landed, landed)
     assert [e.kind for e in world.store.history(world.guard.key(parent.id))][-1] == "already_landed"
+    verify = world.sweep()  # the one verifying read-back after a retry's close: nothing else landed
+    assert (verify.verified, verify.duplicates) == (1, 0)
     assert [r["uri"] for r in world.bot_replies(parent.id)] == [landed]
 
 
@@ -479,6 +481,8 @@ def test_late_landing_after_not_landed(world: World, proxy: PdsProxy) -> None:
     row = world.row(parent.id)
     assert (row.state, row.attempt, out2.reply_id) == (st.CLOSED, 2, world.expected_uri(parent.id))
     assert proxy.creates == [200, 500]  # the retry's create was refused at the taken rkey
+    verify = world.sweep()
+    assert (verify.verified, verify.duplicates) == (1, 0)
     assert len(world.bot_replies(parent.id)) == 1
 
 

@@ -196,7 +196,7 @@ def test_already_landed_closes_with_existing_reply(guard, plat, store):
         store.cas(conn, guard.key("p1"), states=[st.OPEN], attempt=1, values={"state": st.RELEASED})
     plat.script = ["already_landed"]
     out = guard.post(plat.parents["p1"], "x")
-    assert out.status is Status.POSTED and out.reply_id == existing
+    assert out.status is Status.ALREADY_ANSWERED and out.reply_id == existing and not out.sent
     assert plat.reply_count("p1") == 1
 
 

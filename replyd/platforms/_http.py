@@ -145,6 +145,10 @@ def server_error_text(resp: httpx.Response) -> str:
         text = data.get("error") or data.get("message") or data.get("error_description") or ""
         if isinstance(text, dict):
             text = text.get("message", "")
+        message = data.get("message")
+        # XRPC puts a code in "error" and the useful words in "message": keep both.
+        if isinstance(text, str) and isinstance(message, str) and message and message != text:
+            text = f"{text}: {message}"
     if not isinstance(text, str):
         return ""
     text = " ".join(text.split())
