@@ -539,3 +539,34 @@ def test_feed_read_back_finds_other_rkeys_and_delete(world: World) -> None:
     while len(net.replies_by(target["uri"], net.bot.did)) != 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(net.replies_by(target["uri"], net.bot.did)) == 1
+
+
+def test_pollers_find_through_every_path_one_reply_one_call(world: World) -> None:
+    """The daemon's per-bot work (Pollers → Pipeline → Guard, then the sweep) on the real network: one reply each."""
+    from replyd.config import PollerConfig
+    from replyd.pipeline import Pipeline
+    from replyd.policy import Policy
+    from replyd.pollers import Pollers
+
+    net, w = world.net, tag()
+    asked = mention(world, "alice.test", f"is {w} any good?")
+    searched = net.post(net.people["bob.test"], f"who can explain {w}?")
+    net.wait_indexed(searched["uri"])
+    calls: list[str] = []
+
+    def respond(parent: Any) -> str:
+        calls.append(parent.id)
+        return f"about {w}: yes"
+
+    pollers = Pollers(world.store, world.platform, Pipeline(world.guard, respond, Policy(), world.clock),
+                      PollerConfig(search_queries=[w], refind_lookback_s=3600), world.clock)
+    for _ in range(3):  # every path, several rounds, as the scheduled jobs would run them
+        pollers.inbox()
+        pollers.search()
+        pollers.refind()
+        world.sweep()
+    ours = {asked["uri"], searched["uri"]}
+    assert sorted(calls) == sorted(ours)  # one responder call per parent, whatever found it
+    for pid in ours:
+        assert [r["uri"] for r in world.bot_replies(pid)] == [world.expected_uri(pid)], pid
+        assert world.row(pid).state == st.CLOSED

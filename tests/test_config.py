@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import httpx
 import pytest
 
+from replyd.clock import SystemClock
 from replyd.config import Config
+from replyd.platform import make_platform
 from replyd.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +26,9 @@ def test_example_configs_load(path, monkeypatch):
             monkeypatch.setenv(var, "dummy-secret-value")
     cfg = Config.load(path)
     assert cfg.bots, "an example config should configure at least one bot"
+    with httpx.Client() as http:  # adapters validate their settings without a request
+        for b in cfg.bots:
+            assert make_platform(b.platform, b.settings, http=http, clock=SystemClock()).instance
 
 
 def test_unknown_key_names_file_and_key(tmp_path):
