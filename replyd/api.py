@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
@@ -51,7 +51,7 @@ from replyd import library, metrics, statuspage
 from replyd import store as st
 from replyd.errors import ConfigError, ContentionError, PlatformError, RateLimited, Rejected, ReplydError, StoreError
 from replyd.guard import Guard, Outcome, Status
-from replyd.store import Key, Reply, Store
+from replyd.store import Reply, Store
 
 log = structlog.get_logger("replyd.api")
 
@@ -243,11 +243,16 @@ class Api:
 
     async def _body(self, request: Request) -> bytes | Response:
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                return _error(413, "body_too_large", f"body larger than {self.max_body_bytes} bytes", field="body")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.max_body_bytes:
+                    return _error(413, "body_too_large", f"body larger than {self.max_body_bytes} bytes", field="body")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            # The client left mid-body: nothing was claimed or sent, and nobody reads this answer.
+            return _error(400, "client_disconnected", "the client closed the connection before the body ended",
+                          field="body")
         return b"".join(chunks)
 
     # -- writes ----------------------------------------------------------------------------------
@@ -342,6 +347,7 @@ class Api:
         key = guard.key(parent_id)
 
         def read() -> tuple[Reply | None, list[st.Event]]:
+            """Read the row, and its history when there is one."""
             row = self.store.get(key)
             return row, (self.store.history(key) if row else [])
 
@@ -423,6 +429,7 @@ class Api:
         """GET /readyz: the store answers and every configured bot is logged in (and still claiming)."""
 
         def check() -> dict[str, Any]:
+            """Ask the store one real query and look at every expected bot."""
             store_info: dict[str, Any] = {"up": True, "error": None}
             try:
                 with self.store.tx(write=False, doing="checking readiness") as conn:

@@ -40,7 +40,10 @@ def _load(config: Path | None) -> Config:
 
 
 def _store(cfg: Config) -> Store:
-    return Store.open(cfg.store.url or None, migrate=cfg.store.auto_migrate)
+    """Open the store for a read-mostly command: never migrate a server database from here."""
+    url = cfg.store.url or st.default_url()
+    embedded = url.startswith("sqlite")
+    return Store.open(url, migrate=embedded and cfg.store.auto_migrate)
 
 
 def _ts(t: float | None) -> str:
@@ -404,6 +407,13 @@ def config_check(path: Annotated[Path, typer.Argument(help="The TOML file to che
                 make_responder(b.responder.kind, b.responder.model_dump(exclude={"kind"}))
             except ConfigError as exc:
                 raise ConfigError(f"{path}: bots.{b.name}: {exc}") from None
+    if cfg.api.enabled:
+        from replyd.api import check_bind
+
+        try:
+            check_bind(cfg.api.host, cfg.api.token())
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
     out.print(f"{path}: ok ({len(cfg.bots)} bot(s))")
 
 

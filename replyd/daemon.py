@@ -63,6 +63,13 @@ def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cloc
     # Each adapter owns its listing-delay default (Discourse 30 s, GitHub 60 s…); never override it here.
     platform = make_platform(bc.platform, bc.settings, http=http, clock=clock)
     identity = _whoami(platform)
+    send_timeout_s = cfg.guard.send_timeout_s
+    adapter_timeout_s = float(bc.settings.get("timeout_s", 15.0))
+    if send_timeout_s < adapter_timeout_s:
+        # A live send may then outlast the row's deadline: the sweep could look before it lands (the
+        # late close and the retry's verifying read-back still catch it, but later than they should).
+        log.warning("replyd.bot.send_timeout_short", bot=bc.name, guard_send_timeout_s=send_timeout_s,
+                    adapter_timeout_s=adapter_timeout_s, hint="set guard.send_timeout_s >= the adapter's timeout_s")
     guard = Guard(
         store,
         platform,
@@ -70,7 +77,7 @@ def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cloc
         clock=clock,
         owner=owner,
         max_attempts=cfg.guard.max_attempts,
-        send_timeout_s=cfg.guard.send_timeout_s,
+        send_timeout_s=send_timeout_s,
         compose_lease_s=cfg.guard.compose_lease_s,
         dry_run=cfg.guard.dry_run,
     )
@@ -148,7 +155,9 @@ class Daemon:
                 if every_s > 0:
                     self.scheduler.add_job(fn, "interval", seconds=every_s, jitter=pc.jitter_s or None,
                                            id=f"{b.cfg.name}:{name}", next_run_time=_now_dt())
-        self.scheduler.add_job(self.sweep_once, "interval", seconds=sc.interval_s, id="sweep", next_run_time=_now_dt())
+        # Jitter spreads sweep passes across replicas (leases already keep them from sharing rows).
+        self.scheduler.add_job(self.sweep_once, "interval", seconds=sc.interval_s, jitter=sc.interval_s / 2,
+                               id="sweep", next_run_time=_now_dt())
         self.scheduler.start()
         log.info("replyd.daemon.started", owner=self.owner, bots=len(self.bots), store=self.store.url)
 

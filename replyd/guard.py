@@ -371,9 +371,12 @@ class Guard:
         """Record an ambiguous send: the row stays open for the sweep."""
         detail = (getattr(exc, "detail", "") or f"{type(exc).__name__}: {exc}")[:300]
         now = self.clock.now()
+        # The send has returned: whatever it did is done, so one listing delay from now is enough to look.
+        values = {"error": detail, "updated_at": now,
+                  "deadline_at": self.store.greatest(st.REPLIES.c.deadline_at, now + self.platform.listing_delay_s)}
         try:
             with self.store.tx(relaxed=True, doing="recording an ambiguous send") as conn:
-                self.store.cas(conn, key, states=[st.OPEN], attempt=attempt, values={"error": detail, "updated_at": now})
+                self.store.cas(conn, key, states=[st.OPEN], attempt=attempt, values=values)
                 self.store.add_event(conn, key, "maybe_sent", state=st.OPEN, attempt=attempt, owner=self.owner, detail={"error": detail})
         except StoreError:
             pass  # the open row itself is durable; this note is only for explain

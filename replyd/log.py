@@ -68,17 +68,39 @@ def configure(fmt: str = "auto", level: str = "info", stream: Any = None) -> Non
             exception_formatter=structlog.dev.RichTracebackFormatter(show_locals=False)
             if _has_rich() else structlog.dev.plain_traceback
         )
+    stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
+    # One stdlib handler renders both structlog events and other libraries' records (APScheduler,
+    # uvicorn): one lock, one format, so JSON lines never interleave with plain text.
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.stdlib.add_log_level, structlog.stdlib.add_logger_name, stamp],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info if fmt == "json" else structlog.processors.StackInfoRenderer(),
+                _mask_secrets,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_replyd", False):
+            root.removeHandler(h)
+    handler._replyd = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level.upper()))
+    for noisy in ("apscheduler", "httpx", "httpcore", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info if fmt == "json" else structlog.processors.StackInfoRenderer(),
-            _mask_secrets,
-            renderer,
+            stamp,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        logger_factory=structlog.stdlib.LoggerFactory(),
         cache_logger_on_first_use=False,
     )
 

@@ -14,7 +14,7 @@ import structlog
 from replyd import store as st
 from replyd.clock import Clock
 from replyd.config import PollerConfig
-from replyd.errors import PlatformError, RateLimited, StoreError
+from replyd.errors import ContentionError, PlatformError, RateLimited, StoreError
 from replyd.guard import Outcome, Status
 from replyd.pipeline import Pipeline
 from replyd.platform import Parent, Platform
@@ -37,7 +37,12 @@ class Pollers:
 
     def _offer_all(self, parents: Iterable[Parent], path: str) -> None:
         for p in parents:
-            out = self.pipeline.offer(p, path)
+            try:
+                out = self.pipeline.offer(p, path)
+            except ContentionError as exc:
+                # Nothing was sent; the next poll offers it again. One busy key must not stop the page.
+                log.warning("replyd.poller.contended", path=path, parent_id=p.id, error=str(exc))
+                continue
             if isinstance(out, Outcome):
                 self.outcomes[out.status.value] = self.outcomes.get(out.status.value, 0) + 1
 

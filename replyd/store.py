@@ -283,6 +283,10 @@ class Store:
         except sa.exc.DBAPIError as exc:
             raise _map_db_error(exc, doing) from None
 
+    def greatest(self, column: sa.ColumnElement[Any], value: float) -> sa.ColumnElement[Any]:
+        """SQL for the larger of a column and a value (SQLite's scalar max, PostgreSQL's GREATEST)."""
+        return sa.func.max(column, value) if self.is_sqlite else sa.func.greatest(column, value)
+
     # -- rows --------------------------------------------------------------------
 
     def get(self, key: Key, conn: Connection | None = None) -> Reply | None:

@@ -130,7 +130,8 @@ class Sweeper:
         res.by_platform[bot.platform.instance] += len(rows)
         metrics.sweep_pass(bot.platform.instance, res)
         log.info("replyd.sweep.passed", platform=bot.platform.instance, leased=res.leased, closed=res.closed,
-                 not_landed=res.not_landed, gave_up=res.gave_up, left_open=res.left_open, duplicates=res.duplicates)
+                 not_landed=res.not_landed, gave_up=res.gave_up, left_open=res.left_open, duplicates=res.duplicates,
+                 verified=res.verified)
         return res
 
     def _duplicates(self, conn, key: Key, r: Reply, mine: list, res: SweepResult) -> None:  # noqa: ANN001

@@ -268,3 +268,19 @@ def test_unreachable_postgres_sends_nothing(clock):
     """A PostgreSQL store that is down raises StoreError at open; the guard never reaches send."""
     with pytest.raises(StoreError, match="store unavailable"):
         Store.open("postgresql+psycopg://root@127.0.0.1:1/none", clock=clock)
+
+
+def test_ambiguous_send_pushes_deadline_past_its_return(store, plat, clock):
+    """A send that returns late and ambiguous is swept one listing delay after it returned, not before."""
+    g = Guard(store, plat, plat.whoami(), clock=clock, send_timeout_s=1.0)
+    orig = plat.send
+
+    def slow_lost(parent, text, *, provider_key):
+        clock.advance(50)  # the send outlives send_timeout_s
+        return orig(parent, text, provider_key=provider_key)
+
+    plat.send = slow_lost
+    plat.script = ["lost"]
+    g.post(plat.add_parent("p1"), "x")
+    row = store.get(g.key("p1"))
+    assert row.deadline_at == pytest.approx(clock.now() + plat.listing_delay_s)
