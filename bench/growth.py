@@ -52,7 +52,8 @@ def _rows(n: int, now: float) -> Any:
     for i in range(n):
         pid = str(FIRST_PARENT + i * 7)
         t = now - 86_400 * 30 + i * 0.01
-        yield (INSTANCE, SENDER_ID, pid, "closed", 1, t, t + 1, t, t + 40, t + 1, None, str(FIRST_PARENT + 10**12 + i * 7),
+        # deadline_at NULL: what a first attempt's close leaves (only a retry's close keeps one for the sweep to verify).
+        yield (INSTANCE, SENDER_ID, pid, "closed", 1, t, t + 1, t, None, t + 1, None, str(FIRST_PARENT + 10**12 + i * 7),
                f"{pid[:20]}{i:020d}"[:40], "ab" * 32, "inbox", snap_tpl.replace(str(FIRST_PARENT), pid, 1),
                "host:1:abcdef", None, None, None)
 

@@ -257,8 +257,12 @@ def _powertools(port: int, prefix: str) -> tuple[Callable[[int], None], Callable
 # ----- the interleaved loop ------------------------------------------------------------------------------
 
 
-def measure(n: int, rounds: int, *, warmup: int = 50, seed: int = 1) -> dict[str, Any]:
-    """Run every variant ``rounds`` × ``n`` times interleaved; return samples, per-pair ratios and facts."""
+def measure(n: int, rounds: int, *, warmup: int = 50, seed: int = 1, budget_s: float | None = None) -> dict[str, Any]:
+    """Run every variant ``rounds`` × ``n`` times interleaved; return samples, per-pair ratios and facts.
+
+    With ``budget_s``, no further round starts once the rounds so far predict overrunning it (at least one runs):
+    a loaded machine gets fewer samples instead of an endless run; the table states how many were taken.
+    """
     from contextlib import ExitStack
 
     with ExitStack() as stack:
@@ -319,7 +323,11 @@ def measure(n: int, rounds: int, *, warmup: int = 50, seed: int = 1) -> dict[str
                 v.post(10_000_000 + i)
         round_of: list[int] = []
         t0 = time.monotonic()
+        done_rounds = 0
         for r in range(rounds):
+            if budget_s is not None and r > 0 and (time.monotonic() - t0) / r * (r + 1) > budget_s:
+                break
+            done_rounds += 1
             for j in range(n):
                 i = r * n + j
                 for v in sorted(variants, key=lambda _v: rng.random()):
@@ -332,7 +340,8 @@ def measure(n: int, rounds: int, *, warmup: int = 50, seed: int = 1) -> dict[str
         "variants": {v.name: v.samples for v in variants},
         "groups": {v.name: v.group for v in variants},
         "round_of": round_of,
-        "rounds": rounds,
+        "rounds": done_rounds,
+        "rounds_planned": rounds,
         "n": n,
         "seconds": elapsed,
         "have_pg": have_pg,
@@ -537,8 +546,10 @@ def tables(res: dict[str, Any], scen: dict[str, Any], cmd: str) -> list[Table]:
         t1.verdicts.append(f"PostgreSQL, replyd / the all-sync floor = {m_pg_ss:.2f}×")
     else:
         t1.notes.append("PostgreSQL was unreachable: its rows are missing.")
+    cut = (f" (of {res['rounds_planned']} planned: the time budget stopped it)"
+           if res.get("rounds_planned", res["rounds"]) > res["rounds"] else "")
     t1.notes.append(
-        f"{n_total:,} posts per variant ({res['rounds']} rounds × {res['n']:,}), all variants interleaved in one loop in a "
+        f"{n_total:,} posts per variant ({res['rounds']} rounds{cut} × {res['n']:,}), all variants interleaved in one loop in a "
         "freshly shuffled order each iteration; a ratio is the median over iterations of (variant µs / floor µs) of the "
         "same iteration, with the range of the per-round medians in brackets. Each variant writes its own database "
         "(SQLite file in WAL mode / PostgreSQL database), schema made by replyd's migration; every post is a new parent."

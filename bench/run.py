@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     def overhead() -> tuple[Any, list[Table]]:
         from bench import overhead as o
 
-        res = o.measure(200 if q else 600, 1 if q else 3, warmup=20 if q else 100)
+        res = o.measure(200 if q else 500, 1 if q else 4, warmup=20 if q else 100, budget_s=None if q else 180)
         scen = o.scenarios(200 if q else 1000)
         return {"loop": _summary(res), "scenarios": scen}, o.tables(res, scen, cmd)
 

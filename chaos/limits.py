@@ -20,7 +20,8 @@ SCENARIOS: dict[str, str] = {
     "create_delay_beyond_deadline": "creates wait 4.5 s in front of the platform (reads do not); "
                                     "send_timeout 1.5 s + listing delay 0.5 s",
     "replica_clock_ahead_30s": "one of two replicas' clocks is 30 s ahead (sweeps other replicas' rows 30 s early)",
-    "platform_clock_back_5s": "the platform's clock steps back 5 s mid-run (new replies listed 5 s late)",
+    "platform_clock_back_5s": "the platform's clock steps back 5 s mid-run (only replies created before the step "
+                              "are listed late)",
 }
 
 

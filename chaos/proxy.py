@@ -107,6 +107,10 @@ class TcpProxy:
             self.outages += 1
             self.cut_connections += len(pairs)
         if listener is not None:
+            try:
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked on it (Linux), so it really stops
+            except OSError:
+                pass
             listener.close()
         for a, b in pairs:
             self._close_pair(a, b)

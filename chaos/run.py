@@ -154,6 +154,8 @@ class Run:
         self.direct_url = ""
         self.sqlite_path: Path | None = None
         self.immutable: list[Path] = []
+        self._locker: sqlite3.Connection | None = None
+        self.host: SimHost | None = None
         self.t0 = 0.0
         self.token = f"chaos-token-{uuid.uuid4().hex}"
 
@@ -217,11 +219,12 @@ class Run:
 
     # -- store -------------------------------------------------------------------------
 
-    def setup_store(self) -> str:
+    def setup_store(self) -> tuple[str, int] | None:
+        """Create the run's database; for PostgreSQL return the (host, port) the proxies forward to."""
         if self.plan.db == "sqlite":
             self.sqlite_path = self.dir / "replyd.sqlite3"
             self.direct_url = f"sqlite:///{self.sqlite_path}"
-            return self.direct_url
+            return None
         self.pg_name = f"replyd_chaos_{uuid.uuid4().hex[:10]}"
         admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
         with admin.connect() as c:
@@ -229,7 +232,7 @@ class Run:
         admin.dispose()
         url = sa.engine.make_url(PG_ADMIN_URL).set(database=self.pg_name)
         self.direct_url = url.render_as_string(hide_password=False)
-        return url.host or "127.0.0.1", url.port or 5432  # type: ignore[return-value]
+        return url.host or "127.0.0.1", url.port or 5432
 
     def drop_store(self) -> None:
         if self.pg_name:
@@ -264,17 +267,39 @@ class Run:
 
         The -shm file is left alone: it is mmapped, and an immutable mmap write is a SIGBUS, i.e. a crash
         (covered by the kill faults), not a read-only database.
+
+        Where the file system has no immutable flag (tmpfs) or chattr is missing, the runner holds an
+        exclusive lock on the database instead: writers wait (busy timeout) rather than fail.
         """
         assert self.sqlite_path is not None
         if on:
             files = [p for p in (self.sqlite_path, Path(f"{self.sqlite_path}-wal")) if p.exists()]
-            if files:
-                subprocess.run(["chattr", "+i", *map(str, files)], check=True)
+            if not files:
+                return
+            try:
+                done = subprocess.run(["chattr", "+i", *map(str, files)], capture_output=True).returncode == 0
+            except OSError:
+                done = False
+            if done:
                 self.immutable = files
+                self.faults["db_readonly"] += 1
+                return
+            con = sqlite3.connect(self.sqlite_path, timeout=5, isolation_level=None)
+            try:
+                con.execute("BEGIN EXCLUSIVE")
+            except sqlite3.Error:
+                con.close()
+                return
+            self._locker = con
+            self.faults["db_locked"] += 1
         else:
             if self.immutable:
-                subprocess.run(["chattr", "-i", *map(str, self.immutable)], check=False)
+                subprocess.run(["chattr", "-i", *map(str, self.immutable)], check=False, capture_output=True)
                 self.immutable = []
+            if self._locker is not None:
+                self._locker.rollback()
+                self._locker.close()
+                self._locker = None
 
     # -- faults ------------------------------------------------------------------------
 
@@ -308,8 +333,6 @@ class Run:
                 self.faults["db_outages"] += 1
             else:
                 self.sqlite_readonly(True)
-                if self.immutable:
-                    self.faults["db_readonly"] += 1
                 timers.append((self.now() + a["duration"], lambda: self.sqlite_readonly(False)))
         elif ev.kind == "clock":
             r = self.replicas[a["replica"]]
@@ -325,10 +348,8 @@ class Run:
 
     def execute(self) -> Result:
         start = time.monotonic()
-        host = None
-        world = None
         try:
-            host, world = self._execute()
+            self._execute()
         except Exception as exc:  # a broken run is reported, never hidden
             import traceback
 
@@ -340,8 +361,8 @@ class Run:
                 if r.proc is not None and r.proc.poll() is None:
                     r.proc.kill()
                     r.proc.wait(10)
-            if host is not None:
-                host.stop()
+            if self.host is not None:
+                self.host.stop()
             for p in self.proxies:
                 p.close()
             if self.sqlite_path is not None:
@@ -354,16 +375,16 @@ class Run:
                 print(f"chaos: run {self.plan.index} kept in {self.dir}", file=sys.stderr)
         return self.res
 
-    def _execute(self) -> tuple[SimHost, World]:
+    def _execute(self) -> None:
         plan = self.plan
         clock = JumpClock()
         world = World(clock, seed=plan.seed * 1000 + plan.index, listing_delay_s=plan.ld_real,
                       idempotency=plan.idempotency, retry_after_s=1)
         bot = world.add_account(BOT, bot=True, token=self.token)
-        host = SimHost(world, self.pids, self._on_create_kill).start()
+        host = self.host = SimHost(world, self.pids, self._on_create_kill).start()
         target = self.setup_store()
         for i in range(plan.replicas):
-            if plan.db == "postgres":
+            if target is not None:
                 proxy = TcpProxy(*target).start()
                 self.proxies.append(proxy)
                 url = sa.engine.make_url(self.direct_url).set(host="127.0.0.1", port=proxy.port)
@@ -437,7 +458,6 @@ class Run:
         self.stop_all()
         self.final_sweep()
         self.collect(world, host, bot.id, parents)
-        return host, world
 
     def stop_all(self) -> None:
         for r in self.replicas:

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 import structlog
 
+from replyd import metrics
 from replyd import store as st
 from replyd.clock import Clock
 from replyd.config import PollerConfig
@@ -50,8 +51,10 @@ class Pollers:
         try:
             fn()
         except RateLimited as exc:
+            metrics.platform_error(self.platform.instance, path, exc)
             log.warning("replyd.poller.rate_limited", path=path, platform=self.platform.instance, retry_after_s=exc.retry_after_s)
         except PlatformError as exc:
+            metrics.platform_error(self.platform.instance, path, exc)
             log.warning("replyd.poller.failed", path=path, platform=self.platform.instance, error=str(exc)[:300])
         except StoreError as exc:
             log.error("replyd.poller.store_failed", path=path, platform=self.platform.instance, error=str(exc))

@@ -50,4 +50,62 @@ def test_short_chaos_keeps_every_promise(tmp_path):
     # The short set really met the faults it claims to cover.
     for k in ("kill", "kill_on_create", "lost_504", "lost_drop", "clock_jumps", "latency_spikes"):
         assert k in kinds, (k, kinds)
-    assert "db_outages" in kinds or "db_readonly" in kinds, kinds
+    assert kinds & {"db_outages", "db_readonly", "db_locked"}, kinds
+
+
+def test_proxy_outage_cuts_and_refuses_then_restores():
+    """The database-outage injector really cuts open connections and refuses new ones until restored."""
+    import socket
+    import threading
+
+    from chaos.proxy import TcpProxy
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+
+    def echo() -> None:
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=lambda c=c: [c.sendall(d) for d in iter(lambda: c.recv(1024), b"")], daemon=True).start()
+
+    threading.Thread(target=echo, daemon=True).start()
+    proxy = TcpProxy("127.0.0.1", srv.getsockname()[1]).start()
+    try:
+        a = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        a.sendall(b"ping")
+        assert a.recv(16) == b"ping"
+        proxy.outage()
+        assert a.recv(16) == b""  # the open connection is cut
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", proxy.port), timeout=2).recv(1)
+        proxy.restore()
+        b = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        b.sendall(b"pong")
+        assert b.recv(16) == b"pong"
+        assert proxy.outages == 1 and proxy.cut_connections == 1
+    finally:
+        proxy.close()
+        srv.close()
+
+
+def test_plans_are_reproducible_and_inside_the_margin():
+    """A seed gives the same plans; without idempotency, latency and clock offsets stay within the slack."""
+    from chaos.plan import FAMILIES, draw
+
+    seen = set()
+    for i in range(60):
+        a, b = draw(9, i, short=False, postgres=True), draw(9, i, short=False, postgres=True)
+        assert a.to_dict() == b.to_dict()
+        assert a.ld_conf > a.ld_real and len(a.families) >= 3
+        seen.update(a.families)
+        if not a.idempotency:
+            lat = [e.args["latency"] for e in a.events if e.kind == "latency"]
+            offs = [e.args["offset"] for e in a.events if e.kind == "clock"] + [0.0]
+            assert max(lat, default=0.0) + (max(offs) - min(offs)) <= a.slack + 1e-9, a.to_dict()
+    assert seen == set(FAMILIES)
+    short = [draw(1, i, short=True, postgres=True) for i in range(4)]
+    assert set().union(*(p.families for p in short)) == set(FAMILIES)

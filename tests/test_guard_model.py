@@ -252,3 +252,33 @@ def _dispose_store():
     yield
     if "s" in _DB:
         _DB.pop("s").dispose()
+
+
+def test_slow_ambiguous_send_is_not_swept_before_its_listing_delay(tmp_path) -> None:
+    """A send that lasts longer than send_timeout_s and ends ambiguous is read back only a listing delay later.
+
+    The listing delay of an ambiguous send counts from when the send returned (``Guard._note_open`` pushes the
+    deadline), not only from the claim: the adapter's own request timeout may exceed ``send_timeout_s``.
+    """
+    clock = FakeClock()
+    store = Store.open(f"sqlite:///{tmp_path / 'slow.sqlite3'}", clock=clock)
+    plat = MemoryPlatform(listing_delay_s=LISTING_DELAY, clock=clock, script=["lost"])
+    me = plat.whoami()
+    guard = Guard(store, plat, me, clock=clock, send_timeout_s=SEND_TIMEOUT, max_attempts=MAX_ATTEMPTS)
+    sweeper = Sweeper(store, [Bot(plat, me)], clock=clock, max_attempts=MAX_ATTEMPTS)
+    real_send = plat.send
+
+    def slow_send(parent, text, *, provider_key):
+        clock.advance(SEND_TIMEOUT + LISTING_DELAY + 1)  # the request is held up; the platform acts at the end
+        return real_send(parent, text, provider_key=provider_key)
+
+    plat.send = slow_send  # type: ignore[method-assign]
+    parent = Parent(id="slow", author_id="u")
+    try:
+        assert guard.post(parent, "a reply").status is Status.UNCERTAIN
+        sweeper.run_once()  # right after the send: past the claim's deadline, before the reply is listed
+        plat.send = real_send  # type: ignore[method-assign]
+        guard.post(parent, "a reply")  # a discovery path offers the parent again
+        assert plat.reply_count("slow") == 1
+    finally:
+        store.dispose()

@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 BOT = "replybot"
 PARENTS = 80
-DECISIONS = ("swept_found", "not_landed", "gave_up")  # the sweep's verdicts on one (row, attempt)
+DECISIONS = ("swept_found", "not_landed", "gave_up", "verified")  # the sweep's verdicts on one (row, attempt)
 CLOSES = ("closed", "already_landed", "swept_found")  # every way a row reaches closed
 SWEEP_INTERVAL_S = 0.5
 SEND_TIMEOUT_S = 4.0  # the guard's bound on one send: twice the adapter's per-phase HTTP timeout
@@ -213,9 +213,10 @@ def test_three_replicas_sigkill_one_no_duplicates_sweep_shared(fresh_pg, tmp_pat
 
     passes = {rid: sweep_passes(logs / f"{rid}.log") for rid in procs}
     leased = {rid: sum(p["leased"] for p in ps) for rid, ps in passes.items()}
+    verified = Counter(o for _, _, k, o in events if k == "verified")  # the pass record does not count these
     # A leased row whose verdict did not commit: its lease was taken over or the row changed under it.
     lost = {rid: sum(p["leased"] - p["closed"] - p["not_landed"] - p["gave_up"] - p["left_open"] for p in ps)
-            for rid, ps in passes.items()}
+            - verified[rid] for rid, ps in passes.items()}
     # Sends whose own outcome was recorded after their row's deadline: the sweep may already hold such a row,
     # and the guard's close then wins the row from under the sweep's lease (legitimately: one verdict only).
     opened = {(p, a): at for p, a, k, s, at in timed if k == "opened" or (k == "claimed" and s == st.OPEN)}
