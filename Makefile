@@ -7,7 +7,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BSKY   := tests/bsky
 
-.PHONY: install run test test-fast bsky-deps bench chaos clean
+RUNS ?= 20
+SEED ?= 1
+
+.PHONY: install install-bench run test test-fast bsky-deps bench chaos clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +35,20 @@ test: install bsky-deps
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
+
+$(VENV)/.installed-bench: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[test,bench]'
+	touch $@
+
+install-bench: $(VENV)/.installed-bench
+
+# Costs side by side (writes docs/BENCHMARKS.md); ROWS_MAX=10000000 adds the 10^7 growth row.
+bench: install-bench
+	$(PY) bench/run.py $(if $(ROWS_MAX),--rows-max $(ROWS_MAX))
+
+# Randomised fault runs of the daemon against the sim; last line is the totals JSON.
+chaos: install
+	$(PY) -m chaos --runs $(RUNS) --seed $(SEED)
 
 clean:
 	rm -rf $(VENV) $(BSKY)/node_modules .pytest_cache
