@@ -14,7 +14,7 @@ import queue
 import time
 from typing import Any
 
-from bench.common import Table, fmt_s, med, pct, pg_available, pg_databases, sqlite_url, tmpdir, verdict
+from bench.common import Table, fmt_s, med, pg_available, pg_databases, sqlite_url, tmpdir, verdict
 from replyd.platforms.memory import MemoryPlatform
 from replyd.store import Store
 

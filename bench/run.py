@@ -254,14 +254,15 @@ def _reading(prof: dict[str, Any]) -> list[str]:
     if pg:
         rt = pg["per_post"].get("round trips", 0)
         dbs = sum(v for k, v in pg["shares"].items() if k.startswith("database"))
+        sa_pg = sum(v for k, v in pg["shares"].items() if k.startswith("SQLAlchemy"))
         out.append("")
         out.append(
-            f"On PostgreSQL the time is in the round trips ({dbs * 100:.0f}% waiting on the server): replyd makes "
-            f"{rt:.0f} per guarded post where the raw floor makes 2 — "
+            f"On PostgreSQL {dbs * 100:.0f}% of a guarded post is spent waiting on the server, over {rt:.0f} round trips "
+            "where the raw floor makes 2 — "
             + ("a pool pre-ping per transaction, " if pg["per_post"].get("pre_ping") else "")
             + "BEGIN, the pre-`SELECT`, the `INSERT … RETURNING`, the event `INSERT`, COMMIT; then BEGIN, "
-            "`SET LOCAL synchronous_commit`, the compare-and-set `UPDATE`, the event `INSERT`, COMMIT. The same "
-            "statement-building cost as on SQLite sits on top."
+            "`SET LOCAL synchronous_commit`, the compare-and-set `UPDATE`, the event `INSERT`, COMMIT — and "
+            f"SQLAlchemy takes another {sa_pg * 100:.0f}%, the same statement-building cost as on SQLite."
         )
     return out
 

@@ -477,9 +477,10 @@ class Run:
             r.proc = None
 
     def final_sweep(self) -> None:
-        """Wait for the last open row's deadline, then one ``replyd sweep`` (a plain process, real clock)."""
+        """Wait for the last open row's deadline and sweep lease, then one ``replyd sweep`` (a plain process)."""
         try:
-            due = self.query("SELECT max(deadline_at) FROM replies WHERE state = 'open'")[0][0]
+            due = self.query("SELECT max(deadline_at), max(lease_until) FROM replies WHERE state = 'open'")[0]
+            due = max((x for x in due if x is not None), default=None)
         except Exception:
             due = None
         if due is not None:

@@ -58,7 +58,7 @@ class SweepConfig(_Strict):
     """The read-back sweep."""
 
     interval_s: float = Field(15.0, gt=0)
-    batch: int = Field(200, ge=1, le=5000)
+    batch: int = Field(1000, ge=1, le=5000)
     lease_s: float = Field(120.0, gt=0)
     retry_s: float = Field(60.0, gt=0)
     on_duplicate: Literal["report", "delete_newer"] = "report"

@@ -73,7 +73,7 @@ class Sweeper:
         *,
         clock: Clock | None = None,
         owner: str | None = None,
-        batch: int = 200,
+        batch: int = 1000,
         lease_s: float = 120.0,
         retry_s: float = 60.0,
         max_attempts: int = 2,

@@ -136,6 +136,7 @@ class RoutedServer:
         self.routes = [(m, re.compile(rx), body) for m, rx, body in routes]
         self.override: dict[int, Reply] = {}
         self.served: list[bytes] = []
+        self.hits: list[int] = []
         server.reset()
         server._next = self._next  # type: ignore[method-assign]
 
@@ -144,6 +145,7 @@ class RoutedServer:
             if m == rec.method and rx.fullmatch(rec.path):
                 reply = self.override.get(i) or Reply(body=body)
                 self.served.append(reply.encoded())
+                self.hits.append(i)
                 return reply
         return Reply(status=404, body={"error": "no route"})
 

@@ -11,6 +11,7 @@ from the adapter's own parse of the unmutated fixtures where it yields any.
 from __future__ import annotations
 
 import importlib.util
+import os
 import json
 from typing import Any
 
@@ -31,7 +32,7 @@ from tests.fixtures_server import (  # noqa: F401  (pytest fixtures by name)
 )
 from tests.fuzz_harness import Call, RoutedServer, mutated, run_call
 
-FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 def _fx(platform: str, name: str) -> bytes:
@@ -44,6 +45,10 @@ def _issue(platform: str) -> bytes:
 
 def _issues(platform: str) -> bytes:
     return json.dumps(json.loads(_fx(platform, "search_issues.json"))["items"]).encode()
+
+
+def _posts(platform: str) -> bytes:
+    return json.dumps({"posts": [json.loads(_fx(platform, "getPostThread.json"))["thread"]["post"]]}).encode()
 
 
 SESSION = json.dumps({"did": "did:plc:fuzzbotfuzzbotfuzzbot", "handle": "fuzz.bsky.test", "accessJwt": "a.b.c",
@@ -91,6 +96,9 @@ SPECS: dict[str, dict[str, Any]] = {
             ("GET", r"/xrpc/app\.bsky\.notification\.listNotifications", _fx("bluesky", "listNotifications.json")),
             ("GET", r"/xrpc/app\.bsky\.feed\.searchPosts", _fx("bluesky", "searchPosts.json")),
             ("GET", r"/xrpc/app\.bsky\.feed\.getPostThread", _fx("bluesky", "getPostThread.json")),
+            ("GET", r"/xrpc/app\.bsky\.feed\.getPosts", _posts("bluesky")),
+            ("GET", r"/xrpc/com\.atproto\.identity\.resolveHandle",
+             json.dumps({"did": "did:plc:5ggrdjcno27omroqpqljpqqp"}).encode()),
             ("GET", r"/xrpc/app\.bsky\.feed\.getAuthorFeed", _fx("bluesky", "getAuthorFeed.json")),
             ("POST", r"/xrpc/com\.atproto\.repo\.createRecord", _fx("bluesky", "createRecord.json")),
             ("GET", r"/xrpc/com\.atproto\.repo\.getRecord", _fx("bluesky", "createRecord.json")),
@@ -140,15 +148,29 @@ def test_fuzzed_adapter(kind: str, fixture_server: FixtureServer, http_client: h
     rs = RoutedServer(fixture_server, SPECS[kind]["routes"]())
     parent = sample_parent(kind, rs, fixture_server.url, http_client)
     entry = calls(parent)
+    reads: dict[str, list[int]] = {}
+    for call in entry:  # which routes each entry point reads, so that the mutation lands where it looks
+        rs.override, rs.hits = {}, []
+        try:
+            call.fn(build(kind, fixture_server.url, http_client))
+        except ReplydError:
+            pass
+        reads[call.name] = sorted(set(rs.hits)) or list(range(len(rs.routes)))
+
+    ran: list[str] = []
 
     @FUZZ
     @given(data=hs.data())
     def check(data) -> None:
         call = data.draw(hs.sampled_from(entry), label="call")
-        route = data.draw(hs.integers(0, len(rs.routes) - 1), label="route")
+        route = data.draw(hs.sampled_from(reads[call.name]), label="route")
         what, reply = data.draw(mutated(rs.routes[route][2]), label="mutation")
         rs.override = {route: reply}
         rs.served.clear()
+        ran.append(what)
         run_call(build(kind, fixture_server.url, http_client), call, rs)
 
     check()
+    assert len(ran) >= 20, ran  # the fuzz really ran
+    if os.environ.get("FUZZ_SHOW"):
+        print(kind, len(ran), sorted(set(w.split()[0] for w in ran)))

@@ -88,15 +88,19 @@ def test_fuzzed_response(call: Call, fixture_server: FixtureServer, http_client:
     rs = RoutedServer(fixture_server, routes())
     raw = rs.routes[call.route][2]
 
+    ran: list[str] = []
+
     @FUZZ
     @given(m=mutated(raw))
     def check(m) -> None:
         what, reply = m
         rs.override = {call.route: reply}
         rs.served.clear()
+        ran.append(what)
         run_call(make(fixture_server.url, http_client), call, rs)
 
     check()
+    assert len(ran) >= 20, ran  # the fuzz really ran
 
 
 @FUZZ

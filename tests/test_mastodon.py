@@ -657,7 +657,7 @@ def test_read_back_falls_back_to_context(fixture_server: FixtureServer, http_cli
         Pending(parent=Parent(id="NEW", author_id="a"), opened_at=now),
         Pending(parent=Parent(id="OLD", author_id="a"), opened_at=now - 5000),
     ]
-    rb = make(fixture_server.url, http_client, clock, max_pages=1).read_back(pending, sender_id=SENDER)
+    rb = make(fixture_server.url, http_client, clock, readback_max_pages=1).read_back(pending, sender_id=SENDER)
     assert rb.checked == {"NEW", "OLD"}
     assert [r.reply_id for r in rb.found["OLD"]] == ["2500"]
     assert "NEW" not in rb.found

@@ -12,7 +12,10 @@ Settings (``[platforms.<name>]`` with ``kind = "mastodon"``):
                     the parent's, so a ``direct`` parent gets a ``direct`` reply
 ``mention_author``  prefix ``@acct `` unless the text mentions them (default true)
 ``page_limit``      items per listing page, 1–80 (default 40)
-``max_pages``       pages per poll / re-find / read-back (default 5)
+``max_pages``       pages per poll / re-find (default 5)
+``readback_max_pages`` own-feed pages one read-back may read back to its horizon (default 100):
+                   one feed page covers up to 40 of the bot's statuses, so a sweep of many rows
+                   costs a few pages instead of one ``/context`` read per row
 ``instance``        first part of the answered-log key
                     (default ``mastodon:<base_url without trailing slash>``)
 ==================  =========================================================
@@ -91,6 +94,7 @@ _KNOWN_SETTINGS = frozenset(
         "mention_author",
         "page_limit",
         "max_pages",
+        "readback_max_pages",
         "instance",
     }
 )
@@ -136,6 +140,7 @@ class MastodonPlatform:
         mention_author: bool = True,
         page_limit: int = 40,
         max_pages: int = 5,
+        readback_max_pages: int = 100,
         instance: str | None = None,
     ) -> None:
         self._base_url = base_url.rstrip("/")
@@ -149,6 +154,7 @@ class MastodonPlatform:
         self._mention_author = mention_author
         self._page_limit = page_limit
         self._max_pages = max_pages
+        self._readback_max_pages = readback_max_pages
         self._limits = _http.RateLimits(clock.now)
         self.listing_delay_s = float(listing_delay_s)
         self.instance = instance or f"mastodon:{self._base_url}"
@@ -197,6 +203,7 @@ class MastodonPlatform:
             mention_author=_flag(settings, "mention_author", True),
             page_limit=_integer(settings, "page_limit", 40, 1, 80),
             max_pages=_integer(settings, "max_pages", 5, 1, 1000),
+            readback_max_pages=_integer(settings, "readback_max_pages", 100, 1, 10_000),
             instance=instance.strip() if isinstance(instance, str) else None,
         )
 
@@ -609,7 +616,7 @@ class MastodonPlatform:
         path = f"/api/v1/accounts/{_seg(sender_id, what)}/statuses"
         covered_after: float | None = None
         max_id: str | None = None
-        for page_no in range(self._max_pages):
+        for page_no in range(self._readback_max_pages):
             params = [("limit", str(READ_BACK_PAGE))] + ([("max_id", max_id)] if max_id else [])
             try:
                 resp = self._call("GET", path, what=what, params=params)
