@@ -12,6 +12,7 @@ names the file, the key and the problem.
 from __future__ import annotations
 
 import os
+import re
 import stat
 import tomllib
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any, Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from replyd import log as rlog
 from replyd.errors import ConfigError
@@ -178,6 +179,10 @@ class Config(BaseSettings):
                 raise ConfigError(f"{where}: not valid TOML: {exc}") from None
         try:
             cfg = cls(**data)
+        except SettingsError as exc:
+            m = re.search(r'field "(\w+)"', str(exc))
+            var = f"REPLYD_{m.group(1).upper()}" if m else "a REPLYD_* variable"
+            raise ConfigError(f"{where}: environment variable {var}: not valid JSON for a section ({exc})") from None
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(x) for x in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors()
@@ -209,7 +214,9 @@ def resolve_env(settings: dict[str, Any], where: str) -> dict[str, Any]:
     """Replace every ``<key>_env = "VAR"`` by ``<key> = $VAR``; register the value as a secret."""
     out: dict[str, Any] = {}
     for k, v in settings.items():
-        if k.endswith("_env") and isinstance(v, str):
+        if k.endswith("_env") and not isinstance(v, str):
+            raise ConfigError(f"{where}.{k}: must name an environment variable (a string), got {type(v).__name__}")
+        if k.endswith("_env"):
             name = k[: -len("_env")]
             value = os.environ.get(v)
             if value is None or value == "":

@@ -281,6 +281,10 @@ class Store:
                         conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
                     yield conn
         except sa.exc.DBAPIError as exc:
+            if self.is_sqlite and "readonly database" in str(exc.orig).lower():
+                # SQLite opens an unwritable file read-only and the pool would keep that connection
+                # for ever: drop it, so the first write after the file is writable again succeeds.
+                self.engine.dispose()
             raise _map_db_error(exc, doing) from None
 
     def greatest(self, column: sa.ColumnElement[Any], value: float) -> sa.ColumnElement[Any]:

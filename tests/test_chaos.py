@@ -111,12 +111,6 @@ def test_plans_are_reproducible_and_inside_the_margin():
     assert set().union(*(p.families for p in short)) == set(FAMILIES)
 
 
-@pytest.mark.xfail(strict=True, reason="bug (found by chaos run 2 of seed 500): a SQLite connection opened while the "
-                   "database file was not writable is silently opened read-only and stays so; the pool keeps it, so "
-                   "the daemon fails every write ('attempt to write a readonly database') until restarted, and parents "
-                   "are never answered. Fix: in Store.tx, on an SQLite 'readonly database' error, drop the pooled "
-                   "connections (engine.dispose() / invalidate the connection) before raising StoreError; or open "
-                   "SQLite with mode=rw so the open fails instead of falling back to read-only")
 def test_sqlite_store_writes_again_once_the_file_is_writable(tmp_path):
     """A store whose database was unwritable when it connected writes again once the file is writable."""
     import shutil as _shutil

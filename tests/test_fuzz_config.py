@@ -143,8 +143,6 @@ def test_bad_environment_override_is_a_config_error(tmp_path, monkeypatch) -> No
         Config.load(p)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a REPLYD_<SECTION> variable that is not JSON raises pydantic_settings."
-                   "SettingsError out of Config.load (a traceback from the CLI); it should be a ConfigError naming the variable")
 def test_non_json_section_override_is_a_config_error(tmp_path, monkeypatch) -> None:
     """REPLYD_GUARD='{not json' must be a ConfigError naming REPLYD_GUARD, not a SettingsError."""
     p = tmp_path / "fuzz.toml"
@@ -154,8 +152,6 @@ def test_non_json_section_override_is_a_config_error(tmp_path, monkeypatch) -> N
         Config.load(p)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a non-string *_env value (token_env = 5) is passed through unresolved "
-                   "instead of a ConfigError naming bots.<name>.settings.token_env")
 def test_non_string_env_reference_is_named(tmp_path) -> None:
     """token_env = 5 is an error naming the key."""
     p = tmp_path / "fuzz.toml"
