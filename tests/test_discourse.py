@@ -725,32 +725,7 @@ def test_e2e_listing_delay_longer_than_configured_duplicates(world: dict[str, An
     assert fake.reply_count(post.id) == 2
 
 
-# -- the daemon's per-bot work on this fake: Pollers -> Pipeline -> Guard, then the sweep -------------
-
-
-def _pollers(w: dict[str, Any], query: str, calls: list[str]) -> Any:
-    """Pollers for the fake's bot with a counting responder, built as the daemon builds them."""
-    from replyd.config import PollerConfig
-    from replyd.pipeline import Pipeline
-    from replyd.policy import Policy
-    from replyd.pollers import Pollers
-
-    def respond(parent: Parent) -> str:
-        calls.append(parent.id)
-        return f"answer to {parent.id}"
-
-    pipe = Pipeline(w["guard"], respond, Policy(), w["clock"])
-    return Pollers(w["store"], w["plat"], pipe, PollerConfig(search_queries=[query], refind_lookback_s=3600), w["clock"])
-
-
-def _run_paths(pollers: Any, w: dict[str, Any], rounds: int = 3) -> None:
-    """Every path several times, as the scheduled jobs would, with sweeps past the deadline in between."""
-    for _ in range(rounds):
-        pollers.inbox()
-        pollers.search()
-        pollers.refind()
-        w["clock"].advance(10.0 + w["plat"].listing_delay_s + 1)
-        w["sweeper"].run_once()
+from tests.pollers_harness import pollers_for as _pollers, run_paths as _run_paths  # noqa: E402
 
 
 def test_pollers_three_paths_lost_responses_one_reply_one_call(world: dict[str, Any]) -> None:
