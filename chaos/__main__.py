@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     postgres = why is None
     totals = {"runs": 0, "faults": 0, "posts": 0, "duplicates": 0, "lost": 0, "open_left": 0,
               "replies": 0, "gave_up": 0, "gave_up_unreported": 0, "wrong_close": 0, "unsettled_left": 0,
-              "unhandled": 0, "bad_exits": 0, "failed_runs": 0, "attempts_max": 0, "seed": a.seed}
+              "unhandled": 0, "bad_exits": 0, "start_failures": 0, "stopped_while_starting": 0, "failed_runs": 0, "attempts_max": 0, "seed": a.seed}
     by_kind: dict[str, int] = {}
     details = []
     t0 = time.monotonic()
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         details.append({"plan": plan.to_dict(), "result": res.__dict__})
         totals["runs"] += 1
         for k in ("faults", "posts", "duplicates", "lost", "open_left", "replies", "gave_up", "gave_up_unreported",
-                  "wrong_close", "unsettled_left", "unhandled"):
+                  "wrong_close", "unsettled_left", "unhandled", "start_failures", "stopped_while_starting"):
             totals[k] += getattr(res, k)
         totals["bad_exits"] += len(res.bad_exits)
         totals["attempts_max"] = max(totals["attempts_max"], res.attempts_max)

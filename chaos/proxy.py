@@ -3,15 +3,16 @@
 The shared PostgreSQL server must never be stopped, so "the database stopped
 and started" is what the proxy does to the connections of the replicas behind
 it: ``outage()`` cuts every open connection (both directions closed, so a
-query or a COMMIT in flight gets no answer) and refuses new ones (the
-listening socket is closed: connection refused) until ``restore()``.
+query or a COMMIT in flight gets no answer) and refuses new ones until
+``restore()``: a new connection is reset at once (the listening socket stays
+bound, so no other process can take the port while the "database" is down).
 """
 
 from __future__ import annotations
 
 import socket
+import struct
 import threading
-import time
 
 
 class TcpProxy:
@@ -34,21 +35,13 @@ class TcpProxy:
         return self
 
     def _listen(self) -> None:
-        for _ in range(100):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", self.port))
-            except OSError:
-                s.close()
-                time.sleep(0.05)
-                continue
-            s.listen(64)
-            self.port = s.getsockname()[1]
-            self._listener = s
-            threading.Thread(target=self._accept, args=(s,), daemon=True, name="chaos-proxy-accept").start()
-            return
-        raise RuntimeError(f"proxy could not listen on port {self.port} again")
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        self.port = s.getsockname()[1]
+        self._listener = s
+        threading.Thread(target=self._accept, args=(s,), daemon=True, name="chaos-proxy-accept").start()
 
     def _accept(self, lsock: socket.socket) -> None:
         while True:
@@ -57,9 +50,12 @@ class TcpProxy:
             except OSError:
                 return
             with self._lock:
-                if self._down or self._closed:
-                    client.close()
-                    continue
+                refused = self._down or self._closed
+            if refused:
+                # RST, not FIN: the client sees the connection reset, as by a server that is not there.
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                client.close()
+                continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
                 upstream.settimeout(None)
@@ -103,28 +99,26 @@ class TcpProxy:
         with self._lock:
             self._down = True
             pairs, self._pairs = self._pairs, []
-            listener, self._listener = self._listener, None
             self.outages += 1
             self.cut_connections += len(pairs)
-        if listener is not None:
-            try:
-                listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked on it (Linux), so it really stops
-            except OSError:
-                pass
-            listener.close()
         for a, b in pairs:
             self._close_pair(a, b)
 
     def restore(self) -> None:
-        """The database 'starts' again: accept connections on the same port."""
+        """The database 'starts' again: connections are forwarded again."""
         with self._lock:
-            if not self._down or self._closed:
-                return
             self._down = False
-        self._listen()
 
     def close(self) -> None:
         """Stop for good."""
         with self._lock:
             self._closed = True
+            listener, self._listener = self._listener, None
         self.outage()
+        self.outages -= 1
+        if listener is not None:
+            try:
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked on it (Linux)
+            except OSError:
+                pass
+            listener.close()

@@ -53,6 +53,7 @@ class Replica:
     proc: subprocess.Popen | None = None
     generation: int = 0
     restart_at: float | None = None
+    started_at: float = 0.0
     killed: set[int] = field(default_factory=set)
     exits: list[int] = field(default_factory=list)
 
@@ -83,6 +84,8 @@ class Result:
     unhandled: int = 0
     bad_exits: list[int] = field(default_factory=list)
     start_failures: int = 0
+    start_failure_reasons: dict[str, int] = field(default_factory=dict)
+    stopped_while_starting: int = 0
     integrity: str = "ok"
     settle_s: float = 0.0
     elapsed_s: float = 0.0
@@ -92,7 +95,8 @@ class Result:
     def ok(self) -> bool:
         """True when the run kept every promise."""
         return (not self.error and self.duplicates == 0 and self.lost == 0 and self.open_left == 0
-                and self.wrong_close == 0 and self.gave_up_unreported == 0 and self.integrity == "ok")
+                and self.wrong_close == 0 and self.gave_up_unreported == 0 and self.integrity == "ok"
+                and not self.bad_exits and self.unhandled == 0)
 
 
 def config_text(plan: Plan, base_url: str, store_url: str) -> str:
@@ -189,6 +193,7 @@ class Run:
         cmd = [sys.executable, "-m", "chaos.timeshim", str(r.offset_file), "--",
                "run", "--config", str(self.dir / f"replica{r.slot}.toml"), "--grace-s", "5"]
         r.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=r.log.open("ab"), env=env, cwd=ROOT)
+        r.started_at = self.now()
         r.restart_at = None
 
     def kill(self, r: Replica, restart_after: float) -> None:
@@ -208,6 +213,9 @@ class Run:
                     r.exits.append(code)
                     if code == 2:
                         self.res.start_failures += 1  # a ReplydError at start (e.g. the store unreachable)
+                        why = [ln for ln in r.log.read_text(errors="replace").splitlines() if ln.startswith("replyd: ")]
+                        key = (why[-1] if why else "?")[:90]
+                        self.res.start_failure_reasons[key] = self.res.start_failure_reasons.get(key, 0) + 1
                     else:
                         self.res.bad_exits.append(code)
                     self.log(f"replica {r.slot} exited with {code}")
@@ -472,7 +480,9 @@ class Run:
                 r.proc.kill()
                 code = r.proc.wait(10)
                 self.res.bad_exits.append(-999)  # did not stop within the grace period
-            if code != 0 and r.proc.pid not in r.killed:
+            if code == -signal.SIGTERM and self.now() - r.started_at < 10:
+                self.res.stopped_while_starting += 1  # SIGTERM before its handler was installed (still importing)
+            elif code != 0 and r.proc.pid not in r.killed:
                 self.res.bad_exits.append(code)
             r.proc = None
 

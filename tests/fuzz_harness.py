@@ -181,7 +181,7 @@ def check_result(value: Any, served: list[bytes], pending_ids: set[str] | None =
     elif isinstance(value, ReadBack):
         assert pending_ids is not None
         assert set(value.found) <= pending_ids and value.checked <= pending_ids, value
-        for pid, replies in value.found.items():
+        for replies in value.found.values():
             for r in replies:
                 assert isinstance(r, OwnReply) and isinstance(r.reply_id, str) and r.reply_id.strip(), r
     else:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as hs
 
 from replyd.clock import FakeClock
 from replyd.config import PollerConfig
