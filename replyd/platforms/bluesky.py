@@ -363,7 +363,7 @@ class BlueskyPlatform:
                 f"bluesky setting {unknown[0]!r}: unknown key "
                 f"(known: {', '.join(sorted(_KNOWN_SETTINGS - {'kind'}))})"
             )
-        service = _setting_url(settings)
+        service = _http.setting_url(settings, "bluesky", "service")
         identifier = settings.get("identifier")
         if not isinstance(identifier, str) or not identifier.strip():
             raise ConfigError("bluesky setting 'identifier': required, the bot's handle or DID")
@@ -1103,20 +1103,6 @@ def _auth_failure(resp: httpx.Response) -> bool:
     return resp.status_code == 400 and _xrpc_error(resp) in ("ExpiredToken", "InvalidToken")
 
 
-def _setting_url(settings: Mapping[str, Any]) -> str:
-    raw = settings.get("service")
-    if not isinstance(raw, str) or not raw.strip():
-        raise ConfigError("bluesky setting 'service': required, the PDS URL, e.g. https://bsky.social")
-    parts = urlsplit(raw.strip())
-    if parts.scheme not in ("http", "https"):
-        raise ConfigError("bluesky setting 'service': scheme must be http or https")
-    if not parts.hostname:
-        raise ConfigError("bluesky setting 'service': no host")
-    if parts.username or parts.password:
-        raise ConfigError("bluesky setting 'service': must not carry credentials; use 'app_password'")
-    if parts.query or parts.fragment:
-        raise ConfigError("bluesky setting 'service': must not have a query or fragment")
-    return raw.strip().rstrip("/")
 
 
 def _number(settings: Mapping[str, Any], key: str, default: float, *, minimum: float, exclusive: bool = False) -> float:

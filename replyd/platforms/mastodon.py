@@ -175,7 +175,7 @@ class MastodonPlatform:
                 f"mastodon setting {unknown[0]!r}: unknown key "
                 f"(known: {', '.join(sorted(_KNOWN_SETTINGS - {'kind'}))})"
             )
-        base_url = cls._setting_base_url(settings)
+        base_url = _http.setting_url(settings, "mastodon", "base_url")
         token = settings.get("token")
         if not isinstance(token, str) or not token.strip():
             raise ConfigError("mastodon setting 'token': required, a non-empty string")
@@ -207,21 +207,6 @@ class MastodonPlatform:
             instance=instance.strip() if isinstance(instance, str) else None,
         )
 
-    @staticmethod
-    def _setting_base_url(settings: Mapping[str, Any]) -> str:
-        raw = settings.get("base_url")
-        if not isinstance(raw, str) or not raw.strip():
-            raise ConfigError("mastodon setting 'base_url': required, e.g. https://mastodon.example")
-        parts = urlsplit(raw.strip())
-        if parts.scheme not in ("http", "https"):
-            raise ConfigError("mastodon setting 'base_url': scheme must be http or https")
-        if not parts.hostname:
-            raise ConfigError("mastodon setting 'base_url': no host")
-        if parts.username or parts.password:
-            raise ConfigError("mastodon setting 'base_url': must not carry credentials; use 'token'")
-        if parts.query or parts.fragment:
-            raise ConfigError("mastodon setting 'base_url': must not have a query or fragment")
-        return raw.strip().rstrip("/")
 
     # --- transport ------------------------------------------------------------------
 
