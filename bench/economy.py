@@ -10,6 +10,7 @@ the sim counts every request and every reply.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
@@ -26,6 +27,7 @@ from replyd.pipeline import Pipeline
 from replyd.platforms.mastodon import MastodonPlatform
 from replyd.policy import Policy
 from replyd.pollers import Pollers
+from replyd.responders import FunctionResponder
 from replyd.sim import World
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
@@ -42,11 +44,14 @@ def measure(n: int = 200, *, rate_per_s: float = 25.0, poll_s: float = 0.5, resp
     calls: Counter[str] = Counter()
     lock = threading.Lock()
 
-    def responder(parent):  # noqa: ANN001, ANN202
+    async def respond(parent):  # noqa: ANN001, ANN202
         with lock:
             calls[parent.id] += 1
-        time.sleep(responder_s)
+        await asyncio.sleep(responder_s)  # a stand-in for a model call, on the shared responder loop
         return f"thanks for asking, @{parent.author_handle}"
+
+    # The daemon's path: an async Responder run by the pipeline's ResponderRunner.
+    responder = FunctionResponder(respond)
 
     out: dict[str, Any] = {"n": n, "rate_per_s": rate_per_s, "poll_s": poll_s, "responder_s": responder_s}
     with counting_sim(world) as (srv, counts), tmpdir("economy") as d:

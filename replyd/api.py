@@ -104,6 +104,8 @@ _OUTCOME_CODES = {
     Status.REJECTED: 409,
     Status.GAVE_UP: 409,
     Status.DECLINED: 409,
+    Status.SKIPPED: 409,
+    Status.DRY_RUN: 202,  # accepted and logged; nothing was sent (dry run)
 }
 
 

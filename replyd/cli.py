@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from datetime import datetime, timezone
@@ -117,9 +118,15 @@ def explain(
     """Show the whole history of one parent's key."""
     cfg = _load(config)
     s = _store(cfg)
-    rows = _rows_for(s, parent, platform)
+    rows = s.find(parent, platform)
     if not rows:
-        raise typer.Exit(1)
+        # A parent the policy skipped (or a dry run showed) has events but no row.
+        events = s.find_events(parent, platform)
+        if not events:
+            _rows_for(s, parent, platform)
+            raise typer.Exit(1)
+        _explain_unclaimed(parent, events, as_json)
+        return
     docs: list[dict[str, Any]] = []
     for r in rows:
         events = s.history(Key(r.platform, r.sender_id, r.parent_id))
@@ -132,6 +139,25 @@ def explain(
             t = Table("at", "event", "state", "attempt", "owner", "detail")
             for e in events:
                 t.add_row(_ts(e.at), e.kind, e.state or "", str(e.attempt or ""), e.owner or "", e.detail)
+            out.print(t)
+    if as_json:
+        out.print_json(json.dumps(docs, default=str))
+
+
+def _explain_unclaimed(parent: str, events: list[st.Event], as_json: bool) -> None:
+    """Print the events of a parent that has no row: why it was skipped, what a dry run would have sent."""
+    docs = []
+    for (platform, sender), group in itertools.groupby(events, key=lambda e: (e.platform, e.sender_id)):
+        evs = list(group)
+        reasons = sorted({json.loads(e.detail).get("reason", "") for e in evs if e.kind == "skipped"} - {""})
+        docs.append({"row": None, "platform": platform, "sender_id": sender, "skip_reasons": reasons,
+                     "events": [{**e.model_dump(exclude={"detail"}), "detail": json.loads(e.detail)} for e in evs]})
+        if not as_json:
+            why = f"skipped by policy ({', '.join(reasons)})" if reasons else "never claimed"
+            out.print(f"[bold]{platform}[/] sender {sender} parent {parent}: no row, {why}")
+            t = Table("at", "event", "detail")
+            for e in evs:
+                t.add_row(_ts(e.at), e.kind, e.detail)
             out.print(t)
     if as_json:
         out.print_json(json.dumps(docs, default=str))

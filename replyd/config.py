@@ -52,7 +52,9 @@ class GuardConfig(_Strict):
     max_attempts: int = Field(2, ge=1, le=5)
     send_timeout_s: float = Field(30.0, gt=0)
     compose_lease_s: float = Field(120.0, gt=0)
-    dry_run: bool = False
+    dry_run: bool = False  # every bot: log what would be sent, send and claim nothing
+    responder_backoff_s: float = Field(30.0, gt=0)  # after a responder failure; doubles per failure in a row
+    responder_backoff_max_s: float = Field(3600.0, gt=0)
 
 
 class SweepConfig(_Strict):
@@ -104,10 +106,18 @@ class PollerConfig(_Strict):
 
 
 class PolicyConfig(_Strict):
-    """Whether to answer at all (more rules come with the responders issue)."""
+    """Whether to answer a found parent at all (see docs/POLICY.md); every skip is an event."""
 
-    skip_bots: bool = True
-    max_age_s: float | None = Field(None, gt=0)
+    skip_bots: bool = True  # stops bot-to-bot loops with accounts that say they are bots
+    max_age_s: float | None = Field(None, gt=0)  # do not answer posts older than this
+    allow_accounts: list[str] = []  # ids or handles (case-insensitive, leading @ optional); empty: everyone
+    deny_accounts: list[str] = []
+    allow_keywords: list[str] = []  # case-insensitive substrings; empty: any text
+    deny_keywords: list[str] = []
+    max_depth: int | None = Field(None, ge=0)  # 0: only top-level posts; stops loops with unflagged bots
+    max_per_author_per_hour: int | None = Field(None, ge=1)
+    max_per_hour: int | None = Field(None, ge=1)
+    dry_run: bool = False  # this bot only: log what would be sent, send and claim nothing
 
 
 class ResponderConfig(BaseModel):
@@ -202,6 +212,8 @@ class Config(BaseSettings):
                     rlog.add_secret(v)
                     literal = True
             b.settings = resolve_env(b.settings, f"{where}: bots.{b.name}.settings")
+            extra = resolve_env(dict(b.responder.model_extra or {}), f"{where}: bots.{b.name}.responder")
+            b.responder = ResponderConfig(kind=b.responder.kind, **extra)
         if literal and path is not None:
             _warn_if_world_readable(Path(path))
         return cfg

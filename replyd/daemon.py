@@ -31,7 +31,7 @@ from replyd.pipeline import Pipeline
 from replyd.platform import Identity, Platform, make_platform
 from replyd.policy import Policy
 from replyd.pollers import Pollers
-from replyd.responders import make_responder
+from replyd.responders import make_responder, timeout_setting
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
 
@@ -79,10 +79,15 @@ def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cloc
         max_attempts=cfg.guard.max_attempts,
         send_timeout_s=send_timeout_s,
         compose_lease_s=cfg.guard.compose_lease_s,
-        dry_run=cfg.guard.dry_run,
+        dry_run=cfg.guard.dry_run or bc.policy.dry_run,
+        responder_backoff_s=cfg.guard.responder_backoff_s,
+        responder_backoff_max_s=cfg.guard.responder_backoff_max_s,
     )
-    responder = make_responder(bc.responder.kind, bc.responder.model_dump(exclude={"kind"}))
-    pipeline = Pipeline(guard, responder, Policy(skip_bots=bc.policy.skip_bots, max_age_s=bc.policy.max_age_s), clock)
+    rsettings = bc.responder.model_dump(exclude={"kind"})
+    responder = make_responder(bc.responder.kind, rsettings)
+    # The runner's bound is a backstop: a responder's own timeout (which also kills a child) fires first.
+    pipeline = Pipeline(guard, responder, Policy.from_config(bc.policy), clock,
+                        responder_timeout_s=timeout_setting(rsettings) + 5.0)
     pollers = Pollers(store, platform, pipeline, bc.pollers, clock)
     log.info("replyd.bot.ready", bot=bc.name, platform=platform.instance, sender_id=identity.sender_id)
     return BotRuntime(bc, platform, identity, guard, pipeline, pollers)
@@ -187,6 +192,8 @@ class Daemon:
             t.join(grace_s)
             if t.is_alive():
                 log.warning("replyd.daemon.grace_expired", hint="open rows are left to the sweep")
+        for b in self.bots:
+            b.pipeline.close()
         if self.http is not None:
             self.http.close()
         if self.store is not None:

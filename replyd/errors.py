@@ -9,6 +9,7 @@ library's exception::
     ├── StoreError                  the answered-log cannot be read or written
     │   └── SchemaError             the database schema is missing or behind
     ├── ContentionError             another writer holds the key (retryable)
+    ├── ResponderError              a responder failed; nothing was sent (retried with backoff)
     └── PlatformError               anything a platform adapter reports
         ├── DefinitelyNotSent       the request provably never acted
         │   └── RateLimited         refused before acting; has retry_after_s
@@ -89,3 +90,17 @@ class Rejected(PlatformError):
 
 class BadResponse(PlatformError):
     """A platform response could not be parsed; the message names the field."""
+
+
+class ResponderError(ReplydError):
+    """A responder failed (exception, timeout, non-zero exit, bad output); nothing was sent.
+
+    A responder failure costs no attempt: the guard releases the claim with a
+    backoff and the next discovery calls the responder again. ``detail`` is a
+    short, secret-free description for logs and events.
+    """
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(detail)
+        self.detail = detail
+

@@ -57,6 +57,8 @@ class Status(enum.StrEnum):
     REJECTED = "rejected"  # the platform refused; terminal until rearmed
     GAVE_UP = "gave_up"  # attempts exhausted; terminal until rearmed
     DECLINED = "declined"  # the responder chose not to answer
+    DRY_RUN = "dry_run"  # shadow mode: the reply was logged, nothing was sent or claimed
+    SKIPPED = "skipped"  # the policy said not to answer (detail: the reason); nothing was claimed
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,8 @@ class Guard:
         send_timeout_s: float = 30.0,
         compose_lease_s: float = 120.0,
         dry_run: bool = False,
+        responder_backoff_s: float = 30.0,
+        responder_backoff_max_s: float = 3600.0,
     ) -> None:
         self.store = store
         self.platform = platform
@@ -123,6 +127,8 @@ class Guard:
         self.send_timeout_s = send_timeout_s
         self.compose_lease_s = compose_lease_s
         self.dry_run = dry_run
+        self.responder_backoff_s = responder_backoff_s
+        self.responder_backoff_max_s = responder_backoff_max_s
         self.claiming = True  # the daemon clears this on shutdown: no new claims
 
     def key(self, parent_id: str) -> Key:
@@ -155,6 +161,8 @@ class Guard:
         if not self.claiming:
             return Outcome(Status.NOT_SENT, key, detail="shutting down")
         compose = None if isinstance(text, str) else text
+        if self.dry_run:
+            return self._shadow(key, parent, text, path)
         claim = self._claim(key, parent, path, None if compose else text)
         if isinstance(claim, Outcome):
             return claim
@@ -187,11 +195,6 @@ class Guard:
             state, extra = st.OPEN, self._open_values(now, text)
         else:
             state, extra = st.COMPOSING, {"lease_owner": self.owner, "lease_until": now + self.compose_lease_s}
-        if self.dry_run:
-            row = self.store.get(key)
-            if row is not None and not self._claimable(row, now):
-                return _classify(row, key, now)
-            return Outcome(Status.NOT_SENT, key, detail="dry run: would post")
         try:
             with self.store.tx(relaxed=state == st.COMPOSING, doing="claiming") as conn:
                 row = self.store.get(key, conn)
@@ -203,6 +206,7 @@ class Guard:
                         "updated_at": now,
                         "path": path,
                         "snapshot": json.dumps(parent.snapshot(), default=str),
+                        "author_id": parent.author_id[:255],
                         "owner": self.owner,
                         "provider_key": self.provider_key(parent.id),
                         **extra,
@@ -217,6 +221,7 @@ class Guard:
                         "updated_at": now,
                         "path": path,
                         "snapshot": json.dumps(parent.snapshot(), default=str),
+                        "author_id": parent.author_id[:255],
                         "owner": self.owner,
                         "error": None,
                         "not_before": None,
@@ -244,6 +249,32 @@ class Guard:
         log.info("replyd.guard.claimed", parent_id=key.parent_id, state=state, attempt=attempt, path=path)
         return Reply(**{**values, "platform": key.platform, "sender_id": key.sender_id, "parent_id": key.parent_id})
 
+    def _shadow(self, key: Key, parent: Parent, text: str | Compose, path: str) -> Outcome:
+        """Dry run: write the reply once, log and record it as ``would_post``; claim and send nothing."""
+        now = self.clock.now()
+        row = self.store.get(key)
+        if row is not None and not self._claimable(row, now):
+            return _classify(row, key, now)
+        # One responder call per parent, even though nothing is claimed: later offers see this event.
+        if self.store.last_event(key, ["would_post"]) is not None:
+            return Outcome(Status.DRY_RUN, key, detail="dry run: shown before")
+        if isinstance(text, str):
+            body: str | None = text
+        else:
+            try:
+                body = metrics.timed_responder(text, parent, self.platform.instance)
+            except Exception as exc:
+                detail = f"{type(exc).__name__}: {getattr(exc, 'detail', '') or exc}"[:300]
+                log.warning("replyd.guard.responder_failed", parent_id=key.parent_id, error=detail, dry_run=True)
+                return Outcome(Status.NOT_SENT, key, detail=f"dry run: {detail}")
+        if not body or not body.strip():
+            self.store.record(key, "would_decline", owner=self.owner, detail={"path": path})
+            return Outcome(Status.DECLINED, key, detail="dry run: the responder declined")
+        log.info("replyd.guard.would_post", parent_id=key.parent_id, path=path, text=body[:500])
+        self.store.record(key, "would_post", owner=self.owner,
+                          detail={"path": path, "text": body[:2000], "text_hash": text_hash(body)})
+        return Outcome(Status.DRY_RUN, key, detail="dry run: would post")
+
     def _open_values(self, now: float, text: str) -> dict[str, Any]:
         return {
             "opened_at": now,
@@ -257,15 +288,26 @@ class Guard:
         """Call the responder once for a composing claim; release or decline on failure."""
         try:
             text = metrics.timed_responder(compose, parent, self.platform.instance)
-        except Exception as exc:  # a responder failure costs no attempt: the row goes back
-            detail = f"{type(exc).__name__}: {exc}"[:300]
-            self._transition(key, [st.COMPOSING], row.attempt, st.RELEASED, "responder_failed", {"error": detail}, relaxed=True)
-            log.warning("replyd.guard.responder_failed", parent_id=key.parent_id, error=detail)
-            return Outcome(Status.NOT_SENT, key, st.RELEASED, row.attempt, detail=detail)
+        except Exception as exc:  # a responder failure costs no attempt: the row goes back, with a backoff
+            detail = (getattr(exc, "detail", "") or f"{type(exc).__name__}: {exc}")[:300]
+            wait_s = self._responder_backoff(key)
+            nb = self.clock.now() + wait_s
+            self._transition(key, [st.COMPOSING], row.attempt, st.RELEASED, "responder_failed",
+                             {"error": detail, "not_before": nb, "backoff_s": wait_s}, relaxed=True)
+            log.warning("replyd.guard.responder_failed", parent_id=key.parent_id, error=detail, backoff_s=wait_s)
+            return Outcome(Status.NOT_SENT, key, st.RELEASED, row.attempt, detail=detail, retry_after_s=wait_s)
         if not text or not text.strip():
             self._transition(key, [st.COMPOSING], row.attempt, st.DECLINED, "declined", {}, relaxed=True)
             return Outcome(Status.DECLINED, key, st.DECLINED, row.attempt)
         return text
+
+    def _responder_backoff(self, key: Key) -> float:
+        """Return how long to wait before calling the responder again: doubling per failure in a row."""
+        try:
+            failures = self.store.count_events(key, "responder_failed", after_kinds=("opened", "rearmed"))
+        except StoreError:
+            failures = 0
+        return min(self.responder_backoff_max_s, self.responder_backoff_s * 2.0 ** failures)
 
     def _open_composed(self, key: Key, row: Reply, text: str) -> Reply | Outcome:
         """Turn our composing claim into a durable open row, unless the lease was lost."""

@@ -1,27 +1,150 @@
-"""The policy step: whether a found parent should be answered at all."""
+"""The policy step: whether a found parent should be answered at all.
+
+Two stages, so that the cheap rules cost nothing and the costly ones are spent
+only on parents nobody has answered yet:
+
+1. ``reason_to_skip`` (no I/O), before the read-only pre-check: never the
+   bot's own posts, accounts flagged as bots, allow/deny lists of accounts and
+   keywords, an age limit, and the depth the adapter already knows.
+2. ``limit_reason`` (store reads, maybe one platform read), after the pre-check:
+   per-author and global caps per hour, and the measured thread depth.
+
+Every reason is a short stable word (``SKIP_REASONS``); the pipeline records it
+as a ``skipped`` event that ``replyd explain`` shows.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
 
 from replyd.clock import Clock
-from replyd.platform import Identity, Parent
+from replyd.errors import PlatformError
+from replyd.platform import Identity, Parent, Platform
+
+if TYPE_CHECKING:
+    from replyd.config import PolicyConfig
+    from replyd.store import Store
+
+log = structlog.get_logger("replyd.policy")
+
+HOUR_S = 3600.0
+
+SKIP_REASONS = {
+    "own_post": "the parent is the bot's own post",
+    "author_is_bot": "the author is flagged as a bot (policy.skip_bots)",
+    "account_denied": "the author is in policy.deny_accounts",
+    "account_not_allowed": "policy.allow_accounts is set and the author is not in it",
+    "keyword_denied": "the text contains a word from policy.deny_keywords",
+    "keyword_missing": "policy.allow_keywords is set and the text contains none of them",
+    "too_old": "the parent is older than policy.max_age_s",
+    "too_deep": "the parent is deeper in its thread than policy.max_depth",
+    "depth_unknown": "policy.max_depth is set and the thread depth could not be read (retried on the next discovery)",
+    "author_cap": "policy.max_per_author_per_hour replies to this author in the last hour",
+    "hourly_cap": "policy.max_per_hour replies in the last hour",
+}
+
+
+def _account(value: str) -> str:
+    return value.strip().removeprefix("@").casefold()
 
 
 @dataclass(frozen=True)
 class Policy:
-    """Rules applied before the pre-check: never yourself, skip bots, age limit."""
+    """Rules deciding whether a found parent is answered; the defaults only skip self and bots."""
 
     skip_bots: bool = True
     max_age_s: float | None = None
+    allow_accounts: frozenset[str] = field(default_factory=frozenset)
+    deny_accounts: frozenset[str] = field(default_factory=frozenset)
+    allow_keywords: tuple[str, ...] = ()
+    deny_keywords: tuple[str, ...] = ()
+    max_depth: int | None = None
+    max_per_author_per_hour: int | None = None
+    max_per_hour: int | None = None
+
+    @classmethod
+    def build(cls, **kw: Any) -> Policy:
+        """Return a Policy with account and keyword lists normalised (case-folded, no leading @)."""
+        for name in ("allow_accounts", "deny_accounts"):
+            if name in kw:
+                kw[name] = frozenset(_account(a) for a in kw[name] if a.strip())
+        for name in ("allow_keywords", "deny_keywords"):
+            if name in kw:
+                kw[name] = tuple(k.casefold() for k in kw[name] if k.strip())
+        return cls(**kw)
+
+    @classmethod
+    def from_config(cls, pc: PolicyConfig) -> Policy:
+        """Return the Policy a bot's ``[bots.policy]`` section describes."""
+        return cls.build(
+            skip_bots=pc.skip_bots,
+            max_age_s=pc.max_age_s,
+            allow_accounts=pc.allow_accounts,
+            deny_accounts=pc.deny_accounts,
+            allow_keywords=pc.allow_keywords,
+            deny_keywords=pc.deny_keywords,
+            max_depth=pc.max_depth,
+            max_per_author_per_hour=pc.max_per_author_per_hour,
+            max_per_hour=pc.max_per_hour,
+        )
+
+    @staticmethod
+    def _matches(accounts: Iterable[str], parent: Parent) -> bool:
+        # Ids are compared case-folded too: a list entry is written by a person, not served by the platform.
+        names = {_account(parent.author_id)}
+        if parent.author_handle:
+            names.add(_account(parent.author_handle))
+        return not names.isdisjoint(accounts)
 
     def reason_to_skip(self, parent: Parent, me: Identity, clock: Clock) -> str | None:
-        """Return why ``parent`` must not be answered, or None to go on."""
+        """Return why ``parent`` must not be answered (rules needing no I/O), or None to go on."""
         if parent.author_id == me.sender_id:
             return "own_post"
-        if self.skip_bots and parent.author_is_bot:
+        if self.deny_accounts and self._matches(self.deny_accounts, parent):
+            return "account_denied"
+        allowed = bool(self.allow_accounts) and self._matches(self.allow_accounts, parent)
+        if self.allow_accounts and not allowed:
+            return "account_not_allowed"
+        # An explicitly allowed account is answered even when flagged as a bot: the operator said so.
+        if self.skip_bots and parent.author_is_bot and not allowed:
             return "author_is_bot"
+        if self.deny_keywords or self.allow_keywords:
+            text = parent.text.casefold()
+            if any(k in text for k in self.deny_keywords):
+                return "keyword_denied"
+            if self.allow_keywords and not any(k in text for k in self.allow_keywords):
+                return "keyword_missing"
         if self.max_age_s is not None and parent.created_at is not None:
             if clock.now() - parent.created_at > self.max_age_s:
                 return "too_old"
+        if self.max_depth is not None and parent.thread_depth > self.max_depth:
+            return "too_deep"  # the adapter's depth is a lower bound: already too deep
+        return None
+
+    def limit_reason(self, parent: Parent, store: Store, platform: Platform, me: Identity, clock: Clock) -> str | None:
+        """Return why ``parent`` must not be answered now (caps, measured depth), or None to go on."""
+        if self.max_per_hour is not None or self.max_per_author_per_hour is not None:
+            since = clock.now() - HOUR_S
+            if self.max_per_hour is not None:
+                if store.count_opened_since(platform.instance, me.sender_id, since) >= self.max_per_hour:
+                    return "hourly_cap"
+            if self.max_per_author_per_hour is not None:
+                n = store.count_opened_since(platform.instance, me.sender_id, since, author_id=parent.author_id[:255])
+                if n >= self.max_per_author_per_hour:
+                    return "author_cap"
+        if self.max_depth is not None and parent.thread_depth >= 1:
+            measure = getattr(platform, "thread_depth", None)
+            if callable(measure):
+                try:
+                    depth = measure(parent, self.max_depth)
+                except PlatformError as exc:
+                    # Fail closed: a loop guard that cannot see the depth must not let the reply through.
+                    log.warning("replyd.policy.depth_failed", parent_id=parent.id, error=exc.detail[:200])
+                    return "depth_unknown"
+                if depth > self.max_depth:
+                    return "too_deep"
         return None

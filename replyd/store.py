@@ -57,7 +57,10 @@ class Reply(SQLModel, table=True):
     """One key of the answered-log and where its answer stands."""
 
     __tablename__ = "replies"
-    __table_args__ = (sa.Index("ix_replies_due", "state", "deadline_at"),)
+    __table_args__ = (
+        sa.Index("ix_replies_due", "state", "deadline_at"),
+        sa.Index("ix_replies_opened", "platform", "sender_id", "opened_at"),
+    )
 
     platform: str = Field(primary_key=True, max_length=255)
     sender_id: str = Field(primary_key=True, max_length=255)
@@ -79,6 +82,7 @@ class Reply(SQLModel, table=True):
     lease_owner: str | None = Field(default=None, max_length=255)
     lease_until: float | None = None
     error: str | None = Field(default=None, sa_type=sa.Text)
+    author_id: str | None = Field(default=None, max_length=255)  # the parent's author, for per-author caps
 
 
 class Event(SQLModel, table=True):
@@ -369,6 +373,52 @@ class Store:
                 owner=owner,
                 detail=detail,
             )
+
+    def count_opened_since(self, platform: str, sender_id: str, since: float, author_id: str | None = None) -> int:
+        """Count this bot's rows opened (sent or being sent) at or after ``since``, optionally for one author."""
+        q = sa.select(sa.func.count()).select_from(REPLIES).where(
+            REPLIES.c.platform == platform,
+            REPLIES.c.sender_id == sender_id,
+            REPLIES.c.opened_at >= since,
+            REPLIES.c.state.in_((OPEN, CLOSED)),
+        )
+        if author_id is not None:
+            q = q.where(REPLIES.c.author_id == author_id)
+        with self.tx(write=False, doing="counting recent replies") as conn:
+            return int(conn.execute(q).scalar_one())
+
+    def last_event(self, key: Key, kinds: Sequence[str] | None = None) -> Event | None:
+        """Return the newest event of ``key`` (of one of ``kinds`` when given), or None."""
+        q = sa.select(EVENTS).where(
+            EVENTS.c.platform == key.platform,
+            EVENTS.c.sender_id == key.sender_id,
+            EVENTS.c.parent_id == key.parent_id,
+        )
+        if kinds:
+            q = q.where(EVENTS.c.kind.in_(list(kinds)))
+        with self.tx(write=False, doing="reading the last event") as conn:
+            m = conn.execute(q.order_by(EVENTS.c.id.desc()).limit(1)).mappings().first()
+        return Event(**dict(m)) if m else None
+
+    def count_events(self, key: Key, kind: str, *, after_kinds: Sequence[str] = ()) -> int:
+        """Count events of ``kind`` for ``key``, only those newer than the last of ``after_kinds``."""
+        where = [EVENTS.c.platform == key.platform, EVENTS.c.sender_id == key.sender_id,
+                 EVENTS.c.parent_id == key.parent_id]
+        q = sa.select(sa.func.count()).select_from(EVENTS).where(*where, EVENTS.c.kind == kind)
+        if after_kinds:
+            last = sa.select(sa.func.coalesce(sa.func.max(EVENTS.c.id), 0)).where(
+                *where, EVENTS.c.kind.in_(list(after_kinds))).scalar_subquery()
+            q = q.where(EVENTS.c.id > last)
+        with self.tx(write=False, doing="counting events") as conn:
+            return int(conn.execute(q).scalar_one())
+
+    def find_events(self, parent_id: str, platform: str | None = None) -> list[Event]:
+        """Return every event for ``parent_id`` (any sender), oldest first: skips leave events but no row."""
+        q = sa.select(EVENTS).where(EVENTS.c.parent_id == parent_id)
+        if platform:
+            q = q.where(EVENTS.c.platform == platform)
+        with self.tx(write=False, doing="finding events") as conn:
+            return [Event(**dict(m)) for m in conn.execute(q.order_by(EVENTS.c.id)).mappings()]
 
     def history(self, key: Key) -> list[Event]:
         """Return every event of ``key`` in order."""

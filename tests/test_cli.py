@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from replyd import migrate
 from replyd.guard import Guard
 from replyd.platforms.memory import MemoryPlatform
 from replyd.store import Store, default_sqlite_path
@@ -95,7 +96,7 @@ def test_db_upgrade_and_current(env, tmp_path):
     e = {**env, "REPLYD_STORE__URL": url}
     assert replyd("db", "upgrade", env=e).returncode == 0
     r = replyd("db", "current", env=e)
-    assert r.returncode == 0 and "revision 0001" in r.stdout
+    assert r.returncode == 0 and f"revision {migrate.head()} (newest: {migrate.head()})" in r.stdout
 
 
 def test_bad_config_exits_2_with_clear_message(env, tmp_path):

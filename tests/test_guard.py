@@ -213,17 +213,25 @@ def test_responder_called_once_and_not_for_answered(guard, plat):
     assert calls == ["p1"]
 
 
-def test_responder_failure_consumes_no_attempt(guard, plat, store):
-    """A responder exception releases the composing row with attempt unchanged; nothing is sent."""
+def test_responder_failure_consumes_no_attempt(guard, plat, store, clock):
+    """A responder exception releases the composing row with attempt unchanged and a doubling backoff; nothing is sent."""
+    calls = []
+
     def boom(parent):
+        calls.append(parent.id)
         raise RuntimeError("model timeout")
 
     out = guard.post(plat.add_parent("p1"), boom)
-    assert out.status is Status.NOT_SENT and plat.send_calls == 0
+    assert out.status is Status.NOT_SENT and plat.send_calls == 0 and out.retry_after_s == 30.0
     row = store.get(guard.key("p1"))
-    assert row.state == st.RELEASED and row.attempt == 1
+    assert row.state == st.RELEASED and row.attempt == 1 and row.not_before == clock.now() + 30.0
+    # Backing off: a re-discovery inside the window costs no responder call.
+    assert guard.post(plat.parents["p1"], boom).status is Status.NOT_SENT and calls == ["p1"]
+    clock.advance(31)
+    assert guard.post(plat.parents["p1"], boom).retry_after_s == 60.0  # second failure in a row: doubled
+    clock.advance(61)
     assert guard.post(plat.parents["p1"], lambda p: "ok").status is Status.POSTED
-    assert store.get(guard.key("p1")).attempt == 1
+    assert store.get(guard.key("p1")).attempt == 1 and plat.send_calls == 1 and len(calls) == 2
 
 
 def test_decline_is_recorded(guard, plat, store):
