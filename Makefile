@@ -9,6 +9,7 @@ BSKY   := tests/bsky
 
 RUNS ?= 20
 SEED ?= 1
+JOBS ?= 1
 
 .PHONY: install install-bench run test test-fast bsky-deps bench chaos clean
 
@@ -46,9 +47,9 @@ install-bench: $(VENV)/.installed-bench
 bench: install-bench
 	$(PY) bench/run.py $(if $(ROWS_MAX),--rows-max $(ROWS_MAX))
 
-# Randomised fault runs of the daemon against the sim; last line is the totals JSON.
+# Randomised fault runs of the daemon against the sim; last line is the totals JSON. JOBS=N runs N at once.
 chaos: install
-	$(PY) -m chaos --runs $(RUNS) --seed $(SEED)
+	$(PY) -m chaos --runs $(RUNS) --seed $(SEED) --jobs $(JOBS)
 
 clean:
 	rm -rf $(VENV) $(BSKY)/node_modules .pytest_cache

@@ -1,18 +1,75 @@
-"""``python -m chaos --runs N --seed S [--short]``: randomised fault runs of replyd; last line = totals JSON."""
+"""``python -m chaos --runs N --seed S [--jobs J] [--short]``: randomised fault runs of replyd; last line = totals JSON."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
+import multiprocessing
+import os
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
+from typing import Any
 
-import structlog
+from chaos.plan import Plan, draw
+from chaos.run import IN_CI_ENV, Result, configure_logging, pg_reachable, run_plan
 
-from chaos.plan import draw
-from chaos.run import IN_CI_ENV, Run, pg_reachable
+SUMMED = ("faults", "posts", "duplicates", "lost", "open_left", "replies", "gave_up", "gave_up_unreported",
+          "wrong_close", "unsettled_left", "unhandled", "start_failures", "stopped_while_starting")
+
+
+def run_line(plan: Plan, res: Result) -> str:
+    """The one stdout line of a finished run."""
+    return (f"run {plan.index:3d} {plan.db:8s} x{plan.replicas} idem={'on ' if plan.idempotency else 'off'} "
+            f"ld={plan.ld_real}/{plan.ld_conf}s posts={res.posts:3d} faults={res.faults:3d} "
+            f"dup={res.duplicates} lost={res.lost} gave_up={res.gave_up} open={res.open_left} "
+            f"attempts={res.attempts_mean:.2f}/{res.attempts_max} settle={res.settle_s}s {res.elapsed_s}s "
+            f"[{','.join(plan.families)}]{' ERROR ' + res.error if res.error else ''}"
+            f"{'' if res.ok else ' FAILED'}")
+
+
+class Tally:
+    """The totals over finished runs, in any order of completion; details are kept sorted by run index."""
+
+    def __init__(self, seed: int) -> None:
+        self.totals: dict[str, Any] = {"runs": 0, "faults": 0, "posts": 0, "duplicates": 0, "lost": 0, "open_left": 0,
+                                       "replies": 0, "gave_up": 0, "gave_up_unreported": 0, "wrong_close": 0,
+                                       "unsettled_left": 0, "unhandled": 0, "bad_exits": 0, "start_failures": 0,
+                                       "stopped_while_starting": 0, "failed_runs": 0, "attempts_max": 0, "seed": seed}
+        self.by_kind: dict[str, int] = {}
+        self.details: list[dict[str, Any]] = []
+        self.t0 = time.monotonic()
+
+    def add(self, plan: Plan, res: Result) -> None:
+        """Count one finished run."""
+        self.details.append({"plan": plan.to_dict(), "result": res.__dict__})
+        self.details.sort(key=lambda d: d["plan"]["index"])
+        t = self.totals
+        t["runs"] += 1
+        for k in SUMMED:
+            t[k] += getattr(res, k)
+        t["bad_exits"] += len(res.bad_exits)
+        t["attempts_max"] = max(t["attempts_max"], res.attempts_max)
+        t["failed_runs"] += 0 if res.ok else 1
+        for k, n in res.fault_counts.items():
+            self.by_kind[k] = self.by_kind.get(k, 0) + n
+
+    def final(self) -> dict[str, Any]:
+        """The totals JSON object as of now (the derived fields computed over the runs finished so far)."""
+        t = dict(self.totals)
+        t["attempts_mean"] = round(sum(d["result"]["attempts_mean"] * d["result"]["posts"] for d in self.details)
+                                   / max(1, t["posts"]), 3)
+        t["faults_by_kind"] = dict(sorted(self.by_kind.items()))
+        t["elapsed_s"] = round(time.monotonic() - self.t0, 1)
+        return t
+
+    def write(self, path: Path, complete: bool) -> None:
+        """Write totals and every finished run to ``path`` atomically, so a stopped campaign loses nothing."""
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"totals": self.final(), "complete": complete, "runs": self.details},
+                                  indent=1, default=str))
+        os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m chaos", description=__doc__)
     p.add_argument("--runs", type=int, default=None, help="number of runs (default 20; 4 with --short)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs executed at once, each in its own process (own ports, directory, database, proxies)")
     p.add_argument("--short", action="store_true", help="small runs for make test (~1-2 minutes)")
     p.add_argument("--only", type=int, action="append", default=None, help="run only this index (repeatable)")
     p.add_argument("--db", choices=("any", "sqlite", "postgres"), default="any")
@@ -27,14 +86,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="fail when PostgreSQL is unreachable (default under CI=true)")
     p.add_argument("--workdir", type=Path, default=None)
     p.add_argument("--keep", action="store_true", help="keep every run's directory (logs, config, SQLite)")
-    p.add_argument("--json-out", type=Path, default=None, help="write every plan and result here")
+    p.add_argument("--json-out", type=Path, default=None,
+                   help="write every plan and result here (rewritten after each finished run)")
     p.add_argument("--limits", action="store_true",
                    help="measure the limits instead (listing delay, latency, clocks beyond the margin; idempotency on/off)")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
-    # The in-process sim logs through structlog: keep stdout for the run lines and the totals.
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-                        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG if a.verbose else logging.WARNING))
+    if a.jobs < 1:
+        p.error("--jobs must be at least 1")
+    configure_logging(a.verbose)
     runs = a.runs if a.runs is not None else (4 if a.short else 20)
     if a.limits:
         from chaos.limits import measure
@@ -51,40 +111,42 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"chaos: PostgreSQL unreachable ({why}); SQLite runs only", file=sys.stderr)
     postgres = why is None
-    totals = {"runs": 0, "faults": 0, "posts": 0, "duplicates": 0, "lost": 0, "open_left": 0,
-              "replies": 0, "gave_up": 0, "gave_up_unreported": 0, "wrong_close": 0, "unsettled_left": 0,
-              "unhandled": 0, "bad_exits": 0, "start_failures": 0, "stopped_while_starting": 0, "failed_runs": 0, "attempts_max": 0, "seed": a.seed}
-    by_kind: dict[str, int] = {}
-    details = []
-    t0 = time.monotonic()
-    indexes = a.only if a.only else range(runs)
-    for i in indexes:
+    plans = []
+    for i in (a.only if a.only else range(runs)):
         plan = draw(a.seed, i, short=a.short, postgres=postgres and a.db != "sqlite")
         if a.db == "postgres":
             plan.db = "postgres"
-        res = Run(plan, a.workdir, keep=a.keep, verbose=a.verbose).execute()
-        details.append({"plan": plan.to_dict(), "result": res.__dict__})
-        totals["runs"] += 1
-        for k in ("faults", "posts", "duplicates", "lost", "open_left", "replies", "gave_up", "gave_up_unreported",
-                  "wrong_close", "unsettled_left", "unhandled", "start_failures", "stopped_while_starting"):
-            totals[k] += getattr(res, k)
-        totals["bad_exits"] += len(res.bad_exits)
-        totals["attempts_max"] = max(totals["attempts_max"], res.attempts_max)
-        totals["failed_runs"] += 0 if res.ok else 1
-        for k, n in res.fault_counts.items():
-            by_kind[k] = by_kind.get(k, 0) + n
-        print(f"run {i:3d} {plan.db:8s} x{plan.replicas} idem={'on ' if plan.idempotency else 'off'} "
-              f"ld={plan.ld_real}/{plan.ld_conf}s posts={res.posts:3d} faults={res.faults:3d} "
-              f"dup={res.duplicates} lost={res.lost} gave_up={res.gave_up} open={res.open_left} "
-              f"attempts={res.attempts_mean:.2f}/{res.attempts_max} settle={res.settle_s}s {res.elapsed_s}s "
-              f"[{','.join(plan.families)}]{' ERROR ' + res.error if res.error else ''}"
-              f"{'' if res.ok else ' FAILED'}", flush=True)
-    totals["attempts_mean"] = round(
-        sum(d["result"]["attempts_mean"] * d["result"]["posts"] for d in details) / max(1, totals["posts"]), 3)
-    totals["faults_by_kind"] = dict(sorted(by_kind.items()))
-    totals["elapsed_s"] = round(time.monotonic() - t0, 1)
+        plans.append(plan)
+    tally = Tally(a.seed)
+
+    def finished(plan: Plan, res: Result) -> None:
+        tally.add(plan, res)
+        print(run_line(plan, res), flush=True)
+        if a.json_out:
+            tally.write(a.json_out, complete=False)
+
+    if a.jobs == 1:
+        for plan in plans:
+            finished(plan, run_plan(plan, a.workdir, a.keep, a.verbose))
+    else:
+        # spawn, not fork: the parent may hold threads, and a worker must start from a clean interpreter.
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(a.jobs, mp_context=ctx, initializer=configure_logging, initargs=(a.verbose,)) as pool:
+            pending: dict[Future, Plan] = {pool.submit(run_plan, plan, a.workdir, a.keep, a.verbose): plan
+                                           for plan in plans}
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    plan = pending.pop(fut)
+                    try:
+                        res = fut.result()
+                    except Exception as exc:  # a dead worker is a broken run, reported like any other
+                        res = Result(plan.index, plan.db, plan.replicas, plan.idempotency, plan.families,
+                                     error=f"worker: {type(exc).__name__}: {exc}"[:500])
+                    finished(plan, res)
+    totals = tally.final()
     if a.json_out:
-        a.json_out.write_text(json.dumps({"totals": totals, "runs": details}, indent=1, default=str))
+        tally.write(a.json_out, complete=True)
     print(json.dumps(totals, sort_keys=False), flush=True)
     return 0 if totals["failed_runs"] == 0 else 1
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+import structlog
 
 from chaos.plan import Event, Plan
 from chaos.proxy import TcpProxy
@@ -233,7 +235,8 @@ class Run:
             self.sqlite_path = self.dir / "replyd.sqlite3"
             self.direct_url = f"sqlite:///{self.sqlite_path}"
             return None
-        self.pg_name = f"replyd_chaos_{uuid.uuid4().hex[:10]}"
+        # Seed and index say whose database it is; the random tail keeps concurrent runs and campaigns apart.
+        self.pg_name = f"replyd_chaos_{self.plan.seed}_{self.plan.index}_{uuid.uuid4().hex[:8]}"
         admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
         with admin.connect() as c:
             c.exec_driver_sql(f'CREATE DATABASE "{self.pg_name}"')
@@ -409,10 +412,11 @@ class Run:
         for r in self.replicas:
             self.start_replica(r)
         # Faults start once the schema exists, so a run measures the daemon, not a failed first start.
-        deadline = self.now() + 30
+        # 60 s: with --jobs, several runs' replicas import and migrate at once on a loaded machine.
+        deadline = self.now() + 60
         while not self.tables_ready():
             if self.now() > deadline:
-                raise RuntimeError("replicas did not create the schema within 30 s")
+                raise RuntimeError("replicas did not create the schema within 60 s")
             self.supervise()
             time.sleep(0.1)
         world.configure(**plan.rates)
@@ -480,7 +484,8 @@ class Run:
                 r.proc.kill()
                 code = r.proc.wait(10)
                 self.res.bad_exits.append(-999)  # did not stop within the grace period
-            if code == -signal.SIGTERM and self.now() - r.started_at < 10:
+            # 30 s: under --jobs load an import can take several times as long as on an idle machine.
+            if code == -signal.SIGTERM and self.now() - r.started_at < 30:
                 self.res.stopped_while_starting += 1  # SIGTERM before its handler was installed (still importing)
             elif code != 0 and r.proc.pid not in r.killed:
                 self.res.bad_exits.append(code)
@@ -558,3 +563,14 @@ class Run:
                 res.integrity = con.execute("PRAGMA integrity_check").fetchone()[0]
             finally:
                 con.close()
+
+
+def configure_logging(verbose: bool) -> None:
+    """Send the in-process sim's structlog output to stderr (stdout holds the run lines and the totals)."""
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+                        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG if verbose else logging.WARNING))
+
+
+def run_plan(plan: Plan, workdir: Path | None, keep: bool, verbose: bool) -> Result:
+    """Execute one plan and return its Result (module level, so a --jobs pool worker can import it)."""
+    return Run(plan, workdir, keep=keep, verbose=verbose).execute()
