@@ -194,10 +194,8 @@ class Config(BaseSettings):
             var = f"REPLYD_{m.group(1).upper()}" if m else "a REPLYD_* variable"
             raise ConfigError(f"{where}: environment variable {var}: not valid JSON for a section ({exc})") from None
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(x) for x in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors()
-            )
-            raise ConfigError(f"{where}: {problems}") from None
+            problems = "; ".join(_problem(err, where) for err in exc.errors())
+            raise ConfigError(problems) from None
         cfg.source = where
         names = [b.name for b in cfg.bots]
         dup = {n for n in names if names.count(n) > 1}
@@ -217,6 +215,24 @@ class Config(BaseSettings):
         if literal and path is not None:
             _warn_if_world_readable(Path(path))
         return cfg
+
+
+def _env_source(loc: tuple[Any, ...]) -> str | None:
+    """Return the REPLYD_* variable that set the value at ``loc``, if one did (the most specific wins)."""
+    parts = [str(x) for x in loc if not isinstance(x, int)]
+    for n in range(len(parts), 0, -1):
+        name = "REPLYD_" + "__".join(parts[:n]).upper()
+        if name in os.environ:
+            return name
+    return None
+
+
+def _problem(err: Any, where: str) -> str:
+    """Describe one validation error, naming the environment variable when the value came from one."""
+    dotted = ".".join(str(x) for x in err["loc"]) or "(top)"
+    var = _env_source(tuple(err["loc"]))
+    origin = f"environment variable {var} (overrides {where})" if var else where
+    return f"{origin}: {dotted}: {err['msg']}"
 
 
 SECRET_WORDS = ("token", "password", "secret", "api_key", "apikey")

@@ -121,3 +121,29 @@ def test_private_file_with_env_secret_no_warning(tmp_path, capsys, monkeypatch):
     rlog.configure("json", "info")
     Config.load(p)
     assert "replyd.config.readable" not in capsys.readouterr().err
+
+
+def test_bad_env_override_names_the_variable(tmp_path, monkeypatch):
+    """A bad value from REPLYD_<SECTION>__<KEY> names that variable, not only the file it overrides."""
+    p = tmp_path / "c.toml"
+    p.write_text("[guard]\nmax_attempts = 2\n")
+    monkeypatch.setenv("REPLYD_GUARD__MAX_ATTEMPTS", "lots")
+    with pytest.raises(ConfigError) as e:
+        Config.load(p)
+    msg = str(e.value)
+    assert msg.startswith(f"environment variable REPLYD_GUARD__MAX_ATTEMPTS (overrides {p}): guard.max_attempts:")
+    monkeypatch.delenv("REPLYD_GUARD__MAX_ATTEMPTS")
+    p.write_text("[guard]\nmax_attempts = 99\n")
+    with pytest.raises(ConfigError, match=rf"^{p}: guard.max_attempts: "):
+        Config.load(p)
+
+
+def test_policy_section_is_validated(tmp_path):
+    """Policy keys are checked: a negative depth or an unknown rule is named with its key."""
+    p = tmp_path / "c.toml"
+    p.write_text('[[bots]]\nname = "b"\nplatform = "memory"\n[bots.policy]\nmax_depth = -1\n')
+    with pytest.raises(ConfigError, match=r"bots\.0\.policy\.max_depth"):
+        Config.load(p)
+    p.write_text('[[bots]]\nname = "b"\nplatform = "memory"\n[bots.policy]\nmax_replies = 3\n')
+    with pytest.raises(ConfigError, match=r"bots\.0\.policy\.max_replies: Extra inputs are not permitted"):
+        Config.load(p)
