@@ -73,6 +73,9 @@ _NEVER_LEFT: tuple[type[Exception], ...] = (
 )
 
 _MAX_SERVER_TEXT = 200
+# The largest platform response replyd reads (after decompression). Real pages are tens of KiB;
+# anything near this is a broken or hostile server, and reading it whole could exhaust memory.
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 
 class BearerAuth(httpx.Auth):
@@ -112,18 +115,21 @@ def request(
     what: str,
     acts: bool | None = None,
     secrets: Iterable[str] = (),
+    max_bytes: int = MAX_RESPONSE_BYTES,
     **kwargs: Any,
 ) -> httpx.Response:
     """Send one request and return the response (any status); map transport errors.
 
     ``acts`` defaults to ``is_acting(method)``; pass it explicitly for a POST
     that only reads (a search RPC). ``kwargs`` go to ``client.request``.
-    Status codes are not checked here: call :func:`raise_for_status`.
+    Status codes are not checked here: call :func:`raise_for_status`. A body
+    larger than ``max_bytes`` is not read on: ``BadResponse`` for a read,
+    ``MaybeSent`` for a request that may have acted (the sweep decides).
     """
     acting = is_acting(method) if acts is None else acts
     secrets = tuple(secrets)
     try:
-        return client.request(method, url, **kwargs)
+        return _bounded(client, method, url, what=what, acting=acting, max_bytes=max_bytes, **kwargs)
     except _NEVER_LEFT as exc:
         detail = redact(f"{what}: {type(exc).__name__}: {exc} (nothing sent)", secrets)
         raise DefinitelyNotSent(detail) from None
@@ -132,6 +138,33 @@ def request(
         tail = "outcome unknown" if acting else "read failed"
         detail = redact(f"{what}: {type(exc).__name__}: {exc} ({tail})", secrets)
         raise cls(detail) from None
+
+
+def _bounded(client: httpx.Client, method: str, url: str, *, what: str, acting: bool, max_bytes: int,
+             **kwargs: Any) -> httpx.Response:
+    """Send the request and read at most ``max_bytes`` of (decoded) body into a plain response."""
+    with client.stream(method, url, **kwargs) as resp:
+        declared = resp.headers.get("content-length", "")
+        chunks: list[bytes] = []
+        size = int(declared) if declared.isdigit() else 0
+        if size <= max_bytes:
+            size = 0
+            for chunk in resp.iter_bytes():
+                size += len(chunk)
+                if size > max_bytes:
+                    break
+                chunks.append(chunk)
+        if size > max_bytes:
+            detail = f"{what}: HTTP {resp.status_code} response larger than {max_bytes} bytes; not read"
+            if acting:
+                raise MaybeSent(detail + " (outcome unknown)", status=resp.status_code)
+            raise BadResponse(detail, status=resp.status_code)
+        # The body is decoded already: drop the headers that describe the encoded form.
+        headers = [(k, v) for k, v in resp.headers.multi_items()
+                   if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+        out = httpx.Response(resp.status_code, headers=headers, content=b"".join(chunks), request=resp.request,
+                             extensions=resp.extensions)
+        return out
 
 
 def server_error_text(resp: httpx.Response) -> str:
