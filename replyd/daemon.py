@@ -86,8 +86,13 @@ def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cloc
     rsettings = bc.responder.model_dump(exclude={"kind"})
     responder = make_responder(bc.responder.kind, rsettings)
     # The runner's bound is a backstop: a responder's own timeout (which also kills a child) fires first.
-    pipeline = Pipeline(guard, responder, Policy.from_config(bc.policy), clock,
-                        responder_timeout_s=timeout_setting(rsettings) + 5.0)
+    responder_timeout_s = float(getattr(responder, "timeout_s", None) or timeout_setting(rsettings)) + 5.0
+    if responder_timeout_s >= cfg.guard.compose_lease_s:
+        # The composing lease would expire mid-call: another replica could call the responder too
+        # (never send twice: opening checks the lease owner), wasting a call.
+        log.warning("replyd.bot.responder_timeout_long", bot=bc.name, responder_timeout_s=responder_timeout_s,
+                    compose_lease_s=cfg.guard.compose_lease_s, hint="set guard.compose_lease_s above the responder's timeout_s")
+    pipeline = Pipeline(guard, responder, Policy.from_config(bc.policy), clock, responder_timeout_s=responder_timeout_s)
     pollers = Pollers(store, platform, pipeline, bc.pollers, clock)
     log.info("replyd.bot.ready", bot=bc.name, platform=platform.instance, sender_id=identity.sender_id)
     return BotRuntime(bc, platform, identity, guard, pipeline, pollers)

@@ -650,6 +650,9 @@ def _webhook(settings: Mapping[str, Any]) -> Responder:
     headers = s.get("headers", {})
     if not isinstance(headers, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
         raise ConfigError("responder.headers: must be a table of string names to string values")
+    if not all(k.isascii() and k.isprintable() and v.isascii() and v.isprintable() and k.strip()
+               for k, v in headers.items()):
+        raise ConfigError("responder.headers: names and values must be printable ASCII on one line")
     reserved = sorted(k for k in headers if k.lower() in _RESERVED_HEADERS)
     if reserved:
         raise ConfigError(f"responder.headers: {reserved} are set by replyd")
@@ -672,13 +675,13 @@ class OpenAIResponder:
 
     The messages are the system prompt and the parent formatted by
     ``prompt_template``. The reply is ``choices[0].message.content``, stripped;
-    null, empty or equal to ``decline_token`` declines.
+    null, empty or equal to ``decline_marker`` declines.
     """
 
     def __init__(self, model: str, *, base_url: str = OPENAI_BASE_URL, api_key: str | None = None,
                  system_prompt: str = DEFAULT_SYSTEM_PROMPT, prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
                  max_tokens: int = 300, temperature: float | None = None, timeout_s: float = 60.0,
-                 retries: int = 2, decline_token: str | None = None) -> None:
+                 retries: int = 2, decline_marker: str | None = None) -> None:
         if api_key:
             rlog.add_secret(api_key)
         self.model = model
@@ -686,7 +689,7 @@ class OpenAIResponder:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.timeout_s = timeout_s
-        self.decline_token = decline_token.strip() if decline_token else None
+        self.decline_marker = decline_marker.strip() if decline_marker else None
         self._prompt = TemplateResponder(prompt_template, key="prompt_template")
         self._post = _JsonPost("openai", base_url.rstrip("/") + "/chat/completions", timeout_s=timeout_s,
                                retries=retries, auth=BearerAuth(api_key) if api_key else None,
@@ -708,7 +711,7 @@ class OpenAIResponder:
         return req
 
     async def respond(self, parent: Parent) -> str | None:
-        """Ask the model once about ``parent``; return its answer (empty/decline token declines)."""
+        """Ask the model once about ``parent``; return its answer (empty or decline_marker declines)."""
         user_text = await self._prompt.respond(parent) or ""
         body = json.dumps(self.request(user_text), ensure_ascii=False).encode("utf-8")
         resp = await self._post.post(body, {"content-type": "application/json", "accept": "application/json",
@@ -729,7 +732,7 @@ class OpenAIResponder:
             log.warning("replyd.responder.truncated", responder="openai", model=self.model,
                         hint="the reply hit max_tokens; raise it or ask for shorter answers in system_prompt")
         text = (content or "").strip()
-        if not text or text == self.decline_token:
+        if not text or text == self.decline_marker:
             return None
         return text
 
@@ -757,9 +760,13 @@ class OpenAIResponder:
 def _openai(settings: Mapping[str, Any]) -> Responder:
     """Build an ``openai`` responder from its settings; raise ConfigError."""
     s = _settings(settings, "openai", {"base_url", "model", "system_prompt", "prompt_template", "max_tokens",
-                                       "temperature", "api_key", "retries", "decline_token"})
+                                       "temperature", "api_key", "retries", "decline_marker"})
     base_url = _http_url(s, "base_url", OPENAI_BASE_URL)
     api_key = _text(s, "api_key")
+    if api_key is not None:
+        api_key = api_key.strip()  # a key read from a file often ends with a newline
+        if not api_key.isascii() or not api_key.isprintable() or any(c.isspace() for c in api_key):
+            raise ConfigError("responder.api_key: contains whitespace or non-ASCII characters")
     if api_key is None and urlsplit(base_url).hostname == "api.openai.com":
         raise ConfigError("responder.api_key_env: required for api.openai.com (name the variable holding the key)")
     model = _text(s, "model", required=True)
@@ -774,5 +781,5 @@ def _openai(settings: Mapping[str, Any]) -> Responder:
         temperature=_number(s, "temperature", None, lo=0, hi=2),
         timeout_s=timeout_setting(s, 60.0),
         retries=_retries(s),
-        decline_token=_text(s, "decline_token"),
+        decline_marker=_text(s, "decline_marker"),
     )

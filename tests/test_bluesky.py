@@ -684,3 +684,185 @@ def test_delete_record(fixture_server: FixtureServer, http_client: httpx.Client)
         "repo": BOT, "collection": "app.bsky.feed.post", "rkey": "3jqhxhsrye223"}
     with pytest.raises(Rejected):
         p.delete("at://did:plc:someone/app.bsky.feed.post/3jqhxhsrye223")
+
+
+# --- thread depth ------------------------------------------------------------------------
+
+
+def resolved(fs: FixtureServer, p: BlueskyPlatform, post: dict[str, Any]) -> Parent:
+    """``post`` as resolve parses it (getPosts answered with it); the request is forgotten."""
+    fs.route("GET", POSTS, Reply(body={"posts": [post]}))
+    parent = p.resolve(post["uri"])
+    fs.requests.clear()
+    return parent
+
+
+class Chain:
+    """getPostThread over a synthetic chain of ``n + 1`` posts (post i answers post i-1), honouring parentHeight."""
+
+    def __init__(self, n: int) -> None:
+        self.template = fx("getPostThread.json")["thread"]["post"]
+        self.n = n
+
+    def uri(self, i: int) -> str:
+        """The URI of post ``i``."""
+        return f"at://did:plc:chain/app.bsky.feed.post/{tid_encode(TID_BASE_US + i, 0)}"
+
+    def post(self, i: int) -> dict[str, Any]:
+        """Post ``i`` as a post view; post 0 is the root."""
+        post = copy.deepcopy(self.template)
+        post["uri"] = self.uri(i)
+        if i == 0:
+            post["record"].pop("reply")
+        else:
+            post["record"]["reply"] = {"root": {"uri": self.uri(0), "cid": post["cid"]},
+                                       "parent": {"uri": self.uri(i - 1), "cid": post["cid"]}}
+        return post
+
+    def __call__(self, rec: Any) -> Reply:
+        i = int(tid_decode(rec.param("uri").rsplit("/", 1)[1])[0] - TID_BASE_US)
+        top = max(0, i - int(rec.param("parentHeight")))
+        node: dict[str, Any] | None = None
+        for k in range(top, i + 1):
+            node = {"$type": "app.bsky.feed.defs#threadViewPost", "post": self.post(k),
+                    **({"parent": node} if node is not None else {})}
+        return Reply(body={"thread": node})
+
+
+def test_thread_depth_top_level_costs_no_request(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """The recorded top-level post is depth 0, a reply under limit 0 is 1: nothing is requested."""
+    p = make(fixture_server, http_client)
+    top = resolved(fixture_server, p, fx("getPostThread_embed_images.json")["thread"]["post"])
+    reply = resolved(fixture_server, p, fx("getPostThread.json")["thread"]["post"])
+    assert (top.thread_depth, reply.thread_depth) == (0, 1)
+    assert p.thread_depth(top, 5) == 0
+    assert p.thread_depth(reply, 0) == 1
+    assert fixture_server.requests_to("GET", THREAD) == []
+
+
+def test_thread_depth_recorded_hellthread(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """The recorded thread: 53 posts above the anchor, then a blockedPost that is not the root: 53 + 1 + the root."""
+    body = fx("getPostThread.json")
+    fixture_server.route("GET", THREAD, Reply(body=body))
+    p = make(fixture_server, http_client)
+    anchor = resolved(fixture_server, p, body["thread"]["post"])
+    assert p.thread_depth(anchor, 100) == 55
+    [req] = fixture_server.requests_to("GET", THREAD)
+    assert (req.param("uri"), req.param("depth"), req.param("parentHeight")) == (anchor.id, "0", "101")
+    assert req.headers["atproto-proxy"] == f"{APPVIEW}#bsky_appview"
+
+
+@pytest.mark.parametrize(("limit", "answer"), [(1, 2), (10, 11), (52, 53), (53, 54)])
+def test_thread_depth_recorded_hellthread_cut_at_limit(limit: int, answer: int, fixture_server: FixtureServer,
+                                                       http_client: httpx.Client) -> None:
+    """Even when the server sends the whole chain, counting stops at limit + 1 (the parentHeight asked)."""
+    body = fx("getPostThread.json")
+    fixture_server.route("GET", THREAD, Reply(body=body))
+    p = make(fixture_server, http_client)
+    anchor = resolved(fixture_server, p, body["thread"]["post"])
+    assert p.thread_depth(anchor, limit) == answer
+    assert fixture_server.requests_to("GET", THREAD)[0].param("parentHeight") == str(limit + 1)
+
+
+@pytest.mark.parametrize("kind", ["notFoundPost", "blockedPost"])
+@pytest.mark.parametrize(("is_root", "answer"), [(True, 2), (False, 3)], ids=["root", "mid-thread"])
+def test_thread_depth_unseen_parent_counts_and_ends(kind: str, is_root: bool, answer: int,
+                                                    fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """A notFound or blocked grandparent counts and ends the chain; unless it is the root, the root above counts too."""
+    body = copy.deepcopy(fx("getPostThread.json"))
+    root = body["thread"]["post"]["record"]["reply"]["root"]["uri"]
+    stub: dict[str, Any] = {"$type": f"app.bsky.feed.defs#{kind}",
+                            "uri": root if is_root else "at://did:plc:gone/app.bsky.feed.post/3jaaaaaaaaaa2"}
+    stub.update({"notFound": True} if kind == "notFoundPost" else {"blocked": True, "author": {"did": "did:plc:x"}})
+    body["thread"]["parent"]["parent"] = stub
+    fixture_server.route("GET", THREAD, Reply(body=body))
+    p = make(fixture_server, http_client)
+    assert p.thread_depth(resolved(fixture_server, p, body["thread"]["post"]), 100) == answer
+
+
+@pytest.mark.parametrize(("is_root", "answer"), [(True, 2), (False, 3)], ids=["root", "mid-thread"])
+def test_thread_depth_left_out_parent_counts(is_root: bool, answer: int, fixture_server: FixtureServer,
+                                             http_client: httpx.Client) -> None:
+    """A reply shown without its parent (outside the thread root, or a threadgate) counts that parent, with a log."""
+    body = copy.deepcopy(fx("getPostThread.json"))
+    body["thread"]["parent"].pop("parent")  # the AppView stops at a reply although height was left
+    if is_root:
+        reply = body["thread"]["parent"]["post"]["record"]["reply"]
+        reply["parent"] = dict(reply["root"])
+    fixture_server.route("GET", THREAD, Reply(body=body))
+    p = make(fixture_server, http_client)
+    with capture_logs() as logs:
+        assert p.thread_depth(resolved(fixture_server, p, body["thread"]["post"]), 100) == answer
+    assert any(e["event"] == "replyd.bluesky.thread_cut" for e in logs)
+
+
+@pytest.mark.parametrize(("n", "limit", "answer", "heights"),
+                         [(3, 10, 3, ["11"]), (300, 1000, 300, ["250", "250"]), (700, 600, 601, ["250", "250", "101"])])
+def test_thread_depth_pages_long_chains(n: int, limit: int, answer: int, heights: list[str],
+                                        fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """Past 250 ancestors the count goes on from the topmost post seen, a request per 250, stopping at limit + 1."""
+    chain = Chain(n)
+    fixture_server.route("GET", THREAD, chain)
+    p = make(fixture_server, http_client)
+    assert p.thread_depth(resolved(fixture_server, p, chain.post(n)), limit) == answer
+    asked = fixture_server.requests_to("GET", THREAD)
+    assert [r.param("parentHeight") for r in asked] == heights
+    assert [r.param("uri") for r in asked] == [chain.uri(n - 250 * k) for k in range(len(heights))]
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [
+        (Reply(body={"thread": "x"}), "thread_depth: field thread is a string, not dict"),
+        (Reply(body={"thread": {"$type": "app.bsky.feed.defs#blockedPost", "uri": "at://x"}}),
+         "thread_depth: thread is a app.bsky.feed.defs#blockedPost"),
+        (Reply(body="<html></html>", content_type="text/html"), "thread_depth: not JSON (text/html)"),
+        (Reply(body=b'{"thread": ' + b'{"parent": ' * 3000 + b"{}" + b"}" * 3001),
+         "thread_depth: thread nested too deep to parse"),
+    ],
+    ids=["thread-string", "anchor-blocked", "html-200", "nested-3000"],
+)
+def test_thread_depth_malformed_thread_is_bad_response(reply: Reply, message: str, fixture_server: FixtureServer,
+                                                       http_client: httpx.Client) -> None:
+    """A getPostThread body of the wrong shape, or nested past what json can parse, is BadResponse."""
+    fixture_server.route("GET", THREAD, reply)
+    p = make(fixture_server, http_client)
+    with pytest.raises(BadResponse) as err:
+        p.thread_depth(resolved(fixture_server, p, fx("getPostThread.json")["thread"]["post"]), 5)
+    assert err.value.detail == message
+
+
+@pytest.mark.parametrize(
+    ("reply", "cls"),
+    [
+        (Reply(status=502, body={"error": "UpstreamFailure", "message": "Upstream Failure"}), DefinitelyNotSent),
+        (Reply(status=400, body={"error": "NotFound", "message": "Post not found: at://…"}), Rejected),
+        (Reply(status=429, body={"error": "RateLimitExceeded"}, headers={"ratelimit-reset": "2000000000"}),
+         RateLimited),
+    ],
+    ids=["502", "400-not-found", "429"],
+)
+def test_thread_depth_errors_map_like_other_reads(reply: Reply, cls: type, fixture_server: FixtureServer,
+                                                  http_client: httpx.Client) -> None:
+    """A failed getPostThread maps as the adapter's other reads: 5xx DefinitelyNotSent, 4xx Rejected, 429 RateLimited."""
+    fixture_server.route("GET", THREAD, reply)
+    p = make(fixture_server, http_client)
+    with pytest.raises(cls) as err:
+        p.thread_depth(resolved(fixture_server, p, fx("getPostThread.json")["thread"]["post"]), 5)
+    assert type(err.value) is cls and err.value.status == reply.status
+
+
+def test_thread_depth_spent_budget_refused_locally(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """After ratelimit-remaining 0 on getPostThread, the next thread_depth is refused without a request."""
+    clock = FakeClock(1_900_000_000.0)
+    spent = {"ratelimit-limit": "3000", "ratelimit-remaining": "0", "ratelimit-reset": str(int(clock.now() + 60))}
+    body = fx("getPostThread.json")
+    fixture_server.route("GET", THREAD, Reply(body=body, headers=spent))
+    p = make(fixture_server, http_client, clock)
+    anchor = resolved(fixture_server, p, body["thread"]["post"])
+    assert p.thread_depth(anchor, 3) == 4
+    with pytest.raises(RateLimited) as err:
+        p.thread_depth(anchor, 3)
+    assert err.value.status is None and len(fixture_server.requests_to("GET", THREAD)) == 1
+    clock.advance(61)
+    assert p.thread_depth(anchor, 3) == 4

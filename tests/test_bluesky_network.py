@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -29,7 +30,7 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from tests.bsky_network import BskyNetwork, bsky_network, crash_before_close  # noqa: F401
+from tests.bsky_network import BskyNetwork, _create_account, bsky_network, crash_before_close  # noqa: F401
 from replyd import store as st
 from replyd.clock import FakeClock, SystemClock
 from replyd.guard import Guard, Status
@@ -572,3 +573,67 @@ def test_pollers_find_through_every_path_one_reply_one_call(world: World) -> Non
     for pid in ours:
         assert [r["uri"] for r in world.bot_replies(pid)] == [world.expected_uri(pid)], pid
         assert world.row(pid).state == st.CLOSED
+
+
+# --- thread depth -----------------------------------------------------------------------------
+
+
+def test_thread_depth_counts_parents_on_the_appview(world: World) -> None:
+    """root → r1 → r2 → r3 on the real AppView: depths 0..3, one getPostThread each, cut at limit + 1."""
+    net = world.net
+    root = net.post(net.people["alice.test"], f"depth root {tag()}")
+    r1 = net.post(net.people["bob.test"], "depth one", reply_to=net.reply_refs(root, root))
+    r2 = net.post(net.people["carol.test"], "depth two", reply_to=net.reply_refs(root, r1))
+    r3 = net.post(net.people["alice.test"], "depth three", reply_to=net.reply_refs(root, r2))
+    for post in (root, r1, r2, r3):
+        net.wait_indexed(post["uri"])
+    asked: list[httpx.Request] = []
+    with httpx.Client(trust_env=False, event_hooks={"request": [asked.append]}) as http:
+        p = BlueskyPlatform.from_settings(world.settings(), http=http, clock=SystemClock())
+        parents = [p.resolve(post["uri"]) for post in (root, r1, r2, r3)]
+        asked.clear()
+        assert [p.thread_depth(q, 10) for q in parents] == [0, 1, 2, 3]
+        threads = [r for r in asked if r.url.path.endswith("/app.bsky.feed.getPostThread")]
+        assert len(threads) == len(asked) == 3  # none for the root
+        assert {(r.url.params["depth"], r.url.params["parentHeight"]) for r in threads} == {("0", "11")}
+        asked.clear()
+        assert [p.thread_depth(parents[3], limit) for limit in (0, 1, 2, 3)] == [1, 2, 3, 3]
+        assert [r.url.params["parentHeight"] for r in asked] == ["2", "3", "4"]  # limit 0: no request
+
+
+def test_thread_depth_deleted_or_blocked_ancestor_still_counts(world: World) -> None:
+    """A deleted ancestor comes back as notFoundPost, a blocking author's as blockedPost: each counts, and the root above."""
+    net, w = world.net, tag()
+    dave = _create_account(net.http, net.pds, f"{w}.test")
+    root = net.post(net.people["alice.test"], f"depth root {w}")
+    r1 = net.post(net.people["bob.test"], "to be deleted", reply_to=net.reply_refs(root, root))
+    r2 = net.post(dave, "by someone who blocks the bot", reply_to=net.reply_refs(root, r1))
+    r3 = net.post(net.people["carol.test"], "depth three", reply_to=net.reply_refs(root, r2))
+    r4 = net.post(net.people["alice.test"], "depth four", reply_to=net.reply_refs(root, r3))
+    for post in (root, r1, r2, r3, r4):
+        net.wait_indexed(post["uri"])
+    p = world.platform
+    r2_parent, r4_parent = p.resolve(r2["uri"]), p.resolve(r4["uri"])
+    assert (p.thread_depth(r2_parent, 10), p.thread_depth(r4_parent, 10)) == (2, 4)
+
+    def bots_view(uri: str) -> dict[str, Any]:
+        resp = net.xrpc("GET", "app.bsky.feed.getPostThread", who=net.bot, proxy=True,
+                        params={"uri": uri, "depth": 0, "parentHeight": 10})
+        resp.raise_for_status()
+        return resp.json()["thread"]
+
+    rkey = r1["uri"].rsplit("/", 1)[1]
+    net.xrpc("POST", "com.atproto.repo.deleteRecord", who=net.people["bob.test"],
+             body={"repo": net.people["bob.test"].did, "collection": POST_NSID, "rkey": rkey}).raise_for_status()
+    seen = eventually(lambda: bots_view(r2["uri"]), lambda t: t.get("parent", {}).get("notFound") is True)
+    assert seen["parent"]["$type"] == "app.bsky.feed.defs#notFoundPost"
+    assert p.thread_depth(r2_parent, 10) == 2  # r1 (gone) and the root above it
+
+    net.xrpc("POST", "com.atproto.repo.createRecord", who=dave, body={
+        "repo": dave.did, "collection": "app.bsky.graph.block",
+        "record": {"$type": "app.bsky.graph.block", "subject": net.bot.did,
+                   "createdAt": datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")}}).raise_for_status()
+    seen = eventually(lambda: bots_view(r4["uri"]), lambda t: t["parent"].get("parent", {}).get("blocked") is True)
+    assert seen["parent"]["parent"]["$type"] == "app.bsky.feed.defs#blockedPost"
+    assert p.thread_depth(r4_parent, 10) == 3  # r3, r2 (blocked), the root: r1 is not seen, a lower bound
+    assert p.thread_depth(r4_parent, 1) == 2

@@ -548,6 +548,211 @@ def test_read_back_total_failure_checks_nothing(http_client: httpx.Client) -> No
     assert rb.checked == set() and rb.found == {}
 
 
+# --- thread depth --------------------------------------------------------------------------
+
+NOT_FOUND = Reply(status=404, body={"errors": ["The requested URL or resource could not be found."], "error_type": "not_found"})
+
+
+class RecordedTopic:
+    """Serves the recorded topic's posts as Discourse's reply-history and by_number endpoints do.
+
+    ``/posts/{id}/reply-history.json`` climbs ``reply_to_post_number`` like
+    ``TopicView#find_post_replies_ids`` (at most ``max_reply_history`` levels,
+    the site setting, default 1) and leaves out posts this account may not see
+    (``hidden``); ``/posts/by_number/{topic}/{n}.json`` answers one post or 404.
+    """
+
+    def __init__(self, server: FixtureServer, *, max_reply_history: int = 1, hidden: tuple[int, ...] = (),
+                 posts: list[dict[str, Any]] | None = None) -> None:
+        self.posts = posts if posts is not None else fxj("topic.json")["post_stream"]["posts"]
+        self.by_number = {p["post_number"]: p for p in self.posts}
+        self.max_reply_history = max_reply_history
+        self.hidden = set(hidden)
+        for p in self.posts:
+            server.route("GET", f"/posts/{p['id']}.json", Reply(body=p))
+            server.route("GET", f"/posts/{p['id']}/reply-history.json", self.history)
+            server.route("GET", f"/posts/by_number/{p['topic_id']}/{p['post_number']}.json", self.one)
+
+    def history(self, rec: Recorded) -> Reply:
+        """The ancestors of the post in the path, nearest ``max_reply_history`` levels, visible ones, by id."""
+        pid = int(rec.path.split("/")[2])
+        cur = next(p for p in self.posts if p["id"] == pid)
+        out: list[dict[str, Any]] = []
+        while cur.get("reply_to_post_number") and len(out) < self.max_reply_history:
+            cur = self.by_number.get(cur["reply_to_post_number"])
+            if cur is None:
+                break
+            out.append(cur)
+        return Reply(body=sorted((p for p in out if p["post_number"] not in self.hidden), key=lambda p: p["id"]))
+
+    def one(self, rec: Recorded) -> Reply:
+        """One post by number, 404 when hidden."""
+        number = int(rec.path.rsplit("/", 1)[1].split(".")[0])
+        return NOT_FOUND if number in self.hidden else Reply(body=self.by_number[number])
+
+
+def depth_requests(server: FixtureServer) -> list[str]:
+    """The reply-history and by_number requests made, in order (not the resolves)."""
+    return [r.path for r in server.requests if "reply-history" in r.path or "by_number" in r.path]
+
+
+def recorded_parents(server: FixtureServer, p: DiscoursePlatform) -> dict[int, Parent]:
+    """Every loaded post of the recorded topic as resolve parses it, by post number; requests forgotten."""
+    out = {n: p.resolve(str(post["id"])) for n, post in RecordedTopic(server).by_number.items()}
+    server.requests.clear()
+    return out
+
+
+# Depths in the recorded topic (reply_to_post_number as recorded): 20 → 19 → 18 → 14 → the first post.
+RECORDED_DEPTHS = {1: 0, 2: 1, 3: 1, 4: 2, 8: 2, 12: 2, 13: 3, 17: 2, 18: 2, 19: 3, 20: 4}
+
+
+def test_thread_depth_recorded_topic_one_level_per_request(fixture_server: FixtureServer,
+                                                           http_client: httpx.Client) -> None:
+    """Depths in the recorded topic; the first post and direct replies cost nothing, deeper ones one request a level."""
+    p = make(fixture_server.url, http_client)
+    parents = recorded_parents(fixture_server, p)
+    RecordedTopic(fixture_server)
+    for number, depth in RECORDED_DEPTHS.items():
+        fixture_server.requests.clear()
+        assert p.thread_depth(parents[number], 10) == depth, number
+        assert len(depth_requests(fixture_server)) == max(depth - 1, 0), number
+    fixture_server.requests.clear()
+    p.thread_depth(parents[20], 10)
+    assert depth_requests(fixture_server) == [
+        "/posts/20545/reply-history.json", "/posts/20218/reply-history.json", "/posts/20136/reply-history.json"]
+    assert fixture_server.requests[0].param("max_replies") == "10"  # 19 and up to 9 more: enough to pass 10
+
+
+def test_thread_depth_one_request_where_the_site_serves_more_history(fixture_server: FixtureServer,
+                                                                    http_client: httpx.Client) -> None:
+    """With max_reply_history raised, one reply-history answer carries the whole chain: one request."""
+    p = make(fixture_server.url, http_client)
+    parents = recorded_parents(fixture_server, p)
+    RecordedTopic(fixture_server, max_reply_history=10)
+    assert p.thread_depth(parents[20], 10) == 4
+    assert p.thread_depth(parents[13], 10) == 3
+    assert depth_requests(fixture_server) == ["/posts/20545/reply-history.json", "/posts/20052/reply-history.json"]
+
+
+@pytest.mark.parametrize(("limit", "answer", "requests"), [(0, 1, 0), (1, 2, 0), (2, 3, 1), (3, 4, 2), (4, 4, 3)])
+def test_thread_depth_stops_after_limit_plus_one(limit: int, answer: int, requests: int, fixture_server: FixtureServer,
+                                                 http_client: httpx.Client) -> None:
+    """Post 20 (depth 4): counting stops once the answer exceeds the limit, with no request more than needed."""
+    p = make(fixture_server.url, http_client)
+    target = recorded_parents(fixture_server, p)[20]
+    RecordedTopic(fixture_server)
+    assert p.thread_depth(target, limit) == answer
+    assert len(depth_requests(fixture_server)) == requests
+
+
+def test_thread_depth_hidden_ancestor_counts_and_ends_the_count(fixture_server: FixtureServer,
+                                                                http_client: httpx.Client) -> None:
+    """Post 18 deleted (not shown to this account): it counts, nothing above it is seen (a lower bound)."""
+    p = make(fixture_server.url, http_client)
+    target = recorded_parents(fixture_server, p)[20]
+    RecordedTopic(fixture_server, hidden=(18,))
+    with capture_logs() as logs:
+        assert p.thread_depth(target, 10) == 3  # the first post, 19, 18 (14 above it is unseen)
+    assert depth_requests(fixture_server) == [
+        "/posts/20545/reply-history.json", "/posts/20218/reply-history.json", "/posts/by_number/1148/18.json"]
+    assert any(e["event"] == "replyd.discourse.thread_hidden" and e["post_number"] == 18 for e in logs)
+
+
+def test_thread_depth_site_without_reply_history_falls_back_to_by_number(fixture_server: FixtureServer,
+                                                                         http_client: httpx.Client) -> None:
+    """A site whose reply-history answers nothing (max_reply_history 0) is read by number, asked only once."""
+    p = make(fixture_server.url, http_client)
+    target = recorded_parents(fixture_server, p)[20]
+    RecordedTopic(fixture_server, max_reply_history=0)
+    assert p.thread_depth(target, 10) == 4
+    assert depth_requests(fixture_server) == [
+        "/posts/20545/reply-history.json", "/posts/by_number/1148/19.json", "/posts/by_number/1148/18.json",
+        "/posts/by_number/1148/14.json"]
+
+
+def test_thread_depth_parent_without_extra_is_read_first(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """A parent lacking post_number / reply_to_post_number is read by id first (one request), then climbed."""
+    RecordedTopic(fixture_server)
+    p = make(fixture_server.url, http_client)
+    assert p.thread_depth(Parent(id="20052", author_id="x", thread_depth=1), 10) == 3
+    assert p.thread_depth(Parent(id="18952", author_id="x"), 10) == 0
+    assert [r.path for r in fixture_server.requests] == [
+        "/posts/20052.json", "/posts/20052/reply-history.json", "/posts/20039/reply-history.json", "/posts/18952.json"]
+
+
+def test_thread_depth_reply_loop_ends(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """Edited reply_to_post_numbers that loop (5 → 4 → 3 → 4) end the count at the distinct posts, with a warning."""
+    posts = [post_body(100 + n, 9, n, reply_to_post_number=r) for n, r in ((1, None), (3, 4), (4, 3), (5, 4))]
+    RecordedTopic(fixture_server, posts=posts, max_reply_history=5)
+    p = make(fixture_server.url, http_client)
+    with capture_logs() as logs:
+        assert p.thread_depth(p.resolve("105"), 1000) == 3
+    assert any(e["event"] == "replyd.discourse.reply_loop" for e in logs)
+    assert len(depth_requests(fixture_server)) == 1
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [
+        (Reply(body={"post_stream": {"posts": []}}), "thread_depth: expected an array at top level, got an object"),
+        (Reply(body=[7]), "thread_depth: post is not an object"),
+        (Reply(body=[{"id": 1, "post_number": "19"}]), "thread_depth: field post_number is a string, not int"),
+        (Reply(body="<html>Maintenance</html>", content_type="text/html"), "thread_depth: not JSON (text/html)"),
+    ],
+    ids=["object", "item-number", "number-as-string", "html-200"],
+)
+def test_thread_depth_malformed_history_is_bad_response(reply: Reply, message: str, fixture_server: FixtureServer,
+                                                        http_client: httpx.Client) -> None:
+    """A reply-history body of the wrong shape raises BadResponse naming what was wrong."""
+    p = make(fixture_server.url, http_client)
+    target = recorded_parents(fixture_server, p)[20]
+    fixture_server.route("GET", "/posts/20545/reply-history.json", reply)
+    with pytest.raises(BadResponse) as err:
+        p.thread_depth(target, 10)
+    assert err.value.detail == message
+
+
+@pytest.mark.parametrize(
+    ("reply", "cls"),
+    [
+        (Reply(status=500, body={"errors": ["boom"]}), DefinitelyNotSent),
+        (html_error(502), DefinitelyNotSent),
+        (Reply(status=403, body={"errors": ["You are not permitted to view the requested resource."],
+                                 "error_type": "invalid_access"}), DefinitelyNotSent),
+        (NOT_FOUND, Rejected),
+    ],
+    ids=["500", "502-html", "403", "404"],
+)
+def test_thread_depth_errors_map_like_other_reads(reply: Reply, cls: type, fixture_server: FixtureServer,
+                                                  http_client: httpx.Client) -> None:
+    """A failed reply-history read maps as the adapter's other GETs: 5xx and 403 DefinitelyNotSent, 404 Rejected."""
+    p = make(fixture_server.url, http_client)
+    target = recorded_parents(fixture_server, p)[20]
+    fixture_server.route("GET", "/posts/20545/reply-history.json", reply)
+    with pytest.raises(cls) as err:
+        p.thread_depth(target, 10)
+    assert type(err.value) is cls and err.value.status == reply.status
+
+
+def test_thread_depth_429_blocks_locally(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """A 429 (extras.wait_seconds) is RateLimited and blocks the next thread_depth locally until the wait passes."""
+    clock = FakeClock()
+    p = make(fixture_server.url, http_client, clock)
+    target = recorded_parents(fixture_server, p)[13]
+    limited = Reply(status=429, body={"errors": ["slow down"], "error_type": "rate_limit", "extras": {"wait_seconds": 9}})
+    RecordedTopic(fixture_server)
+    fixture_server.route("GET", "/posts/20052/reply-history.json", limited, Reply(body=[fxj("topic.json")["post_stream"]["posts"][11]]))
+    with pytest.raises(RateLimited) as err:
+        p.thread_depth(target, 10)
+    assert err.value.retry_after_s == 9.0
+    with pytest.raises(RateLimited) as err:
+        p.thread_depth(target, 10)
+    assert err.value.status is None and len(fixture_server.requests) == 1
+    clock.advance(10)
+    assert p.thread_depth(target, 10) == 3
+
+
 # --- a stateful fake forum, end to end through Guard + Sweeper + Store --------------------------
 
 

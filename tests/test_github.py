@@ -541,6 +541,21 @@ def test_resolve_forms(fixture_server: FixtureServer, http_client: httpx.Client)
         p.resolve("3000000007")
 
 
+def test_thread_depth_is_the_issue_level_without_a_request(fixture_server: FixtureServer,
+                                                          http_client: httpx.Client) -> None:
+    """Recorded search hits and a comment URL's issue are depth 0, with no request; the value passed is returned."""
+    fixture_server.route("GET", "/search/issues", Reply(body=fx("search_issues.json")))
+    fixture_server.route("GET", "/repos/acme/widgets/issues/7", Reply(body=issue_body("acme/widgets", 7, 3_000_000_007)))
+    p = make(fixture_server.url, http_client)
+    parents = p.search("repo:hub4j/github-api is:issue is:closed", None).parents
+    parents.append(p.resolve("https://github.com/acme/widgets/issues/7#issuecomment-1254853505"))
+    fixture_server.requests.clear()
+    assert {q.thread_depth for q in parents} == {0}
+    assert [p.thread_depth(q, 0) for q in parents] == [0] * 31
+    assert p.thread_depth(Parent(id="1", author_id="2", thread_depth=1), 5) == 1
+    assert fixture_server.requests == []
+
+
 def test_delete_uses_known_repository(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
     """delete finds the comment's repository from the send; a 404 counts as already deleted; unknown repos are refused."""
     fixture_server.route("POST", COMMENTS, Reply(status=201, body=fx("issue_comment_created.json")))

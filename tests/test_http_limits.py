@@ -114,3 +114,12 @@ def test_adapter_inbox_survives_a_huge_page(server):
             plat.inbox(None)
     assert f"larger than {_http.MAX_RESPONSE_BYTES} bytes" in str(e.value) and "t0k3n-secret" not in str(e.value)
     assert SENT["bytes"] < 2 * _http.MAX_RESPONSE_BYTES
+
+
+def test_deeply_nested_json_is_a_bad_response():
+    """JSON nested past the parser's recursion limit is a named BadResponse, not a RecursionError."""
+    body = b'{"a":' * 5000 + b"1" + b"}" * 5000
+    resp = httpx.Response(200, content=body, headers={"content-type": "application/json"})
+    with pytest.raises(BadResponse, match="thread: JSON nested too deeply to parse"):
+        _http.json_body(resp, "thread", dict)
+    assert _http.server_error_text(httpx.Response(500, content=body)) == ""

@@ -919,3 +919,172 @@ def test_iso_to_epoch_and_html_to_text() -> None:
     assert _http.html_to_text("<p>a<br>b<br/>c</p><p>d &amp; <span class=\"invisible\">https://</span>e</p>") == (
         "a\nb\nc\nd & https://e"
     )
+
+
+# --- thread depth ------------------------------------------------------------------------------
+
+CONTEXT_PID = "110446983926957470"  # the recorded status_context.json is this status's context
+CONTEXT_PATH = f"{STATUSES}/{CONTEXT_PID}/context"
+
+
+def ancestor(sid: str, in_reply_to: str | None) -> dict[str, Any]:
+    """An ancestor status cloned from the recorded context's one."""
+    item = copy.deepcopy(fxj("status_context.json")["ancestors"][0])
+    item.update(id=sid, in_reply_to_id=in_reply_to)
+    return item
+
+
+def reply_parent(pid: str, in_reply_to: str | None) -> Parent:
+    """A parent as inbox parses a reply: thread_depth 1 and its in_reply_to_id in extra."""
+    return Parent(id=pid, author_id="43", thread_depth=1, extra={"in_reply_to_id": in_reply_to})
+
+
+def test_thread_depth_top_level_costs_no_request(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """A status with no in_reply_to_id is depth 0, a reply under limit 0 is 1: nothing is requested."""
+    top = Parent(id="1", author_id="43", thread_depth=0, extra={"in_reply_to_id": None})
+    p = make(fixture_server.url, http_client)
+    assert p.thread_depth(top, 3) == 0
+    assert p.thread_depth(reply_parent("2", "1"), 0) == 1  # a reply is already past limit 0
+    assert fixture_server.requests == []
+
+
+def test_thread_depth_recorded_context_fixture(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """The recorded context (one ancestor, a root) gives depth 1 with one /context request."""
+    fixture_server.route("GET", CONTEXT_PATH, Reply(body=fx("status_context.json"), headers=RATE))
+    p = make(fixture_server.url, http_client)
+    assert p.thread_depth(reply_parent(CONTEXT_PID, "110446983178245440"), 5) == 1
+    assert [r.path for r in fixture_server.requests] == [CONTEXT_PATH]
+    assert p.rate_limits()["api"][0] == 299  # the read went through the rate-limit bookkeeping
+
+
+def test_thread_depth_one_request_capped_at_limit_plus_one(fixture_server: FixtureServer,
+                                                           http_client: httpx.Client) -> None:
+    """Four listed ancestors: depth 4 under limit 10, capped at limit + 1 under limit 1; one request each."""
+    chain = [ancestor("11", None), ancestor("12", "11"), ancestor("13", "12"), ancestor("14", "13")]
+    fixture_server.route("GET", f"{STATUSES}/15/context", Reply(body={"ancestors": chain, "descendants": []}))
+    p = make(fixture_server.url, http_client)
+    assert p.thread_depth(reply_parent("15", "14"), 10) == 4
+    assert p.thread_depth(reply_parent("15", "14"), 1) == 2
+    assert len(fixture_server.requests) == 2
+
+
+@pytest.mark.parametrize(
+    ("listed", "in_reply_to", "depth"),
+    [
+        ([("11", None), ("12", "11")], "13", 3),  # 13 is not shown (private, muted, deleted)
+        ([("11", None), ("13", "12")], "13", 3),  # 12 is not shown: a gap in the middle
+        ([("12", "11")], "12", 2),  # 11 is not shown: the chain is cut at the top
+        ([], "12", 1),  # nothing shown at all: the parent is still a reply
+    ],
+    ids=["nearest-hidden", "middle-hidden", "top-cut", "none-listed"],
+)
+def test_thread_depth_counts_each_broken_link_once(listed: list[tuple[str, str | None]], in_reply_to: str,
+                                                   depth: int, fixture_server: FixtureServer,
+                                                   http_client: httpx.Client) -> None:
+    """Ancestors Mastodon does not show this account break the in_reply_to_id links; each break counts one."""
+    body = {"ancestors": [ancestor(s, r) for s, r in listed], "descendants": []}
+    fixture_server.route("GET", f"{STATUSES}/20/context", Reply(body=body))
+    with capture_logs() as logs:
+        assert make(fixture_server.url, http_client).thread_depth(reply_parent("20", in_reply_to), 10) == depth
+    assert any(e["event"] == "replyd.mastodon.thread_gaps" for e in logs)
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [
+        (Reply(body={"ancestors": "nope", "descendants": []}), "thread_depth: field ancestors is a string, not list"),
+        (Reply(body={"descendants": []}), "thread_depth: field ancestors missing"),
+        (Reply(body={"ancestors": [7]}), "thread_depth: ancestor is not an object"),
+        (Reply(body={"ancestors": [{"in_reply_to_id": None}]}), "thread_depth: field id missing"),
+        (Reply(body=b'{"ancestors": ['), "thread_depth: not JSON (application/json)"),
+        (Reply(body=[]), "thread_depth: expected an object at top level, got an array"),
+    ],
+    ids=["ancestors-string", "ancestors-missing", "item-number", "item-no-id", "garbage", "array"],
+)
+def test_thread_depth_malformed_context_is_bad_response(reply: Reply, message: str, fixture_server: FixtureServer,
+                                                        http_client: httpx.Client) -> None:
+    """A /context body of the wrong shape raises BadResponse naming what was wrong."""
+    fixture_server.route("GET", f"{STATUSES}/20/context", reply)
+    with pytest.raises(BadResponse) as err:
+        make(fixture_server.url, http_client).thread_depth(reply_parent("20", "19"), 3)
+    assert err.value.detail == message
+
+
+@pytest.mark.parametrize(
+    ("reply", "cls"),
+    [
+        (html_error(502), DefinitelyNotSent),
+        (Reply(status=503, body={"error": "down"}), DefinitelyNotSent),
+        (Reply(status=429, body={"error": "Too many requests"}, headers={"retry-after": "7"}), RateLimited),
+        (Reply(status=404, body=fx("error_404_status_not_found.json")), Rejected),
+        (Reply(status=401, body={"error": "The access token is invalid"}), DefinitelyNotSent),
+    ],
+    ids=["502-html", "503", "429", "404-recorded", "401"],
+)
+def test_thread_depth_errors_map_like_other_reads(reply: Reply, cls: type, fixture_server: FixtureServer,
+                                                  http_client: httpx.Client) -> None:
+    """Failed /context reads map exactly as the adapter's other GETs: 5xx is DefinitelyNotSent, 429 RateLimited."""
+    fixture_server.route("GET", f"{STATUSES}/20/context", reply)
+    with pytest.raises(cls) as err:
+        make(fixture_server.url, http_client).thread_depth(reply_parent("20", "19"), 3)
+    assert type(err.value) is cls and err.value.status == reply.status
+
+
+def test_thread_depth_respects_a_spent_budget(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """With X-RateLimit-Remaining 0 and a future reset, thread_depth refuses locally without a request."""
+    clock = FakeClock()
+    spent = {"x-ratelimit-remaining": "0", "x-ratelimit-reset": iso(clock.now() + 30)}
+    fixture_server.route("GET", CONTEXT_PATH, Reply(body=fx("status_context.json"), headers=spent))
+    p = make(fixture_server.url, http_client, clock)
+    target = reply_parent(CONTEXT_PID, "110446983178245440")
+    assert p.thread_depth(target, 3) == 1
+    with pytest.raises(RateLimited) as err:
+        p.thread_depth(target, 3)
+    assert err.value.status is None and len(fixture_server.requests) == 1
+    clock.advance(31)
+    assert p.thread_depth(target, 3) == 1
+    assert len(fixture_server.requests) == 2
+
+
+def test_thread_depth_transport_failures(http_client: httpx.Client) -> None:
+    """A refused connection on the /context read is DefinitelyNotSent."""
+    with pytest.raises(DefinitelyNotSent):
+        make(closed_port_url(), http_client).thread_depth(reply_parent("20", "19"), 3)
+
+
+# --- thread depth against the simulated Mastodon (replyd.sim over real HTTP) ----------------------
+
+
+@pytest.fixture(scope="module")
+def sim_server() -> Any:
+    """One in-thread sim server for this module, on a fake clock with no listing delay."""
+    from replyd.sim import SimServer, World
+
+    world = World(FakeClock())
+    with SimServer(world) as srv:
+        yield srv
+
+
+def test_thread_depth_on_the_sim_reply_chain(sim_server: Any, http_client: httpx.Client) -> None:
+    """On the sim, a chain root → r1 → r2 → r3 → r4 resolves to depths 0..4; hidden and deleted ancestors still count."""
+    world = sim_server.world
+    world.reset(seed=0, keep_accounts=False)
+    world.configure(listing_delay_s=0)
+    bot = world.add_account("replybot", bot=True)
+    alice, bob, carol = world.add_account("alice"), world.add_account("bob"), world.add_account("carol")
+    chain = [world.post(alice, "a thread root")]
+    for n in range(1, 5):
+        chain.append(world.post(bob if n % 2 else alice, f"reply level {n}", in_reply_to_id=chain[-1].id))
+    p = MastodonPlatform.from_settings({"base_url": sim_server.base_url, "token": bot.token},
+                                       http=http_client, clock=world.clock)
+    parents = [p.resolve(st.id) for st in chain]
+    assert [q.thread_depth for q in parents] == [0, 1, 1, 1, 1]
+    assert [p.thread_depth(q, 10) for q in parents] == [0, 1, 2, 3, 4]
+    assert p.thread_depth(parents[4], 2) == 3  # capped at limit + 1
+    # a private post in the chain (not shown to the bot) and a deleted one: each still counts one
+    hidden = world.post(carol, "a private aside", in_reply_to_id=chain[4].id, visibility="private")
+    after_hidden = world.post(alice, "level 6", in_reply_to_id=hidden.id)
+    assert p.thread_depth(p.resolve(after_hidden.id), 10) == 6
+    world.delete(bob, chain[1].id)
+    assert p.thread_depth(parents[4], 10) == 4
+    assert p.thread_depth(parents[2], 10) == 2

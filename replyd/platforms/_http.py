@@ -171,7 +171,7 @@ def server_error_text(resp: httpx.Response) -> str:
     """Return the server's short error text (JSON ``error``/``message``), for logs only."""
     try:
         data = json.loads(resp.content)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return ""
     text: Any = ""
     if isinstance(data, dict):
@@ -237,6 +237,9 @@ def json_body(resp: httpx.Response, what: str, expect: type | None = None) -> An
     """
     try:
         data = json.loads(resp.content)
+    except RecursionError:
+        # Deeply nested JSON (a Bluesky thread of ~1000 parents) is valid but beyond the parser.
+        raise BadResponse(f"{what}: JSON nested too deeply to parse", status=resp.status_code) from None
     except (ValueError, UnicodeDecodeError):
         ctype = resp.headers.get("content-type", "").split(";")[0].strip() or "no content-type"
         raise BadResponse(f"{what}: not JSON ({ctype})", status=resp.status_code) from None

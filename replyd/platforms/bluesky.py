@@ -129,6 +129,9 @@ READ_BACK_MARGIN_S = 60.0
 # getAuthorFeed serves at most 100 items per page.
 FEED_PAGE = 100
 INBOX_REASONS = ("mention", "reply")
+# Ancestors asked per getPostThread (the lexicon allows 1000). Each one nests the JSON a level
+# deeper, and Python's json module gives up (RecursionError) near 1000 levels.
+THREAD_DEPTH_PAGE = 250
 
 # --- TIDs ------------------------------------------------------------------------------
 
@@ -1048,6 +1051,63 @@ class BlueskyPlatform:
                 own.append(OwnReply(uri, parent_id, _epoch(record.get("createdAt"))))
         return own, len(replies) >= reply_count
 
+    def thread_depth(self, parent: Parent, limit: int) -> int:
+        """Return how many ancestors ``parent`` has in its thread, counting at most ``limit + 1``.
+
+        A top-level post is 0, and a reply with ``limit`` 0 is 1, without a
+        request. Otherwise one ``getPostThread`` (``depth=0``,
+        ``parentHeight=limit+1``) per 250 ancestors (``THREAD_DEPTH_PAGE``). The
+        ``parent`` links are counted. A ``notFoundPost`` or ``blockedPost`` (a
+        deleted post, a block) counts as an ancestor and ends the chain, as does
+        a reply whose parent the AppView leaves out (outside the thread's root,
+        or hidden by a threadgate); if that unseen post is not the thread root
+        (``record.reply.root``), the root above it counts too. The answer is
+        then a lower bound.
+        """
+        if parent.thread_depth == 0 and not parent.extra.get("in_reply_to"):
+            return 0
+        if parent.thread_depth > limit:  # a lower bound already past the limit
+            return parent.thread_depth
+        what = "thread_depth"
+        want = max(limit, 0) + 1
+        depth = 0
+        uri = parent.id
+        root: str | None = None
+        while True:
+            height = min(want - depth, THREAD_DEPTH_PAGE)
+            params = [("uri", uri), ("depth", "0"), ("parentHeight", str(height))]
+            resp = self._xrpc("GET", "app.bsky.feed.getPostThread", what=what, proxy=True, params=params)
+            try:
+                body = _http.json_body(resp, what, dict)
+            except RecursionError:  # a server that ignored parentHeight
+                raise BadResponse(f"{what}: thread nested too deep to parse", status=resp.status_code) from None
+            node = _http.field(body, "thread", what, dict)
+            if "post" not in node:
+                raise BadResponse(f"{what}: thread is a {node.get('$type', 'non-post')}")
+            if root is None:
+                root = _reply_root_uri(_http.field(node, "post.record", what, dict))
+            steps = 0
+            while steps < height:
+                up = _http.field(node, "parent", what, dict, default=None)
+                if up is None:
+                    break
+                steps += 1
+                if "post" not in up:  # notFoundPost / blockedPost: nothing above it can be seen
+                    unseen = up.get("uri")
+                    return min(want, depth + steps + (1 if root is not None and unseen != root else 0))
+                node = up
+            depth += steps
+            if depth >= want:
+                return depth
+            unseen = _reply_parent_uri(_http.field(node, "post.record", what, dict))
+            if unseen is None:
+                return depth  # reached the thread root
+            if steps < height:
+                # A reply whose parent the AppView left out: count that parent, see no further.
+                log.info("replyd.bluesky.thread_cut", parent_id=parent.id, at=_http.field(node, "post.uri", what))
+                return min(want, depth + 1 + (1 if root is not None and unseen != root else 0))
+            uri = _http.field(node, "post.uri", what)  # parentHeight capped below what is wanted
+
     def delete(self, reply_id: str) -> None:
         """Delete one own post; one that is already gone counts as deleted."""
         what = "delete"
@@ -1083,6 +1143,13 @@ def _reply_parent_uri(record: Any) -> str | None:
     reply = record.get("reply")
     parent = reply.get("parent") if isinstance(reply, dict) else None
     uri = parent.get("uri") if isinstance(parent, dict) else None
+    return uri if isinstance(uri, str) else None
+
+
+def _reply_root_uri(record: Any) -> str | None:
+    reply = record.get("reply") if isinstance(record, dict) else None
+    root = reply.get("root") if isinstance(reply, dict) else None
+    uri = root.get("uri") if isinstance(root, dict) else None
     return uri if isinstance(uri, str) else None
 
 

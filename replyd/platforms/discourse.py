@@ -1004,6 +1004,98 @@ class DiscoursePlatform:
                 return False
         return True
 
+    # thread depth ----------------------------------------------------------------------
+
+    def thread_depth(self, parent: Parent, limit: int) -> int:
+        """Return how many ancestors ``parent`` has in its topic, counting at most ``limit + 1``.
+
+        The topic's first post is depth 0. Any other post answers the first post
+        (no ``reply_to_post_number``, or 1): depth 1; or the post it names: one
+        more than that post. The parent's own ``reply_to_post_number`` rides in
+        ``extra``, so depths 0 and 1 (and anything ``limit`` already cuts) cost no
+        request. Above that, ``/posts/{id}/reply-history.json`` returns the posts
+        the chain climbs through, up to the site's ``max_reply_history`` (default
+        1, so one request per level; fewer where an admin raised it). An ancestor
+        that endpoint leaves out is read with ``/posts/by_number/{topic}/{n}.json``;
+        one this account may not see (deleted, a whisper) still counts, but ends
+        the count: the answer is then a lower bound.
+        """
+        what = "thread_depth"
+        extra = parent.extra
+        located = parent
+        if not isinstance(extra.get("post_number"), int) or "reply_to_post_number" not in extra:
+            located = self._post_by_id(parent.id, what, cached=True)
+        number = located.extra["post_number"]
+        reply_to = located.extra.get("reply_to_post_number")
+        if number == 1:
+            return 0
+        depth = 1  # the topic's first post
+        if depth > limit:
+            return depth
+        topic_id = located.extra.get("topic_id")
+        cur_id, seen = located.id, {number}
+        use_history = True
+        while isinstance(reply_to, int) and reply_to != 1:
+            if reply_to in seen:
+                log.warning("replyd.discourse.reply_loop", parent_id=parent.id, post_number=reply_to)
+                return depth
+            seen.add(reply_to)
+            depth += 1  # post reply_to, between the first post and this one
+            if depth > limit:
+                return depth
+            chain: dict[int, dict[str, Any]] = {}
+            if use_history:
+                chain = self._reply_history(cur_id, limit + 2 - depth, what)
+            post = chain.get(reply_to)
+            if post is None:
+                post = self._post_json_by_number(topic_id, reply_to, what)
+                if post is None:
+                    log.info("replyd.discourse.thread_hidden", parent_id=parent.id, post_number=reply_to)
+                    return depth
+                use_history = bool(chain)  # an empty answer: this site serves no reply history
+            while True:  # climb as far as this answer reaches
+                cur_id = _served(post, "id", what)
+                reply_to = _number(post, "reply_to_post_number", what, default=None)
+                if reply_to is None or reply_to == 1 or reply_to not in chain or reply_to in seen:
+                    break
+                seen.add(reply_to)
+                depth += 1
+                if depth > limit:
+                    return depth
+                post = chain[reply_to]
+        return depth
+
+    def _reply_history(self, post_id: str, max_replies: int, what: str) -> dict[int, dict[str, Any]]:
+        """The ancestors ``/posts/{id}/reply-history.json`` serves, by post number."""
+        params = [("max_replies", str(max(max_replies, 1)))]  # honoured by old servers, ignored by new
+        resp = self._call("GET", f"/posts/{_seg(post_id, what)}/reply-history.json", what=what, params=params)
+        out: dict[int, dict[str, Any]] = {}
+        for post in _http.json_body(resp, what, list):
+            if not isinstance(post, dict):
+                raise BadResponse(f"{what}: post is not an object")
+            _served(post, "id", what)
+            _number(post, "reply_to_post_number", what, default=None)
+            out[_number(post, "post_number", what)] = post
+        return out
+
+    def _post_json_by_number(self, topic_id: Any, number: int, what: str) -> dict[str, Any] | None:
+        """One post by its topic and number, or ``None`` if it is gone or hidden from this account."""
+        if isinstance(topic_id, bool) or not isinstance(topic_id, (int, str)):
+            raise Rejected(f"{what}: parent lacks topic_id")
+        path = f"/posts/by_number/{_seg(str(topic_id), what)}/{number}.json"
+        try:
+            resp = self._call("GET", path, what=what)
+        except Rejected as exc:
+            if exc.status in (404, 410):
+                return None
+            raise
+        post = _http.json_body(resp, what, dict)
+        if _number(post, "post_number", what) != number:
+            raise BadResponse(f"{what}: by_number {number} served post {post.get('post_number')!r}")
+        _served(post, "id", what)
+        _number(post, "reply_to_post_number", what, default=None)
+        return post
+
     # delete ----------------------------------------------------------------------------
 
     def delete(self, reply_id: str) -> None:

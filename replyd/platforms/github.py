@@ -907,6 +907,19 @@ class GitHubPlatform:
                 return True
         return False
 
+    # thread depth -----------------------------------------------------------------------
+
+    def thread_depth(self, parent: Parent, limit: int) -> int:
+        """Return ``parent.thread_depth`` (0) without a request.
+
+        Every parent this adapter yields is an issue or pull request, the top of
+        its thread: inbox, search, re-find and resolve never yield a comment (a
+        comment URL resolves to its issue). Issue comments are flat, so a comment
+        would be depth 1; none is ever a parent. A bot-to-bot exchange on GitHub
+        therefore shows as many comments on one depth-0 issue, not as depth.
+        """
+        return parent.thread_depth
+
     # delete -----------------------------------------------------------------------------
 
     def delete(self, reply_id: str) -> None:

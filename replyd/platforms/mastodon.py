@@ -640,6 +640,42 @@ class MastodonPlatform:
                 replies.append(OwnReply(sid, parent_id, created))
         return replies, len(descendants) < CONTEXT_LIMIT
 
+    def thread_depth(self, parent: Parent, limit: int) -> int:
+        """Return how many ancestors ``parent`` has in its thread, counting at most ``limit + 1``.
+
+        A top-level status (no ``in_reply_to_id``) is 0, and a reply with ``limit``
+        0 is 1, without a request. Otherwise one
+        ``GET /api/v1/statuses/{id}/context`` whatever ``limit`` is: its
+        ``ancestors`` are the whole chain, oldest first (up to 4096 for a logged-in
+        caller); the answer is capped at ``limit + 1`` like every adapter's.
+        Mastodon leaves out ancestors it does not show this account
+        (deleted, private, or by a muted or blocked author); every break in the
+        ``in_reply_to_id`` links counts as one ancestor, so the answer is then a
+        lower bound.
+        """
+        expected = parent.extra.get("in_reply_to_id")
+        if parent.thread_depth == 0 and expected is None:
+            return 0
+        if parent.thread_depth > limit:  # a lower bound already past the limit
+            return parent.thread_depth
+        what = "thread_depth"
+        resp = self._call("GET", f"{_STATUSES_PATH}/{_seg(parent.id, what)}/context", what=what)
+        ancestors = _http.field(_http.json_body(resp, what, dict), "ancestors", what, list)
+        depth = gaps = 0
+        for item in reversed(ancestors):  # nearest first
+            if not isinstance(item, dict):
+                raise BadResponse(f"{what}: ancestor is not an object")
+            sid = _http.field(item, "id", what)
+            if expected is not None and sid != expected:
+                gaps += 1  # at least one status between is not shown to us
+            depth += 1
+            expected = _http.field(item, "in_reply_to_id", what, default=None)
+        if expected is not None:
+            gaps += 1  # the oldest listed status answers one we are not shown
+        if gaps:
+            log.info("replyd.mastodon.thread_gaps", parent_id=parent.id, listed=depth, gaps=gaps)
+        return min(max(depth + gaps, parent.thread_depth), max(limit, 0) + 1)
+
     def delete(self, reply_id: str) -> None:
         """Delete one own status; one that is already gone counts as deleted."""
         what = "delete"

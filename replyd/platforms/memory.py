@@ -62,6 +62,8 @@ class MemoryPlatform:
         self.real_listing_delay_s: float | None = None  # when the platform is slower than configured
         self.send_calls = 0
         self.readback_calls = 0
+        self.depth_calls = 0
+        self.depth_failures = 0  # the next N thread_depth calls raise DefinitelyNotSent
         self.parents: dict[str, Parent] = {}
         self._replies: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -192,6 +194,20 @@ class MemoryPlatform:
             if r["sender_id"] == sender_id and r["parent_id"] in wanted and r["at"] + delay <= now:
                 found.setdefault(r["parent_id"], []).append(OwnReply(r["reply_id"], r["parent_id"], r["at"]))
         return ReadBack(found=found, checked=wanted)
+
+    def thread_depth(self, parent: Parent, limit: int) -> int:
+        """Return the scripted depth: ``parent.extra["depth"]``, else ``parent.thread_depth``.
+
+        ``depth_failures`` makes the next calls fail as a refused read would.
+        """
+        self.depth_calls += 1
+        if self.depth_failures > 0:
+            self.depth_failures -= 1
+            raise DefinitelyNotSent("thread depth read failed (scripted)")
+        depth = parent.extra.get("depth", parent.thread_depth)
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+            raise BadResponse(f"thread_depth: scripted depth {depth!r} is not a non-negative integer")
+        return depth
 
     def delete(self, reply_id: str) -> None:
         """Remove one reply (in-memory mode only)."""
