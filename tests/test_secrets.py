@@ -1,6 +1,7 @@
 """Secrets never leak: a full daemon run with known secrets, then grep everything it wrote.
 
-The daemon (a real ``python -m replyd run`` process, no API) answers the sim
+The daemon (a real ``python -m replyd run`` process, no API, two bots whose webhook and
+openai responders meet endpoints that quote the request headers back in errors) answers the sim
 under faults (lost responses, 5xx, 429, failed read-backs) with a token given
 through ``token_env`` and a literal secret written into the config; then the
 CLI's outputs (``status``, ``explain``, ``check``, ``sweep``, ``config check``,
@@ -18,7 +19,9 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -44,8 +47,39 @@ ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "tok-LEAKCHECK-7f3a9c1e5b2d8e4f6a0c"
 LITERAL = "lit-LEAKCHECK-a1b2c3d4e5f6a7b8c9d0"
 PG_PASSWORD = "pw-LEAKCHECK-0d9c8b7a6f5e"
-SECRETS = (TOKEN, LITERAL, PG_PASSWORD)
+TOKEN2 = "tok-LEAKCHECK-2e8d1c0b9a7f6e5d4c3b"
+OPENAI_KEY = "sk-LEAKCHECK-9e8d7c6b5a4f3e2d1c0b"
+SECRETS = (TOKEN, LITERAL, PG_PASSWORD, TOKEN2, OPENAI_KEY)
 BOT = "leakbot"
+BOT2 = "leakbot2"
+
+
+class Hostile(BaseHTTPRequestHandler):
+    """A webhook and an OpenAI-compatible endpoint that echo every header back in their errors, every other call."""
+
+    calls = {"hook": 0, "chat": 0}
+
+    def log_message(self, *a):
+        """Keep test output quiet."""
+
+    def do_POST(self):
+        """POST /hook or /v1/chat/completions: a reply, or an error body quoting the request's headers."""
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        kind = "hook" if self.path == "/hook" else "chat"
+        Hostile.calls[kind] += 1
+        if Hostile.calls[kind] % 2 == 0:
+            echo = json.dumps({"error": {"message": f"refused: {dict(self.headers)} {body[:200]!r}"}}).encode()
+            self.send_response(500 if kind == "hook" else 401)
+        elif kind == "hook":
+            echo = json.dumps({"text": "thanks from the hook"}).encode()
+            self.send_response(200)
+        else:
+            echo = json.dumps({"choices": [{"message": {"content": "thanks from the model"}, "finish_reason": "stop"}]}).encode()
+            self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(echo)))
+        self.end_headers()
+        self.wfile.write(echo)
 
 
 def leaks(blob: bytes | str) -> list[str]:
@@ -54,7 +88,7 @@ def leaks(blob: bytes | str) -> list[str]:
     return [s for s in SECRETS if s.encode() in data]
 
 
-def write_config(path: Path, base_url: str, db: Path) -> Path:
+def write_config(path: Path, base_url: str, db: Path, hostile: str) -> Path:
     path.write_text(f"""
 [store]
 url = "sqlite:///{db}"
@@ -65,6 +99,7 @@ level = "debug"
 
 [guard]
 send_timeout_s = 2.0
+responder_backoff_s = 0.5   # the hostile endpoints fail every other call: retry soon
 
 [sweep]
 interval_s = 0.3
@@ -88,8 +123,35 @@ refind_interval_s = 0.6
 jitter_s = 0
 
 [bots.responder]
-kind = "template"
-api_key = "{LITERAL}"
+kind = "webhook"
+url = "{hostile}/hook"
+hmac_secret = "{LITERAL}"   # a literal secret in the file: masked, and the file's mode is checked
+retries = 0
+timeout_s = 3
+
+[[bots]]
+name = "leak2"
+platform = "mastodon"
+
+[bots.settings]
+base_url = "{base_url}"
+token_env = "LEAK_TOKEN2"
+listing_delay_s = 0.4
+timeout_s = 2.0
+
+[bots.pollers]
+inbox_interval_s = 0.3
+search_interval_s = 0
+refind_interval_s = 0.6
+jitter_s = 0
+
+[bots.responder]
+kind = "openai"
+base_url = "{hostile}/v1"
+model = "leak-test"
+api_key_env = "LEAK_OPENAI_KEY"
+retries = 0
+timeout_s = 3
 """)
     os.chmod(path, 0o600)
     return path
@@ -102,22 +164,27 @@ def cli(*args: str, env: dict[str, str]) -> str:
 
 @pytest.mark.slow
 def test_full_run_writes_no_secret(tmp_path):
-    """Daemon + CLI + database: the token and the literal secret appear nowhere."""
+    """Daemon + CLI + database: platform tokens, responder keys and the literal secret appear nowhere."""
     world = World(SystemClock(), seed=5, listing_delay_s=0.2)
     world.add_account(BOT, bot=True, token=TOKEN)
+    world.add_account(BOT2, bot=True, token=TOKEN2)
+    hostile = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    threading.Thread(target=hostile.serve_forever, daemon=True).start()
+    hostile_url = f"http://127.0.0.1:{hostile.server_address[1]}"
     world.configure(lost_drop_rate=0.15, lost_504_rate=0.15, error_500_before_rate=0.1, rate_limit_rate=0.1,
                     readback_error_rate=0.3)
     db = tmp_path / "r.sqlite3"
     log = tmp_path / "daemon.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "LEAK_TOKEN": TOKEN}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LEAK_TOKEN": TOKEN, "LEAK_TOKEN2": TOKEN2, "LEAK_OPENAI_KEY": OPENAI_KEY}
     with SimServer(world) as srv:
-        cfg = write_config(tmp_path / "c.toml", srv.base_url, db)
-        parents = [s.id for s in world.generate(12, target=BOT, query_word="help")]
+        cfg = write_config(tmp_path / "c.toml", srv.base_url, db, hostile_url)
+        parents = [s.id for s in world.generate(12, target=[BOT, BOT2], query_word="help")]
         proc = subprocess.Popen([sys.executable, "-m", "replyd", "run", "--config", str(cfg), "--grace-s", "5"],
                                 stdout=subprocess.PIPE, stderr=log.open("wb"), env=env, cwd=ROOT)
         try:
             end = time.monotonic() + 40
-            while time.monotonic() < end and sum(world.replies_by(world.account(BOT).id).values()) < len(parents):
+            while time.monotonic() < end and min(sum(world.replies_by(world.account(b).id).values())
+                                                 for b in (BOT, BOT2)) < len(parents):
                 time.sleep(0.3)
             time.sleep(1.0)
         finally:
@@ -138,7 +205,10 @@ def test_full_run_writes_no_secret(tmp_path):
         # A start the platform refuses (the token is wrong, and the error is about it).
         world.accounts[world.account(BOT).id].token = "something-else-entirely"
         outputs["refused start"] = cli("run", "--config", str(cfg), "--grace-s", "1", env=env)
+    hostile.shutdown()
     assert "replyd.guard.posted" in outputs["daemon stderr"]
+    # Both responders met their hostile errors (which quoted the secrets back) and were retried.
+    assert outputs["daemon stderr"].count("replyd.guard.responder_failed") >= 2 and min(Hostile.calls.values()) >= 2
     assert "maybe_sent" in outputs["daemon stderr"] or "readback_failed" in outputs["daemon stderr"]
     found = {name: leaks(text) for name, text in outputs.items() if leaks(text)}
     for f in sorted(tmp_path.iterdir()):
