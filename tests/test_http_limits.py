@@ -48,15 +48,11 @@ class Hostile(BaseHTTPRequestHandler):
             self.end_headers()
             return
         if self.path.startswith("/bomb"):
-            body = gzip.compress(b" " * (20 * 1024 * 1024))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Encoding", "gzip")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        body = gzip.compress(json.dumps({"id": "42", "ok": True}).encode())
+            return self._gzipped(b" " * (20 * 1024 * 1024))
+        self._gzipped(json.dumps({"id": "42", "ok": True}).encode())
+
+    def _gzipped(self, raw: bytes) -> None:
+        body = gzip.compress(raw)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Encoding", "gzip")
