@@ -71,7 +71,14 @@ DUPLICATES = Counter(
     ["platform"],
     registry=None,
 )
-SHARED = (SENDS, SEND_SECONDS, OUTCOMES, PLATFORM_ERRORS, RESPONDER_CALLS, RESPONDER_SECONDS, SWEEP_ROWS, DUPLICATES)
+SKIPS = Counter(
+    "replyd_policy_skips",
+    "Found parents the policy did not answer, by reason (author_is_bot, too_deep, hourly_cap, ...).",
+    ["platform", "reason"],
+    registry=None,
+)
+SHARED = (SENDS, SEND_SECONDS, OUTCOMES, PLATFORM_ERRORS, RESPONDER_CALLS, RESPONDER_SECONDS, SWEEP_ROWS, DUPLICATES,
+          SKIPS)
 
 # Most specific first: subclasses before their bases.
 _KINDS: tuple[tuple[type[BaseException], str], ...] = (
@@ -103,6 +110,11 @@ def error_kind(exc: BaseException) -> str:
         if isinstance(exc, cls):
             return kind
     return "platform_error" if isinstance(exc, ReplydError) else "unexpected"
+
+
+def skipped(platform: str, reason: str) -> None:
+    """Count one policy skip (every offer, not only the first one recorded as an event)."""
+    _child(SKIPS, platform, reason).inc()
 
 
 def outcome(platform: str, status: str) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import structlog
 
+from replyd import metrics
 from replyd.clock import Clock
 from replyd.errors import StoreError
 from replyd.guard import Guard, Outcome, Status
@@ -66,6 +67,7 @@ class Pipeline:
     def _skip(self, parent: Parent, path: str, reason: str) -> Outcome:
         """Record a policy skip once per (parent, reason) and return it as an outcome."""
         self.skips[reason] = self.skips.get(reason, 0) + 1
+        metrics.skipped(self.guard.platform.instance, reason)
         key = self.guard.key(parent.id)
         mark = (parent.id, reason)
         if mark in self._recorded:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import time
 
 import pytest
@@ -85,6 +87,12 @@ def test_metrics_count_a_real_run(h):
     assert value(m, "replyd_oldest_open_row_age_seconds") == 0
     assert value(m, "replyd_rows", platform=inst, state="closed") == 4
     assert value(m, "replyd_rows", platform=inst, state="declined") == 1
+
+    # A parent by a bot, offered twice through the bot's pipeline: two skips counted, one event recorded.
+    pipe = h.daemon.bots[0].pipeline
+    botty = replace(h.daemon.bots[0].platform.resolve(h.parent()), author_is_bot=True)
+    assert [pipe.offer(botty, "inbox").detail for _ in range(2)] == ["author_is_bot"] * 2
+    assert value(scrape(h), "replyd_policy_skips_total", platform=inst, reason="author_is_bot") == 2
 
 
 def test_readback_errors_are_counted(h):
