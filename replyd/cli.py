@@ -15,6 +15,7 @@ from rich.table import Table
 
 from replyd import log as rlog
 from replyd import store as st
+from replyd.clock import DatabaseClock
 from replyd.config import Config
 from replyd.errors import ConfigError, ReplydError
 from replyd.guard import Status, _classify
@@ -44,7 +45,10 @@ def _store(cfg: Config) -> Store:
     """Open the store for a read-mostly command: never migrate a server database from here."""
     url = cfg.store.url or st.default_url()
     embedded = url.startswith("sqlite")
-    return Store.open(url, migrate=embedded and cfg.store.auto_migrate)
+    s = Store.open(url, migrate=embedded and cfg.store.auto_migrate)
+    if not embedded and cfg.store.db_clock:
+        s.clock = DatabaseClock(s.db_epoch)  # `sweep --once` from another machine decides on the daemons' time
+    return s
 
 
 def _ts(t: float | None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -45,3 +46,44 @@ class FakeClock:
         """Jump to ``t`` (backwards too, to test clock jumps)."""
         with self._lock:
             self._t = t
+
+
+class DatabaseClock:
+    """Epoch time taken from the database and carried forward by the local monotonic clock.
+
+    Replicas on several machines compare each other's deadlines and leases:
+    with their own wall clocks, a replica whose clock runs 30 s ahead sweeps
+    the others' rows 30 s early (docs/RELIABILITY.md, "limits"). Reading the
+    database's clock at every decision would cost a round trip on the hot
+    path, so ``sync`` reads it once (the midpoint of the round trip is the
+    anchor) and ``now`` adds the monotonic time elapsed since: a step of the
+    local wall clock (NTP, an operator) changes nothing, and the error
+    against the database is half a round trip plus monotonic drift until the
+    next ``sync``.
+    """
+
+    def __init__(self, read_db_epoch: Callable[[], float], *, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._read = read_db_epoch
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._anchor_epoch = 0.0
+        self._anchor_mono = 0.0
+        self.skew_s = 0.0  # database minus local wall clock at the last sync, for logs and status
+        self.sync()
+
+    def sync(self) -> float:
+        """Re-anchor on the database's clock; return the correction applied in seconds (errors propagate)."""
+        t0 = self._monotonic()
+        db = self._read()
+        t1 = self._monotonic()
+        mid = (t0 + t1) / 2.0
+        with self._lock:
+            before = self._anchor_epoch + (mid - self._anchor_mono) if self._anchor_epoch else db
+            self._anchor_epoch, self._anchor_mono = db, mid
+            self.skew_s = db - time.time() + (t1 - mid)
+        return db - before
+
+    def now(self) -> float:
+        """Return the database's epoch time as of the last sync, plus the monotonic time since."""
+        with self._lock:
+            return self._anchor_epoch + (self._monotonic() - self._anchor_mono)

@@ -37,6 +37,10 @@ class StoreConfig(_Strict):
 
     url: str = ""  # empty: SQLite under $XDG_STATE_HOME/replyd/
     auto_migrate: bool = True
+    # PostgreSQL: every replica takes its time from the database server (re-read every clock_sync_s),
+    # so replicas on machines whose clocks disagree still agree on deadlines and leases.
+    db_clock: bool = True
+    clock_sync_s: float = Field(60.0, gt=0)
 
 
 class LogConfig(_Strict):

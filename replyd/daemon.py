@@ -23,7 +23,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from replyd import store as st
-from replyd.clock import Clock, SystemClock
+from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import BotConfig, Config
 from replyd.errors import DefinitelyNotSent, MaybeSent
 from replyd.guard import Guard
@@ -125,6 +125,7 @@ class Daemon:
             token = ac.token()
             check_bind(ac.host, token)  # before anything is opened: a public API without a token never starts
         self.store = Store.open(self.cfg.store.url or None, clock=self.clock, migrate=self.cfg.store.auto_migrate)
+        self._use_db_clock()
         self.http = httpx.Client(timeout=httpx.Timeout(self.cfg.guard.send_timeout_s, connect=10.0))
         if ac.enabled:
             api = Api(self.store, self.guards, expected=[b.name for b in self.cfg.bots], token=token,
@@ -165,11 +166,37 @@ class Daemon:
                 if every_s > 0:
                     self.scheduler.add_job(fn, "interval", seconds=every_s, jitter=pc.jitter_s or None,
                                            id=f"{b.cfg.name}:{name}", next_run_time=_now_dt())
+        if isinstance(self.clock, DatabaseClock):
+            self.scheduler.add_job(self.sync_clock, "interval", seconds=self.cfg.store.clock_sync_s, id="clock")
         # Jitter spreads sweep passes across replicas (leases already keep them from sharing rows).
         self.scheduler.add_job(self.sweep_once, "interval", seconds=sc.interval_s, jitter=sc.interval_s / 2,
                                id="sweep", next_run_time=_now_dt())
         self.scheduler.start()
         log.info("replyd.daemon.started", owner=self.owner, bots=len(self.bots), store=self.store.url)
+
+    def _use_db_clock(self) -> None:
+        """On PostgreSQL, replace the wall clock by the database's (see ``DatabaseClock``)."""
+        assert self.store is not None
+        if self.store.is_sqlite or not self.cfg.store.db_clock or not isinstance(self.clock, SystemClock):
+            return  # one machine's clock (SQLite), or a clock a test injected
+        self.clock = DatabaseClock(self.store.db_epoch)
+        self.store.clock = self.clock
+        skew_s = round(self.clock.skew_s, 3)
+        log.info("replyd.clock.synced", source="database", skew_s=skew_s)
+        if abs(skew_s) > 1.0:
+            log.warning("replyd.clock.skewed", skew_s=skew_s,
+                        hint="this machine's clock disagrees with the database's; replyd uses the database's")
+
+    def sync_clock(self) -> None:
+        """Re-anchor the database clock (scheduled; a failure keeps the last anchor)."""
+        if not isinstance(self.clock, DatabaseClock):
+            return
+        try:
+            step_s = self.clock.sync()
+        except Exception as exc:  # the monotonic carry-forward stays valid while the database is away
+            log.warning("replyd.clock.sync_failed", error=str(exc)[:200])
+            return
+        log.debug("replyd.clock.synced", source="database", step_s=round(step_s, 4), skew_s=round(self.clock.skew_s, 3))
 
     def sweep_once(self) -> None:
         """Run one sweep pass (scheduled; failures are logged, never raised)."""

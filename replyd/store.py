@@ -295,6 +295,13 @@ class Store:
         """SQL for the larger of a column and a value (SQLite's scalar max, PostgreSQL's GREATEST)."""
         return sa.func.max(column, value) if self.is_sqlite else sa.func.greatest(column, value)
 
+    def db_epoch(self) -> float:
+        """Return the database server's clock in epoch seconds (PostgreSQL; SQLite reads this machine's)."""
+        sql = ("SELECT CAST((julianday('now') - 2440587.5) * 86400.0 AS REAL)" if self.is_sqlite
+               else "SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8")
+        with self.tx(write=False, doing="reading the database clock") as conn:
+            return float(conn.exec_driver_sql(sql).scalar_one())
+
     # -- rows --------------------------------------------------------------------
 
     def get(self, key: Key, conn: Connection | None = None) -> Reply | None:
