@@ -90,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="write every plan and result here (rewritten after each finished run)")
     p.add_argument("--limits", action="store_true",
                    help="measure the limits instead (listing delay, latency, clocks beyond the margin; idempotency on/off)")
+    p.add_argument("--limit-scenario", action="append", default=None, metavar="NAME",
+                   help="with --limits: only this scenario (repeatable; names in chaos/limits.py SCENARIOS)")
+    p.add_argument("--limit-idempotency", choices=("on", "off", "both"), default="both",
+                   help="with --limits: only runs with provider idempotency on, off, or both (default)")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     if a.jobs < 1:
@@ -97,9 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(a.verbose)
     runs = a.runs if a.runs is not None else (4 if a.short else 20)
     if a.limits:
-        from chaos.limits import measure
+        from chaos.limits import SCENARIOS, measure
 
-        rows = measure(a.seed, repeats=a.runs or 1, workdir=a.workdir, verbose=a.verbose)
+        unknown = sorted(set(a.limit_scenario or ()) - set(SCENARIOS))
+        if unknown:
+            p.error(f"unknown --limit-scenario {', '.join(unknown)} (known: {', '.join(SCENARIOS)})")
+        idem = {"on": (True,), "off": (False,), "both": (False, True)}[a.limit_idempotency]
+        rows = measure(a.seed, repeats=a.runs or 1, workdir=a.workdir, verbose=a.verbose, only=a.limit_scenario,
+                       idempotency=idem)
         if a.json_out:
             a.json_out.write_text(json.dumps(rows, indent=1))
         print(json.dumps({"limits": rows}), flush=True)

@@ -32,7 +32,7 @@ FAMILIES = (
     "latency",  # latency spikes on every request
     "kill",  # SIGKILL a replica at a random moment, restart it
     "kill_on_create",  # SIGKILL the sender after the platform created its post, before the answer
-    "clock",  # a replica's wall clock steps forward or back
+    "clock",  # a replica's wall clock steps forward or back (moves nothing on PostgreSQL with store.db_clock)
     "db_outage",  # PostgreSQL: cut and refuse connections (proxy); SQLite: files made immutable
     "platform_clock",  # the platform's clock steps forward
 )
@@ -67,6 +67,7 @@ class Plan:
     rates: dict[str, float]
     events: list[Event]
     chaos_s: float
+    db_clock: bool = True  # PostgreSQL: replicas take their time from the database (store.db_clock); off = wall clocks
 
     @property
     def slack(self) -> float:

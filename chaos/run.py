@@ -107,6 +107,7 @@ def config_text(plan: Plan, base_url: str, store_url: str) -> str:
 [store]
 url = "{store_url}"
 auto_migrate = true
+db_clock = {str(plan.db_clock).lower()}
 
 [log]
 format = "json"

@@ -191,12 +191,18 @@ class Daemon:
         """Re-anchor the database clock (scheduled; a failure keeps the last anchor)."""
         if not isinstance(self.clock, DatabaseClock):
             return
+        before_s = self.clock.skew_s
         try:
             step_s = self.clock.sync()
         except Exception as exc:  # the monotonic carry-forward stays valid while the database is away
             log.warning("replyd.clock.sync_failed", error=str(exc)[:200])
             return
-        log.debug("replyd.clock.synced", source="database", step_s=round(step_s, 4), skew_s=round(self.clock.skew_s, 3))
+        skew_s = round(self.clock.skew_s, 3)
+        if abs(skew_s) > 1.0 and abs(skew_s - before_s) > 1.0:
+            # This machine's wall clock stepped (or the database's did): decisions follow the database's.
+            log.warning("replyd.clock.skewed", skew_s=skew_s, step_s=round(step_s, 3))
+        else:
+            log.debug("replyd.clock.synced", source="database", step_s=round(step_s, 4), skew_s=skew_s)
 
     def sweep_once(self) -> None:
         """Run one sweep pass (scheduled; failures are logged, never raised)."""
