@@ -6,7 +6,6 @@ data (a dict with a ``tables`` list) that ``bench/run.py`` renders.
 
 from __future__ import annotations
 
-import json
 import os
 import platform as pyplatform
 import random
@@ -360,8 +359,10 @@ REPLY_TEXT = "@user thanks for your post! (answered once by replyd)"
 
 
 def snapshot_json(p: Parent) -> str:
-    """The snapshot column replyd writes for ``p``."""
-    return json.dumps(p.snapshot(), default=str)
+    """The snapshot column replyd writes for ``p``, computed as replyd computes it (the floors pay the same)."""
+    from replyd.guard import snapshot_json as replyd_snapshot_json
+
+    return replyd_snapshot_json(p)
 
 
 def shuffled(items: Sequence[Any], rng: random.Random) -> list[Any]:

@@ -84,40 +84,69 @@ def _profile(store: Store, n: int) -> dict[str, Any]:
 
 
 def _count_statements(store: Store, guard: Guard, n: int) -> dict[str, float]:
-    """Statements, commits and pool checkouts (each a pre-ping on PostgreSQL) per guarded post, outside the profiler."""
+    """Calls into SQLite / round trips to PostgreSQL per guarded post, counted at the driver, outside the profiler.
+
+    The hot path runs prebuilt SQL straight through the driver, so SQLAlchemy's execute events would not see it:
+    SQLite counts every statement its trace callback reports (PRAGMA, BEGIN, COMMIT included), PostgreSQL every
+    statement psycopg sends and waits for: ``Cursor.execute`` plus its own commands (BEGIN, COMMIT, ROLLBACK).
+    """
     import sqlalchemy as sa
 
     cnt: Counter[str] = Counter()
-
-    def on_stmt(*_a: Any, **_k: Any) -> None:
-        cnt["statements"] += 1
-
-    def on_commit(*_a: Any, **_k: Any) -> None:
-        cnt["commits"] += 1
-
-    def on_checkout(*_a: Any, **_k: Any) -> None:
-        cnt["checkouts"] += 1
-
     eng = store.engine
-    sa.event.listen(eng, "before_cursor_execute", on_stmt)
-    sa.event.listen(eng, "commit", on_commit)
-    sa.event.listen(eng.pool, "checkout", on_checkout)
-    try:
-        for i in range(n):
-            guard.post(make_parent(60_000_000 + i), REPLY_TEXT)
-    finally:
-        sa.event.remove(eng, "before_cursor_execute", on_stmt)
-        sa.event.remove(eng, "commit", on_commit)
-        sa.event.remove(eng.pool, "checkout", on_checkout)
+    if store.is_sqlite:
+        conns: list[Any] = []
+
+        def trace(sql: str) -> None:
+            cnt["statements"] += 1
+            if sql.strip().upper() == "COMMIT":
+                cnt["commits"] += 1
+
+        def on_connect(dbapi_conn: Any, _rec: Any) -> None:
+            dbapi_conn.set_trace_callback(trace)
+            conns.append(dbapi_conn)
+
+        store.dispose()  # the connections from here on are traced
+        sa.event.listen(eng.pool, "connect", on_connect)
+        try:
+            for i in range(20):  # open the connections, then count
+                guard.post(make_parent(59_000_000 + i), REPLY_TEXT)
+            cnt.clear()
+            for i in range(n):
+                guard.post(make_parent(60_000_000 + i), REPLY_TEXT)
+        finally:
+            sa.event.remove(eng.pool, "connect", on_connect)
+            for c in conns:
+                c.set_trace_callback(None)
+    else:
+        import psycopg
+        from psycopg._connection_base import BaseConnection
+
+        orig_exec, orig_cmd = psycopg.Cursor.execute, BaseConnection._exec_command
+
+        def execute(self: Any, *a: Any, **k: Any) -> Any:
+            cnt["round trips"] += 1
+            return orig_exec(self, *a, **k)
+
+        def command(self: Any, *a: Any, **k: Any) -> Any:
+            cnt["round trips"] += 1
+            return orig_cmd(self, *a, **k)
+
+        psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+        BaseConnection._exec_command = command  # type: ignore[method-assign]
+        try:
+            for i in range(n):
+                guard.post(make_parent(60_000_000 + i), REPLY_TEXT)
+        finally:
+            psycopg.Cursor.execute = orig_exec  # type: ignore[method-assign]
+            BaseConnection._exec_command = orig_cmd  # type: ignore[method-assign]
     per = {k: v / n for k, v in cnt.items()}
     pre_ping = bool(getattr(eng.pool, "_pre_ping", False))
     if store.is_sqlite:
-        # Every statement and every COMMIT is one call into SQLite; nothing crosses a socket.
-        per["database calls"] = per.get("statements", 0) + per.get("commits", 0)
+        # Every statement (PRAGMA, BEGIN and COMMIT included) is one call into SQLite; nothing crosses a socket.
+        per["database calls"] = per.get("statements", 0)
     else:
-        # psycopg sends BEGIN before a transaction's first statement, COMMIT at the end; a pre-ping is a SELECT.
-        per["round trips"] = (per.get("statements", 0) + 2 * per.get("commits", 0)
-                              + (per.get("checkouts", 0) if pre_ping else 0))
+        per["statements"] = per.get("round trips", 0)
     per["pre_ping"] = float(pre_ping)
     return per
 
@@ -153,12 +182,15 @@ def tables(res: dict[str, Any], cmd: str) -> list[Table]:
             continue
         t.rows.append([name] + [f"{res[db]['shares'].get(name, 0) * 100:.0f}%" for db in dbs])
     t.rows.append(["µs per post under the profiler"] + [f"{res[db]['us_per_post']:,.0f}" for db in dbs])
-    t.rows.append(["statements per post (the floor: 2)"] + [f"{res[db]['per_post'].get('statements', 0):.0f} + "
-                                                             f"{res[db]['per_post'].get('commits', 0):.0f} commits" for db in dbs])
+    if "SQLite" in dbs:
+        sp = res["SQLite"]["per_post"]
+        t.rows.append(["SQLite calls per post, PRAGMA/BEGIN/COMMIT included (the floor: 2)"] + [
+            f"{sp.get('database calls', 0):.1f} (incl. {sp.get('commits', 0):.0f} commits)" if db == "SQLite" else "–"
+            for db in dbs])
     if "PostgreSQL" in dbs:
         pp = res["PostgreSQL"]["per_post"]
         t.rows.append(["PostgreSQL round trips per post (the floor: 2)"] + [
-            f"{pp.get('round trips', 0):.0f}" + (f" (incl. {pp.get('checkouts', 0):.0f} pre-pings)" if pp.get("pre_ping") else "")
+            f"{pp.get('round trips', 0):.1f}" + (" (incl. pre-pings)" if pp.get("pre_ping") else "")
             if db == "PostgreSQL" else "–" for db in dbs])
     for db in dbs:
         hot = "; ".join(f"`{k}` {v * 100:.0f}%" for k, v in res[db]["hot"][:8])
@@ -166,7 +198,7 @@ def tables(res: dict[str, Any], cmd: str) -> list[Table]:
     t.notes.append(
         f"{res[dbs[0]]['n']:,} guarded posts of new parents (send stubbed), sampled every 0.5 ms; every sample's self time "
         "is charged to the category of the file it was running in. The sqlite3 module's C calls show as their own "
-        "frames (`Connection.commit`, `Cursor.execute`) and psycopg's time is spent waiting on the socket "
+        "frames (`Connection.execute`, which runs `COMMIT` too) and psycopg's time is spent waiting on the socket "
         "(`psycopg/connection.py:wait`): both count as \"database + driver\", which includes the fsync of a durable "
         "commit. The call tree is in the appendix."
     )

@@ -21,7 +21,7 @@ import enum
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any
 
 import structlog
@@ -84,7 +84,27 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _classify(row: Reply, key: Key, now: float) -> Outcome:
+def _json_default(obj: Any) -> Any:
+    # What asdict() would have made of a dataclass nested in ``extra``; anything else as default=str did.
+    return asdict(obj) if is_dataclass(obj) and not isinstance(obj, type) else str(obj)
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def snapshot_json(parent: Parent) -> str:
+    """The row's ``snapshot`` column: ``json.dumps(parent.snapshot(), default=str)``, the same text without
+    ``asdict``'s deep copy of the parent (it is serialised at once, never kept or changed)."""
+    names = _FIELDS.get(type(parent))
+    if names is None:
+        names = _FIELDS[type(parent)] = tuple(f.name for f in fields(parent))
+    return _snapshot_encode({n: getattr(parent, n) for n in names})
+
+
+_snapshot_encode = json.JSONEncoder(default=_json_default).encode  # json.dumps' settings, made once
+
+
+def _classify(row: Reply | st.Row, key: Key, now: float) -> Outcome:
     """Describe an existing row the caller may not claim."""
     s = row.state
     if s == st.CLOSED:
@@ -147,7 +167,7 @@ class Guard:
     def check(self, parent_id: str) -> Outcome | None:
         """Return what blocks ``post`` for ``parent_id``, read-only; None if a post would claim it."""
         key = self.key(parent_id)
-        row = self.store.get(key)
+        row = self.store.peek(key)
         if row is None or self._claimable(row, self.clock.now()):
             return None
         return _classify(row, key, self.clock.now())
@@ -179,7 +199,7 @@ class Guard:
             body = text  # type: ignore[assignment]
         return self._send(key, parent, row, body)
 
-    def _claimable(self, row: Reply, now: float) -> bool:
+    def _claimable(self, row: Reply | st.Row, now: float) -> bool:
         if row.state == st.RELEASED:
             return not row.not_before or row.not_before <= now
         if row.state == st.COMPOSING:
@@ -188,66 +208,47 @@ class Guard:
             return row.attempt < self.max_attempts
         return False
 
-    def _claim(self, key: Key, parent: Parent, path: str, text: str | None) -> Reply | Outcome:
+    def _claim(self, key: Key, parent: Parent, path: str, text: str | None) -> st.Row | Outcome:
         """Take the key atomically; return the claimed row, or an Outcome if not ours."""
         now = self.clock.now()
         if text is not None:
             state, extra = st.OPEN, self._open_values(now, text)
         else:
             state, extra = st.COMPOSING, {"lease_owner": self.owner, "lease_until": now + self.compose_lease_s}
+        common = {
+            "state": state,
+            "updated_at": now,
+            "path": path,
+            "snapshot": snapshot_json(parent),
+            "author_id": parent.author_id[:255],
+            "owner": self.owner,
+            **extra,
+        }
+        new = {**common, "attempt": 1, "created_at": now, "provider_key": self.provider_key(parent.id)}
+
+        def reclaim(row: st.Row) -> dict[str, Any] | None:
+            # The row exists: ours only if claimable, compared-and-set on the (state, attempt) read here.
+            if not self._claimable(row, now):
+                return None
+            attempt = row.attempt + 1 if row.state == st.NOT_LANDED else row.attempt
+            return {**common, "attempt": attempt, "error": None, "not_before": None, "reply_id": None}
+
         try:
-            with self.store.tx(relaxed=state == st.COMPOSING, doing="claiming") as conn:
-                row = self.store.get(key, conn)
-                if row is None:
-                    values = {
-                        "state": state,
-                        "attempt": 1,
-                        "created_at": now,
-                        "updated_at": now,
-                        "path": path,
-                        "snapshot": json.dumps(parent.snapshot(), default=str),
-                        "author_id": parent.author_id[:255],
-                        "owner": self.owner,
-                        "provider_key": self.provider_key(parent.id),
-                        **extra,
-                    }
-                    won = self.store.insert_new(conn, key, values)
-                    attempt = 1
-                elif self._claimable(row, now):
-                    attempt = row.attempt + 1 if row.state == st.NOT_LANDED else row.attempt
-                    values = {
-                        "state": state,
-                        "attempt": attempt,
-                        "updated_at": now,
-                        "path": path,
-                        "snapshot": json.dumps(parent.snapshot(), default=str),
-                        "author_id": parent.author_id[:255],
-                        "owner": self.owner,
-                        "error": None,
-                        "not_before": None,
-                        "reply_id": None,
-                        **extra,
-                    }
-                    won = self.store.cas(conn, key, states=[row.state], attempt=row.attempt, values=values)
-                else:
-                    return _classify(row, key, now)
-                if won:
-                    self.store.add_event(
-                        conn, key, "claimed", state=state, attempt=attempt, owner=self.owner, detail={"path": path}
-                    )
-                else:
-                    # Lost the race; whatever won must be reported, including a finished answer.
-                    row = self.store.get(key, conn)
-            if not won:
-                return _classify(row, key, now) if row else Outcome(Status.IN_FLIGHT, key)
+            # One transaction: the row (inserted, or compared-and-set) and its "claimed" event; durable unless composing.
+            won, row, values = self.store.claim(key, new, reclaim, {"kind": "claimed", "owner": self.owner,
+                                                                    "detail": {"path": path}},
+                                                relaxed=state == st.COMPOSING, doing="claiming")
         except ContentionError:
             log.warning("replyd.guard.contended", parent_id=key.parent_id)
             raise
         except StoreError as exc:
             log.error("replyd.guard.store_failed", parent_id=key.parent_id, error=str(exc))
             raise
-        log.info("replyd.guard.claimed", parent_id=key.parent_id, state=state, attempt=attempt, path=path)
-        return Reply(**{**values, "platform": key.platform, "sender_id": key.sender_id, "parent_id": key.parent_id})
+        if not won or values is None:
+            # Not ours (or lost the race): whatever stands must be reported, including a finished answer.
+            return _classify(row, key, now) if row else Outcome(Status.IN_FLIGHT, key)
+        log.info("replyd.guard.claimed", parent_id=key.parent_id, state=state, attempt=values["attempt"], path=path)
+        return st.Row.of(key, values)
 
     def _shadow(self, key: Key, parent: Parent, text: str | Compose, path: str) -> Outcome:
         """Dry run: write the reply once, log and record it as ``would_post``; claim and send nothing."""
@@ -309,24 +310,21 @@ class Guard:
             failures = 0
         return min(self.responder_backoff_max_s, self.responder_backoff_s * 2.0 ** failures)
 
-    def _open_composed(self, key: Key, row: Reply, text: str) -> Reply | Outcome:
+    def _open_composed(self, key: Key, row: Reply | st.Row, text: str) -> st.Row | Outcome:
         """Turn our composing claim into a durable open row, unless the lease was lost."""
         now = self.clock.now()
         values = {**self._open_values(now, text), "state": st.OPEN, "updated_at": now}
-        with self.store.tx(doing="opening") as conn:
-            ok = self.store.cas(
-                conn, key, states=[st.COMPOSING], attempt=row.attempt, values=values,
-                extra_where=st.REPLIES.c.lease_owner == self.owner,
-            )
-            if ok:
-                self.store.add_event(conn, key, "opened", state=st.OPEN, attempt=row.attempt, owner=self.owner)
-            else:
-                current = self.store.get(key, conn)
+        # Durable (the send follows), and only while our composing lease holds.
+        ok = self.store.cas_event(
+            key, states=[st.COMPOSING], attempt=row.attempt, values=values, lease_owner=self.owner,
+            event={"kind": "opened", "state": st.OPEN, "attempt": row.attempt, "owner": self.owner}, doing="opening",
+        )
         if not ok:
+            current = self.store.peek(key)
             return _classify(current, key, now) if current else Outcome(Status.IN_FLIGHT, key)
-        return Reply(**{**row.model_dump(), **values})
+        return st.Row(**{**row.model_dump(), **values})
 
-    def _send(self, key: Key, parent: Parent, row: Reply, text: str) -> Outcome:
+    def _send(self, key: Key, parent: Parent, row: Reply | st.Row, text: str) -> Outcome:
         attempt = row.attempt
         try:
             with metrics.watching_send(self.platform.instance):
@@ -363,14 +361,16 @@ class Guard:
         verify_at = now + self.platform.listing_delay_s if attempt > 1 else None
         values = {"state": st.CLOSED, "reply_id": reply_id, "closed_at": now, "updated_at": now, "error": None,
                   "deadline_at": verify_at}
+        detail = {"reply_id": reply_id}
         try:
-            with self.store.tx(relaxed=True, doing="closing") as conn:
-                # not_landed at our attempt: the sweep looked too early; our reply did land.
-                ok = self.store.cas(conn, key, states=[st.OPEN, st.NOT_LANDED], attempt=attempt, values=values)
-                if ok:
-                    self.store.add_event(conn, key, kind, state=st.CLOSED, attempt=attempt, owner=self.owner, detail={"reply_id": reply_id})
-                else:
-                    self.store.add_event(conn, key, "late_landing", attempt=attempt, owner=self.owner, detail={"reply_id": reply_id})
+            # One relaxed transaction: the compare-and-set and its event; a late_landing note if the row moved on.
+            # not_landed at our attempt: the sweep looked too early; our reply did land.
+            ok = self.store.cas_event(
+                key, states=[st.OPEN, st.NOT_LANDED], attempt=attempt, values=values,
+                event={"kind": kind, "state": st.CLOSED, "attempt": attempt, "owner": self.owner, "detail": detail},
+                otherwise={"kind": "late_landing", "attempt": attempt, "owner": self.owner, "detail": detail},
+                relaxed=True, doing="closing",
+            )
         except StoreError as exc:
             log.error("replyd.guard.close_failed", parent_id=key.parent_id, reply_id=reply_id, error=str(exc))
             return Outcome(status, key, st.OPEN, attempt, reply_id, detail="posted; close not recorded, the sweep will close it")
@@ -398,10 +398,11 @@ class Guard:
         if error is not None or "error" in detail:
             values["error"] = detail.get("error") or str(error)
         try:
-            with self.store.tx(relaxed=relaxed, doing=kind) as conn:
-                ok = self.store.cas(conn, key, states=states, attempt=attempt, values=values)
-                if ok:
-                    self.store.add_event(conn, key, kind, state=to, attempt=attempt, owner=self.owner, detail=detail)
+            ok = self.store.cas_event(
+                key, states=states, attempt=attempt, values=values,
+                event={"kind": kind, "state": to, "attempt": attempt, "owner": self.owner, "detail": detail},
+                relaxed=relaxed, doing=kind,
+            )
         except StoreError as exc:
             # The row stays as it was (open rows are swept); never guess a state.
             log.error("replyd.guard.transition_failed", parent_id=key.parent_id, to=to, error=str(exc))

@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 import structlog
@@ -51,6 +54,9 @@ STATES = (COMPOSING, OPEN, CLOSED, RELEASED, REJECTED, NOT_LANDED, GAVE_UP, DECL
 TERMINAL = (CLOSED, REJECTED, GAVE_UP, DECLINED)
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# An event's detail column: json.dumps(detail, sort_keys=True, default=str), one encoder made once.
+_detail_json = json.JSONEncoder(sort_keys=True, default=str).encode
+_IDLE_MAX = 2  # connections a Store's hot path keeps checked out between calls
 
 
 class Reply(SQLModel, table=True):
@@ -119,6 +125,37 @@ REPLIES = Reply.__table__
 EVENTS = Event.__table__
 CURSORS = Cursor.__table__
 
+# The hot path's prebuilt statements are derived from these, never from hand-typed column lists.
+REPLY_COLUMNS = tuple(c.name for c in REPLIES.columns)
+EVENT_COLUMNS = tuple(c.name for c in EVENTS.columns if not c.primary_key)
+KEY_COLUMNS = tuple(c.name for c in REPLIES.primary_key.columns)
+REPLY_DEFAULTS: dict[str, Any] = {
+    c.name: c.default.arg if c.default is not None and c.default.is_scalar else None for c in REPLIES.columns
+}
+_REPLY_SET = frozenset(REPLY_COLUMNS)
+
+
+class Row(SimpleNamespace):
+    """One ``replies`` row as plain attributes (the fields of ``Reply``): the hot path's light row, no ORM state."""
+
+    @classmethod
+    def of(cls, key: Key, values: Mapping[str, Any]) -> Row:
+        """The row ``values`` describe for ``key``, every column the values leave out at its default."""
+        return cls(**{**REPLY_DEFAULTS, **values, "platform": key.platform, "sender_id": key.sender_id,
+                      "parent_id": key.parent_id})
+
+    def model_dump(self) -> dict[str, Any]:
+        """The row as a dict, like ``Reply.model_dump``."""
+        return dict(self.__dict__)
+
+
+class Claim(NamedTuple):
+    """What ``Store.claim`` did: ``won`` with the ``values`` written, else the ``row`` that stands (None if unseen)."""
+
+    won: bool
+    row: Row | None
+    values: Mapping[str, Any] | None
+
 
 @dataclass(frozen=True)
 class Key:
@@ -172,7 +209,7 @@ def _map_db_error(exc: BaseException, doing: str) -> Exception:
     return StoreError(f"store unavailable while {doing}: {detail}")
 
 
-def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
+def _sqlite_on_connect(dbapi_conn: Any, record: Any) -> None:
     # Take transaction control away from pysqlite so BEGIN IMMEDIATE is ours to emit.
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
@@ -180,13 +217,65 @@ def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=FULL")
     cur.close()
+    record.info["synchronous"] = "FULL"  # what this connection commits with now; see _sqlite_durability
+
+
+def _sqlite_durability(dbapi_conn: Any, info: dict[str, Any], relaxed: bool) -> None:
+    """Make the connection's next commit FULL (or NORMAL when ``relaxed``); no PRAGMA when it already is."""
+    want = "NORMAL" if relaxed else "FULL"
+    if info.get("synchronous") != want:
+        info.pop("synchronous", None)  # unknown until the PRAGMA has run
+        dbapi_conn.execute(f"PRAGMA synchronous={want}")
+        info["synchronous"] = want
 
 
 def _sqlite_on_begin(conn: Connection) -> None:
     opts = conn.get_execution_options()
-    # Per-transaction durability: a claim is FULL, a close may be NORMAL.
-    conn.exec_driver_sql(f"PRAGMA synchronous={'NORMAL' if opts.get('relaxed') else 'FULL'}")
+    # Per-transaction durability: a claim is FULL, a close may be NORMAL (no PRAGMA when already so).
+    want = "NORMAL" if opts.get("relaxed") else "FULL"
+    if conn.info.get("synchronous") != want:
+        conn.info.pop("synchronous", None)
+        conn.exec_driver_sql(f"PRAGMA synchronous={want}")
+        conn.info["synchronous"] = want
     conn.exec_driver_sql("BEGIN IMMEDIATE" if opts.get("write") else "BEGIN")
+
+
+def _pg_idle_dead(dbapi_conn: Any) -> str | None:
+    """Why an idle PostgreSQL connection is unusable (None if it is alive), without a round trip.
+
+    An idle connection normally has nothing to read: one poll(2) says so, no network traffic. When the socket
+    is readable, libpq reads what is there: a server that closed the connection (restart,
+    ``pg_terminate_backend``, a cut proxy) shows as end of file or a bad status; a notice or a TLS record
+    the server sent unasked is simply consumed and the connection kept.
+    """
+    if dbapi_conn.closed or getattr(dbapi_conn, "broken", False):
+        return "connection closed"
+    pgconn = getattr(dbapi_conn, "pgconn", None)
+    try:
+        fd = dbapi_conn.fileno()
+        for _ in range(4):
+            poller = select.poll()
+            poller.register(fd, select.POLLIN | select.POLLPRI)
+            if not poller.poll(0):
+                return None
+            if pgconn is None:
+                return "the server sent data while the connection was idle"
+            pgconn.consume_input()  # raises at end of file
+            if pgconn.status != 0:  # CONNECTION_OK
+                return "the connection is lost"
+    except Exception as exc:  # no socket any more, or the server closed it  # noqa: BLE001
+        return str(exc).strip() or type(exc).__name__
+    return "the server keeps sending data while the connection is idle"
+
+
+def _pg_on_checkout(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+    """Drop a pooled PostgreSQL connection the server has closed (instead of pool_pre_ping's round trip).
+
+    Raising DisconnectionError makes the pool discard it and check out (or open) another.
+    """
+    why = _pg_idle_dead(dbapi_conn)
+    if why:
+        raise sa.exc.DisconnectionError(why)
 
 
 def make_engine(url: str) -> Engine:
@@ -209,17 +298,115 @@ def make_engine(url: str) -> Engine:
         parsed = parsed.set(drivername="postgresql+psycopg")
     if not parsed.drivername.startswith("postgresql"):
         raise StoreError(f"unsupported store URL scheme {parsed.drivername!r}: use sqlite:/// or postgresql+psycopg://")
-    return sa.create_engine(
+    engine = sa.create_engine(
         parsed,
-        pool_pre_ping=True,
         pool_size=5,
         max_overflow=5,
         connect_args={"connect_timeout": 5, "application_name": "replyd"},
     )
+    # Not pool_pre_ping (a round trip per checkout): a dead idle connection is seen on its socket instead.
+    sa.event.listen(engine.pool, "checkout", _pg_on_checkout)
+    return engine
 
 
 def _row(mapping: Mapping[str, Any] | None) -> Reply | None:
     return None if mapping is None else Reply(**dict(mapping))
+
+
+class _HotSQL:
+    """The hot path's statements for one dialect, written once from the table definitions and cached by shape.
+
+    They run straight through the driver (sqlite3 / psycopg) with named parameters: no statement is built,
+    no compiled-cache key computed and no result object made per call. Column lists come from ``REPLIES`` /
+    ``EVENTS``, so a column added to the models is in every statement. On PostgreSQL a write and its
+    event are ONE statement (a data-modifying CTE) run in autocommit: one round trip, one transaction;
+    a relaxed one sets ``synchronous_commit`` off for its own transaction with ``set_config(…, true)``.
+    """
+
+    def __init__(self, dialect: sa.engine.Dialect) -> None:
+        self.pg = dialect.name == "postgresql"
+        q = dialect.identifier_preparer.quote
+        self.q = q
+        self.R, self.E = q(REPLIES.name), q(EVENTS.name)
+        # Strings cast to unbounded TEXT: an explicit CAST to VARCHAR(n) would truncate where the column errors.
+        self.cast = {c.name: "TEXT" if isinstance(c.type, sa.String) else c.type.compile(dialect=dialect)
+                     for c in EVENTS.columns}
+        self.cols = ", ".join(q(c) for c in REPLY_COLUMNS)
+        self.key = " AND ".join(f"{q(c)} = {self.p('k_' + c)}" for c in KEY_COLUMNS)
+        self.peek = f"SELECT {self.cols} FROM {self.R} WHERE {self.key}"
+        self.insert = (f"INSERT INTO {self.R} ({self.cols}) VALUES ({', '.join(self.p(c) for c in REPLY_COLUMNS)}) "
+                       f"ON CONFLICT ({', '.join(q(c) for c in KEY_COLUMNS)}) DO NOTHING")
+        self.event = (f"INSERT INTO {self.E} ({', '.join(q(c) for c in EVENT_COLUMNS)}) "
+                      f"VALUES ({', '.join(self.p('e_' + c) for c in EVENT_COLUMNS)})")
+        self.event_names = {"e_": tuple("e_" + c for c in EVENT_COLUMNS)}
+        self._claim: dict[bool, str] = {}
+        self._cas: dict[tuple[Any, ...], tuple[str, tuple[str, ...]]] = {}
+
+    def p(self, name: str) -> str:
+        """A named placeholder in the driver's style."""
+        return f"%({name})s" if self.pg else f":{name}"
+
+    def _event_select(self, pre: str) -> str:
+        # Typed, so PostgreSQL never has to guess a parameter's type in INSERT … SELECT / UNION ALL.
+        return "SELECT " + ", ".join(f"CAST({self.p(pre + c)} AS {self.cast[c]})" for c in EVENT_COLUMNS)
+
+    def _tail(self, relaxed: bool) -> str:
+        return ", set_config('synchronous_commit', 'off', true)" if relaxed else ""
+
+    def claim(self, relaxed: bool) -> str:
+        """PostgreSQL: insert the row unless the key has one, with its event, in one statement; return 1 if it did."""
+        sql = self._claim.get(relaxed)
+        if sql is None:
+            ev_cols = ", ".join(self.q(c) for c in EVENT_COLUMNS)
+            sql = self._claim[relaxed] = (
+                f"WITH w AS ({self.insert} RETURNING 1), "
+                f"e AS (INSERT INTO {self.E} ({ev_cols}) {self._event_select('e_')} FROM w RETURNING 1) "
+                f"SELECT count(*){self._tail(relaxed)} FROM e"
+            )
+        return sql
+
+    def event_only(self, relaxed: bool) -> str:
+        """PostgreSQL: one event on its own (a note of a write that did not happen), as one statement."""
+        return (f"WITH e AS ({self.event} RETURNING 1) SELECT count(*){self._tail(relaxed)} FROM e")
+
+    def cas(self, cols: tuple[str, ...], n_states: int, attempt: bool, lease: bool, event: bool,
+            relaxed: bool) -> tuple[str, tuple[str, ...]]:
+        """The compare-and-set UPDATE (on PostgreSQL with its event in the same statement) and its value names."""
+        shape = (cols, n_states, attempt, lease, event, relaxed)
+        hit = self._cas.get(shape)
+        if hit is not None:
+            return hit
+        bad = set(cols) - _REPLY_SET
+        if bad:
+            raise ValueError(f"not columns of {REPLIES.name}: {sorted(bad)}")
+        names = tuple("v_" + c for c in cols)
+        where = [self.key, f"{self.q('state')} IN ({', '.join(self.p(f's{i}') for i in range(n_states))})"]
+        if attempt:
+            where.append(f"{self.q('attempt')} = {self.p('k_attempt')}")
+        if lease:
+            where.append(f"{self.q('lease_owner')} = {self.p('k_lease_owner')}")
+        sets = ", ".join(f"{self.q(c)} = {self.p(n)}" for c, n in zip(cols, names, strict=True))
+        sql = f"UPDATE {self.R} SET {sets} WHERE {' AND '.join(where)}"
+        if self.pg:
+            ev = (f", e AS (INSERT INTO {self.E} ({', '.join(self.q(c) for c in EVENT_COLUMNS)}) "
+                  f"{self._event_select('e_')} FROM w RETURNING 1)") if event else ""
+            sql = f"WITH w AS ({sql} RETURNING 1){ev} SELECT count(*){self._tail(relaxed)} FROM w"
+        self._cas[shape] = (sql, names)
+        return sql, names
+
+
+_STORES: weakref.WeakSet[Store] = weakref.WeakSet()
+_INHERITED: list[Any] = []  # a forked child's copies of its parent's kept connections: never used, never closed
+
+
+def _after_fork_in_child() -> None:
+    # The parent owns those sockets: the child must neither use nor close them (as dispose(close=False)).
+    for store in list(_STORES):
+        _INHERITED.extend(store._idle)
+        store._idle = []
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Store:
@@ -230,6 +417,10 @@ class Store:
         self.clock = clock or SystemClock()
         self.is_sqlite = engine.dialect.name == "sqlite"
         self._insert = sqlite_dialect.insert if self.is_sqlite else pg_dialect.insert
+        self._sql = _HotSQL(engine.dialect)
+        self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
+        self._idle: list[tuple[Any, Any]] = []  # (pool, connection) the hot path keeps checked out; see _driver
+        _STORES.add(self)
 
     @classmethod
     def open(cls, url: str | None = None, *, clock: Clock | None = None, migrate: bool = True) -> Store:
@@ -243,7 +434,7 @@ class Store:
 
     def dispose(self) -> None:
         """Close all pooled connections."""
-        self.engine.dispose()
+        self._reset_pool()
 
     @property
     def url(self) -> str:
@@ -277,6 +468,7 @@ class Store:
     @contextmanager
     def tx(self, *, write: bool = True, relaxed: bool = False, doing: str = "writing") -> Iterator[Connection]:
         """A transaction; ``relaxed`` commits without waiting for the disk (closes only)."""
+        relaxed = self.commit_relaxed(relaxed)
         try:
             with self.engine.connect() as conn:
                 conn = conn.execution_options(write=write, relaxed=relaxed)
@@ -288,8 +480,15 @@ class Store:
             if self.is_sqlite and "readonly database" in str(exc.orig).lower():
                 # SQLite opens an unwritable file read-only and the pool would keep that connection
                 # for ever: drop it, so the first write after the file is writable again succeeds.
-                self.engine.dispose()
+                self._reset_pool()
             raise _map_db_error(exc, doing) from None
+
+    def commit_relaxed(self, relaxed: bool) -> bool:
+        """Whether a commit that asks for ``relaxed`` durability gets it (one place, for ``tx`` and the hot path).
+
+        A subclass may pin it (the benchmarks' all-durable and all-relaxed variants do).
+        """
+        return relaxed
 
     def greatest(self, column: sa.ColumnElement[Any], value: float) -> sa.ColumnElement[Any]:
         """SQL for the larger of a column and a value (SQLite's scalar max, PostgreSQL's GREATEST)."""
@@ -308,8 +507,8 @@ class Store:
         """Return the row for ``key``, or None."""
         if conn is not None:
             return _row(conn.execute(sa.select(REPLIES).where(key.where())).mappings().first())
-        with self.tx(write=False, doing="reading a row") as c:
-            return _row(c.execute(sa.select(REPLIES).where(key.where())).mappings().first())
+        row = self.peek(key)
+        return None if row is None else Reply(**row.__dict__)
 
     def insert_new(self, conn: Connection, key: Key, values: Mapping[str, Any]) -> bool:
         """Insert the key's row unless it exists; True when this call created it."""
@@ -366,6 +565,251 @@ class Store:
                 detail=json.dumps(dict(detail or {}), sort_keys=True, default=str),
             )
         )
+
+    # -- the hot path: prebuilt SQL straight through the driver ---------------------------
+    #
+    # Same guarantees as tx() + insert_new/cas/add_event: every write and its event commit together, the
+    # claim with full durability unless asked otherwise, CAS on (key, state, attempt), errors mapped to
+    # StoreError / ContentionError. Reads run without an explicit transaction (one statement, one snapshot).
+
+    @contextmanager
+    def _driver(self, doing: str) -> Iterator[Any]:
+        """A connection of SQLAlchemy's pool (its connect/checkout handling applies) used at driver level.
+
+        The last ``_IDLE_MAX`` are kept checked out between calls: taking one is a list pop, not a trip through
+        the pool (a third of the hot path's Python time). Only a connection whose call ended cleanly, outside
+        any transaction, is kept; one of a replaced pool, or (PostgreSQL) whose server closed it, is dropped.
+        A PostgreSQL connection is in autocommit while the hot path has it (one statement, one transaction)
+        and back in transaction mode before the pool gets it again.
+        """
+        pool = self.engine.pool
+        fairy = None
+        while self._idle:
+            try:
+                owner, f = self._idle.pop()
+            except IndexError:  # another thread took the last one
+                break
+            if owner is pool and f.is_valid and (self.is_sqlite or _pg_idle_dead(f.driver_connection) is None):
+                fairy = f
+                break
+            f.invalidate()
+            f.close()
+        fresh = fairy is None
+        if fairy is None:
+            try:
+                fairy = self.engine.raw_connection()
+            except (sa.exc.DBAPIError, sa.exc.DisconnectionError, self._dbapi_error) as exc:
+                raise _map_db_error(exc, doing) from None
+        clean = False
+        try:
+            if fresh and not self.is_sqlite:
+                fairy.driver_connection.autocommit = True
+            yield fairy
+            clean = True
+        except self._dbapi_error as exc:
+            if self.is_sqlite:
+                if "readonly database" in str(exc).lower():
+                    # As in tx(): never keep a connection SQLite opened read-only.
+                    fairy.invalidate(exc)
+                    self._reset_pool()
+            elif self.engine.dialect.is_disconnect(exc, fairy.driver_connection, None):
+                fairy.invalidate(exc)
+            raise _map_db_error(exc, doing) from None
+        finally:
+            if (clean and fairy.is_valid and len(self._idle) < _IDLE_MAX
+                    and not (self.is_sqlite and fairy.driver_connection.in_transaction)):
+                self._idle.append((pool, fairy))
+            else:
+                self._give_back(fairy)
+
+    def _give_back(self, fairy: Any) -> None:
+        """Return a hot-path connection to the pool as the pool's other users expect it (transactions on)."""
+        if not self.is_sqlite and fairy.is_valid:
+            try:
+                fairy.driver_connection.autocommit = False
+            except Exception:  # a broken connection refuses: never pool it again  # noqa: BLE001
+                fairy.invalidate()
+        fairy.close()
+
+    def _reset_pool(self) -> None:
+        """Close every pooled connection, the hot path's kept ones too (the next use opens fresh ones)."""
+        while self._idle:
+            try:
+                _, f = self._idle.pop()
+            except IndexError:
+                break
+            self._give_back(f)
+        self.engine.dispose()
+
+    def _pg(self, fairy: Any, sql: str, params: Mapping[str, Any]) -> list[Any]:
+        """Run one statement on a hot-path connection (autocommit: its own transaction, one round trip)."""
+        cur = fairy.driver_connection.cursor()
+        cur.execute(sql, params)
+        return cur.fetchall()
+
+    def _sqlite_write(self, fairy: Any, relaxed: bool, body: Callable[[Any], Any]) -> Any:
+        """``body(conn)`` inside BEGIN IMMEDIATE … COMMIT, committed FULL (NORMAL when ``relaxed``)."""
+        dbc = fairy.driver_connection
+        _sqlite_durability(dbc, fairy.info, self.commit_relaxed(relaxed))
+        dbc.execute("BEGIN IMMEDIATE")
+        try:
+            out = body(dbc)
+            dbc.execute("COMMIT")
+        except BaseException:
+            if dbc.in_transaction:
+                try:
+                    dbc.execute("ROLLBACK")
+                except self._dbapi_error:
+                    fairy.invalidate()
+            raise
+        return out
+
+    def _key_params(self, key: Key) -> dict[str, Any]:
+        return {"k_platform": key.platform, "k_sender_id": key.sender_id, "k_parent_id": key.parent_id}
+
+    def _event_params(self, pre: str, key: Key, event: Mapping[str, Any], state: str | None,
+                      attempt: int | None) -> dict[str, Any]:
+        at = event.get("at")
+        return dict(zip(self._sql.event_names[pre], (
+            self.clock.now() if at is None else at, key.platform, key.sender_id, key.parent_id, event["kind"],
+            event.get("state", state), event.get("attempt", attempt), event.get("owner"),
+            _detail_json(dict(event.get("detail") or {})),
+        ), strict=True))
+
+    def _peek_with(self, fairy: Any, key: Key) -> Row | None:
+        if self.is_sqlite:
+            rows = fairy.driver_connection.execute(self._sql.peek, self._key_params(key)).fetchall()
+        else:
+            rows = self._pg(fairy, self._sql.peek, self._key_params(key))
+        return Row(**dict(zip(REPLY_COLUMNS, rows[0], strict=True))) if rows else None
+
+    def peek(self, key: Key) -> Row | None:
+        """Return ``key``'s row as a light ``Row`` (one statement, no explicit transaction, no lock), or None."""
+        with self._driver("reading a row") as fairy:
+            return self._peek_with(fairy, key)
+
+    def claim(
+        self,
+        key: Key,
+        new: Mapping[str, Any],
+        reclaim: Callable[[Row], Mapping[str, Any] | None],
+        event: Mapping[str, Any],
+        *,
+        relaxed: bool = False,
+        doing: str = "claiming",
+    ) -> Claim:
+        """Take ``key``: insert the row ``new`` if the key has none, else compare-and-set the values
+        ``reclaim(row)`` returns on that row's (state, attempt), or leave the row when it returns None.
+
+        ``event`` (kind, owner, detail; state and attempt default to the written row's) commits in the same
+        transaction as the row, durably unless ``relaxed``. SQLite reads the row before ``BEGIN IMMEDIATE``,
+        so a taken key costs no write lock; PostgreSQL tries the insert (with its event, one statement) first
+        and reads the row only when the insert lost (callers ``check`` first, so new keys are the common case).
+        """
+        bad = set(new) - _REPLY_SET
+        if bad:
+            raise ValueError(f"not columns of {REPLIES.name}: {sorted(bad)}")
+        ins = {**REPLY_DEFAULTS, **new, "platform": key.platform, "sender_id": key.sender_id,
+               "parent_id": key.parent_id}
+        ev = self._event_params("e_", key, event, ins["state"], ins["attempt"])
+        with self._driver(doing) as fairy:
+            if self.is_sqlite:
+                row = self._peek_with(fairy, key)
+                if row is None:
+                    def insert(dbc: Any) -> Claim:
+                        if dbc.execute(self._sql.insert, ins).rowcount == 1:
+                            dbc.execute(self._sql.event, ev)
+                            return Claim(True, None, new)
+                        # Inserted by someone since the read: decide on it under the lock, in this transaction.
+                        got = self._peek_with(fairy, key)
+                        vals = None if got is None else reclaim(got)
+                        if vals is None:
+                            return Claim(False, got, None)
+                        assert got is not None
+                        if self._cas_sqlite(dbc, key, [got.state], got.attempt, vals, None,
+                                            {**event, "state": vals.get("state"), "attempt": vals.get("attempt")},
+                                            None):
+                            return Claim(True, None, vals)
+                        return Claim(False, got, None)
+
+                    return self._sqlite_write(fairy, relaxed, insert)
+            else:
+                if self._pg(fairy, self._sql.claim(self.commit_relaxed(relaxed)), {**ins, **ev})[0][0] == 1:
+                    return Claim(True, None, new)
+                row = self._peek_with(fairy, key)  # the row that made the insert lose
+                if row is None:  # deleted since (an operator): report it in flight, as before
+                    return Claim(False, None, None)
+            vals = reclaim(row)
+            if vals is None:
+                return Claim(False, row, None)
+            won = self._cas_with(fairy, key, [row.state], row.attempt, vals, None,
+                                 {**event, "state": vals.get("state"), "attempt": vals.get("attempt")}, None,
+                                 relaxed)
+            return Claim(True, None, vals) if won else Claim(False, self._peek_with(fairy, key), None)
+
+    def cas_event(
+        self,
+        key: Key,
+        *,
+        states: Sequence[str],
+        attempt: int | None,
+        values: Mapping[str, Any],
+        event: Mapping[str, Any] | None = None,
+        otherwise: Mapping[str, Any] | None = None,
+        lease_owner: str | None = None,
+        relaxed: bool = False,
+        doing: str = "writing",
+    ) -> bool:
+        """``cas`` in its own transaction, with ``event`` in the same transaction if it updated the row.
+
+        ``otherwise`` is the event to record when it did not (nothing changed: on PostgreSQL it is written by
+        a statement of its own right after). ``values`` are plain values (no SQL expressions); ``lease_owner``
+        adds ``lease_owner = …`` to the condition. Events give kind, state, attempt, owner, detail. True if
+        the row was updated.
+        """
+        with self._driver(doing) as fairy:
+            return self._cas_with(fairy, key, states, attempt, values, lease_owner, event, otherwise, relaxed)
+
+    def _cas_with(self, fairy: Any, key: Key, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
+                  lease_owner: str | None, event: Mapping[str, Any] | None, otherwise: Mapping[str, Any] | None,
+                  relaxed: bool) -> bool:
+        if self.is_sqlite:
+            return self._sqlite_write(fairy, relaxed, lambda dbc: self._cas_sqlite(
+                dbc, key, states, attempt, values, lease_owner, event, otherwise))
+        relaxed = self.commit_relaxed(relaxed)
+        sql, names = self._sql.cas(tuple(values), len(states), attempt is not None, lease_owner is not None,
+                                   event is not None, relaxed)
+        params = self._cas_params(key, states, attempt, lease_owner, names, values)
+        if event is not None:
+            params.update(self._event_params("e_", key, event, None, None))
+        ok = self._pg(fairy, sql, params)[0][0] == 1
+        if not ok and otherwise is not None:
+            # Nothing was changed, so there is nothing to be atomic with: the note is a statement of its own.
+            self._pg(fairy, self._sql.event_only(relaxed), self._event_params("e_", key, otherwise, None, None))
+        return ok
+
+    def _cas_params(self, key: Key, states: Sequence[str], attempt: int | None, lease_owner: str | None,
+                    names: tuple[str, ...], values: Mapping[str, Any]) -> dict[str, Any]:
+        params = self._key_params(key)
+        params.update(zip(names, values.values(), strict=True))
+        for i, s in enumerate(states):
+            params[f"s{i}"] = s
+        if attempt is not None:
+            params["k_attempt"] = attempt
+        if lease_owner is not None:
+            params["k_lease_owner"] = lease_owner
+        return params
+
+    def _cas_sqlite(self, dbc: Any, key: Key, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
+                    lease_owner: str | None, event: Mapping[str, Any] | None,
+                    otherwise: Mapping[str, Any] | None) -> bool:
+        sql, names = self._sql.cas(tuple(values), len(states), attempt is not None, lease_owner is not None,
+                                   False, False)
+        ok = dbc.execute(sql, self._cas_params(key, states, attempt, lease_owner, names, values)).rowcount == 1
+        ev = event if ok else otherwise
+        if ev is not None:
+            dbc.execute(self._sql.event, self._event_params("e_", key, ev, None, None))
+        return ok
 
     def record(self, key: Key, kind: str, *, owner: str | None = None, detail: Mapping[str, Any] | None = None) -> None:
         """Append one event in its own relaxed transaction (skips, notes)."""

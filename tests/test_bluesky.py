@@ -818,7 +818,7 @@ def test_thread_depth_pages_long_chains(n: int, limit: int, answer: int, heights
          "thread_depth: thread is a app.bsky.feed.defs#blockedPost"),
         (Reply(body="<html></html>", content_type="text/html"), "thread_depth: not JSON (text/html)"),
         (Reply(body=b'{"thread": ' + b'{"parent": ' * 3000 + b"{}" + b"}" * 3001),
-         "thread_depth: thread nested too deep to parse"),
+         "thread_depth: JSON nested too deeply to parse"),
     ],
     ids=["thread-string", "anchor-blocked", "html-200", "nested-3000"],
 )

@@ -1077,10 +1077,8 @@ class BlueskyPlatform:
             height = min(want - depth, THREAD_DEPTH_PAGE)
             params = [("uri", uri), ("depth", "0"), ("parentHeight", str(height))]
             resp = self._xrpc("GET", "app.bsky.feed.getPostThread", what=what, proxy=True, params=params)
-            try:
-                body = _http.json_body(resp, what, dict)
-            except RecursionError:  # a server that ignored parentHeight
-                raise BadResponse(f"{what}: thread nested too deep to parse", status=resp.status_code) from None
+            # A server that ignored parentHeight may nest too deep to parse: json_body says so (BadResponse).
+            body = _http.json_body(resp, what, dict)
             node = _http.field(body, "thread", what, dict)
             if "post" not in node:
                 raise BadResponse(f"{what}: thread is a {node.get('$type', 'non-post')}")
