@@ -396,12 +396,12 @@ class BlueskyPlatform:
             http=http,
             clock=clock,
             appview_did=appview,
-            listing_delay_s=_number(settings, "listing_delay_s", DEFAULT_LISTING_DELAY_S, minimum=0.0),
-            timeout_s=_number(settings, "timeout_s", 15.0, minimum=0.0, exclusive=True),
-            search_queries=_strings(settings, "search_queries"),
-            langs=_strings(settings, "langs"),
-            page_limit=_integer(settings, "page_limit", 50, 1, 100),
-            max_pages=_integer(settings, "max_pages", 5, 1, 1000),
+            listing_delay_s=_http.setting_number(settings, "bluesky", "listing_delay_s", DEFAULT_LISTING_DELAY_S, minimum=0.0),
+            timeout_s=_http.setting_number(settings, "bluesky", "timeout_s", 15.0, minimum=0.0, exclusive=True),
+            search_queries=list(_http.setting_strings(settings, "bluesky", "search_queries")),
+            langs=list(_http.setting_strings(settings, "bluesky", "langs")),
+            page_limit=_http.setting_int(settings, "bluesky", "page_limit", 50, 1, 100),
+            max_pages=_http.setting_int(settings, "bluesky", "max_pages", 5, 1, 1000),
             instance=instance.strip() if isinstance(instance, str) else None,
         )
 
@@ -1166,33 +1166,3 @@ def _auth_failure(resp: httpx.Response) -> bool:
     if resp.status_code == 401:
         return True
     return resp.status_code == 400 and _xrpc_error(resp) in ("ExpiredToken", "InvalidToken")
-
-
-
-
-def _number(settings: Mapping[str, Any], key: str, default: float, *, minimum: float, exclusive: bool = False) -> float:
-    value = settings.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"bluesky setting {key!r}: must be a number, got {type(value).__name__}")
-    if not math.isfinite(value):
-        raise ConfigError(f"bluesky setting {key!r}: must be finite")
-    if value < minimum or (exclusive and value == minimum):
-        op = ">" if exclusive else ">="
-        raise ConfigError(f"bluesky setting {key!r}: must be {op} {minimum:g}, got {value!r}")
-    return float(value)
-
-
-def _integer(settings: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
-    value = settings.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"bluesky setting {key!r}: must be an integer, got {type(value).__name__}")
-    if not lo <= value <= hi:
-        raise ConfigError(f"bluesky setting {key!r}: must be between {lo} and {hi}, got {value}")
-    return value
-
-
-def _strings(settings: Mapping[str, Any], key: str) -> list[str]:
-    value = settings.get(key, [])
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise ConfigError(f"bluesky setting {key!r}: must be a list of non-empty strings")
-    return [v.strip() for v in value]

@@ -196,14 +196,14 @@ class MastodonPlatform:
             token=token,
             http=http,
             clock=clock,
-            listing_delay_s=_number(settings, "listing_delay_s", 10.0, minimum=0.0),
-            timeout_s=_number(settings, "timeout_s", 15.0, minimum=0.0, exclusive=True),
-            idempotency=_flag(settings, "idempotency", True),
+            listing_delay_s=_http.setting_number(settings, "mastodon", "listing_delay_s", 10.0, minimum=0.0),
+            timeout_s=_http.setting_number(settings, "mastodon", "timeout_s", 15.0, minimum=0.0, exclusive=True),
+            idempotency=_http.setting_flag(settings, "mastodon", "idempotency", True),
             visibility=visibility,
-            mention_author=_flag(settings, "mention_author", True),
-            page_limit=_integer(settings, "page_limit", 40, 1, 80),
-            max_pages=_integer(settings, "max_pages", 5, 1, 1000),
-            readback_max_pages=_integer(settings, "readback_max_pages", 100, 1, 10_000),
+            mention_author=_http.setting_flag(settings, "mastodon", "mention_author", True),
+            page_limit=_http.setting_int(settings, "mastodon", "page_limit", 40, 1, 80),
+            max_pages=_http.setting_int(settings, "mastodon", "max_pages", 5, 1, 1000),
+            readback_max_pages=_http.setting_int(settings, "mastodon", "readback_max_pages", 100, 1, 10_000),
             instance=instance.strip() if isinstance(instance, str) else None,
         )
 
@@ -694,31 +694,3 @@ class MastodonPlatform:
     def rate_limits(self) -> dict[str, tuple[int | None, float | None]]:
         """Return the last seen ``{bucket: (remaining, reset_at)}`` (for metrics)."""
         return self._limits.snapshot()
-
-
-def _number(settings: Mapping[str, Any], key: str, default: float, *, minimum: float, exclusive: bool = False) -> float:
-    value = settings.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"mastodon setting {key!r}: must be a number, got {type(value).__name__}")
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ConfigError(f"mastodon setting {key!r}: must be finite")
-    if value < minimum or (exclusive and value == minimum):
-        op = ">" if exclusive else ">="
-        raise ConfigError(f"mastodon setting {key!r}: must be {op} {minimum:g}, got {value!r}")
-    return float(value)
-
-
-def _integer(settings: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
-    value = settings.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"mastodon setting {key!r}: must be an integer, got {type(value).__name__}")
-    if not lo <= value <= hi:
-        raise ConfigError(f"mastodon setting {key!r}: must be between {lo} and {hi}, got {value}")
-    return value
-
-
-def _flag(settings: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = settings.get(key, default)
-    if not isinstance(value, bool):
-        raise ConfigError(f"mastodon setting {key!r}: must be true or false, got {value!r}")
-    return value
