@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.jobs < 1:
         p.error("--jobs must be at least 1")
+    if a.workdir is not None:
+        # Every run makes its own directory below it; a missing one would fail all runs at once.
+        a.workdir.mkdir(parents=True, exist_ok=True)
     configure_logging(a.verbose)
     runs = a.runs if a.runs is not None else (4 if a.short else 20)
     if a.limits:
