@@ -106,6 +106,9 @@ class PollerConfig(_Strict):
     search_queries: list[str] = []
     refind_interval_s: float = Field(600.0, ge=0)
     refind_lookback_s: float = Field(86_400.0, gt=0)
+    # Rows re-find offers again per run (released, not_landed, expired composing); it walks all of them
+    # page by page across runs, so a page of rows that cannot move never hides the rows behind it.
+    refind_batch: int = Field(500, ge=1, le=100_000)
     jitter_s: float = Field(2.0, ge=0)
 
 

@@ -24,6 +24,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from replyd import store as st
 from replyd.clock import Clock, DatabaseClock, SystemClock
+from replyd.platforms._http import make_client
 from replyd.config import BotConfig, Config
 from replyd.errors import DefinitelyNotSent, MaybeSent
 from replyd.guard import Guard
@@ -126,7 +127,8 @@ class Daemon:
             check_bind(ac.host, token)  # before anything is opened: a public API without a token never starts
         self.store = Store.open(self.cfg.store.url or None, clock=self.clock, migrate=self.cfg.store.auto_migrate)
         self._use_db_clock()
-        self.http = httpx.Client(timeout=httpx.Timeout(self.cfg.guard.send_timeout_s, connect=10.0))
+        # Every send through this client ends within guard.send_timeout_s in total (replyd.deadline).
+        self.http = make_client(self.cfg.guard.send_timeout_s)
         if ac.enabled:
             api = Api(self.store, self.guards, expected=[b.name for b in self.cfg.bots], token=token,
                       auth_reads=not is_loopback(ac.host), refresh_s=ac.refresh_s, max_body_bytes=ac.max_body_bytes)
@@ -232,6 +234,7 @@ class Daemon:
                 log.warning("replyd.daemon.grace_expired", hint="open rows are left to the sweep")
         for b in self.bots:
             b.pipeline.close()
+            b.guard.close()
         if self.http is not None:
             self.http.close()
         if self.store is not None:

@@ -50,8 +50,11 @@ REJECTED = "rejected"
 NOT_LANDED = "not_landed"
 GAVE_UP = "gave_up"
 DECLINED = "declined"
-STATES = (COMPOSING, OPEN, CLOSED, RELEASED, REJECTED, NOT_LANDED, GAVE_UP, DECLINED)
-TERMINAL = (CLOSED, REJECTED, GAVE_UP, DECLINED)
+SKIPPED = "skipped"  # re-offered, and the policy now rules it out for good (too old, denied ...): reason in error
+STATES = (COMPOSING, OPEN, CLOSED, RELEASED, REJECTED, NOT_LANDED, GAVE_UP, DECLINED, SKIPPED)
+TERMINAL = (CLOSED, REJECTED, GAVE_UP, DECLINED, SKIPPED)
+# Rows that wait for a path to move them on: re-find re-offers them (see ``reoffer_due``).
+REOFFERED = (NOT_LANDED, RELEASED, COMPOSING)
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # An event's detail column: json.dumps(detail, sort_keys=True, default=str), one encoder made once.
@@ -307,6 +310,11 @@ def make_engine(url: str) -> Engine:
     # Not pool_pre_ping (a round trip per checkout): a dead idle connection is seen on its socket instead.
     sa.event.listen(engine.pool, "checkout", _pg_on_checkout)
     return engine
+
+
+def lease_holder(row: Any) -> str | None:
+    """The lease holder a reclaim must still find: a composing row's, none for other states."""
+    return row.lease_owner if row.state == COMPOSING and row.lease_owner else None
 
 
 def _row(mapping: Mapping[str, Any] | None) -> Reply | None:
@@ -726,7 +734,7 @@ class Store:
                         if vals is None:
                             return Claim(False, got, None)
                         assert got is not None
-                        if self._cas_sqlite(dbc, key, [got.state], got.attempt, vals, None,
+                        if self._cas_sqlite(dbc, key, [got.state], got.attempt, vals, lease_holder(got),
                                             {**event, "state": vals.get("state"), "attempt": vals.get("attempt")},
                                             None):
                             return Claim(True, None, vals)
@@ -742,7 +750,9 @@ class Store:
             vals = reclaim(row)
             if vals is None:
                 return Claim(False, row, None)
-            won = self._cas_with(fairy, key, [row.state], row.attempt, vals, None,
+            # On the row as read, its lease holder included: two replicas that both saw an expired composing
+            # lease must not both take it (the second would compose for nothing).
+            won = self._cas_with(fairy, key, [row.state], row.attempt, vals, lease_holder(row),
                                  {**event, "state": vals.get("state"), "attempt": vals.get("attempt")}, None,
                                  relaxed)
             return Claim(True, None, vals) if won else Claim(False, self._peek_with(fairy, key), None)
@@ -912,6 +922,50 @@ class Store:
         q = sa.select(REPLIES).where(REPLIES.c.state == OPEN).order_by(REPLIES.c.opened_at).limit(limit)
         with self.tx(write=False, doing="reading open rows") as conn:
             return [Reply(**dict(m)) for m in conn.execute(q).mappings()]
+
+    def reoffer_due(self, platform: str, sender_id: str, *, now: float, after: tuple[float, str] | None,
+                    limit: int) -> list[Reply]:
+        """Return one page of a bot's rows that wait to be offered again, in (updated_at, parent_id) order.
+
+        ``not_landed`` and ``released`` rows, and ``composing`` rows whose lease has expired (their composer
+        died: nothing was sent). ``after`` is the last row of the previous page; re-find walks the whole set
+        page by page across its runs, so rows that stay where they are cannot hide the ones behind them.
+        """
+        c = REPLIES.c
+        q = sa.select(REPLIES).where(
+            c.platform == platform, c.sender_id == sender_id,
+            sa.or_(c.state.in_([NOT_LANDED, RELEASED]), sa.and_(c.state == COMPOSING, c.lease_until < now)),
+        )
+        if after is not None:
+            q = q.where(sa.tuple_(c.updated_at, c.parent_id) > sa.tuple_(sa.literal(after[0]), sa.literal(after[1])))
+        q = q.order_by(c.updated_at, c.parent_id).limit(limit)
+        with self.tx(write=False, doing="reading rows to offer again") as conn:
+            return [Reply(**dict(m)) for m in conn.execute(q).mappings()]
+
+    def overdue(self, now: float, grace_s: float, limit: int = 50) -> list[tuple[Reply, float]]:
+        """Return non-terminal rows past their bound by more than ``grace_s``, most overdue first, with seconds over.
+
+        The bound: a composing row's lease, an open row's sweep deadline, a released row's back-off (or its
+        last change), a not_landed row's last change. Each has a job that moves it on within ``grace_s``
+        (sweep, re-find); a row listed here is one they did not move.
+        """
+        c = REPLIES.c
+        bound = sa.case(
+            (c.state == COMPOSING, sa.func.coalesce(c.lease_until, c.updated_at)),
+            (c.state == OPEN, sa.func.coalesce(c.deadline_at, c.updated_at)),
+            (c.state == RELEASED, sa.func.coalesce(c.not_before, c.updated_at)),
+            else_=c.updated_at,
+        )
+        q = (sa.select(REPLIES, bound.label("bound_at"))
+             .where(c.state.in_([COMPOSING, OPEN, RELEASED, NOT_LANDED]), bound < now - grace_s)
+             .order_by(bound).limit(limit))
+        with self.tx(write=False, doing="reading overdue rows") as conn:
+            out = []
+            for m in conn.execute(q).mappings():
+                d = dict(m)
+                at = d.pop("bound_at")
+                out.append((Reply(**d), now - at))
+            return out
 
     def rows_in(self, platform: str, sender_id: str, states: Sequence[str], limit: int = 500) -> list[Reply]:
         """Return rows of one bot in the given states (oldest update first)."""

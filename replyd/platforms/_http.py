@@ -49,8 +49,10 @@ from html.parser import HTMLParser
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import httpcore
 import httpx
 
+from replyd import deadline
 from replyd.errors import (
     BadResponse,
     ConfigError,
@@ -92,6 +94,79 @@ class BearerAuth(httpx.Auth):
 
     def __repr__(self) -> str:
         return f"BearerAuth(scheme={self._scheme!r}, token=<redacted>)"
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A socket stream whose every read and write is cut to what is left of ``replyd.deadline``'s budget."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    @staticmethod
+    def _cap(timeout: float | None, exc: type[Exception]) -> float | None:
+        left = deadline.remaining()
+        if left is None:
+            return timeout
+        if left <= 0:
+            raise exc("the send's whole deadline (guard.send_timeout_s) passed")
+        return left if timeout is None else min(timeout, left)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        """Read, waiting no longer than the budget left."""
+        return self._inner.read(max_bytes, self._cap(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        """Write, waiting no longer than the budget left."""
+        self._inner.write(buffer, self._cap(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        """Close the socket."""
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:
+        """Upgrade to TLS within the budget left (nothing has been sent yet: a connect timeout)."""
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname,
+                                                     self._cap(timeout, httpcore.ConnectTimeout)))
+
+    def get_extra_info(self, info: str) -> Any:
+        """Pass through (the TLS object, the peer address ...)."""
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's socket backend with every connection's streams bounded by ``replyd.deadline``."""
+
+    def __init__(self, inner: httpcore.NetworkBackend) -> None:
+        self._inner = inner
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+        """Connect within the budget left."""
+        return _DeadlineStream(self._inner.connect_tcp(host, port, _DeadlineStream._cap(timeout, httpcore.ConnectTimeout),
+                                                       local_address, socket_options))
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+        """Connect within the budget left."""
+        return _DeadlineStream(self._inner.connect_unix_socket(
+            path, _DeadlineStream._cap(timeout, httpcore.ConnectTimeout), socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep (httpcore's retries on connect)."""
+        self._inner.sleep(seconds)
+
+
+def make_client(timeout_s: float, *, connect_s: float = 10.0, **kwargs: Any) -> httpx.Client:
+    """Return the shared ``httpx.Client`` for adapters: per-phase timeouts, and ``replyd.deadline`` honoured.
+
+    Inside ``deadline.within(...)`` (the guard wraps every send in one) no socket operation of this client
+    waits past the deadline, so a send ends by it however the server trickles its answer.
+    """
+    transport = httpx.HTTPTransport(**{k: kwargs.pop(k) for k in ("verify", "retries") if k in kwargs})
+    pool = transport._pool  # httpx has no public hook for the network backend; tests/test_deadline.py guards this
+    pool._network_backend = _DeadlineBackend(pool._network_backend)
+    return httpx.Client(timeout=httpx.Timeout(timeout_s, connect=connect_s), transport=transport, **kwargs)
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
@@ -150,6 +225,9 @@ def _bounded(client: httpx.Client, method: str, url: str, *, what: str, acting: 
         if size <= max_bytes:
             size = 0
             for chunk in resp.iter_bytes():
+                left = deadline.remaining()
+                if left is not None and left <= 0:  # a body trickled past the deadline (any client)
+                    raise httpx.ReadTimeout("the whole deadline passed while reading the body", request=resp.request)
                 size += len(chunk)
                 if size > max_bytes:
                     break
