@@ -41,6 +41,9 @@ class StoreConfig(_Strict):
     # so replicas on machines whose clocks disagree still agree on deadlines and leases.
     db_clock: bool = True
     clock_sync_s: float = Field(60.0, gt=0)
+    # PostgreSQL: synchronous_commit for the claim and the open (the writes a failover must not lose); unset
+    # keeps the server's. "remote_apply" (or "on") with a synchronous standby: no claim lost in a failover.
+    claim_commit: Literal["local", "on", "remote_write", "remote_apply"] | None = None
 
 
 class LogConfig(_Strict):

@@ -56,6 +56,11 @@ TERMINAL = (CLOSED, REJECTED, GAVE_UP, DECLINED, SKIPPED)
 # Rows that wait for a path to move them on: re-find re-offers them (see ``reoffer_due``).
 REOFFERED = (NOT_LANDED, RELEASED, COMPOSING)
 
+# PostgreSQL ``synchronous_commit`` levels a durable write (the claim, the open) may ask for: "local" waits for
+# the primary's disk, "on" / "remote_write" / "remote_apply" also for a synchronous standby (when
+# ``synchronous_standby_names`` names one), so a claim survives a failover. Closes stay relaxed.
+CLAIM_COMMIT_LEVELS = ("local", "on", "remote_write", "remote_apply")
+
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # An event's detail column: json.dumps(detail, sort_keys=True, default=str), one encoder made once.
 _detail_json = json.JSONEncoder(sort_keys=True, default=str).encode
@@ -331,8 +336,9 @@ class _HotSQL:
     a relaxed one sets ``synchronous_commit`` off for its own transaction with ``set_config(…, true)``.
     """
 
-    def __init__(self, dialect: sa.engine.Dialect) -> None:
+    def __init__(self, dialect: sa.engine.Dialect, durable: str | None = None) -> None:
         self.pg = dialect.name == "postgresql"
+        self.durable = durable  # synchronous_commit for the durable writes (claim, open); None: the server's
         q = dialect.identifier_preparer.quote
         self.q = q
         self.R, self.E = q(REPLIES.name), q(EVENTS.name)
@@ -359,7 +365,10 @@ class _HotSQL:
         return "SELECT " + ", ".join(f"CAST({self.p(pre + c)} AS {self.cast[c]})" for c in EVENT_COLUMNS)
 
     def _tail(self, relaxed: bool) -> str:
-        return ", set_config('synchronous_commit', 'off', true)" if relaxed else ""
+        if relaxed:
+            return ", set_config('synchronous_commit', 'off', true)"
+        # The level is one of CLAIM_COMMIT_LEVELS (checked by the config), never user text in SQL.
+        return f", set_config('synchronous_commit', '{self.durable}', true)" if self.durable else ""
 
     def claim(self, relaxed: bool) -> str:
         """PostgreSQL: insert the row unless the key has one, with its event, in one statement; return 1 if it did."""
@@ -430,10 +439,46 @@ class Store:
         self._idle: list[tuple[Any, Any]] = []  # (pool, connection) the hot path keeps checked out; see _driver
         _STORES.add(self)
 
+    @property
+    def claim_commit(self) -> str | None:
+        """The ``synchronous_commit`` level of durable writes on PostgreSQL (None: the server's default)."""
+        return self._sql.durable
+
+    @claim_commit.setter
+    def claim_commit(self, level: str | None) -> None:
+        if level is not None and level not in CLAIM_COMMIT_LEVELS:
+            raise ValueError(f"claim_commit must be one of {', '.join(CLAIM_COMMIT_LEVELS)}, not {level!r}")
+        self._sql = _HotSQL(self.engine.dialect, None if self.is_sqlite else level)
+
+    def sync_standbys(self) -> tuple[str, int | None]:
+        """PostgreSQL: ``synchronous_standby_names`` and how many synchronous standbys are connected now
+        (None when this role may not see ``pg_stat_replication``)."""
+        with self.tx(write=False, doing="reading the replication settings") as conn:
+            names = conn.exec_driver_sql("SHOW synchronous_standby_names").scalar_one() or ""
+            rows = conn.exec_driver_sql("SELECT sync_state FROM pg_stat_replication").scalars().all()
+        if rows and all(r is None for r in rows):
+            return names, None  # not allowed to see the columns
+        return names, sum(1 for r in rows if r in ("sync", "quorum"))
+
+    def claim_commit_problem(self) -> str | None:
+        """Why the configured claim commit level cannot hold, on this server now; None when it can (or is local)."""
+        if self.is_sqlite or self.claim_commit in (None, "local"):
+            return None
+        names, connected = self.sync_standbys()
+        if not names.strip():
+            return (f"store.claim_commit = {self.claim_commit!r} but the server has no synchronous_standby_names: "
+                    "claims commit on the primary only and a failover can lose them")
+        if connected == 0:
+            return (f"store.claim_commit = {self.claim_commit!r} and synchronous_standby_names = {names!r}, but no "
+                    "synchronous standby is connected: every claim waits until one is")
+        return None
+
     @classmethod
-    def open(cls, url: str | None = None, *, clock: Clock | None = None, migrate: bool = True) -> Store:
+    def open(cls, url: str | None = None, *, clock: Clock | None = None, migrate: bool = True,
+             claim_commit: str | None = None) -> Store:
         """Open the store at ``url`` (default: the embedded SQLite file), migrating if asked."""
         store = cls(make_engine(url or default_url()), clock=clock)
+        store.claim_commit = claim_commit
         if migrate:
             store.upgrade()
         else:
@@ -483,6 +528,8 @@ class Store:
                 with conn.begin():
                     if relaxed and not self.is_sqlite:
                         conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+                    elif write and self._sql.durable and not self.is_sqlite:
+                        conn.exec_driver_sql(f"SET LOCAL synchronous_commit = {self._sql.durable}")
                     yield conn
         except sa.exc.DBAPIError as exc:
             if self.is_sqlite and "readonly database" in str(exc.orig).lower():
