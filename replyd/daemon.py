@@ -120,7 +120,7 @@ class Daemon:
         token: str | None = None
         if ac.enabled:
             # Imported here: uvicorn and starlette cost nothing when the API is off (sweep, adopt, ...).
-            from replyd.api import Api, ApiServer, check_bind, is_loopback
+            from replyd.api import Api, ApiServer, check_bind
 
             token = ac.token()
             check_bind(ac.host, token)  # before anything is opened: a public API without a token never starts
@@ -128,8 +128,9 @@ class Daemon:
         self._use_db_clock()
         self.http = httpx.Client(timeout=httpx.Timeout(self.cfg.guard.send_timeout_s, connect=10.0))
         if ac.enabled:
-            api = Api(self.store, self.guards, expected=[b.name for b in self.cfg.bots], token=token,
-                      auth_reads=not is_loopback(ac.host), refresh_s=ac.refresh_s, max_body_bytes=ac.max_body_bytes)
+            api = Api(self.store, self.guards, expected=[b.name for b in self.cfg.bots], token=token, host=ac.host,
+                      hosts=ac.hosts, open_routes=ac.open_routes, refresh_s=ac.refresh_s,
+                      max_body_bytes=ac.max_body_bytes)
             self.api = ApiServer(api.app, host=ac.host, port=ac.port, grace_s=self.cfg.guard.send_timeout_s).start()
         try:
             for bc in self.cfg.bots:

@@ -38,7 +38,7 @@ from replyd import __version__
 from replyd import log as rlog
 from replyd.errors import ConfigError, ResponderError
 from replyd.platform import Parent
-from replyd.platforms._http import BearerAuth, redact, retry_after_s, server_error_text
+from replyd.platforms._http import INSECURE_HTTP, BearerAuth, redact, require_https, retry_after_s, server_error_text
 
 log = structlog.get_logger("replyd.responder")
 
@@ -760,8 +760,12 @@ class OpenAIResponder:
 def _openai(settings: Mapping[str, Any]) -> Responder:
     """Build an ``openai`` responder from its settings; raise ConfigError."""
     s = _settings(settings, "openai", {"base_url", "model", "system_prompt", "prompt_template", "max_tokens",
-                                       "temperature", "api_key", "retries", "decline_marker"})
+                                       "temperature", "api_key", "retries", "decline_marker", INSECURE_HTTP})
     base_url = _http_url(s, "base_url", OPENAI_BASE_URL)
+    insecure = s.get(INSECURE_HTTP, False)
+    if not isinstance(insecure, bool):
+        raise ConfigError(f"responder.{INSECURE_HTTP}: must be true or false")
+    require_https(base_url, allowed=insecure, where="responder.base_url")
     api_key = _text(s, "api_key")
     if api_key is not None:
         api_key = api_key.strip()  # a key read from a file often ends with a newline

@@ -283,3 +283,44 @@ def test_cli_store_error_hides_password(tmp_path) -> None:
     out = cli("status", "--config", str(cfg), env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert "StoreError" in out or "store" in out.lower(), out
     assert not leaks(out), out
+
+
+INSECURE_CASES = [
+    ("mastodon", "base_url", {"token": "tok-0123456789"}),
+    ("discourse", "base_url", {"api_key": "k-0123456789", "api_username": "bot"}),
+    ("github", "api_url", {"token": "ghp_0123456789abcdef", "repos": ["octo/repo"]}),
+    ("bluesky", "service", {"identifier": "bot.bsky.test", "app_password": "abcd-efgh-ijkl-mnop"}),
+]
+
+
+@pytest.mark.parametrize("kind,key,settings", INSECURE_CASES, ids=[c[0] for c in INSECURE_CASES])
+def test_plain_http_to_a_public_host_is_refused(kind, key, settings) -> None:
+    """A platform URL with http:// to a non-loopback host is a ConfigError unless allow_insecure_http = true."""
+    from replyd.errors import ConfigError
+    from replyd.platform import make_platform
+
+    with httpx.Client() as http:
+        def build(url: str, **extra) -> object:
+            """Build the adapter for ``url`` (no request is made)."""
+            return make_platform(kind, {**settings, key: url, **extra}, http=http, clock=FakeClock())
+
+        with pytest.raises(ConfigError, match=rf"{kind} setting '{key}'.*allow_insecure_http"):
+            build("http://social.example.org")
+        with pytest.raises(ConfigError, match="allow_insecure_http"):
+            build("http://10.0.0.5:8080", allow_insecure_http="yes")  # a flag, not a truthy string
+        for ok in ("https://social.example.org", "http://127.0.0.1:3000", "http://localhost:3000", "http://[::1]:3000"):
+            build(ok)
+        build("http://social.example.org", allow_insecure_http=True)
+
+
+def test_plain_http_to_a_public_openai_endpoint_is_refused() -> None:
+    """The openai responder's base_url: http:// to a non-loopback host only with allow_insecure_http = true."""
+    from replyd.errors import ConfigError
+    from replyd.responders import make_responder
+
+    base = {"model": "m", "api_key": "sk-0123456789"}
+    with pytest.raises(ConfigError, match=r"responder.base_url.*allow_insecure_http"):
+        make_responder("openai", {**base, "base_url": "http://llm.example.org/v1"})
+    make_responder("openai", {**base, "base_url": "http://llm.example.org/v1", "allow_insecure_http": True})
+    make_responder("openai", {**base, "base_url": "http://127.0.0.1:8000/v1"})
+    make_responder("openai", {**base, "base_url": "https://llm.example.org/v1"})

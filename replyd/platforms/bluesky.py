@@ -295,6 +295,7 @@ class _Cursor:
 _KNOWN_SETTINGS = frozenset(
     {
         "kind",
+        "allow_insecure_http",
         "service",
         "identifier",
         "app_password",

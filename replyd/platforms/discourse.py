@@ -133,6 +133,7 @@ POST_CACHE_SIZE = 2048
 _KNOWN_SETTINGS = frozenset(
     {
         "kind",
+        "allow_insecure_http",
         "base_url",
         "api_key",
         "api_username",

@@ -148,6 +148,7 @@ _SHORT_REF_RE = re.compile(r"^([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+)#(\d+)$")
 _KNOWN_SETTINGS = frozenset(
     {
         "kind",
+        "allow_insecure_http",
         "token",
         "api_url",
         "repos",
