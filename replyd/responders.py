@@ -297,15 +297,21 @@ class _Output:
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL the child and its process group (it leads its own session), so its helpers die too."""
+    """SIGKILL the child's process group (it leads its own session), so its helpers die too, then the child.
+
+    The group outlives its leader while any member lives and its id cannot be reused meanwhile, so this is
+    right after the child exited too: ``killpg`` kills the leftovers, or finds no group (the id could only
+    name another group after the kernel's pid numbers wrap around within these microseconds).
+    """
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    try:
-        proc.kill()
-    except ProcessLookupError:
-        pass
+    if proc.returncode is None:
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
 
 
 async def _feed(stdin: asyncio.StreamWriter | None, data: bytes) -> None:
@@ -338,8 +344,9 @@ class CommandResponder:
     Empty or whitespace-only stdout declines; trailing newlines are stripped. A
     non-zero exit, a timeout, invalid UTF-8 or more than ``max_output_bytes`` is a
     ``ResponderError``. The child gets a fresh environment (``CHILD_ENV`` plus
-    ``env_pass``), runs in its own session, and is killed with its process group
-    (and reaped) on timeout, overflow or cancellation.
+    ``env_pass``), runs in its own session, and its process group is killed
+    (and the child reaped) whenever it ends: reply, error, timeout, overflow or
+    cancellation, so nothing it started outlives it.
     """
 
     def __init__(self, argv: Sequence[str], *, timeout_s: float = 30.0, env_pass: Sequence[str] = (),
@@ -375,10 +382,11 @@ class CommandResponder:
                 await proc.wait()
         except TimeoutError:
             raise ResponderError(f"{self.name}: timed out after {self.timeout_s:g} s (killed)") from None
-        finally:  # timeout, overflow, cancellation (the runner's wait_for): kill, then reap (no zombie)
-            if proc.returncode is None:
-                _kill_group(proc)
-                await proc.wait()
+        finally:
+            # Always, whatever the main child did: helpers it left in its group (a backgrounded `sleep &`
+            # holding stdout, a daemonised tool) die with it. Then reap the main child (no zombie).
+            _kill_group(proc)
+            await proc.wait()
             self._log_stderr(proc.returncode, out)
         return self._reply(proc.returncode, out)
 
