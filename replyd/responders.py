@@ -562,6 +562,8 @@ class _JsonPost:
         """The body as a JSON object; raise ResponderError saying what is wrong with it."""
         try:
             data = json.loads(resp.content)
+        except RecursionError:
+            raise self.error(f"body nests too deeply to parse (HTTP {resp.status_code})") from None
         except (ValueError, UnicodeDecodeError):
             ctype = resp.headers.get("content-type", "").split(";")[0].strip() or "no content-type"
             raise self.error(f"body is not JSON ({ctype}, HTTP {resp.status_code})") from None

@@ -168,12 +168,21 @@ def _bounded(client: httpx.Client, method: str, url: str, *, what: str, acting: 
         return out
 
 
+def error_json(resp: httpx.Response) -> Any:
+    """An error body as JSON, or None when it is not JSON (or nests too deeply to parse).
+
+    Only for bodies whose status already says what happened: a body the parser cannot read must not turn a
+    refusal into an exception the guard would take for "maybe sent".
+    """
+    try:
+        return json.loads(resp.content)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+
+
 def server_error_text(resp: httpx.Response) -> str:
     """Return the server's short error text (JSON ``error``/``message``), for logs only."""
-    try:
-        data = json.loads(resp.content)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return ""
+    data = error_json(resp)
     text: Any = ""
     if isinstance(data, dict):
         text = data.get("error") or data.get("message") or data.get("error_description") or ""
@@ -636,6 +645,7 @@ __all__ = [
     "ACTING_METHODS",
     "BearerAuth",
     "RateLimits",
+    "error_json",
     "field",
     "html_to_text",
     "id_order",

@@ -237,7 +237,7 @@ def _load_cursor(cursor: str | None) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(cursor)
-    except ValueError:
+    except (ValueError, RecursionError):
         log.warning("replyd.github.cursor_unreadable")
         return {}
     return data if isinstance(data, dict) else {}
