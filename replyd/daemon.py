@@ -123,7 +123,7 @@ class Daemon:
         token: str | None = None
         if ac.enabled:
             # Imported here: uvicorn and starlette cost nothing when the API is off (sweep, adopt, ...).
-            from replyd.api import Api, ApiServer, check_bind, is_loopback
+            from replyd.api import Api, ApiServer, check_bind
 
             token = ac.token()
             check_bind(ac.host, token)  # before anything is opened: a public API without a token never starts
@@ -134,8 +134,9 @@ class Daemon:
         # Every send through this client ends within guard.send_timeout_s in total (replyd.deadline).
         self.http = make_client(self.cfg.guard.send_timeout_s)
         if ac.enabled:
-            api = Api(self.store, self.guards, expected=[b.name for b in self.cfg.bots], token=token,
-                      auth_reads=not is_loopback(ac.host), refresh_s=ac.refresh_s, max_body_bytes=ac.max_body_bytes)
+            api = Api(self.store, self.guards, expected=[b.name for b in self.cfg.bots], token=token, host=ac.host,
+                      hosts=ac.hosts, open_routes=ac.open_routes, refresh_s=ac.refresh_s,
+                      max_body_bytes=ac.max_body_bytes)
             self.api = ApiServer(api.app, host=ac.host, port=ac.port, grace_s=self.cfg.guard.send_timeout_s).start()
         try:
             for bc in self.cfg.bots:

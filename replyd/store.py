@@ -198,12 +198,57 @@ def make_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def redact_url(url: str) -> str:
-    """Return ``url`` with any password replaced, for logs and errors."""
+# Query parameters of a database URL that carry a secret (libpq takes ``?password=``, ``?sslpassword=``).
+_SECRET_PARAM_WORDS = ("password", "secret", "token")
+
+
+def _secret_params(url: sa.URL) -> list[str]:
+    return [k for k in url.query if any(w in k.lower() for w in _SECRET_PARAM_WORDS)]
+
+
+def redact_url(url: str | sa.URL) -> str:
+    """Return ``url`` with its password and any secret query parameter replaced by ``***``, for people and logs."""
     try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
+        parsed = sa.engine.make_url(url)
+        hidden = _secret_params(parsed)
+        if hidden:
+            parsed = parsed.update_query_dict({k: "***" for k in hidden})
+        return parsed.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
     except Exception:  # an unparsable URL is reported by the caller; never echo it raw
         return "<unparsable database URL>"
+
+
+def _register_url_secrets(url: sa.URL) -> None:
+    """Register the URL's password and secret query values with the log masker."""
+    from replyd import log as rlog
+
+    values: list[Any] = [url.password] + [url.query[k] for k in _secret_params(url)]
+    for v in values:
+        for one in (v if isinstance(v, tuple) else (v,)):
+            if one:
+                rlog.add_secret(str(one))
+
+
+def _owner_only_sqlite(db: Path) -> None:
+    """Make a SQLite store owner-only: a new directory 0700, the database 0600 (created here, so SQLite
+    gives its WAL and SHM files the same mode), and existing files this user owns tightened to 0600."""
+    try:
+        db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(db, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        pass  # opened as it is (it may be read-only: SQLite then fails closed on the first write)
+    except OSError as exc:
+        raise StoreError(f"cannot create the store {db}: {exc.strerror}") from None
+    for path in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
+        try:
+            st_ = path.stat()
+            if st_.st_uid == os.geteuid() and st_.st_mode & 0o077:
+                path.chmod(0o600)
+                log.warning("replyd.store.permissions_tightened", path=str(path), was=oct(st_.st_mode & 0o777))
+        except FileNotFoundError:
+            continue
+        except OSError as exc:  # not ours to change (a read-only mount): say so, do not stop
+            log.warning("replyd.store.permissions_unchanged", path=str(path), error=exc.strerror)
 
 
 def _map_db_error(exc: BaseException, doing: str) -> Exception:
@@ -292,10 +337,11 @@ def make_engine(url: str) -> Engine:
         parsed = sa.engine.make_url(url)
     except Exception as exc:
         raise StoreError(f"bad store URL {redact_url(url)!r}: {exc}") from None
+    _register_url_secrets(parsed)
     if parsed.drivername.startswith("sqlite"):
         db = parsed.database
-        if db and db != ":memory:":
-            Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        if db and db != ":memory:" and not db.startswith("file:"):
+            _owner_only_sqlite(Path(db).expanduser())
         engine = sa.create_engine(
             parsed, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
         )
@@ -491,8 +537,8 @@ class Store:
 
     @property
     def url(self) -> str:
-        """The store URL with any password hidden."""
-        return self.engine.url.render_as_string(hide_password=True)
+        """The store URL with any password (user info or query parameter) hidden."""
+        return redact_url(self.engine.url)
 
     # -- schema -----------------------------------------------------------------
 
