@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.pgcluster import PgPair, unavailable
+from replyd import log
 from replyd import store as st
 from replyd.clock import SystemClock
 from replyd.guard import Guard
@@ -127,7 +128,7 @@ def claim_latency_us(url: str, levels: tuple[str, ...], n: int = 200) -> dict[st
 
 
 def run_config(name: str, *, parents: int, failovers: int, lag_s: float, workdir: Path,
-               seed: int = 7) -> dict[str, Any]:
+               seed: int = 7, spacing_s: float = 6.0) -> dict[str, Any]:
     """One configuration: a fresh pair, two replicas, traffic, ``failovers`` failovers; the sim's figures."""
     sync = name == "sync"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -144,11 +145,14 @@ def run_config(name: str, *, parents: int, failovers: int, lag_s: float, workdir
         with SimServer(world) as srv:
             cfg = _config(workdir / f"{name}.toml", srv.base_url, pair.url(), "remote_apply" if sync else None)
             procs = [_replica(cfg, log, n, bot.token) for n in (1, 2)]
-            rate = 6.0
+            end = time.monotonic() + 60
+            while time.monotonic() < end and log.read_text().count("replyd.daemon.started") < 2:
+                time.sleep(0.2)
+            # Parents keep arriving through every cut: the failovers fall in the middle of the traffic.
+            rate = parents / ((failovers + 1) * spacing_s)
             traffic = world.start_traffic(rate, total=parents, target=BOT, users=25)
-            spacing = max(3.0, parents / rate / (failovers + 1))
             for _ in range(failovers):
-                time.sleep(spacing)
+                time.sleep(spacing_s)
                 pair.cut_replication()
                 time.sleep(lag_s)
                 pair.failover()
@@ -205,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    log.configure("console", "warning", sys.stderr)  # the harness's own guard (latency) logs only trouble
     why = unavailable()
     if why:
         print(f"chaos.failover: cannot make PostgreSQL clusters here: {why}", file=sys.stderr)

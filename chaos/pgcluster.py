@@ -70,7 +70,11 @@ class PgPair:
         argv = [str(pg_bin() / args[0]), *args[1:]]
         if os.geteuid() == 0:
             argv = ["runuser", "-u", "postgres", "--", *argv]
-        return subprocess.run(argv, capture_output=True, text=True, check=check, timeout=timeout)
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)
+        if check and done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            raise RuntimeError(f"{args[0]} failed (exit {done.returncode}): {' | '.join(tail)}")
+        return done
 
     def _ctl(self, i: int, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return self._run("pg_ctl", "-D", str(self.nodes[i]), "-l", str(self.root / f"n{i}.log"), *args, check=check)
