@@ -215,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaos.failover: cannot make PostgreSQL clusters here: {why}", file=sys.stderr)
         return 2
     base = args.workdir or Path(tempfile.mkdtemp(prefix="replyd-failover-", dir="/tmp"))
+    base.mkdir(parents=True, exist_ok=True)
+    os.chmod(base, 0o755)  # the postgres user walks into the clusters' directories below
     rows = [run_config(c, parents=args.parents, failovers=args.failovers, lag_s=args.lag_s, workdir=base / c)
             for c in args.configs.split(",")]
     print(json.dumps(rows) if args.json else table(rows))
