@@ -120,11 +120,15 @@ def test_two_replicas_three_paths_one_call_per_parent(db, tmp_path, request):
     print(f"\nresponder calls per answered parent ({db}, 2 replicas, 3 paths): {per_parent:.3f} "
           f"({sum(made.values())} calls for {PARENTS} parents)")
     assert set(made) == set(parents) and per_parent <= 1.05
-    # Every parent was found three ways on each replica (the premise of the economy figure).
+    # Every parent was found three ways (the premise of the economy figure), and by both replicas. Not three
+    # ways on each replica: inbox and search cursors are shared rows, so the replica that polls first moves
+    # them past parents the other then never reads by that path (re-find has no cursor).
+    found = {rid: offered_paths(tmp_path / f"{rid}.log") for rid in ("a", "b")}
+    union = {p: found["a"].get(p, set()) | found["b"].get(p, set()) for p in parents}
+    missing = {p: sorted(paths) for p, paths in union.items() if paths != {"inbox", "search", "refind"}}
+    assert not missing, missing
     for rid in ("a", "b"):
-        found = offered_paths(tmp_path / f"{rid}.log")
-        missing = {p: sorted(found.get(p, ())) for p in parents if found.get(p) != {"inbox", "search", "refind"}}
-        assert not missing, (rid, missing)
+        assert set(parents) <= set(found[rid]), (rid, sorted(set(parents) - set(found[rid])))
     s = Store.open(url)
     try:
         rows = s.rows_in(f"mastodon:{srv.base_url}", bot.id, [st.CLOSED], limit=1000)
