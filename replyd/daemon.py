@@ -173,6 +173,11 @@ class Daemon:
                 if every_s > 0:
                     self.scheduler.add_job(fn, "interval", seconds=every_s, jitter=pc.jitter_s or None,
                                            id=f"{b.cfg.name}:{name}", next_run_time=_now_dt())
+            if pc.refind_interval_s <= 0:
+                # Re-find off: its re-offer of waiting rows (released, not_landed, a dead composer's) still runs,
+                # at the sweep's pace, so no row waits for a path that will never come.
+                self.scheduler.add_job(b.pollers.reoffer_guarded, "interval", seconds=sc.interval_s,
+                                       id=f"{b.cfg.name}:reoffer", next_run_time=_now_dt())
         if isinstance(self.clock, DatabaseClock):
             self.scheduler.add_job(self.sync_clock, "interval", seconds=self.cfg.store.clock_sync_s, id="clock")
         # Jitter spreads sweep passes across replicas (leases already keep them from sharing rows).

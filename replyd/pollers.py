@@ -97,6 +97,10 @@ class Pollers:
 
         self._guarded("refind", run)
 
+    def reoffer_guarded(self) -> None:
+        """``reoffer`` as a scheduled job of its own (when re-find is off): failures are logged, never raised."""
+        self._guarded("refind", self.reoffer)
+
     def reoffer(self) -> int:
         """Offer the next page of rows that wait for a path (released, not_landed, expired composing); return how many.
 
