@@ -27,7 +27,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-import ipaddress
 import json
 import math
 import socket
@@ -50,6 +49,7 @@ from starlette.routing import Route
 from replyd import library, metrics, statuspage
 from replyd import store as st
 from replyd.errors import ConfigError, ContentionError, PlatformError, RateLimited, Rejected, ReplydError, StoreError
+from replyd.gate import is_loopback  # re-exported: the daemon and tests import it from here
 from replyd.guard import Guard, Outcome, Status
 from replyd.store import Reply, Store
 
@@ -73,16 +73,6 @@ class ReplyIn(BaseModel):
                       description="The reply. Never part of the key and never compared.")
     path: str = Field("api", min_length=1, max_length=64, pattern=NO_NUL,
                       description="The discovery path recorded on the row (default: api).")
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses; any other name or address is public."""
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_bind(host: str, token: str | None) -> None:

@@ -89,13 +89,37 @@ class ApiConfig(_Strict):
 
     def token(self) -> str | None:
         """Return the API token from ``$token_env`` (None when unset); raise ConfigError if named but empty."""
-        if not self.token_env:
-            return None
-        value = os.environ.get(self.token_env)
-        if not value:
-            raise ConfigError(f"api.token_env: environment variable {self.token_env!r} is not set")
-        rlog.add_secret(value)
-        return value
+        return _env_token("api.token_env", self.token_env)
+
+
+def _env_token(key: str, var: str) -> str | None:
+    """Read a bearer token from the environment variable ``var`` (None when unnamed); mask it in every log."""
+    if not var:
+        return None
+    value = os.environ.get(var)
+    if not value:
+        raise ConfigError(f"{key}: environment variable {var!r} is not set")
+    rlog.add_secret(value)
+    return value
+
+
+class McpConfig(_Strict):
+    """``replyd mcp`` over streamable HTTP (stdio needs none of this).
+
+    HTTP always needs the bearer token (every tool may post). The Host header
+    must name the bind address, one of ``allowed_hosts`` (the names clients
+    and proxies use), or, on a loopback bind, a loopback name.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = Field(8788, ge=0, le=65535)  # 0: an ephemeral port (tests)
+    path: str = Field("/mcp", pattern=r"^/[A-Za-z0-9._~/-]*$")
+    token_env: str = ""
+    allowed_hosts: list[str] = []
+
+    def token(self) -> str | None:
+        """Return the MCP token from ``$token_env`` (None when unset); raise ConfigError if named but empty."""
+        return _env_token("mcp.token_env", self.token_env)
 
 
 class PollerConfig(_Strict):
@@ -160,6 +184,7 @@ class Config(BaseSettings):
     guard: GuardConfig = GuardConfig()
     sweep: SweepConfig = SweepConfig()
     api: ApiConfig = ApiConfig()
+    mcp: McpConfig = McpConfig()
     bots: list[BotConfig] = []
     source: str = Field("", exclude=True)
 
