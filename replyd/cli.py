@@ -93,7 +93,8 @@ def mcp(
         raise ConfigError(f"--transport: unknown transport {transport!r} (use stdio or http)")
     cfg = _load(config)
     mc = cfg.mcp
-    token = mc.token() if transport == "http" else None  # read first: a missing token fails before any login
+    # Checked first: a missing token fails before any bot logs in.
+    token = mcp_mod.require_token(mc.token()) if transport == "http" else None
     service, close = mcp_mod.open_service(cfg)
     try:
         if transport == "stdio":

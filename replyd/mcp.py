@@ -510,7 +510,7 @@ def open_service(cfg: Config) -> tuple[Service, Callable[[], None]]:
     from replyd.daemon import build_guard  # the daemon's own wiring: same guard settings
 
     if not cfg.bots:
-        raise ConfigError(f"{cfg.source}: no [[bots]] configured; the MCP tools answer as a configured bot")
+        raise ConfigError(f"{cfg.source}: no bots configured; the MCP tools answer as a configured bot")
     store = Store.open(cfg.store.url or None, migrate=cfg.store.auto_migrate)
     clock: Clock = SystemClock()
     if not store.is_sqlite and cfg.store.db_clock:
@@ -546,12 +546,18 @@ def serve_stdio(service: Service) -> None:
     anyio.run(main)
 
 
-def serve_http(service: Service, *, host: str, port: int, path: str, token: str | None,
-               names: list[str]) -> None:
-    """Serve streamable HTTP on ``host:port`` + ``path`` until SIGTERM/SIGINT; needs the bearer token."""
+def require_token(token: str | None) -> str:
+    """Return the HTTP bearer token, or refuse (ConfigError) to serve HTTP without one: every tool may post."""
     if not token:
         raise ConfigError("mcp.token_env: MCP over HTTP needs a bearer token (every tool may post): set "
                           "mcp.token_env to the name of an environment variable holding one")
+    return token
+
+
+def serve_http(service: Service, *, host: str, port: int, path: str, token: str | None,
+               names: list[str]) -> None:
+    """Serve streamable HTTP on ``host:port`` + ``path`` until SIGTERM/SIGINT; needs the bearer token."""
+    token = require_token(token)
     hosts = allowed_hosts(host, names, what="mcp.allowed_hosts")
     # The SDK's own Host check is off: replyd.gate applies the one rule every replyd server shares.
     app = make_server(service).streamable_http_app(
@@ -565,6 +571,7 @@ def serve_http(service: Service, *, host: str, port: int, path: str, token: str 
     except OSError as exc:
         sock.close()
         raise ConfigError(f"mcp: cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(128)  # connections made once the URL is printed wait in the backlog until uvicorn accepts
     shown = f"[{host.strip('[]')}]" if family == socket.AF_INET6 else host
     url = f"http://{shown}:{sock.getsockname()[1]}{path}"
     log.info("replyd.mcp.listening", url=url)
