@@ -473,6 +473,13 @@ def config_check(path: Annotated[Path, typer.Argument(help="The TOML file to che
             check_bind(cfg.api.host, cfg.api.token())
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
+    from replyd.gate import allowed_hosts
+
+    try:
+        cfg.mcp.token()  # `replyd mcp --transport http` needs it; stdio does not
+        allowed_hosts(cfg.mcp.host, cfg.mcp.allowed_hosts, what="mcp.allowed_hosts")
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     out.print(f"{path}: ok ({len(cfg.bots)} bot(s))")
 
 

@@ -299,14 +299,14 @@ class Service:
         b = self.bot(a.bot)
         key = b.guard.key(a.parent)
         row = self.store.get(key)
-        events = library.events(self.store, limit=1000, platform=key.platform, parent_id=key.parent_id)
-        mine = [e for e in reversed(events) if e["sender_id"] == key.sender_id]
-        if row is None and not mine:
+        history = self.store.history(key)
+        if row is None and not history:
             raise ToolFailure(f"parent: no row and no events for {a.parent!r} of bot {b.name!r} "
                               "(ids are exact; explain takes the id, not a URL)")
         return {"bot": b.name, "platform": key.platform, "sender_id": key.sender_id, "parent_id": key.parent_id,
                 "row": None if row is None else {k: v for k, v in row.model_dump().items() if k != "snapshot"},
-                "events": [_event(e) for e in mine]}
+                "events": [_event(library._event_dict({**e.model_dump(), "path": row.path if row else None}))
+                           for e in history]}
 
     # -- resources ---------------------------------------------------------------------------------
 

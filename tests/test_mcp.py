@@ -316,3 +316,16 @@ def test_lease_token_is_not_the_stored_owner(lite):
 
     anyio.run(main)
     assert lite.replies(pid) == 1
+
+
+def test_config_check_refuses_a_wildcard_bind_without_names(lite):
+    """``replyd config check`` refuses ``[mcp] host = "0.0.0.0"`` without allowed_hosts, naming the key."""
+    lite.config.write_text(lite.config.read_text().replace("[mcp]\n", '[mcp]\nhost = "0.0.0.0"\n'))
+    r = subprocess.run([sys.executable, "-m", "replyd", "config", "check", str(lite.config)], env=lite.env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "mcp.allowed_hosts" in " ".join(r.stderr.split()), r.stderr
+    lite.config.write_text(lite.config.read_text().replace('host = "0.0.0.0"\n', 'host = "0.0.0.0"\n'
+                                                           'allowed_hosts = ["replyd.internal"]\n'))
+    ok = subprocess.run([sys.executable, "-m", "replyd", "config", "check", str(lite.config)], env=lite.env, cwd=ROOT,
+                        capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
