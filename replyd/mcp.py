@@ -366,6 +366,7 @@ class ToolSpec:
     run: Callable[[Service, Any], dict[str, Any]]
     description: str
     read_only: bool
+    idempotent: bool = True  # the same call again changes nothing more (begin/finish: the second is refused)
 
 
 TOOLS: dict[str, ToolSpec] = {
@@ -373,11 +374,11 @@ TOOLS: dict[str, ToolSpec] = {
         "Where a parent post stands for a bot, without claiming or sending anything. status is answered "
         "(reply_id and reply_url), in_flight (another session holds it), free (you may begin_reply), skipped "
         "(the bot's policy says not to answer; reason names the rule), backing_off, rejected, gave_up or declined.")),
-    "begin_reply": ToolSpec(ParentArgs, Service.begin_reply, read_only=False, description=(
+    "begin_reply": ToolSpec(ParentArgs, Service.begin_reply, read_only=False, idempotent=False, description=(
         "Call BEFORE composing a reply. If the parent is free, returns status leased with a lease token: only "
         "you may answer it until lease_expires_in_s; compose, then call finish_reply. Otherwise returns why not "
         "(answered, in_flight, skipped ...) and you should not spend effort on it.")),
-    "finish_reply": ToolSpec(FinishArgs, Service.finish_reply, read_only=False, description=(
+    "finish_reply": ToolSpec(FinishArgs, Service.finish_reply, read_only=False, idempotent=False, description=(
         "Post the reply under a lease from begin_reply. Returns the outcome: posted (reply_id, reply_url), "
         "already_answered, uncertain (may have landed: do not retry), not_sent (retry later), rejected. "
         "An expired or lost lease is refused and nothing is sent.")),
@@ -405,7 +406,7 @@ def make_server(service: Service) -> Server[Any]:
     """The MCP server: the tools and resources over ``service``."""
     listed = [types.Tool(name=name, description=t.description, input_schema=t.args.model_json_schema(),
                          annotations=types.ToolAnnotations(read_only_hint=t.read_only, destructive_hint=False,
-                                                           idempotent_hint=True, open_world_hint=not t.read_only))
+                                                           idempotent_hint=t.idempotent, open_world_hint=not t.read_only))
               for name, t in TOOLS.items()]
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:

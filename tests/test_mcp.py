@@ -175,14 +175,14 @@ def test_5_sessions_begin_reply_one_lease(menv):
 def test_killed_lease_holder_expires_and_another_session_answers(lite):
     """A holder SIGKILLed mid-compose: its lease blocks others until it expires; then another session answers."""
     pid = lite.parent()
-    lease_s = "3"
+    lease_s = "5"
 
     async def main(a_url: str, b_url: str, a) -> None:
-        async with http_client(a_url) as ca:
-            held = await tool(ca, "begin_reply", bot="sim", parent=pid)
-            assert held["status"] == "leased" and held["lease_expires_in_s"] <= float(lease_s)
-            a.kill()  # the holder dies while "composing"
-        async with http_client(b_url) as cb:
+        async with http_client(b_url) as cb:  # connected first: its first call comes right after the kill
+            async with http_client(a_url) as ca:
+                held = await tool(ca, "begin_reply", bot="sim", parent=pid)
+                assert held["status"] == "leased" and held["lease_expires_in_s"] <= float(lease_s)
+                a.kill()  # the holder dies while "composing"
             blocked = await tool(cb, "begin_reply", bot="sim", parent=pid)
             assert blocked["status"] == "in_flight" and blocked["state"] == "composing"
             with anyio.fail_after(30):
