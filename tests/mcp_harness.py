@@ -8,17 +8,17 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
+import httpx2
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
 from replyd.sim import SimServer, World
 from replyd.sim.world import Account
@@ -75,11 +75,13 @@ class McpEnv:
             srv.stop()
 
 
-def http_client(url: str, token: str | None = MCP_TOKEN) -> Client:
-    """An SDK client over streamable HTTP with the bearer token (none when ``token`` is None)."""
+@asynccontextmanager
+async def http_client(url: str, token: str | None = MCP_TOKEN) -> AsyncIterator[Client]:
+    """An SDK client session over streamable HTTP with the bearer token (none when ``token`` is None)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return Client(streamable_http_client(url, http_client=create_mcp_http_client(headers=headers)),
-                  read_timeout_seconds=60)
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0)) as http:
+        async with Client(streamable_http_client(url, http_client=http), read_timeout_seconds=60) as client:
+            yield client
 
 
 class McpHttp:
@@ -123,8 +125,11 @@ class McpHttp:
         self.proc.wait(10)
 
     def stop(self) -> None:
-        """SIGTERM and wait (SIGKILL after 10 s)."""
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM and wait (SIGKILL after 10 s); the server's log goes to stderr, which pytest shows on failure."""
+        if self.proc is None:
+            return
+        sys.stderr.write(f"--- replyd mcp {self.url or '(not listening)'} stderr ---\n{''.join(self.stderr)}")
+        if self.proc.poll() is not None:
             return
         self.proc.terminate()
         try:
@@ -146,26 +151,30 @@ def mcp_env(tmp_path: Path, monkeypatch: Any, **knobs: Any) -> Iterator[McpEnv]:
         yield McpEnv(world, srv, bot, cfg, db, env)
 
 
-async def race(makers: list[Callable[[], Client]], call: Callable[[Client], Awaitable[T]],
+async def race(makers: list[Callable[[], AbstractAsyncContextManager[Client] | Client]], call: Callable[[Client], Awaitable[T]],
                timeout_s: float = 180.0) -> list[T]:
     """Connect every session first, then let all of them ``call`` at once; return the results."""
     results: list[T] = []
     connected = 0
     go = anyio.Event()
 
-    async def one(make: Callable[[], Client]) -> None:
+    async def one(i: int, make: Callable[[], AbstractAsyncContextManager[Client] | Client]) -> None:
         nonlocal connected
-        async with make() as client:
-            connected += 1
-            if connected == len(makers):
-                go.set()
-            await go.wait()
-            results.append(await call(client))
+        try:
+            async with make() as client:
+                connected += 1
+                if connected == len(makers):
+                    go.set()
+                await go.wait()
+                results.append(await call(client))
+        except Exception as exc:
+            exc.add_note(f"session {i} of {len(makers)} ({'connected' if go.is_set() else 'connecting'})")
+            raise
 
     with anyio.fail_after(timeout_s):
         async with anyio.create_task_group() as tg:
-            for make in makers:
-                tg.start_soon(one, make)
+            for i, make in enumerate(makers):
+                tg.start_soon(one, i, make)
     return results
 
 
