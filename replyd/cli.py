@@ -94,31 +94,40 @@ def mcp(
     cfg = _load(config)
     mc = cfg.mcp
     # Checked first: a missing token fails before any bot logs in.
-    token = mcp_mod.require_token(mc.token()) if transport == "http" else None
+    token = mc.http_token(host) if transport == "http" else ""
     service, close = mcp_mod.open_service(cfg)
     try:
         if transport == "stdio":
             mcp_mod.serve_stdio(service)
         else:
             mcp_mod.serve_http(service, host=host or mc.host, port=mc.port if port is None else port, path=mc.path,
-                               token=token, names=mc.allowed_hosts)
+                               token=token, names=mc.hosts)
     finally:
         close()
 
 
 @app.command()
-def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
-    """Show row counts by platform and state, and the oldest open rows."""
+def status(
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    overdue_after_s: Annotated[float, typer.Option(
+        "--overdue-after-s", help="List waiting rows this many seconds past their bound.")] = 600.0,
+) -> None:
+    """Show row counts by platform and state, the oldest open rows, and rows that waited past their bound."""
     cfg = _load(config)
     s = _store(cfg)
     counts = s.counts()
     oldest = s.oldest_open(5)
     now = s.clock.now()
+    # Every non-terminal state has a job that moves it on (sweep, re-find): a row listed here is one they did not.
+    overdue = s.overdue(now, overdue_after_s)
     if as_json:
         data = {
             "store": s.url,
             "counts": [{"platform": p, "state": state, "rows": n} for (p, state), n in sorted(counts.items())],
             "oldest_open": [{"platform": r.platform, "parent_id": r.parent_id, "age_s": round(now - (r.opened_at or now), 1)} for r in oldest],
+            "overdue": [{"platform": r.platform, "parent_id": r.parent_id, "state": r.state, "attempt": r.attempt,
+                         "over_s": round(over, 1)} for r, over in overdue],
         }
         out.print_json(json.dumps(data))
         return
@@ -132,6 +141,12 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
         for r in oldest:
             o.add_row(r.platform, r.parent_id, _ts(r.opened_at), f"{now - (r.opened_at or now):.0f}")
         out.print(o)
+    if overdue:
+        t = Table("platform", "parent id", "state", "attempt", "past its bound (s)",
+                  title=f"rows waiting more than {overdue_after_s:.0f} s past their bound")
+        for r, over in overdue:
+            t.add_row(r.platform, r.parent_id, r.state, str(r.attempt), f"{over:.0f}")
+        out.print(t)
 
 
 def _rows_for(s: Store, parent: str, platform: str | None) -> list[st.Reply]:
@@ -473,11 +488,9 @@ def config_check(path: Annotated[Path, typer.Argument(help="The TOML file to che
             check_bind(cfg.api.host, cfg.api.token())
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
-    from replyd.gate import allowed_hosts
-
     try:
-        cfg.mcp.token()  # `replyd mcp --transport http` needs it; stdio does not
-        allowed_hosts(cfg.mcp.host, cfg.mcp.allowed_hosts, what="mcp.allowed_hosts")
+        if cfg.mcp.token_env:  # `replyd mcp --transport http` needs it; stdio does not
+            cfg.mcp.http_token()
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     out.print(f"{path}: ok ({len(cfg.bots)} bot(s))")

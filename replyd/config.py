@@ -41,6 +41,9 @@ class StoreConfig(_Strict):
     # so replicas on machines whose clocks disagree still agree on deadlines and leases.
     db_clock: bool = True
     clock_sync_s: float = Field(60.0, gt=0)
+    # PostgreSQL: synchronous_commit for the claim and the open (the writes a failover must not lose); unset
+    # keeps the server's. "remote_apply" (or "on") with a synchronous standby: no claim lost in a failover.
+    claim_commit: Literal["local", "on", "remote_write", "remote_apply"] | None = None
 
 
 class LogConfig(_Strict):
@@ -74,16 +77,21 @@ class SweepConfig(_Strict):
 class ApiConfig(_Strict):
     """The sidecar HTTP API and status page the daemon serves.
 
-    Writes always need the bearer token; reads need it too when ``host`` is not
-    a loopback address (and the daemon refuses to start there without one).
-    The token itself never lives in the file: ``token_env`` names the
-    environment variable that holds it.
+    With a token, every route but ``/healthz`` needs it (``open_routes`` may
+    open ``readyz`` and ``metrics`` for probes and scrapers); without one,
+    writes are refused and only a loopback ``host`` is allowed. A non-loopback
+    ``host`` needs a token of at least 32 characters. Requests whose ``Host``
+    header names something other than an IP address, localhost, ``host`` or one
+    of ``hosts`` are refused (DNS rebinding). The token itself never lives in
+    the file: ``token_env`` names the environment variable that holds it.
     """
 
     enabled: bool = False
     host: str = "127.0.0.1"
     port: int = Field(8787, ge=0, le=65535)  # 0: an ephemeral port (tests)
     token_env: str = ""
+    hosts: list[str] = []  # further names clients reach the API by (a reverse proxy's, a DNS name)
+    open_routes: list[Literal["readyz", "metrics"]] = []  # served without the token
     refresh_s: int = Field(5, ge=1, le=3600)  # the status page's auto-refresh
     max_body_bytes: int = Field(65_536, ge=1024)
 
@@ -106,20 +114,35 @@ def _env_token(key: str, var: str) -> str | None:
 class McpConfig(_Strict):
     """``replyd mcp`` over streamable HTTP (stdio needs none of this).
 
-    HTTP always needs the bearer token (every tool may post). The Host header
-    must name the bind address, one of ``allowed_hosts`` (the names clients
-    and proxies use), or, on a loopback bind, a loopback name.
+    HTTP always needs the bearer token (every tool may post); a non-loopback
+    bind needs one as long as the API's. The Host rule is the API's: an IP
+    address, ``localhost``, the bind address or one of ``hosts``.
     """
 
     host: str = "127.0.0.1"
     port: int = Field(8788, ge=0, le=65535)  # 0: an ephemeral port (tests)
     path: str = Field("/mcp", pattern=r"^/[A-Za-z0-9._~/-]*$")
     token_env: str = ""
-    allowed_hosts: list[str] = []
+    hosts: list[str] = []  # further names clients reach the server by (a reverse proxy's, a DNS name)
 
     def token(self) -> str | None:
         """Return the MCP token from ``$token_env`` (None when unset); raise ConfigError if named but empty."""
         return _env_token("mcp.token_env", self.token_env)
+
+    def http_token(self, host: str | None = None) -> str:
+        """Return the token HTTP needs; ConfigError when there is none, or a short one guards a public bind."""
+        from replyd.api import MIN_PUBLIC_TOKEN
+        from replyd.platforms._http import is_loopback
+
+        token = self.token()
+        if not token:
+            raise ConfigError("mcp.token_env: MCP over HTTP needs a bearer token (every tool may post): set "
+                              "mcp.token_env to the name of an environment variable holding one")
+        bind = host or self.host
+        if not is_loopback(bind) and len(token) < MIN_PUBLIC_TOKEN:
+            raise ConfigError(f"mcp.token_env: the token is {len(token)} characters; a non-loopback bind ({bind!r}) "
+                              f"needs at least {MIN_PUBLIC_TOKEN}")
+        return token
 
 
 class PollerConfig(_Strict):
@@ -130,6 +153,9 @@ class PollerConfig(_Strict):
     search_queries: list[str] = []
     refind_interval_s: float = Field(600.0, ge=0)
     refind_lookback_s: float = Field(86_400.0, gt=0)
+    # Rows re-find offers again per run (released, not_landed, expired composing); it walks all of them
+    # page by page across runs, so a page of rows that cannot move never hides the rows behind it.
+    refind_batch: int = Field(500, ge=1, le=100_000)
     jitter_s: float = Field(2.0, ge=0)
 
 

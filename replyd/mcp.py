@@ -4,8 +4,8 @@ Built on the official ``mcp`` SDK's low-level ``Server`` so that every tool
 has an explicit JSON schema (from the pydantic models below) and every bad
 argument comes back as one tool error line naming the argument. It serves
 over stdio (one agent host, one process) or streamable HTTP (many sessions;
-bearer token and Host check from ``replyd.gate``), on the same config and
-store as the daemon.
+bearer token and the sidecar API's Host rule, ``api.HostCheck``), on the
+same config and store as the daemon.
 
 Tools (each blocking call runs in a worker thread):
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import hmac
 import json
 import secrets
 import socket
@@ -57,6 +58,7 @@ from replyd import log as rlog
 from replyd import store as st
 from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import Config
+from replyd.api import HostCheck
 from replyd.errors import (
     ConfigError,
     ContentionError,
@@ -67,7 +69,6 @@ from replyd.errors import (
     ReplydError,
     StoreError,
 )
-from replyd.gate import allowed_hosts, bearer_ok, host_allowed
 from replyd.guard import Guard, Outcome, Status
 from replyd.platform import Parent, ReplyLinks
 from replyd.policy import Policy
@@ -227,18 +228,26 @@ class Service:
 
     def ready(self, b: BotHandle, ref: str) -> Parent | Outcome:
         """Pre-check, resolve and apply the bot's policy: the parent if it may be claimed, else what stops it."""
-        found = library.unblocked(b.guard, ref)
-        if isinstance(found, Outcome):
-            return found
         g = b.guard
+        found = library.unblocked(g, ref)
+        if isinstance(found, Outcome):
+            return self._retired(g, found)
         key = g.key(found.id)
         if found.id != ref and (blocked := g.check(found.id)) is not None:
-            return blocked  # the URL resolved to an id that is already answered or held
+            return self._retired(g, blocked)  # the URL resolved to an id that is already answered or held
         reason = b.policy.reason_to_skip(found, g.identity, self.clock) or \
             b.policy.limit_reason(found, g.store, g.platform, g.identity, self.clock)
         if reason:
             return Outcome(Status.SKIPPED, key, detail=reason)
         return found
+
+    def _retired(self, g: Guard, out: Outcome) -> Outcome:
+        """A key the policy retired (state ``skipped``) reads as skipped with its reason, not as in flight."""
+        if out.state != st.SKIPPED:
+            return out
+        row = g.store.peek(out.key)
+        reason = (row.error or "").removeprefix("policy: ") if row is not None else ""
+        return Outcome(Status.SKIPPED, out.key, out.state, out.attempt, detail=reason or "retired by policy")
 
     # -- tools -------------------------------------------------------------------------------------
 
@@ -311,7 +320,7 @@ class Service:
     # -- resources ---------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        """Bots, rows by state, open rows past their deadline, and when each discovery path last found a parent."""
+        """Bots, rows by state, rows past their bound, and when each discovery path last found a parent."""
         now = self.clock.now()
         counts = self.store.counts()
         return {
@@ -320,7 +329,8 @@ class Service:
                          "handle": b.guard.identity.handle, "dry_run": b.guard.dry_run,
                          "compose_lease_s": b.guard.compose_lease_s} for n, b in sorted(self.bots.items())},
             "rows_by_state": [{"platform": p, "state": s, "rows": n} for (p, s), n in sorted(counts.items())],
-            "open_rows_past_deadline": library.overdue_open(self.store, now),
+            "overdue": [{"platform": r.platform, "parent_id": r.parent_id, "state": r.state, "over_s": round(over, 1)}
+                        for r, over in self.store.overdue(now, 0.0, limit=20)],
             "paths": [{**p, "age_s": None if p["last_found_at"] is None else round(now - p["last_found_at"], 1)}
                       for p in library.paths(self.store)],
         }
@@ -391,7 +401,7 @@ TOOLS: dict[str, ToolSpec] = {
 }
 
 RESOURCES: dict[str, tuple[str, str, Callable[[Service], Any]]] = {
-    "replyd://status": ("status", "Bots, rows by state, overdue open rows, and when each discovery path last "
+    "replyd://status": ("status", "Bots, rows by state, rows past their bound, and when each discovery path last "
                         "found a parent.", Service.status),
     "replyd://events/recent": ("recent-events", f"The newest {RECENT_EVENTS} events of the answered-log.",
                                Service.recent_events),
@@ -476,10 +486,18 @@ def _version() -> str:
 # -- HTTP door -----------------------------------------------------------------------------------------
 
 
-class Gate:
-    """ASGI wrapper: refuse a request whose Host is not ours (421) or that lacks the bearer token (401)."""
+def bearer_ok(authorization: str | None, token: str) -> bool:
+    """True when an ``Authorization`` header carries ``Bearer <token>`` (compared in constant time)."""
+    scheme, _, given = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return False
+    return hmac.compare_digest(given.strip().encode("utf-8", "surrogateescape"), token.encode())
 
-    def __init__(self, app: Any, *, token: str, hosts: frozenset[str]) -> None:
+
+class Gate:
+    """ASGI wrapper: refuse a request whose Host is not ours (400, the API's rule) or lacks the bearer token (401)."""
+
+    def __init__(self, app: Any, *, token: str, hosts: HostCheck) -> None:
         self.app = app
         self.token = token
         self.hosts = hosts
@@ -490,10 +508,10 @@ class Gate:
             await self.app(scope, receive, send)  # lifespan: starts the SDK's session manager
             return
         headers = Headers(scope=scope)
-        if not host_allowed(headers.get("host"), self.hosts):
+        if not self.hosts.allows(headers.get("host")):
             log.warning("replyd.mcp.bad_host", host=(headers.get("host") or "")[:100])
-            resp = JSONResponse({"error": "misdirected", "detail": "Host: not a name this server answers to "
-                                 "(add it to mcp.allowed_hosts)"}, status_code=421)
+            resp = JSONResponse({"error": "bad_host", "field": "Host", "detail": "the Host header names neither this "
+                                 "server's address nor one of mcp.hosts (add the name you use there)"}, status_code=400)
         elif not bearer_ok(headers.get("authorization"), self.token):
             resp = JSONResponse({"error": "unauthorized", "detail": "send Authorization: Bearer <token>"},
                                 status_code=401, headers={"WWW-Authenticate": 'Bearer realm="replyd"'})
@@ -547,20 +565,10 @@ def serve_stdio(service: Service) -> None:
     anyio.run(main)
 
 
-def require_token(token: str | None) -> str:
-    """Return the HTTP bearer token, or refuse (ConfigError) to serve HTTP without one: every tool may post."""
-    if not token:
-        raise ConfigError("mcp.token_env: MCP over HTTP needs a bearer token (every tool may post): set "
-                          "mcp.token_env to the name of an environment variable holding one")
-    return token
-
-
-def serve_http(service: Service, *, host: str, port: int, path: str, token: str | None,
-               names: list[str]) -> None:
-    """Serve streamable HTTP on ``host:port`` + ``path`` until SIGTERM/SIGINT; needs the bearer token."""
-    token = require_token(token)
-    hosts = allowed_hosts(host, names, what="mcp.allowed_hosts")
-    # The SDK's own Host check is off: replyd.gate applies the one rule every replyd server shares.
+def serve_http(service: Service, *, host: str, port: int, path: str, token: str, names: list[str]) -> None:
+    """Serve streamable HTTP on ``host:port`` + ``path`` until SIGTERM/SIGINT, behind the token and Host check."""
+    hosts = HostCheck(host, names)
+    # The SDK's own Host check is off: the sidecar API's rule applies, so every replyd server answers the same names.
     app = make_server(service).streamable_http_app(
         streamable_http_path=path, host=host,
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))

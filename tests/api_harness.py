@@ -34,6 +34,7 @@ def write_config(
     host: str = "127.0.0.1",
     token_env: str | None = TOKEN_ENV,
     pollers: bool = False,
+    api_extra: str = "",
 ) -> Path:
     """Write a daemon config for the sim: API on an ephemeral port, pollers off unless asked, a manual sweep."""
     every = 0.3 if pollers else 0
@@ -58,6 +59,7 @@ host = "{host}"
 port = 0
 token_env = "{token_env or ''}"
 refresh_s = 5
+{api_extra}
 
 [[bots]]
 name = "sim"
@@ -141,7 +143,7 @@ def sim_world(monkeypatch, **knobs) -> Iterator[tuple[World, SimServer, Account]
 
 @contextmanager
 def running(tmp_path: Path, monkeypatch, *, token: str | None = TOKEN, host: str = "127.0.0.1",
-            pollers: bool = False, **knobs) -> Iterator[Harness]:
+            pollers: bool = False, api_extra: str = "", **knobs) -> Iterator[Harness]:
     """Start the sim and a daemon with the API on an ephemeral port; stop both afterwards."""
     if token:
         monkeypatch.setenv(TOKEN_ENV, token)
@@ -150,7 +152,7 @@ def running(tmp_path: Path, monkeypatch, *, token: str | None = TOKEN, host: str
     with sim_world(monkeypatch, **knobs) as (world, srv, bot):
         db = tmp_path / "replyd.sqlite3"
         cfg_path = write_config(tmp_path / "replyd.toml", srv.base_url, db, host=host,
-                                token_env=TOKEN_ENV if token else None, pollers=pollers)
+                                token_env=TOKEN_ENV if token else None, pollers=pollers, api_extra=api_extra)
         d = Daemon(Config.load(cfg_path))
         d.start()
         try:

@@ -14,7 +14,7 @@ from tests.api_harness import BOT, running
 
 def scrape(h) -> dict[tuple[str, frozenset], float]:
     """Return {(sample name, labels): value} from the API's /metrics."""
-    with h.client(token=None) as c:
+    with h.client() as c:
         r = c.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     out = {}
