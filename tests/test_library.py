@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -133,3 +134,21 @@ def test_dry_run_takes_no_lease(store, clock):
     got = library.begin(guard, plat.add_parent("p1"), owner="agent-a")
     assert not isinstance(got, library.Lease) and got.status is Status.DRY_RUN
     assert store.get(guard.key("p1")) is None and store.history(guard.key("p1")) == []
+
+
+def test_lease_holders_share_the_guard_send_watch(store, clock):
+    """Posting under many leases starts at most the guard's one send-watch thread, never one per holder."""
+    plat = MemoryPlatform(clock=clock, listing_delay_s=5.0)
+    guard = Guard(store, plat, plat.whoami(), clock=clock, compose_lease_s=60.0, watch_interval_s=30.0)
+
+    def watchers() -> int:
+        return sum(t.name == "replyd-send-watch" and t.is_alive() for t in threading.enumerate())
+
+    before = watchers()
+    try:
+        for i in range(5):
+            lease = library.begin(guard, plat.add_parent(f"p{i}"), owner=f"agent-{i}")
+            assert library.finish(guard, lease, "hi").status is Status.POSTED
+        assert watchers() - before == 1
+    finally:
+        guard.close()
