@@ -78,6 +78,35 @@ def demo(
 
 
 @app.command()
+def mcp(
+    config: ConfigOpt = None,
+    transport: Annotated[str, typer.Option(help="stdio (an agent host starts this process) or http (streamable HTTP).")] = "stdio",
+    host: Annotated[str | None, typer.Option(help="HTTP: address to bind (default: mcp.host).")] = None,
+    port: Annotated[int | None, typer.Option(min=0, max=65535, help="HTTP: port (default: mcp.port; 0: any free port).")] = None,
+) -> None:
+    """Serve the MCP tools (check_parent, begin_reply, finish_reply, reply_once, explain) for LLM agents."""
+    try:
+        from replyd import mcp as mcp_mod
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"replyd mcp needs the MCP SDK ({exc.name} is missing): pip install 'replyd[mcp]'") from None
+    if transport not in ("stdio", "http"):
+        raise ConfigError(f"--transport: unknown transport {transport!r} (use stdio or http)")
+    cfg = _load(config)
+    mc = cfg.mcp
+    # Checked first: a missing token fails before any bot logs in.
+    token = mc.http_token(host) if transport == "http" else ""
+    service, close = mcp_mod.open_service(cfg)
+    try:
+        if transport == "stdio":
+            mcp_mod.serve_stdio(service)
+        else:
+            mcp_mod.serve_http(service, host=host or mc.host, port=mc.port if port is None else port, path=mc.path,
+                               token=token, names=mc.hosts)
+    finally:
+        close()
+
+
+@app.command()
 def status(
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
@@ -459,6 +488,11 @@ def config_check(path: Annotated[Path, typer.Argument(help="The TOML file to che
             check_bind(cfg.api.host, cfg.api.token())
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
+    try:
+        if cfg.mcp.token_env:  # `replyd mcp --transport http` needs it; stdio does not
+            cfg.mcp.http_token()
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     out.print(f"{path}: ok ({len(cfg.bots)} bot(s))")
 
 

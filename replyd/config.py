@@ -97,13 +97,52 @@ class ApiConfig(_Strict):
 
     def token(self) -> str | None:
         """Return the API token from ``$token_env`` (None when unset); raise ConfigError if named but empty."""
-        if not self.token_env:
-            return None
-        value = os.environ.get(self.token_env)
-        if not value:
-            raise ConfigError(f"api.token_env: environment variable {self.token_env!r} is not set")
-        rlog.add_secret(value)
-        return value
+        return _env_token("api.token_env", self.token_env)
+
+
+def _env_token(key: str, var: str) -> str | None:
+    """Read a bearer token from the environment variable ``var`` (None when unnamed); mask it in every log."""
+    if not var:
+        return None
+    value = os.environ.get(var)
+    if not value:
+        raise ConfigError(f"{key}: environment variable {var!r} is not set")
+    rlog.add_secret(value)
+    return value
+
+
+class McpConfig(_Strict):
+    """``replyd mcp`` over streamable HTTP (stdio needs none of this).
+
+    HTTP always needs the bearer token (every tool may post); a non-loopback
+    bind needs one as long as the API's. The Host rule is the API's: an IP
+    address, ``localhost``, the bind address or one of ``hosts``.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = Field(8788, ge=0, le=65535)  # 0: an ephemeral port (tests)
+    path: str = Field("/mcp", pattern=r"^/[A-Za-z0-9._~/-]*$")
+    token_env: str = ""
+    hosts: list[str] = []  # further names clients reach the server by (a reverse proxy's, a DNS name)
+
+    def token(self) -> str | None:
+        """Return the MCP token from ``$token_env`` (None when unset); raise ConfigError if named but empty."""
+        return _env_token("mcp.token_env", self.token_env)
+
+    def http_token(self, host: str | None = None) -> str:
+        """Return the token HTTP needs; ConfigError when there is none, or a short one guards a public bind."""
+        from replyd.api import MIN_PUBLIC_TOKEN
+        from replyd.platforms._http import is_loopback
+
+        token = self.token()
+        if not token:
+            raise ConfigError("mcp.token_env: MCP over HTTP needs a bearer token (every tool may post): set "
+                              "mcp.token_env to the name of an environment variable holding one")
+        bind = host or self.host
+        if not is_loopback(bind) and len(token) < MIN_PUBLIC_TOKEN:
+            raise ConfigError(f"mcp.token_env: the token is {len(token)} characters; a non-loopback bind ({bind!r}) "
+                              f"needs at least {MIN_PUBLIC_TOKEN}")
+        return token
 
 
 class PollerConfig(_Strict):
@@ -171,6 +210,7 @@ class Config(BaseSettings):
     guard: GuardConfig = GuardConfig()
     sweep: SweepConfig = SweepConfig()
     api: ApiConfig = ApiConfig()
+    mcp: McpConfig = McpConfig()
     bots: list[BotConfig] = []
     source: str = Field("", exclude=True)
 

@@ -60,8 +60,9 @@ def _whoami(platform: Platform) -> Identity:
     return platform.whoami()
 
 
-def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock, owner: str) -> BotRuntime:
-    """Build one bot's adapter, identity, guard, pipeline and pollers."""
+def build_guard(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock,
+                owner: str) -> tuple[Platform, Identity, Guard]:
+    """Build one bot's adapter, log it in, and return it with its identity and guard."""
     # Each adapter owns its listing-delay default (Discourse 30 s, GitHub 60 s…); never override it here.
     platform = make_platform(bc.platform, bc.settings, http=http, clock=clock)
     identity = _whoami(platform)
@@ -85,6 +86,12 @@ def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cloc
         responder_backoff_s=cfg.guard.responder_backoff_s,
         responder_backoff_max_s=cfg.guard.responder_backoff_max_s,
     )
+    return platform, identity, guard
+
+
+def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock, owner: str) -> BotRuntime:
+    """Build one bot's adapter, identity, guard, pipeline and pollers."""
+    platform, identity, guard = build_guard(cfg, bc, store, http, clock, owner)
     rsettings = bc.responder.model_dump(exclude={"kind"})
     responder = make_responder(bc.responder.kind, rsettings)
     # The runner's bound is a backstop: a responder's own timeout (which also kills a child) fires first.

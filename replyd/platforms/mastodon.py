@@ -314,6 +314,10 @@ class MastodonPlatform:
 
     # --- Platform -------------------------------------------------------------------
 
+    def reply_url(self, reply_id: str, identity: Identity) -> str:
+        """Return the status page of one of the bot's replies (``/@acct/id``), as Mastodon serves it."""
+        return f"{self._base_url}/@{identity.handle}/{reply_id}" if identity.handle else ""
+
     def whoami(self) -> Identity:
         """Return the account's stable id (as served) and its acct."""
         what = "whoami"
