@@ -41,7 +41,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import structlog
@@ -62,6 +62,9 @@ from replyd.errors import ConfigError, ContentionError, PlatformError, RateLimit
 from replyd.guard import Guard, Outcome, Status
 from replyd.platforms._http import is_loopback
 from replyd.store import Reply, Store
+
+if TYPE_CHECKING:
+    from replyd.hooks import Receiver
 
 log = structlog.get_logger("replyd.api")
 
@@ -222,8 +225,10 @@ class Api:
         open_routes: Sequence[str] = (),
         refresh_s: int = 5,
         max_body_bytes: int = 65_536,
+        hooks: Receiver | None = None,
     ) -> None:
         self.store = store
+        self.hooks = hooks
         self.guards = guards
         self.expected = list(expected) if expected is not None else None
         self.token = token or None
@@ -245,6 +250,7 @@ class Api:
             Route("/openapi.json", self.openapi, methods=["GET"]),
             Route("/v1/status", self.status, methods=["GET"]),
             Route("/v1/replies", self.post_reply, methods=["POST"]),
+            Route("/v1/hooks/{bot}", self.hook, methods=["POST"]),
             # The rearm route first: a parent id may contain "/" (Bluesky URIs), so it is a path match.
             Route("/v1/replies/{platform}/{parent_id:path}/rearm", self.rearm, methods=["POST"]),
             Route("/v1/replies/{platform}/{parent_id:path}", self.get_reply, methods=["GET"]),
@@ -267,7 +273,8 @@ class Api:
             log.warning("replyd.api.bad_host", path=path, host=(request.headers.get("host") or "")[:100])
             return _error(400, "bad_host", "the Host header names neither this server's address nor one of "
                           "api.hosts (add the name you use there)", field="Host")
-        if self.token is None or path in self.open_paths:
+        # A webhook is signed by the platform with the bot's secret (checked by the receiver), not by our token.
+        if self.token is None or path in self.open_paths or path.startswith("/v1/hooks/"):
             return None
         return self._auth(request, write=request.method not in ("GET", "HEAD"))
 
@@ -389,6 +396,28 @@ class Api:
             return _error(503, "store_unavailable", f"{exc}; nothing sent", headers=_retry_after(NOT_SENT_RETRY_S))
         log.info("replyd.api.replied", bot=name, parent_id=out.key.parent_id, status=out.status.value)
         return outcome_response(out, name)
+
+    async def hook(self, request: Request) -> Response:
+        """POST /v1/hooks/{bot}: a signed webhook delivery; parents are offered in the background."""
+        if self.hooks is None:
+            return _error(404, "unknown_hook", "no webhooks are configured (bots.push)", field="bot")
+        bot = request.path_params["bot"]
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.hooks.max_body_bytes:
+            return _error(413, "body_too_large", f"body larger than {self.hooks.max_body_bytes} bytes", field="body")
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.hooks.max_body_bytes:
+                    return _error(413, "body_too_large", f"body larger than {self.hooks.max_body_bytes} bytes",
+                                  field="body")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            return _error(400, "client_disconnected", "the client closed the connection before the body ended",
+                          field="body")
+        answer = self.hooks.receive(bot, request.headers, b"".join(chunks))
+        return JSONResponse(answer.body, status_code=answer.status)
 
     async def rearm(self, request: Request) -> Response:
         """POST /v1/replies/{platform}/{parent_id}/rearm: an operator sends a terminal key back."""

@@ -181,6 +181,22 @@ class ResponderConfig(BaseModel):
     kind: str = "template"
 
 
+class PushConfig(_Strict):
+    """Push discovery for one bot: the platform's webhook deliveries, received by the API."""
+
+    kind: Literal["github", "discourse"]
+    # The environment variable holding the webhook secret the platform signs deliveries with.
+    secret_env: str
+
+    def secret(self) -> str:
+        """Return the secret from the environment; a ConfigError naming the variable when it is not set."""
+        value = os.environ.get(self.secret_env, "")
+        if len(value) < 16:
+            what = "is not set" if not value else "is shorter than 16 characters"
+            raise ConfigError(f"push.secret_env: environment variable {self.secret_env!r} {what}")
+        return value
+
+
 class BotConfig(_Strict):
     """One account on one platform."""
 
@@ -190,6 +206,7 @@ class BotConfig(_Strict):
     pollers: PollerConfig = PollerConfig()
     policy: PolicyConfig = PolicyConfig()
     responder: ResponderConfig = ResponderConfig()
+    push: PushConfig | None = None  # webhooks feed the same pipeline; the pollers stay on as the backstop
 
     @field_validator("name")
     @classmethod

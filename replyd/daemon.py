@@ -23,10 +23,11 @@ import structlog
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from replyd import log as rlog
 from replyd import store as st
 from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import BotConfig, Config
-from replyd.errors import DefinitelyNotSent, MaybeSent
+from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent
 from replyd.guard import Guard
 from replyd.pipeline import Pipeline
 from replyd.platform import Identity, Platform, make_platform
@@ -39,6 +40,7 @@ from replyd.sweep import Bot, Sweeper
 
 if TYPE_CHECKING:
     from replyd.api import ApiServer
+    from replyd.hooks import Receiver
 
 log = structlog.get_logger("replyd.daemon")
 
@@ -123,11 +125,19 @@ class Daemon:
         self.scheduler: BackgroundScheduler | None = None
         self.guards: dict[str, Guard] = {}  # by bot name, for the API; filled as bots log in
         self.api: ApiServer | None = None
+        self.hooks: Receiver | None = None
 
     def start(self) -> None:
         """Open the store, start the API if configured, log every bot in, and start the scheduled jobs."""
         ac = self.cfg.api
         token: str | None = None
+        # Webhook secrets first: a push bot with no secret, or no API to receive on, never starts.
+        push = {bc.name: bc.push for bc in self.cfg.bots if bc.push is not None}
+        if push and not ac.enabled:
+            raise ConfigError(f"bots ({', '.join(push)}): push webhooks arrive through the API: set api.enabled = true")
+        secrets = {name: pc.secret() for name, pc in push.items()}
+        for secret in secrets.values():
+            rlog.add_secret(secret)
         if ac.enabled:
             # Imported here: uvicorn and starlette cost nothing when the API is off (sweep, adopt, ...).
             from replyd.api import Api, ApiServer, check_bind
@@ -141,15 +151,20 @@ class Daemon:
         # Every send through this client ends within guard.send_timeout_s in total (replyd.deadline).
         self.http = make_client(self.cfg.guard.send_timeout_s)
         if ac.enabled:
+            from replyd.hooks import Receiver
+
+            self.hooks = Receiver({})  # filled as push bots log in, like the guards
             api = Api(self.store, self.guards, expected=[b.name for b in self.cfg.bots], token=token, host=ac.host,
                       hosts=ac.hosts, open_routes=ac.open_routes, refresh_s=ac.refresh_s,
-                      max_body_bytes=ac.max_body_bytes)
+                      max_body_bytes=ac.max_body_bytes, hooks=self.hooks)
             self.api = ApiServer(api.app, host=ac.host, port=ac.port, grace_s=self.cfg.guard.send_timeout_s).start()
         try:
             for bc in self.cfg.bots:
                 bot = build_bot(self.cfg, bc, self.store, self.http, self.clock, self.owner)
                 self.bots.append(bot)
                 self.guards[bc.name] = bot.guard
+                if bc.push is not None and self.hooks is not None:
+                    self._add_hook(bc.name, bc.push.kind, secrets[bc.name], bot)
         except BaseException:
             if self.api is not None:
                 self.api.stop()
@@ -206,6 +221,18 @@ class Daemon:
         if abs(skew_s) > 1.0:
             log.warning("replyd.clock.skewed", skew_s=skew_s,
                         hint="this machine's clock disagrees with the database's; replyd uses the database's")
+
+    def _add_hook(self, name: str, kind: str, secret: str, bot: BotRuntime) -> None:
+        """Receive ``kind`` webhooks for bot ``name`` (its adapter must read them)."""
+        from replyd.hooks import Hook, WebhookSource
+
+        assert self.hooks is not None
+        if not isinstance(bot.platform, WebhookSource):
+            raise ConfigError(f"bots.{name}.push: the {bot.cfg.platform} adapter cannot read webhook deliveries")
+        self.hooks.hooks[name] = Hook(name, kind, secret, bot.platform, bot.pipeline.offer,
+                                      instance=bot.platform.instance)
+        log.info("replyd.hooks.ready", bot=name, platform=bot.platform.instance, kind=kind,
+                 path=f"/v1/hooks/{name}")
 
     def _check_claim_commit(self) -> None:
         """Warn when store.claim_commit asks for a synchronous standby the server does not have."""
@@ -272,6 +299,8 @@ class Daemon:
         for b in self.bots:
             b.pipeline.close()
             b.guard.close()
+        if self.hooks is not None:
+            self.hooks.close(wait=True)  # offers under way finish before the HTTP client closes
         if self.http is not None:
             self.http.close()
         if self.store is not None:

@@ -77,8 +77,14 @@ SKIPS = Counter(
     ["platform", "reason"],
     registry=None,
 )
+WEBHOOKS = Counter(
+    "replyd_webhook_deliveries",
+    "Webhook deliveries by result (accepted, ignored, bad_signature, bad_body, unreadable).",
+    ["platform", "result"],
+    registry=None,
+)
 SHARED = (SENDS, SEND_SECONDS, OUTCOMES, PLATFORM_ERRORS, RESPONDER_CALLS, RESPONDER_SECONDS, SWEEP_ROWS, DUPLICATES,
-          SKIPS)
+          SKIPS, WEBHOOKS)
 
 # Most specific first: subclasses before their bases.
 _KINDS: tuple[tuple[type[BaseException], str], ...] = (
@@ -115,6 +121,11 @@ def error_kind(exc: BaseException) -> str:
 def skipped(platform: str, reason: str) -> None:
     """Count one policy skip (every offer, not only the first one recorded as an event)."""
     _child(SKIPS, platform, reason).inc()
+
+
+def webhook(platform: str, result: str) -> None:
+    """Count one webhook delivery by what the receiver did with it."""
+    _child(WEBHOOKS, platform, result).inc()
 
 
 def outcome(platform: str, status: str) -> None:
