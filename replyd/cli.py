@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from replyd import log as rlog
 from replyd import store as st
@@ -35,8 +37,8 @@ ConfigOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
-def _load(config: Path | None) -> Config:
-    cfg = Config.load(config)
+def _load(config: Path | None, *, secrets: bool = True) -> Config:
+    cfg = Config.load(config, secrets=secrets)
     rlog.configure(cfg.log.format, cfg.log.level)
     return cfg
 
@@ -79,21 +81,24 @@ def demo(
 
 @app.command()
 def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
-    """Show row counts by platform and state, and the oldest open rows."""
-    cfg = _load(config)
+    """Show row counts by platform and state, the oldest open rows, and (from the daemon) each path's liveness."""
+    cfg = _load(config, secrets=False)
     s = _store(cfg)
     counts = s.counts()
     oldest = s.oldest_open(5)
     now = s.clock.now()
+    daemon = _daemon_liveness(cfg)
     if as_json:
         data = {
             "store": s.url,
             "counts": [{"platform": p, "state": state, "rows": n} for (p, state), n in sorted(counts.items())],
             "oldest_open": [{"platform": r.platform, "parent_id": r.parent_id, "age_s": round(now - (r.opened_at or now), 1)} for r in oldest],
+            "daemon": daemon,
         }
         out.print_json(json.dumps(data))
         return
     out.print(f"store: {s.url}")
+    _print_liveness(daemon)
     t = Table("platform", *st.STATES, title="rows by state")
     for plat in sorted({p for p, _ in counts}):
         t.add_row(plat, *[str(counts.get((plat, state), 0)) for state in st.STATES])
@@ -103,6 +108,46 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
         for r in oldest:
             o.add_row(r.platform, r.parent_id, _ts(r.opened_at), f"{now - (r.opened_at or now):.0f}")
         out.print(o)
+
+
+def _daemon_liveness(cfg: Config) -> dict[str, Any]:
+    """Ask the running daemon's API (when the config enables it) how every bot's paths are doing.
+
+    Only the daemon knows when a poll last worked; the store does not record it.
+    """
+    import httpx
+
+    ac = cfg.api
+    if not ac.enabled:
+        return {"reachable": False, "url": None, "error": "the config does not enable [api]; liveness needs it",
+                "liveness": {}}
+    host = "127.0.0.1" if ac.host in ("0.0.0.0", "", "::") else ac.host
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{ac.port}"
+    token = os.environ.get(ac.token_env) if ac.token_env else None
+    try:
+        r = httpx.get(url + "/v1/status", timeout=3.0, headers={"Authorization": f"Bearer {token}"} if token else {})
+        live = r.json().get("liveness", {}) if r.status_code in (200, 503) else None
+        problem = None if live is not None else f"HTTP {r.status_code}"
+    except (httpx.HTTPError, ValueError) as exc:
+        live, problem = None, str(exc) or "no answer"
+    if live is None:
+        return {"reachable": False, "url": url, "error": f"daemon not reachable at {url}: {problem}", "liveness": {}}
+    return {"reachable": True, "url": url, "error": None, "liveness": live}
+
+
+def _print_liveness(daemon: dict[str, Any]) -> None:
+    """Each bot's paths in words; a stale path red and marked STALE."""
+    if not daemon["reachable"]:
+        out.print(Text(f"daemon: {daemon['error']}", style="yellow"))
+        return
+    out.print(f"daemon: {daemon['url']}")
+    for bot, b in sorted(daemon["liveness"].items()):
+        for path, p in sorted(b["paths"].items()):
+            style = "bold red" if p["stale"] else ("yellow" if p["failures"] else "green")
+            out.print(Text(f"  {bot} {p['words']}", style=style))
+        if b.get("oldest_due_open_age_s") is not None:
+            out.print(Text(f"  {bot} oldest due open row: {b['oldest_due_open_age_s']:.0f} s past its deadline",
+                           style="yellow"))
 
 
 def _rows_for(s: Store, parent: str, platform: str | None) -> list[st.Reply]:

@@ -71,6 +71,13 @@ class SweepConfig(_Strict):
     on_duplicate: Literal["report", "delete_newer"] = "report"
 
 
+class HealthConfig(_Strict):
+    """When readiness turns false: a path (inbox, search, refind, the sweep) with no success for this long."""
+
+    stale_after_intervals: float = Field(3.0, gt=0)  # × the path's interval
+    stale_min_s: float = Field(60.0, ge=0)  # never stale sooner than this
+
+
 class ApiConfig(_Strict):
     """The sidecar HTTP API and status page the daemon serves.
 
@@ -160,6 +167,7 @@ class Config(BaseSettings):
     guard: GuardConfig = GuardConfig()
     sweep: SweepConfig = SweepConfig()
     api: ApiConfig = ApiConfig()
+    health: HealthConfig = HealthConfig()
     bots: list[BotConfig] = []
     source: str = Field("", exclude=True)
 
@@ -176,8 +184,12 @@ class Config(BaseSettings):
         return (env_settings, init_settings)
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> Config:
-        """Load ``path`` (or defaults when None) with environment overrides; raise ConfigError."""
+    def load(cls, path: str | Path | None = None, *, secrets: bool = True) -> Config:
+        """Load ``path`` (or defaults when None) with environment overrides; raise ConfigError.
+
+        With ``secrets=False`` the ``*_env`` keys are left unresolved: commands that never call a
+        platform or a responder (status, log, explain, ...) need none of those variables.
+        """
         data: dict[str, Any] = {}
         where = "defaults"
         if path is not None:
@@ -213,6 +225,8 @@ class Config(BaseSettings):
                 if isinstance(v, str) and not k.endswith("_env") and any(w in k.lower() for w in SECRET_WORDS):
                     rlog.add_secret(v)
                     literal = True
+            if not secrets:
+                continue
             b.settings = resolve_env(b.settings, f"{where}: bots.{b.name}.settings")
             extra = resolve_env(dict(b.responder.model_extra or {}), f"{where}: bots.{b.name}.responder")
             b.responder = ResponderConfig(kind=b.responder.kind, **extra)

@@ -22,11 +22,13 @@ import structlog
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from replyd import metrics
 from replyd import store as st
 from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import BotConfig, Config
 from replyd.errors import DefinitelyNotSent, MaybeSent
 from replyd.guard import Guard
+from replyd.liveness import SWEEP, Heartbeat, Liveness, error_words
 from replyd.pipeline import Pipeline
 from replyd.platform import Identity, Platform, make_platform
 from replyd.policy import Policy
@@ -58,7 +60,8 @@ def _whoami(platform: Platform) -> Identity:
     return platform.whoami()
 
 
-def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock, owner: str) -> BotRuntime:
+def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock, owner: str,
+              heartbeat: Heartbeat | None = None) -> BotRuntime:
     """Build one bot's adapter, identity, guard, pipeline and pollers."""
     # Each adapter owns its listing-delay default (Discourse 30 s, GitHub 60 s…); never override it here.
     platform = make_platform(bc.platform, bc.settings, http=http, clock=clock)
@@ -93,7 +96,7 @@ def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cloc
         log.warning("replyd.bot.responder_timeout_long", bot=bc.name, responder_timeout_s=responder_timeout_s,
                     compose_lease_s=cfg.guard.compose_lease_s, hint="set guard.compose_lease_s above the responder's timeout_s")
     pipeline = Pipeline(guard, responder, Policy.from_config(bc.policy), clock, responder_timeout_s=responder_timeout_s)
-    pollers = Pollers(store, platform, pipeline, bc.pollers, clock)
+    pollers = Pollers(store, platform, pipeline, bc.pollers, clock, heartbeat)
     log.info("replyd.bot.ready", bot=bc.name, platform=platform.instance, sender_id=identity.sender_id)
     return BotRuntime(bc, platform, identity, guard, pipeline, pollers)
 
@@ -113,6 +116,7 @@ class Daemon:
         self.scheduler: BackgroundScheduler | None = None
         self.guards: dict[str, Guard] = {}  # by bot name, for the API; filled as bots log in
         self.api: ApiServer | None = None
+        self.liveness: Liveness | None = None
 
     def start(self) -> None:
         """Open the store, start the API if configured, log every bot in, and start the scheduled jobs."""
@@ -126,14 +130,19 @@ class Daemon:
             check_bind(ac.host, token)  # before anything is opened: a public API without a token never starts
         self.store = Store.open(self.cfg.store.url or None, clock=self.clock, migrate=self.cfg.store.auto_migrate)
         self._use_db_clock()
+        hc = self.cfg.health
+        self.liveness = Liveness(self.clock, stale_after_intervals=hc.stale_after_intervals, stale_min_s=hc.stale_min_s)
         self.http = httpx.Client(timeout=httpx.Timeout(self.cfg.guard.send_timeout_s, connect=10.0))
         if ac.enabled:
             api = Api(self.store, self.guards, expected=[b.name for b in self.cfg.bots], token=token,
-                      auth_reads=not is_loopback(ac.host), refresh_s=ac.refresh_s, max_body_bytes=ac.max_body_bytes)
+                      auth_reads=not is_loopback(ac.host), refresh_s=ac.refresh_s, max_body_bytes=ac.max_body_bytes,
+                      liveness=self.liveness)
             self.api = ApiServer(api.app, host=ac.host, port=ac.port, grace_s=self.cfg.guard.send_timeout_s).start()
         try:
             for bc in self.cfg.bots:
-                bot = build_bot(self.cfg, bc, self.store, self.http, self.clock, self.owner)
+                bot = build_bot(self.cfg, bc, self.store, self.http, self.clock, self.owner,
+                                self.liveness.beat(bc.name))
+                self._watch(bot)
                 self.bots.append(bot)
                 self.guards[bc.name] = bot.guard
         except BaseException:
@@ -174,6 +183,18 @@ class Daemon:
         self.scheduler.start()
         log.info("replyd.daemon.started", owner=self.owner, bots=len(self.bots), store=self.store.url)
 
+    def _watch(self, bot: BotRuntime) -> None:
+        """Track the bot's scheduled paths and sweep in the liveness record; label its metrics by name."""
+        assert self.liveness is not None
+        pc, name = bot.cfg.pollers, bot.cfg.name
+        for path, every_s in (("inbox", pc.inbox_interval_s),
+                              ("search", pc.search_interval_s if pc.search_queries else 0),
+                              ("refind", pc.refind_interval_s), (SWEEP, self.cfg.sweep.interval_s)):
+            if every_s > 0:
+                self.liveness.track(name, path, every_s)
+        self.liveness.identify(name, bot.platform.instance, bot.identity.sender_id)
+        metrics.name_platform(bot.platform.instance, name)
+
     def _use_db_clock(self) -> None:
         """On PostgreSQL, replace the wall clock by the database's (see ``DatabaseClock``)."""
         assert self.store is not None
@@ -209,9 +230,22 @@ class Daemon:
         if self.sweeper is None or self.stopping.is_set():
             return
         try:
-            self.sweeper.run_once()
+            r = self.sweeper.run_once()
         except Exception as exc:  # a store outage must not kill the scheduler job
             log.error("replyd.sweep.failed", error=str(exc)[:300])
+            self._sweep_beat(error_words(exc))
+            return
+        # One pass covers every bot; a read-back error is not attributed to one, so every bot's sweep reports it.
+        self._sweep_beat(f"{r.readback_errors} read-back error(s)" if r.readback_errors else None)
+
+    def _sweep_beat(self, error: str | None) -> None:
+        if self.liveness is None:
+            return
+        for b in self.bots:
+            if error is None:
+                self.liveness.ok(b.cfg.name, SWEEP)
+            else:
+                self.liveness.failed(b.cfg.name, SWEEP, error)
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Stop claiming, let running jobs finish within ``grace_s``, release resources."""
