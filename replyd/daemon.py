@@ -26,7 +26,7 @@ from replyd import metrics
 from replyd import store as st
 from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import BotConfig, Config
-from replyd.errors import DefinitelyNotSent, MaybeSent
+from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, PlatformError
 from replyd.guard import Guard
 from replyd.liveness import SWEEP, Heartbeat, Liveness, error_words
 from replyd.pipeline import Pipeline
@@ -55,9 +55,31 @@ class BotRuntime:
     pollers: Pollers
 
 
-@stamina.retry(on=(DefinitelyNotSent, MaybeSent), attempts=5, wait_initial=0.5, wait_max=10.0)
-def _whoami(platform: Platform) -> Identity:
-    return platform.whoami()
+def _passing(exc: Exception) -> bool:
+    """Whether a failed login may be a passing outage (retried): never refused credentials."""
+    return isinstance(exc, (DefinitelyNotSent, MaybeSent)) and getattr(exc, "status", None) not in (401, 403)
+
+
+def login(bc: BotConfig, platform: Platform) -> Identity:
+    """Ask the platform who the bot is; retry a passing outage, never refused credentials.
+
+    Every failure names the bot; refused credentials name the variable that held them.
+    """
+    try:
+        # retry_context, not the decorator: its retry log names no callable and shows no arguments.
+        for attempt in stamina.retry_context(on=_passing, attempts=5, wait_initial=0.5, wait_max=10.0):
+            with attempt:
+                return platform.whoami()
+    except PlatformError as exc:
+        if exc.status in (401, 403):
+            names = bc.variables()
+            held = (f"the environment variable{'s' if len(names) > 1 else ''} {', '.join(names)}" if names
+                    else "the credentials in the config file")
+            raise ConfigError(f"bot {bc.name}: {platform.instance} refused the login (HTTP {exc.status}): "
+                              f"check {held}") from None
+        raise type(exc)(f"bot {bc.name}: cannot log in at {platform.instance}: {exc.detail or exc}",
+                        status=exc.status) from None
+    raise AssertionError("unreachable")  # pragma: no cover - retry_context either returns or raises
 
 
 def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock, owner: str,
@@ -65,7 +87,7 @@ def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cloc
     """Build one bot's adapter, identity, guard, pipeline and pollers."""
     # Each adapter owns its listing-delay default (Discourse 30 s, GitHub 60 s…); never override it here.
     platform = make_platform(bc.platform, bc.settings, http=http, clock=clock)
-    identity = _whoami(platform)
+    identity = login(bc, platform)
     send_timeout_s = cfg.guard.send_timeout_s
     adapter_timeout_s = float(bc.settings.get("timeout_s", 15.0))
     if send_timeout_s < adapter_timeout_s:

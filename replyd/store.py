@@ -190,6 +190,14 @@ def make_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
+def sqlite_file(url: str) -> Path | None:
+    """Return the file a SQLite URL names (None for an in-memory database or a ``file:`` URI)."""
+    db = sa.engine.make_url(url).database
+    if not db or db == ":memory:" or db.startswith("file:"):
+        return None
+    return Path(db).expanduser()
+
+
 def redact_url(url: str) -> str:
     """Return ``url`` with any password replaced, for logs and errors."""
     try:
@@ -287,7 +295,11 @@ def make_engine(url: str) -> Engine:
     if parsed.drivername.startswith("sqlite"):
         db = parsed.database
         if db and db != ":memory:":
-            Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            folder = Path(db).expanduser().parent
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create the store's directory {folder}: {exc.strerror or exc}") from None
         engine = sa.create_engine(
             parsed, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
         )
@@ -426,10 +438,14 @@ class Store:
     def open(cls, url: str | None = None, *, clock: Clock | None = None, migrate: bool = True) -> Store:
         """Open the store at ``url`` (default: the embedded SQLite file), migrating if asked."""
         store = cls(make_engine(url or default_url()), clock=clock)
-        if migrate:
-            store.upgrade()
-        else:
-            store.require_schema()
+        try:
+            if migrate:
+                store.upgrade()
+            else:
+                store.require_schema()
+        except StoreError as exc:  # say which store: several may be configured, and the default is implicit
+            store.dispose()
+            raise type(exc)(f"store {store.url}: {exc}") from None
         return store
 
     def dispose(self) -> None:
