@@ -195,6 +195,7 @@ class Daemon:
                 ("refind", pc.refind_interval_s, b.pollers.refind),
             ):
                 if every_s > 0:
+                    fn = _with_context(fn, bot=b.cfg.name, platform=b.platform.instance)
                     self.scheduler.add_job(fn, "interval", seconds=every_s, jitter=pc.jitter_s or None,
                                            id=f"{b.cfg.name}:{name}", next_run_time=_now_dt())
         if isinstance(self.clock, DatabaseClock):
@@ -309,6 +310,17 @@ class Daemon:
             pass
         self.stop(grace_s)
         return 0
+
+
+def _with_context(fn, **context: str):  # noqa: ANN001, ANN202
+    """Run ``fn`` with ``context`` bound to every log line it emits (the guard's and the adapter's included)."""
+
+    def job() -> None:
+        with structlog.contextvars.bound_contextvars(**context):
+            fn()
+
+    job.__name__ = getattr(fn, "__name__", "job")  # APScheduler names the job after it
+    return job
 
 
 def _now_dt():  # noqa: ANN202
