@@ -233,3 +233,16 @@ def test_refused_token_is_one_line_naming_bot_and_variable_and_never_retried(tmp
         assert "store " in online.stdout and "no file yet" in online.stdout
     finally:
         srv.shutdown()
+
+
+def test_brackets_survive_and_online_check_reaches_the_store(tmp_path):
+    """Error text keeps its brackets (no markup); `config check` is offline-ok but `--online` fails, naming the
+    store, when the PostgreSQL it names refuses connections."""
+    line = one_line_error(run("run", env={"XDG_STATE_HOME": str(tmp_path / "state")}))
+    assert "no [[bots]] configured" in line, line
+    p = tmp_path / "pg.toml"
+    p.write_text('[store]\nurl = "postgresql+psycopg://nobody@127.0.0.1:1/replyd"\n')
+    assert run("config", "check", str(p), env={}).returncode == 0
+    r = run("config", "check", "--online", str(p), env={})
+    assert r.returncode == 2 and "store postgresql+psycopg://nobody@127.0.0.1:1/replyd" in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1 and not CLASS_NAMES.search(r.stderr)
