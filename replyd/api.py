@@ -48,10 +48,10 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from replyd import library, metrics, statuspage
-from replyd.liveness import Liveness
 from replyd import store as st
 from replyd.errors import ConfigError, ContentionError, PlatformError, RateLimited, Rejected, ReplydError, StoreError
 from replyd.guard import Guard, Outcome, Status
+from replyd.liveness import Liveness
 from replyd.store import Reply, Store
 
 log = structlog.get_logger("replyd.api")

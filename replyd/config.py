@@ -264,7 +264,8 @@ def _problem(err: Any, where: str, data: dict[str, Any]) -> str:
         if isinstance(x, int) and i > 0 and loc[i - 1] == "bots":
             bots = data.get("bots")
             name = bots[x].get("name") if isinstance(bots, list) and x < len(bots) and isinstance(bots[x], dict) else None
-            parts.append(str(name) if isinstance(name, str) and name else str(x))
+            named = isinstance(name, str) and name and name.replace("-", "").replace("_", "").isalnum()
+            parts.append(str(name) if named else str(x))  # a bot by its name; by its index when the name is bad
         else:
             parts.append(str(x))
     dotted = ".".join(parts) or "(top)"
@@ -324,7 +325,8 @@ def _check_env_names(data: dict[str, Any], where: str) -> None:
         hint = suggest(rest, flat)
         if "__" in rest or hint:
             where_hint = f" (did you mean REPLYD_{hint}?)" if hint else f" (known sections: {', '.join(fields_at(Config, ()))})"
-            raise ConfigError(f"environment variable {var}: no such setting{where_hint}; it would be ignored")
+            raise ConfigError(f"environment variable {var} (overrides {where}): no such setting{where_hint}; "
+                              "it would be ignored")
 
 
 def _env_names(data: Any) -> list[str]:

@@ -110,7 +110,7 @@ class Liveness:
             if h is None:
                 return
             h.last_ok, h.failures, h.runs = now, 0, h.runs + 1
-        metrics.poll(bot, path, ok=True, at=now)
+        metrics.poll(bot, path, ok=True)
 
     def failed(self, bot: str, path: str, error: str) -> None:
         """Record a failed run."""
@@ -120,7 +120,7 @@ class Liveness:
             if h is None:
                 return
             h.last_error, h.last_error_at, h.failures, h.runs = error[:200], now, h.failures + 1, h.runs + 1
-        metrics.poll(bot, path, ok=False, at=now)
+        metrics.poll(bot, path, ok=False)
 
     def stale_after_s(self, h: PathHealth) -> float:
         """The bound past which ``h`` counts as stale."""

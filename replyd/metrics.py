@@ -210,7 +210,7 @@ def timed_responder(compose: Callable[[Any], str | None], parent: Any, platform:
     return text
 
 
-def poll(bot: str, path: str, *, ok: bool, at: float) -> None:
+def poll(bot: str, path: str, *, ok: bool) -> None:
     """Count one run of a path of ``bot`` (its label is the bot's name already)."""
     POLLS.labels(bot, path, "ok" if ok else "error").inc()
 

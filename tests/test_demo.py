@@ -56,6 +56,8 @@ def test_piped_demo_prints_a_line_per_scenario_as_it_finishes(monkeypatch, capsy
         return rows
 
     monkeypatch.setattr(demo, "run_all", fake_run_all)
+    # main() configures logging for the whole process (errors only): keep later tests' log capture intact.
+    monkeypatch.setattr(demo.rlog, "configure", lambda *a, **k: None)
     assert demo.main(quick=True) == 0
     assert seen_before_next == [True] * (len(demo.SCENARIOS) - 1)
     tail = capsys.readouterr().out
