@@ -322,7 +322,11 @@ def _check_env_names(data: dict[str, Any], where: str) -> None:
         if rest in flat or (rest.split("__")[0] in ("STORE", "LOG", "GUARD", "SWEEP", "API", "HEALTH", "BOTS")
                             and "__" not in rest):
             continue
-        hint = suggest(rest, flat)
+        # Checked: the nested shape (SECTION__KEY), a single-underscore miss of one (SWEEP_INTERVAL_S), a near
+        # miss of a top-level key. Other REPLYD_* names (a token variable like REPLYD_API_TOKEN) are not settings.
+        single = {f.replace("__", "_"): f for f in flat if "__" in f}
+        top = [f for f in flat if "__" not in f]
+        hint = single.get(rest) or suggest(rest, flat if "__" in rest else top)
         if "__" in rest or hint:
             where_hint = f" (did you mean REPLYD_{hint}?)" if hint else f" (known sections: {', '.join(fields_at(Config, ()))})"
             raise ConfigError(f"environment variable {var} (overrides {where}): no such setting{where_hint}; "
