@@ -72,7 +72,9 @@ def describe(path: str, h: dict[str, Any]) -> str:
         words = f"{path}: last ok {ago(h['age_s'])} ago"
     if h["failures"]:
         n = h["failures"]
-        words += f", {n} failure{'s' if n != 1 else ''} in a row: {h['last_error']}"
+        error = str(h["last_error"])
+        error = error[len(path) + 2:] if error.startswith(f"{path}: ") else error  # adapters prefix the operation
+        words += f", {n} failure{'s' if n != 1 else ''} in a row: {error}"
     if h["stale"]:
         words += f" — STALE (limit {ago(h['stale_after_s'])})"
     return words

@@ -7,10 +7,11 @@ import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
-from pathlib import Path
+import zlib
 
 import httpx
 import pytest
@@ -38,7 +39,7 @@ def test_liveness_words_and_bound_on_a_fake_clock():
     for _ in range(7):
         live.failed("bot", "inbox", "inbox: HTTP 503")
     snap = live.snapshot()["bot"]
-    assert snap["paths"]["inbox"]["words"] == "inbox: last ok 89 s ago, 7 failures in a row: inbox: HTTP 503"
+    assert snap["paths"]["inbox"]["words"] == "inbox: last ok 89 s ago, 7 failures in a row: HTTP 503"
     assert snap["stale"] == ["sweep"]  # never ran: 98 s since start > max(3 × 1, 10)
     clock.advance(2)
     assert [p.split(": ")[:2] for p in live.problems()] == [["bot bot", "inbox"], ["bot bot", "sweep"]]
@@ -46,6 +47,43 @@ def test_liveness_words_and_bound_on_a_fake_clock():
     live.ok("bot", "inbox")
     assert live.snapshot()["bot"]["paths"]["inbox"]["failures"] == 0 and live.snapshot()["bot"]["stale"] == ["sweep"]
     assert (ago(59), ago(180), ago(7300), ago(200_000)) == ("59 s", "3 min", "2 h", "2 d")
+
+
+STALE_RGB = (0xB3, 0x26, 0x1E)  # statuspage.py's red for a stale path and a bad card
+
+
+def red_pixels(png: bytes) -> int:
+    """Count pixels of the status page's red in a PNG screenshot (8-bit RGB/RGBA, not interlaced; stdlib only)."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width = 8, b"", 0
+    while pos < len(png):
+        n, kind = struct.unpack(">I4s", png[pos:pos + 8])
+        body = png[pos + 8:pos + 8 + n]
+        if kind == b"IHDR":
+            width, _h, depth, ctype, _c, _f, interlace = struct.unpack(">IIBBBBB", body)
+            assert depth == 8 and ctype in (2, 6) and interlace == 0, (depth, ctype, interlace)
+            bpp = 3 if ctype == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    raw, stride, prev, count = zlib.decompress(idat), width * bpp, bytearray(width * bpp), 0
+    for y in range(len(raw) // (stride + 1)):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a, b, c = line[i - bpp] if i >= bpp else 0, prev[i], prev[i - bpp] if i >= bpp else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                pa, pb, pc = abs(b - c), abs(a - c), abs(a + b - 2 * c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        count += sum(1 for x in range(0, stride, bpp)
+                     if all(abs(line[x + k] - STALE_RGB[k]) <= 24 for k in range(3)))
+        prev = line
+    return count
 
 
 def _free_port() -> int:
@@ -120,12 +158,18 @@ def test_frozen_sim_turns_readiness_status_page_and_cli_stale(tmp_path, monkeypa
             shot = ARTIFACTS / "statuspage-stale.png"
             shot.unlink(missing_ok=True)
             r = browse(api + "/", tmp_path, f"--screenshot={shot}")
-            assert r.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", r.stderr[-2000:]
+            assert r.returncode == 0, r.stderr[-2000:]
+            stale_red = red_pixels(shot.read_bytes())
+            assert stale_red > 200, stale_red  # the STALE card and the stale path's line, rendered red
             metrics = httpx.get(api + "/metrics", timeout=5).text
             assert re.search(r'replyd_poll_stale\{path="inbox",platform="sim"\} 1\.0', metrics), metrics[-3000:]
         finally:
             sim.send_signal(signal.SIGCONT)
         assert _wait(lambda: _ready(api)[0], 15) is not None, _ready(api)[1]
+        fresh = ARTIFACTS / "statuspage-fresh.png"
+        fresh.unlink(missing_ok=True)
+        assert browse(api + "/", tmp_path, f"--screenshot={fresh}").returncode == 0
+        assert red_pixels(fresh.read_bytes()) < stale_red / 10  # nothing red once every path is fresh again
         cli = replyd_cli("status", "--json", "--config", str(cfg), env={"SIM_TOKEN": ""})
         assert json.loads(cli.stdout)["daemon"]["liveness"]["sim"]["stale"] == []
         metrics = httpx.get(api + "/metrics", timeout=5).text
