@@ -164,19 +164,30 @@ def demo(
 
 
 @app.command()
-def status(config: ConfigOpt = None, as_json: JsonOpt = False, store: StoreOpt = None) -> None:
-    """Show row counts by platform and state, the oldest open rows, and (from the daemon) each path's liveness."""
+def status(
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    overdue_after_s: Annotated[float, typer.Option(
+        "--overdue-after-s", help="List waiting rows this many seconds past their bound.")] = 600.0,
+    store: StoreOpt = None,
+) -> None:
+    """Show row counts by platform and state, the oldest open rows, rows that waited past their bound, and (from
+    the daemon) each path's liveness."""
     cfg = _load(config, secrets=False, store=store)
     s = _existing_store(cfg)
     counts = s.counts()
     oldest = s.oldest_open(5)
     now = s.clock.now()
+    # Every non-terminal state has a job that moves it on (sweep, re-find): a row listed here is one they did not.
+    overdue = s.overdue(now, overdue_after_s)
     daemon = _daemon_liveness(cfg)
     if as_json:
         data = {
             "store": s.url,
             "counts": [{"platform": p, "state": state, "rows": n} for (p, state), n in sorted(counts.items())],
             "oldest_open": [{"platform": r.platform, "parent_id": r.parent_id, "age_s": round(now - (r.opened_at or now), 1)} for r in oldest],
+            "overdue": [{"platform": r.platform, "parent_id": r.parent_id, "state": r.state, "attempt": r.attempt,
+                         "over_s": round(over, 1)} for r, over in overdue],
             "daemon": daemon,
         }
         _emit_json(data)
@@ -192,6 +203,12 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False, store: StoreOpt =
         for r in oldest:
             o.add_row(r.platform, r.parent_id, _ts(r.opened_at), f"{now - (r.opened_at or now):.0f}")
         out.print(o)
+    if overdue:
+        t = Table("platform", "parent id", "state", "attempt", "past its bound (s)",
+                  title=f"rows waiting more than {overdue_after_s:.0f} s past their bound")
+        for r, over in overdue:
+            t.add_row(r.platform, r.parent_id, r.state, str(r.attempt), f"{over:.0f}")
+        out.print(t)
 
 
 def _daemon_liveness(cfg: Config) -> dict[str, Any]:

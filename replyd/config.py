@@ -43,6 +43,9 @@ class StoreConfig(_Strict):
     # so replicas on machines whose clocks disagree still agree on deadlines and leases.
     db_clock: bool = True
     clock_sync_s: float = Field(60.0, gt=0)
+    # PostgreSQL: synchronous_commit for the claim and the open (the writes a failover must not lose); unset
+    # keeps the server's. "remote_apply" (or "on") with a synchronous standby: no claim lost in a failover.
+    claim_commit: Literal["local", "on", "remote_write", "remote_apply"] | None = None
 
 
 class LogConfig(_Strict):
@@ -83,16 +86,21 @@ class HealthConfig(_Strict):
 class ApiConfig(_Strict):
     """The sidecar HTTP API and status page the daemon serves.
 
-    Writes always need the bearer token; reads need it too when ``host`` is not
-    a loopback address (and the daemon refuses to start there without one).
-    The token itself never lives in the file: ``token_env`` names the
-    environment variable that holds it.
+    With a token, every route but ``/healthz`` needs it (``open_routes`` may
+    open ``readyz`` and ``metrics`` for probes and scrapers); without one,
+    writes are refused and only a loopback ``host`` is allowed. A non-loopback
+    ``host`` needs a token of at least 32 characters. Requests whose ``Host``
+    header names something other than an IP address, localhost, ``host`` or one
+    of ``hosts`` are refused (DNS rebinding). The token itself never lives in
+    the file: ``token_env`` names the environment variable that holds it.
     """
 
     enabled: bool = False
     host: str = "127.0.0.1"
     port: int = Field(8787, ge=0, le=65535)  # 0: an ephemeral port (tests)
     token_env: str = ""
+    hosts: list[str] = []  # further names clients reach the API by (a reverse proxy's, a DNS name)
+    open_routes: list[Literal["readyz", "metrics"]] = []  # served without the token
     refresh_s: int = Field(5, ge=1, le=3600)  # the status page's auto-refresh
     max_body_bytes: int = Field(65_536, ge=1024)
 
@@ -115,6 +123,9 @@ class PollerConfig(_Strict):
     search_queries: list[str] = []
     refind_interval_s: float = Field(600.0, ge=0)
     refind_lookback_s: float = Field(86_400.0, gt=0)
+    # Rows re-find offers again per run (released, not_landed, expired composing); it walks all of them
+    # page by page across runs, so a page of rows that cannot move never hides the rows behind it.
+    refind_batch: int = Field(500, ge=1, le=100_000)
     jitter_s: float = Field(2.0, ge=0)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import httpx
+import sqlalchemy as sa
 import stamina
 import structlog
 from apscheduler.executors.pool import ThreadPoolExecutor
@@ -31,6 +32,7 @@ from replyd.guard import Guard
 from replyd.liveness import SWEEP, Heartbeat, Liveness, error_words
 from replyd.pipeline import Pipeline
 from replyd.platform import Identity, Platform, make_platform
+from replyd.platforms._http import make_client
 from replyd.policy import Policy
 from replyd.pollers import Pollers
 from replyd.responders import make_responder, timeout_setting
@@ -131,6 +133,7 @@ class Daemon:
         self.clock = clock or SystemClock()
         self.owner = cfg.replica_id or st.make_owner()
         self.stopping = threading.Event()
+        self._clock_stale = threading.Event()  # set on a new database connection: re-anchor the clock
         self.store: Store | None = None
         self.http: httpx.Client | None = None
         self.bots: list[BotRuntime] = []
@@ -146,19 +149,22 @@ class Daemon:
         token: str | None = None
         if ac.enabled:
             # Imported here: uvicorn and starlette cost nothing when the API is off (sweep, adopt, ...).
-            from replyd.api import Api, ApiServer, check_bind, is_loopback
+            from replyd.api import Api, ApiServer, check_bind
 
             token = ac.token()
             check_bind(ac.host, token)  # before anything is opened: a public API without a token never starts
-        self.store = Store.open(self.cfg.store.url or None, clock=self.clock, migrate=self.cfg.store.auto_migrate)
+        self.store = Store.open(self.cfg.store.url or None, clock=self.clock, migrate=self.cfg.store.auto_migrate,
+                                claim_commit=self.cfg.store.claim_commit)
         self._use_db_clock()
+        self._check_claim_commit()
         hc = self.cfg.health
         self.liveness = Liveness(self.clock, stale_after_intervals=hc.stale_after_intervals, stale_min_s=hc.stale_min_s)
-        self.http = httpx.Client(timeout=httpx.Timeout(self.cfg.guard.send_timeout_s, connect=10.0))
+        # Every send through this client ends within guard.send_timeout_s in total (replyd.deadline).
+        self.http = make_client(self.cfg.guard.send_timeout_s)
         if ac.enabled:
-            api = Api(self.store, self.guards, expected=[b.name for b in self.cfg.bots], token=token,
-                      auth_reads=not is_loopback(ac.host), refresh_s=ac.refresh_s, max_body_bytes=ac.max_body_bytes,
-                      liveness=self.liveness)
+            api = Api(self.store, self.guards, expected=[b.name for b in self.cfg.bots], token=token, host=ac.host,
+                      hosts=ac.hosts, open_routes=ac.open_routes, refresh_s=ac.refresh_s,
+                      max_body_bytes=ac.max_body_bytes, liveness=self.liveness)
             self.api = ApiServer(api.app, host=ac.host, port=ac.port, grace_s=self.cfg.guard.send_timeout_s).start()
         try:
             for bc in self.cfg.bots:
@@ -225,16 +231,34 @@ class Daemon:
             return  # one machine's clock (SQLite), or a clock a test injected
         self.clock = DatabaseClock(self.store.db_epoch)
         self.store.clock = self.clock
+        sa.event.listen(self.store.engine, "connect", self._on_db_connect)
         skew_s = round(self.clock.skew_s, 3)
         log.info("replyd.clock.synced", source="database", skew_s=skew_s)
         if abs(skew_s) > 1.0:
             log.warning("replyd.clock.skewed", skew_s=skew_s,
                         hint="this machine's clock disagrees with the database's; replyd uses the database's")
 
+    def _check_claim_commit(self) -> None:
+        """Warn when store.claim_commit asks for a synchronous standby the server does not have."""
+        assert self.store is not None
+        try:
+            problem = self.store.claim_commit_problem()
+        except Exception as exc:  # a role without the rights to look: say so, start anyway
+            log.warning("replyd.store.claim_commit_unchecked", level=self.store.claim_commit, error=str(exc)[:200])
+            return
+        if problem:
+            log.warning("replyd.store.claim_commit_unsafe", level=self.store.claim_commit, problem=problem,
+                        hint="see docs/OPERATIONS.md, 'High availability'")
+
+    def _on_db_connect(self, *_args: object) -> None:
+        # A new server connection may be a new primary (a failover): its clock is the one to follow now.
+        self._clock_stale.set()
+
     def sync_clock(self) -> None:
-        """Re-anchor the database clock (scheduled; a failure keeps the last anchor)."""
+        """Re-anchor the database clock (scheduled, and after a reconnect; a failure keeps the last anchor)."""
         if not isinstance(self.clock, DatabaseClock):
             return
+        self._clock_stale.clear()
         before_s = self.clock.skew_s
         try:
             step_s = self.clock.sync()
@@ -252,6 +276,8 @@ class Daemon:
         """Run one sweep pass (scheduled; failures are logged, never raised)."""
         if self.sweeper is None or self.stopping.is_set():
             return
+        if self._clock_stale.is_set():
+            self.sync_clock()
         try:
             r = self.sweeper.run_once()
         except Exception as exc:  # a store outage must not kill the scheduler job
@@ -289,6 +315,7 @@ class Daemon:
                 log.warning("replyd.daemon.grace_expired", hint="open rows are left to the sweep")
         for b in self.bots:
             b.pipeline.close()
+            b.guard.close()
         if self.http is not None:
             self.http.close()
         if self.store is not None:

@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import itertools
 import json
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any
 
 import structlog
 
-from replyd import metrics
+from replyd import deadline, metrics
 from replyd import store as st
 from replyd.clock import Clock, SystemClock
 from replyd.errors import (
@@ -120,6 +122,40 @@ def _classify(row: Reply | st.Row, key: Key, now: float) -> Outcome:
     return Outcome(Status.IN_FLIGHT, key, s, row.attempt)
 
 
+class SendWatch:
+    """The sends running in this process, so one that outlives its budget keeps its row away from the sweep.
+
+    The whole-request deadline (``replyd.deadline``) bounds sends made through replyd's HTTP client, but an
+    adapter may block elsewhere (DNS, a custom transport, a paused process). While a send runs, the row must
+    not be judged: the sweep would mark it ``not_landed`` and a retry could land beside it. So a live send
+    that has run past half its budget pushes its row's deadline on, again at every tick, until it returns.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seq = itertools.count()
+        self._running: dict[int, tuple[Key, int, float]] = {}
+        self.noted: set[int] = set()  # tokens whose overrun is already in the audit log
+
+    def started(self, key: Key, attempt: int, at: float) -> int:
+        """Note a send about to leave; return its token."""
+        token = next(self._seq)
+        with self._lock:
+            self._running[token] = (key, attempt, at)
+        return token
+
+    def finished(self, token: int) -> None:
+        """Note that the send with ``token`` returned (or raised)."""
+        with self._lock:
+            self._running.pop(token, None)
+            self.noted.discard(token)
+
+    def overdue(self, now: float, after_s: float) -> list[tuple[int, Key, int, float]]:
+        """Return the sends (token, key, attempt, started) running for at least ``after_s`` at ``now``."""
+        with self._lock:
+            return [(t, *v) for t, v in self._running.items() if now - v[2] >= after_s]
+
+
 class Guard:
     """Posts replies for one bot on one platform, each parent at most once."""
 
@@ -137,6 +173,7 @@ class Guard:
         dry_run: bool = False,
         responder_backoff_s: float = 30.0,
         responder_backoff_max_s: float = 3600.0,
+        watch_interval_s: float | None = 1.0,
     ) -> None:
         self.store = store
         self.platform = platform
@@ -150,6 +187,11 @@ class Guard:
         self.responder_backoff_s = responder_backoff_s
         self.responder_backoff_max_s = responder_backoff_max_s
         self.claiming = True  # the daemon clears this on shutdown: no new claims
+        self.sends = SendWatch()
+        # The watch thread starts with the first send; None: the caller ticks ``watch_sends`` itself (tests).
+        self._watch_interval_s = None if watch_interval_s is None else min(watch_interval_s, send_timeout_s / 4)
+        self._watcher: threading.Thread | None = None
+        self._stop_watch = threading.Event()
 
     def key(self, parent_id: str) -> Key:
         """Return the answered-log key for ``parent_id`` exactly as given."""
@@ -171,6 +213,26 @@ class Guard:
         if row is None or self._claimable(row, self.clock.now()):
             return None
         return _classify(row, key, self.clock.now())
+
+    def retire(self, parent_id: str, reason: str) -> bool:
+        """End a row that waits to be offered again (released, not_landed, an expired composing lease) as
+        ``skipped`` with ``reason``: the policy rules its parent out for good. True if this call moved it."""
+        key = self.key(parent_id)
+        row = self.store.peek(key)
+        now = self.clock.now()
+        if row is None or not self._claimable(row, now, backoff=False):
+            return False
+        values = {"state": st.SKIPPED, "updated_at": now, "error": f"policy: {reason}", "lease_owner": None,
+                  "lease_until": None, "not_before": None}
+        ok = self.store.cas_event(
+            key, states=[row.state], attempt=row.attempt, values=values, lease_owner=st.lease_holder(row),
+            event={"kind": "retired", "state": st.SKIPPED, "attempt": row.attempt, "owner": self.owner,
+                   "detail": {"reason": reason, "from": row.state}},
+            relaxed=True, doing="retiring",
+        )
+        if ok:
+            log.info("replyd.guard.retired", parent_id=parent_id, reason=reason, previous=row.state)
+        return ok
 
     # -- the one posting function ---------------------------------------------------
 
@@ -199,9 +261,9 @@ class Guard:
             body = text  # type: ignore[assignment]
         return self._send(key, parent, row, body)
 
-    def _claimable(self, row: Reply | st.Row, now: float) -> bool:
+    def _claimable(self, row: Reply | st.Row, now: float, *, backoff: bool = True) -> bool:
         if row.state == st.RELEASED:
-            return not row.not_before or row.not_before <= now
+            return not backoff or not row.not_before or row.not_before <= now
         if row.state == st.COMPOSING:
             return row.lease_until is not None and row.lease_until < now
         if row.state == st.NOT_LANDED:
@@ -293,14 +355,25 @@ class Guard:
             detail = (getattr(exc, "detail", "") or f"{type(exc).__name__}: {exc}")[:300]
             wait_s = self._responder_backoff(key)
             nb = self.clock.now() + wait_s
-            self._transition(key, [st.COMPOSING], row.attempt, st.RELEASED, "responder_failed",
-                             {"error": detail, "not_before": nb, "backoff_s": wait_s}, relaxed=True)
             log.warning("replyd.guard.responder_failed", parent_id=key.parent_id, error=detail, backoff_s=wait_s)
+            # Only while our lease holds: a composer that outlived it must not undo the new holder's work.
+            if not self._transition(key, [st.COMPOSING], row.attempt, st.RELEASED, "responder_failed",
+                                    {"error": detail, "not_before": nb, "backoff_s": wait_s}, relaxed=True,
+                                    lease_owner=self.owner):
+                return self._lost_lease(key)
             return Outcome(Status.NOT_SENT, key, st.RELEASED, row.attempt, detail=detail, retry_after_s=wait_s)
         if not text or not text.strip():
-            self._transition(key, [st.COMPOSING], row.attempt, st.DECLINED, "declined", {}, relaxed=True)
+            if not self._transition(key, [st.COMPOSING], row.attempt, st.DECLINED, "declined", {}, relaxed=True,
+                                    lease_owner=self.owner):
+                return self._lost_lease(key)
             return Outcome(Status.DECLINED, key, st.DECLINED, row.attempt)
         return text
+
+    def _lost_lease(self, key: Key) -> Outcome:
+        """Report what stands after our compose lease was taken over (or the store refused the write)."""
+        current = self.store.peek(key)
+        log.warning("replyd.guard.lease_lost", parent_id=key.parent_id, state=current.state if current else None)
+        return _classify(current, key, self.clock.now()) if current else Outcome(Status.IN_FLIGHT, key)
 
     def _responder_backoff(self, key: Key) -> float:
         """Return how long to wait before calling the responder again: doubling per failure in a row."""
@@ -326,8 +399,12 @@ class Guard:
 
     def _send(self, key: Key, parent: Parent, row: Reply | st.Row, text: str) -> Outcome:
         attempt = row.attempt
+        if self._watcher is None and self._watch_interval_s is not None:
+            self._start_watch()
+        token = self.sends.started(key, attempt, self.clock.now())
         try:
-            with metrics.watching_send(self.platform.instance):
+            # The whole send, every request in it, ends within send_timeout_s: the row's deadline counts on it.
+            with metrics.watching_send(self.platform.instance), deadline.within(self.send_timeout_s):
                 sent = self.platform.send(parent, text, provider_key=row.provider_key or self.provider_key(parent.id))
         except AlreadyLanded as exc:
             if exc.reply_id:
@@ -352,7 +429,57 @@ class Guard:
         except Exception as exc:  # an unmapped error after the request may have left: never release
             self._note_open(key, attempt, exc)
             return Outcome(Status.UNCERTAIN, key, st.OPEN, attempt, detail=f"{type(exc).__name__}: {exc}"[:300])
+        finally:
+            self.sends.finished(token)
         return self._close(key, attempt, sent.reply_id, "closed")
+
+    # -- sends that outlive their budget ---------------------------------------------------
+
+    def watch_sends(self) -> int:
+        """Push the deadline of every row whose send has run past half its budget; return how many moved."""
+        now = self.clock.now()
+        moved = 0
+        for token, key, attempt, started in self.sends.overdue(now, self.send_timeout_s / 2):
+            values = {"updated_at": now,
+                      "deadline_at": self.store.greatest(st.REPLIES.c.deadline_at,
+                                                         now + self.send_timeout_s + self.platform.listing_delay_s)}
+            try:
+                with self.store.tx(relaxed=True, doing="extending a running send") as conn:
+                    if self.store.cas(conn, key, states=[st.OPEN], attempt=attempt, values=values):
+                        moved += 1
+                        if token not in self.sends.noted:  # one note per send, not per tick
+                            self.sends.noted.add(token)
+                            self.store.add_event(conn, key, "send_overdue", state=st.OPEN, attempt=attempt,
+                                                 owner=self.owner, detail={"running_s": round(now - started, 3)})
+            except StoreError as exc:
+                log.warning("replyd.guard.watch_failed", parent_id=key.parent_id, error=str(exc))
+                continue
+            log.warning("replyd.guard.send_overdue", parent_id=key.parent_id, attempt=attempt,
+                        running_s=round(now - started, 3), send_timeout_s=self.send_timeout_s)
+        return moved
+
+    def _start_watch(self) -> None:
+        with self.sends._lock:
+            if self._watcher is not None:
+                return
+            self._watcher = threading.Thread(target=self._watch_loop, name="replyd-send-watch", daemon=True)
+        self._watcher.start()
+
+    def _watch_loop(self) -> None:
+        assert self._watch_interval_s is not None
+        while not self._stop_watch.wait(self._watch_interval_s):
+            try:
+                self.watch_sends()
+            except Exception as exc:  # the watch must outlive any one failure
+                log.error("replyd.guard.watch_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+
+    def close(self) -> None:
+        """Stop the send watch thread (the guard can still post; the thread restarts on the next send)."""
+        self._stop_watch.set()
+        t, self._watcher = self._watcher, None
+        if t is not None:
+            t.join(timeout=5.0)
+        self._stop_watch = threading.Event()
 
     def _close(self, key: Key, attempt: int, reply_id: str, kind: str, status: Status = Status.POSTED) -> Outcome:
         """Close our row with the reply id; a lost close is left to the sweep."""
@@ -364,9 +491,9 @@ class Guard:
         detail = {"reply_id": reply_id}
         try:
             # One relaxed transaction: the compare-and-set and its event; a late_landing note if the row moved on.
-            # not_landed at our attempt: the sweep looked too early; our reply did land.
+            # not_landed or gave_up at our attempt: the sweep looked too early; our reply did land.
             ok = self.store.cas_event(
-                key, states=[st.OPEN, st.NOT_LANDED], attempt=attempt, values=values,
+                key, states=[st.OPEN, st.NOT_LANDED, st.GAVE_UP], attempt=attempt, values=values,
                 event={"kind": kind, "state": st.CLOSED, "attempt": attempt, "owner": self.owner, "detail": detail},
                 otherwise={"kind": "late_landing", "attempt": attempt, "owner": self.owner, "detail": detail},
                 relaxed=True, doing="closing",
@@ -390,6 +517,7 @@ class Guard:
         *,
         error: BaseException | None = None,
         relaxed: bool = False,
+        lease_owner: str | None = None,
     ) -> bool:
         now = self.clock.now()
         values: dict[str, Any] = {"state": to, "updated_at": now, "lease_owner": None, "lease_until": None}
@@ -401,7 +529,7 @@ class Guard:
             ok = self.store.cas_event(
                 key, states=states, attempt=attempt, values=values,
                 event={"kind": kind, "state": to, "attempt": attempt, "owner": self.owner, "detail": detail},
-                relaxed=relaxed, doing=kind,
+                lease_owner=lease_owner, relaxed=relaxed, doing=kind,
             )
         except StoreError as exc:
             # The row stays as it was (open rows are swept); never guess a state.
@@ -411,16 +539,31 @@ class Guard:
         return ok
 
     def _note_open(self, key: Key, attempt: int, exc: BaseException) -> None:
-        """Record an ambiguous send: the row stays open for the sweep."""
+        """Record an ambiguous send: the row is (back) open for the sweep, one listing delay from now.
+
+        The sweep may have judged the row while this send still ran (``not_landed``, or ``gave_up`` on the last
+        attempt): the send may have landed after that read-back, so the row goes back to ``open`` at the same
+        attempt. If the row moved on (a newer attempt, closed), only a note is written.
+        """
         detail = (getattr(exc, "detail", "") or f"{type(exc).__name__}: {exc}")[:300]
         now = self.clock.now()
         # The send has returned: whatever it did is done, so one listing delay from now is enough to look.
-        values = {"error": detail, "updated_at": now,
+        values = {"state": st.OPEN, "error": detail, "updated_at": now,
                   "deadline_at": self.store.greatest(st.REPLIES.c.deadline_at, now + self.platform.listing_delay_s)}
+        reopened = None
         try:
             with self.store.tx(relaxed=True, doing="recording an ambiguous send") as conn:
-                self.store.cas(conn, key, states=[st.OPEN], attempt=attempt, values=values)
-                self.store.add_event(conn, key, "maybe_sent", state=st.OPEN, attempt=attempt, owner=self.owner, detail={"error": detail})
+                before = self.store.get(key, conn)
+                if self.store.cas(conn, key, states=[st.OPEN, st.NOT_LANDED, st.GAVE_UP], attempt=attempt,
+                                  values=values):
+                    reopened = before.state if before is not None and before.state != st.OPEN else None
+                    note = {"error": detail, **({"reopened_from": reopened} if reopened else {})}
+                    self.store.add_event(conn, key, "maybe_sent", state=st.OPEN, attempt=attempt, owner=self.owner,
+                                         detail=note)
+                else:  # the row moved on: a note for explain, no state (it would contradict the row)
+                    self.store.add_event(conn, key, "late_maybe_sent", state=None, attempt=attempt, owner=self.owner,
+                                         detail={"error": detail, "row_state": before.state if before else None})
         except StoreError:
             pass  # the open row itself is durable; this note is only for explain
-        log.warning("replyd.guard.maybe_sent", parent_id=key.parent_id, attempt=attempt, error=detail)
+        log.warning("replyd.guard.maybe_sent", parent_id=key.parent_id, attempt=attempt, error=detail,
+                    **({"reopened_from": reopened} if reopened else {}))

@@ -26,18 +26,19 @@ import structlog
 
 from replyd import metrics
 from replyd import store as st
-from replyd.clock import Clock, SystemClock
+from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import resolve_env
 from replyd.errors import BadResponse, ConfigError, PlatformError
 from replyd.guard import Compose, Guard, Outcome
 from replyd.platform import Identity, Parent, Pending, Platform, ReadBack, make_platform
+from replyd.platforms._http import make_client
 from replyd.store import Event, Key, Reply, Store
 from replyd.sweep import Bot, Sweeper, SweepResult
 
 log = structlog.get_logger("replyd.library")
 
 # Terminal states an operator may send back to claimable.
-REARMABLE = (st.REJECTED, st.GAVE_UP, st.DECLINED)
+REARMABLE = (st.REJECTED, st.GAVE_UP, st.DECLINED, st.SKIPPED)
 
 
 # -- posting ---------------------------------------------------------------------------------
@@ -117,6 +118,7 @@ class GuardSession:
 
     def close(self) -> None:
         """Release the HTTP client and the store connections this session opened."""
+        self.guard.close()
         if self._http is not None:
             self._http.close()
             self._http = None
@@ -141,34 +143,34 @@ def open_guard(
     compose_lease_s: float = 120.0,
     dry_run: bool = False,
     migrate: bool = True,
+    db_clock: bool = True,
 ) -> GuardSession:
     """Open the store at ``store_url`` (None: the embedded default), log the bot in, return a session.
 
     ``platform`` is an adapter kind (``"mastodon"``, ...) configured by
     ``settings`` — the same keys as a ``[bots.settings]`` table, ``*_env`` keys
-    read from the environment — or an adapter instance you built.
+    read from the environment — or an adapter instance you built. On PostgreSQL the
+    guard takes its time from the database (``db_clock``, as the daemon does) unless
+    a ``clock`` is given, so its deadlines agree with the daemons' on other machines.
     """
-    clock = clock or SystemClock()
-    http: httpx.Client | None = None
-    if isinstance(platform, str):
-        resolved = resolve_env(dict(settings or {}), f"open_guard({platform!r}).settings")
-        http = httpx.Client(timeout=httpx.Timeout(send_timeout_s, connect=10.0))
-        try:
-            adapter = make_platform(platform, {"listing_delay_s": 10.0, **resolved}, http=http, clock=clock)
-        except Exception:
-            http.close()
-            raise
-    elif settings:
+    if not isinstance(platform, str) and settings:
         raise ConfigError("open_guard: settings are for a platform kind; an adapter instance is already configured")
-    else:
-        adapter = platform
-    store: Store | None = None
+    store = Store.open(store_url, clock=clock, migrate=migrate)
+    http: httpx.Client | None = None
     try:
-        store = Store.open(store_url, clock=clock, migrate=migrate)
+        if clock is None:
+            clock = DatabaseClock(store.db_epoch) if db_clock and not store.is_sqlite else SystemClock()
+            store.clock = clock
+        if isinstance(platform, str):
+            resolved = resolve_env(dict(settings or {}), f"open_guard({platform!r}).settings")
+            # Every send through this client ends within send_timeout_s in total (replyd.deadline).
+            http = make_client(send_timeout_s)
+            adapter = make_platform(platform, {"listing_delay_s": 10.0, **resolved}, http=http, clock=clock)
+        else:
+            adapter = platform
         identity = adapter.whoami()
     except Exception:
-        if store is not None:
-            store.dispose()
+        store.dispose()
         if http is not None:
             http.close()
         raise

@@ -16,15 +16,16 @@ MASK = "***"
 
 
 def add_secret(value: str) -> None:
-    """Register a secret so no log line ever shows it (short values are too common to mask)."""
-    if value and len(value) >= 6:
+    """Register a secret so no log line ever shows it, however short (a short one masks more than it should,
+    which is the lesser harm: a 5-character password is still a password)."""
+    if value:
         with _lock:
             _SECRETS.add(value)
 
 
 def mask(text: str) -> str:
-    """Return ``text`` with every registered secret replaced by ``***``."""
-    for s in _SECRETS:
+    """Return ``text`` with every registered secret replaced by ``***`` (longest first: one may contain another)."""
+    for s in sorted(_SECRETS, key=len, reverse=True):
         if s in text:
             text = text.replace(s, MASK)
     return text

@@ -47,6 +47,12 @@ SKIP_REASONS = {
     "hourly_cap": "policy.max_per_hour replies in the last hour",
 }
 
+# Reasons that stay true for a parent once they are (its age only grows, its author and text do not change;
+# an operator who changes the lists rearms): a row that waits to be offered again ends ``skipped`` on them.
+# The others (caps, an unreadable depth) pass with time, so such a row keeps waiting.
+FINAL_SKIPS = frozenset({"own_post", "author_is_bot", "account_denied", "account_not_allowed", "keyword_denied",
+                         "keyword_missing", "too_old", "too_deep"})
+
 
 def _account(value: str) -> str:
     return value.strip().removeprefix("@").casefold()

@@ -20,7 +20,8 @@ from replyd.guard import Outcome, Status
 from replyd.liveness import Heartbeat, error_words
 from replyd.pipeline import Pipeline
 from replyd.platform import Parent, Platform
-from replyd.store import Store
+from replyd.policy import FINAL_SKIPS
+from replyd.store import Reply, Store
 
 log = structlog.get_logger("replyd.poller")
 
@@ -38,6 +39,7 @@ class Pollers:
         self.clock = clock
         self.sender_id = pipeline.guard.identity.sender_id
         self.outcomes: dict[str, int] = {}
+        self._reoffer_after: tuple[float, str] | None = None  # where the last re-offer page ended
 
     def _offer_all(self, parents: Iterable[Parent], path: str) -> None:
         for p in parents:
@@ -101,15 +103,51 @@ class Pollers:
             self._guarded("search", run)
 
     def refind(self) -> None:
-        """Re-read the lookback window with no cursor, and re-offer not_landed and released parents."""
+        """Re-read the lookback window with no cursor, then offer one page of waiting rows again."""
 
         def run() -> None:
             since = self.clock.now() - self.cfg.refind_lookback_s
             self._offer_all(self.platform.refind(since), "refind")
-            rows = self.store.rows_in(self.platform.instance, self.sender_id, [st.NOT_LANDED, st.RELEASED])
-            self._offer_all((Parent.from_snapshot(json.loads(r.snapshot)) for r in rows if r.snapshot != "{}"), "refind")
+            self.reoffer()
 
         self._guarded("refind", run)
+
+    def reoffer(self) -> int:
+        """Offer the next page of rows that wait for a path (released, not_landed, expired composing); return how many.
+
+        Each row is offered from its own snapshot, so a parent whose discovery path moved on (a search cursor
+        saved past it while it was composing) is not left behind. The pages rotate through the whole set
+        across runs. A row the policy now rules out for good ends ``skipped`` with the reason (``replyd
+        explain`` shows it), so it does not come back.
+        """
+        rows = self.store.reoffer_due(self.platform.instance, self.sender_id, now=self.clock.now(),
+                                      after=self._reoffer_after, limit=self.cfg.refind_batch)
+        # A short page ends the walk: the next run starts again from the oldest.
+        self._reoffer_after = (rows[-1].updated_at, rows[-1].parent_id) if len(rows) == self.cfg.refind_batch else None
+        offered = 0
+        for r in rows:
+            parent = self._snapshot_parent(r)
+            if parent is None:
+                continue
+            try:
+                out = self.pipeline.offer(parent, "refind")
+            except ContentionError as exc:
+                log.warning("replyd.poller.contended", path="refind", parent_id=r.parent_id, error=str(exc))
+                continue
+            offered += 1
+            self.outcomes[out.status.value] = self.outcomes.get(out.status.value, 0) + 1
+            if out.status is Status.SKIPPED and out.detail in FINAL_SKIPS:
+                self.pipeline.guard.retire(r.parent_id, out.detail)
+        return offered
+
+    def _snapshot_parent(self, r: Reply) -> Parent | None:
+        """The parent as first found, from the row's snapshot; None (logged) when there is none to use."""
+        try:
+            data = json.loads(r.snapshot or "{}")
+            return Parent.from_snapshot(data) if data else None
+        except (ValueError, TypeError, KeyError) as exc:
+            log.error("replyd.poller.bad_snapshot", parent_id=r.parent_id, error=f"{type(exc).__name__}: {exc}"[:200])
+            return None
 
     def answered(self) -> int:
         """Return how many offers this bot's pollers turned into posts."""

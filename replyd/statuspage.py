@@ -1,13 +1,16 @@
 """The read-only status page at ``/``: counts, oldest open rows, recent events; refreshes itself.
 
 One self-contained HTML document (no script, no external assets, a meta
-refresh), so it works behind any proxy and in a locked-down browser. Every
+refresh), so it works behind any proxy and in a locked-down browser; it is served
+with ``CSP`` (only its own inline style) and may not be framed. Every
 value from the log is escaped: parent ids and event details come from other
 people's posts.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import json
 from datetime import datetime, timezone
@@ -29,6 +32,10 @@ th{background:#eef0f4;font-weight:600}td.n{text-align:right}
 code{font-size:12px;word-break:break-all}.empty{color:#5b6475;font-style:italic}
 .path{display:block}.stale{color:#b3261e;font-weight:600}.failing{color:#9a5b00}
 """
+
+# The page runs no script and loads nothing: only its one inline style, allowed by hash; never framed.
+CSP = ("default-src 'none'; style-src 'sha256-" + base64.b64encode(hashlib.sha256(_CSS.encode()).digest()).decode()
+       + "'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
 
 
 def _ts(t: float | None) -> str:

@@ -50,8 +50,16 @@ REJECTED = "rejected"
 NOT_LANDED = "not_landed"
 GAVE_UP = "gave_up"
 DECLINED = "declined"
-STATES = (COMPOSING, OPEN, CLOSED, RELEASED, REJECTED, NOT_LANDED, GAVE_UP, DECLINED)
-TERMINAL = (CLOSED, REJECTED, GAVE_UP, DECLINED)
+SKIPPED = "skipped"  # re-offered, and the policy now rules it out for good (too old, denied ...): reason in error
+STATES = (COMPOSING, OPEN, CLOSED, RELEASED, REJECTED, NOT_LANDED, GAVE_UP, DECLINED, SKIPPED)
+TERMINAL = (CLOSED, REJECTED, GAVE_UP, DECLINED, SKIPPED)
+# Rows that wait for a path to move them on: re-find re-offers them (see ``reoffer_due``).
+REOFFERED = (NOT_LANDED, RELEASED, COMPOSING)
+
+# PostgreSQL ``synchronous_commit`` levels a durable write (the claim, the open) may ask for: "local" waits for
+# the primary's disk, "on" / "remote_write" / "remote_apply" also for a synchronous standby (when
+# ``synchronous_standby_names`` names one), so a claim survives a failover. Closes stay relaxed.
+CLAIM_COMMIT_LEVELS = ("local", "on", "remote_write", "remote_apply")
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # An event's detail column: json.dumps(detail, sort_keys=True, default=str), one encoder made once.
@@ -198,12 +206,57 @@ def sqlite_file(url: str) -> Path | None:
     return Path(db).expanduser()
 
 
-def redact_url(url: str) -> str:
-    """Return ``url`` with any password replaced, for logs and errors."""
+# Query parameters of a database URL that carry a secret (libpq takes ``?password=``, ``?sslpassword=``).
+_SECRET_PARAM_WORDS = ("password", "secret", "token")
+
+
+def _secret_params(url: sa.URL) -> list[str]:
+    return [k for k in url.query if any(w in k.lower() for w in _SECRET_PARAM_WORDS)]
+
+
+def redact_url(url: str | sa.URL) -> str:
+    """Return ``url`` with its password and any secret query parameter replaced by ``***``, for people and logs."""
     try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
+        parsed = sa.engine.make_url(url)
+        hidden = _secret_params(parsed)
+        if hidden:
+            parsed = parsed.update_query_dict({k: "***" for k in hidden})
+        return parsed.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
     except Exception:  # an unparsable URL is reported by the caller; never echo it raw
         return "<unparsable database URL>"
+
+
+def _register_url_secrets(url: sa.URL) -> None:
+    """Register the URL's password and secret query values with the log masker."""
+    from replyd import log as rlog
+
+    values: list[Any] = [url.password] + [url.query[k] for k in _secret_params(url)]
+    for v in values:
+        for one in (v if isinstance(v, tuple) else (v,)):
+            if one:
+                rlog.add_secret(str(one))
+
+
+def _owner_only_sqlite(db: Path) -> None:
+    """Make a SQLite store owner-only: a new directory 0700, the database 0600 (created here, so SQLite
+    gives its WAL and SHM files the same mode), and existing files this user owns tightened to 0600."""
+    try:
+        db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(db, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        pass  # opened as it is (it may be read-only: SQLite then fails closed on the first write)
+    except OSError as exc:
+        raise StoreError(f"cannot create the store {db}: {exc.strerror}") from None
+    for path in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
+        try:
+            st_ = path.stat()
+            if st_.st_uid == os.geteuid() and st_.st_mode & 0o077:
+                path.chmod(0o600)
+                log.warning("replyd.store.permissions_tightened", path=str(path), was=oct(st_.st_mode & 0o777))
+        except FileNotFoundError:
+            continue
+        except OSError as exc:  # not ours to change (a read-only mount): say so, do not stop
+            log.warning("replyd.store.permissions_unchanged", path=str(path), error=exc.strerror)
 
 
 def _map_db_error(exc: BaseException, doing: str) -> Exception:
@@ -292,14 +345,11 @@ def make_engine(url: str) -> Engine:
         parsed = sa.engine.make_url(url)
     except Exception as exc:
         raise StoreError(f"bad store URL {redact_url(url)!r}: {exc}") from None
+    _register_url_secrets(parsed)
     if parsed.drivername.startswith("sqlite"):
         db = parsed.database
-        if db and db != ":memory:":
-            folder = Path(db).expanduser().parent
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise StoreError(f"cannot create the store's directory {folder}: {exc.strerror or exc}") from None
+        if db and db != ":memory:" and not db.startswith("file:"):
+            _owner_only_sqlite(Path(db).expanduser())
         engine = sa.create_engine(
             parsed, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
         )
@@ -321,6 +371,11 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
+def lease_holder(row: Any) -> str | None:
+    """The lease holder a reclaim must still find: a composing row's, none for other states."""
+    return row.lease_owner if row.state == COMPOSING and row.lease_owner else None
+
+
 def _row(mapping: Mapping[str, Any] | None) -> Reply | None:
     return None if mapping is None else Reply(**dict(mapping))
 
@@ -335,8 +390,9 @@ class _HotSQL:
     a relaxed one sets ``synchronous_commit`` off for its own transaction with ``set_config(…, true)``.
     """
 
-    def __init__(self, dialect: sa.engine.Dialect) -> None:
+    def __init__(self, dialect: sa.engine.Dialect, durable: str | None = None) -> None:
         self.pg = dialect.name == "postgresql"
+        self.durable = durable  # synchronous_commit for the durable writes (claim, open); None: the server's
         q = dialect.identifier_preparer.quote
         self.q = q
         self.R, self.E = q(REPLIES.name), q(EVENTS.name)
@@ -363,7 +419,10 @@ class _HotSQL:
         return "SELECT " + ", ".join(f"CAST({self.p(pre + c)} AS {self.cast[c]})" for c in EVENT_COLUMNS)
 
     def _tail(self, relaxed: bool) -> str:
-        return ", set_config('synchronous_commit', 'off', true)" if relaxed else ""
+        if relaxed:
+            return ", set_config('synchronous_commit', 'off', true)"
+        # The level is one of CLAIM_COMMIT_LEVELS (checked by the config), never user text in SQL.
+        return f", set_config('synchronous_commit', '{self.durable}', true)" if self.durable else ""
 
     def claim(self, relaxed: bool) -> str:
         """PostgreSQL: insert the row unless the key has one, with its event, in one statement; return 1 if it did."""
@@ -434,10 +493,46 @@ class Store:
         self._idle: list[tuple[Any, Any]] = []  # (pool, connection) the hot path keeps checked out; see _driver
         _STORES.add(self)
 
+    @property
+    def claim_commit(self) -> str | None:
+        """The ``synchronous_commit`` level of durable writes on PostgreSQL (None: the server's default)."""
+        return self._sql.durable
+
+    @claim_commit.setter
+    def claim_commit(self, level: str | None) -> None:
+        if level is not None and level not in CLAIM_COMMIT_LEVELS:
+            raise ValueError(f"claim_commit must be one of {', '.join(CLAIM_COMMIT_LEVELS)}, not {level!r}")
+        self._sql = _HotSQL(self.engine.dialect, None if self.is_sqlite else level)
+
+    def sync_standbys(self) -> tuple[str, int | None]:
+        """PostgreSQL: ``synchronous_standby_names`` and how many synchronous standbys are connected now
+        (None when this role may not see ``pg_stat_replication``)."""
+        with self.tx(write=False, doing="reading the replication settings") as conn:
+            names = conn.exec_driver_sql("SHOW synchronous_standby_names").scalar_one() or ""
+            rows = conn.exec_driver_sql("SELECT sync_state FROM pg_stat_replication").scalars().all()
+        if rows and all(r is None for r in rows):
+            return names, None  # not allowed to see the columns
+        return names, sum(1 for r in rows if r in ("sync", "quorum"))
+
+    def claim_commit_problem(self) -> str | None:
+        """Why the configured claim commit level cannot hold, on this server now; None when it can (or is local)."""
+        if self.is_sqlite or self.claim_commit in (None, "local"):
+            return None
+        names, connected = self.sync_standbys()
+        if not names.strip():
+            return (f"store.claim_commit = {self.claim_commit!r} but the server has no synchronous_standby_names: "
+                    "claims commit on the primary only and a failover can lose them")
+        if connected == 0:
+            return (f"store.claim_commit = {self.claim_commit!r} and synchronous_standby_names = {names!r}, but no "
+                    "synchronous standby is connected: every claim waits until one is")
+        return None
+
     @classmethod
-    def open(cls, url: str | None = None, *, clock: Clock | None = None, migrate: bool = True) -> Store:
+    def open(cls, url: str | None = None, *, clock: Clock | None = None, migrate: bool = True,
+             claim_commit: str | None = None) -> Store:
         """Open the store at ``url`` (default: the embedded SQLite file), migrating if asked."""
         store = cls(make_engine(url or default_url()), clock=clock)
+        store.claim_commit = claim_commit
         try:
             if migrate:
                 store.upgrade()
@@ -454,8 +549,8 @@ class Store:
 
     @property
     def url(self) -> str:
-        """The store URL with any password hidden."""
-        return self.engine.url.render_as_string(hide_password=True)
+        """The store URL with any password (user info or query parameter) hidden."""
+        return redact_url(self.engine.url)
 
     # -- schema -----------------------------------------------------------------
 
@@ -491,6 +586,8 @@ class Store:
                 with conn.begin():
                     if relaxed and not self.is_sqlite:
                         conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+                    elif write and self._sql.durable and not self.is_sqlite:
+                        conn.exec_driver_sql(f"SET LOCAL synchronous_commit = {self._sql.durable}")
                     yield conn
         except sa.exc.DBAPIError as exc:
             if self.is_sqlite and "readonly database" in str(exc.orig).lower():
@@ -742,7 +839,7 @@ class Store:
                         if vals is None:
                             return Claim(False, got, None)
                         assert got is not None
-                        if self._cas_sqlite(dbc, key, [got.state], got.attempt, vals, None,
+                        if self._cas_sqlite(dbc, key, [got.state], got.attempt, vals, lease_holder(got),
                                             {**event, "state": vals.get("state"), "attempt": vals.get("attempt")},
                                             None):
                             return Claim(True, None, vals)
@@ -758,7 +855,9 @@ class Store:
             vals = reclaim(row)
             if vals is None:
                 return Claim(False, row, None)
-            won = self._cas_with(fairy, key, [row.state], row.attempt, vals, None,
+            # On the row as read, its lease holder included: two replicas that both saw an expired composing
+            # lease must not both take it (the second would compose for nothing).
+            won = self._cas_with(fairy, key, [row.state], row.attempt, vals, lease_holder(row),
                                  {**event, "state": vals.get("state"), "attempt": vals.get("attempt")}, None,
                                  relaxed)
             return Claim(True, None, vals) if won else Claim(False, self._peek_with(fairy, key), None)
@@ -928,6 +1027,50 @@ class Store:
         q = sa.select(REPLIES).where(REPLIES.c.state == OPEN).order_by(REPLIES.c.opened_at).limit(limit)
         with self.tx(write=False, doing="reading open rows") as conn:
             return [Reply(**dict(m)) for m in conn.execute(q).mappings()]
+
+    def reoffer_due(self, platform: str, sender_id: str, *, now: float, after: tuple[float, str] | None,
+                    limit: int) -> list[Reply]:
+        """Return one page of a bot's rows that wait to be offered again, in (updated_at, parent_id) order.
+
+        ``not_landed`` and ``released`` rows, and ``composing`` rows whose lease has expired (their composer
+        died: nothing was sent). ``after`` is the last row of the previous page; re-find walks the whole set
+        page by page across its runs, so rows that stay where they are cannot hide the ones behind them.
+        """
+        c = REPLIES.c
+        q = sa.select(REPLIES).where(
+            c.platform == platform, c.sender_id == sender_id,
+            sa.or_(c.state.in_([NOT_LANDED, RELEASED]), sa.and_(c.state == COMPOSING, c.lease_until < now)),
+        )
+        if after is not None:
+            q = q.where(sa.tuple_(c.updated_at, c.parent_id) > sa.tuple_(sa.literal(after[0]), sa.literal(after[1])))
+        q = q.order_by(c.updated_at, c.parent_id).limit(limit)
+        with self.tx(write=False, doing="reading rows to offer again") as conn:
+            return [Reply(**dict(m)) for m in conn.execute(q).mappings()]
+
+    def overdue(self, now: float, grace_s: float, limit: int = 50) -> list[tuple[Reply, float]]:
+        """Return non-terminal rows past their bound by more than ``grace_s``, most overdue first, with seconds over.
+
+        The bound: a composing row's lease, an open row's sweep deadline, a released row's back-off (or its
+        last change), a not_landed row's last change. Each has a job that moves it on within ``grace_s``
+        (sweep, re-find); a row listed here is one they did not move.
+        """
+        c = REPLIES.c
+        bound = sa.case(
+            (c.state == COMPOSING, sa.func.coalesce(c.lease_until, c.updated_at)),
+            (c.state == OPEN, sa.func.coalesce(c.deadline_at, c.updated_at)),
+            (c.state == RELEASED, sa.func.coalesce(c.not_before, c.updated_at)),
+            else_=c.updated_at,
+        )
+        q = (sa.select(REPLIES, bound.label("bound_at"))
+             .where(c.state.in_([COMPOSING, OPEN, RELEASED, NOT_LANDED]), bound < now - grace_s)
+             .order_by(bound).limit(limit))
+        with self.tx(write=False, doing="reading overdue rows") as conn:
+            out = []
+            for m in conn.execute(q).mappings():
+                d = dict(m)
+                at = d.pop("bound_at")
+                out.append((Reply(**d), now - at))
+            return out
 
     def rows_in(self, platform: str, sender_id: str, states: Sequence[str], limit: int = 500) -> list[Reply]:
         """Return rows of one bot in the given states (oldest update first)."""

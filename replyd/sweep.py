@@ -23,6 +23,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
+import sqlalchemy as sa
 import structlog
 
 from replyd import metrics
@@ -181,7 +182,10 @@ class Sweeper:
                 to = st.NOT_LANDED if r.attempt < self.max_attempts else st.GAVE_UP
                 values = {"state": to, "updated_at": now, "lease_owner": None, "lease_until": None,
                           "error": "no own reply found after the listing delay"}
-                if self.store.cas(conn, key, states=[st.OPEN], attempt=r.attempt, values=values, extra_where=lease):
+                # Still past its deadline: a send still running (Guard.watch_sends) pushes it on meanwhile,
+                # and a row whose send may still land must not be judged.
+                still_due = sa.and_(lease, st.REPLIES.c.deadline_at <= now)
+                if self.store.cas(conn, key, states=[st.OPEN], attempt=r.attempt, values=values, extra_where=still_due):
                     self.store.add_event(conn, key, to, state=to, attempt=r.attempt, owner=self.owner)
                     if to == st.GAVE_UP:
                         res.gave_up += 1

@@ -21,7 +21,7 @@ def scrape(h) -> dict[tuple[str, frozenset], float]:
     Counters are process-wide and labelled by bot name ("sim" in every test), so earlier tests' counts are
     subtracted.
     """
-    with h.client(token=None) as c:
+    with h.client() as c:
         r = c.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     out = {}

@@ -115,3 +115,30 @@ def test_secret_never_printed(env, tmp_path):
     r = replyd("config", "check", str(p), env={**env, "TOK": "very-secret-token-123"})
     assert r.returncode == 2 and "bots.b" in r.stderr and "base_url" in r.stderr
     assert "very-secret-token-123" not in r.stdout + r.stderr
+
+
+def test_status_lists_rows_waiting_past_their_bound(env):
+    """status --json lists a composing row whose composer died two hours ago (its lease long expired)."""
+    import time as _time
+
+    from replyd.clock import FakeClock
+
+    store = Store.open()
+    plat = MemoryPlatform(instance="memory:cli")
+    g = Guard(store, plat, plat.whoami(), clock=FakeClock(_time.time() - 7200), compose_lease_s=120.0,
+              watch_interval_s=None)
+
+    class Died(BaseException):
+        """The process died while its responder ran."""
+
+    with pytest.raises(Died):
+        g.post(plat.add_parent("p-stuck"), lambda p: (_ for _ in ()).throw(Died()))
+    g.post(plat.add_parent("p-done"), "hello")
+    store.dispose()
+    r = replyd("status", "--json", "--overdue-after-s", "60", env=env)
+    assert r.returncode == 0, r.stderr
+    over = json.loads(r.stdout)["overdue"]
+    assert [(o["parent_id"], o["state"]) for o in over] == [("p-stuck", "composing")]
+    assert over[0]["over_s"] > 7000
+    text = replyd("status", "--overdue-after-s", "60", env=env).stdout
+    assert "p-stuck" in text and "past their bound" in text

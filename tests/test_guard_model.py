@@ -3,10 +3,15 @@
 Two guards (two replicas: different owners) and two sweepers share one
 answered-log (SQLite) and one scripted platform (``MemoryPlatform``) whose real
 listing delay is the configured one. Hypothesis interleaves posts that meet
-every scripted platform outcome except the crash steps (crashes are real-process
-tests: test_crash, the chaos runs), responder outcomes (text, decline, raise, a
-compose slower than its lease while the other replica takes the key), clock
-moves, sweeps and failed read-backs.
+every scripted platform outcome, responder outcomes (text, decline, raise, a
+compose slower than its lease while the other replica takes the key), a send
+that runs past its deadline while the other replica sweeps, clock moves, sweeps
+and failed read-backs — and process death at every step of a post: before and
+after each store write (claim, open, close, release ...), during the compose,
+before the request leaves and after the platform acted. A dead replica restarts
+as a new guard (new owner, nothing in memory) and its page is not re-read once a
+row exists (the discovery path may have saved its cursor past it): only the
+sweep and re-find's re-offer of waiting rows may move the row on.
 
 After every step:
 
@@ -19,14 +24,18 @@ After every step:
   exists under that parent;
 * a failed read-back never moves an open row.
 
-Then ``drain`` (also run at teardown) lets the platform accept from now on:
-every parent that was neither refused (rejected), declined nor out of attempts
-ends closed with exactly one reply — no answer is lost. There is no rearm API
-yet, so there is no rearm rule.
+Then ``drain`` (also run at teardown) lets the platform accept from now on and
+runs only the daemon's own jobs — the sweep and re-find's re-offer (one row a
+page, with a policy that rules p1 out for good) — for a bounded number of
+rounds; a parent with no row at all is found again (its cursor was never saved).
+Every parent must end closed with exactly one reply, or in a reported terminal
+state (rejected, declined, gave up, skipped) with none — no answer is lost and
+nothing waits for ever.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 import uuid
 from pathlib import Path
@@ -37,14 +46,95 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from replyd import store as st
+from contextlib import contextmanager
+
 from replyd.clock import FakeClock
+from replyd.config import PollerConfig
+from replyd.errors import MaybeSent
 from replyd.guard import Guard, Status
+from replyd.pipeline import Pipeline
 from replyd.platform import Parent
 from replyd.platforms.memory import STEPS, MemoryPlatform
+from replyd.policy import Policy
+from replyd.pollers import Pollers
 from replyd.store import Key, Store
 from replyd.sweep import Bot, Sweeper
 
-SEND_STEPS = [s for s in STEPS if not s.startswith("crash")]
+SEND_STEPS = list(STEPS)
+
+
+class Crash(BaseException):
+    """The replica's process dies here (SIGKILL): nothing after this point runs in it."""
+
+
+class ModelPlatform(MemoryPlatform):
+    """The scripted platform, with the crash steps raising ``Crash`` in the calling replica instead of SIGKILL."""
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self.during_send = None  # called once the request has reached the platform (a slow send)
+
+    def send(self, parent, text, *, provider_key):  # noqa: ANN001, ANN201
+        """Follow the script; ``crash_*`` kill the caller before or after the platform acted."""
+        step = self.script[0] if self.script else "ok"
+        if step == "crash_before":
+            self.script.pop(0)
+            self.send_calls += 1
+            raise Crash()
+        if step == "crash_after":
+            self.script.pop(0)
+            self.send_calls += 1
+            self._create(parent, text, provider_key)
+            raise Crash()
+        if step == "slow":
+            self.script.pop(0)
+            self.send_calls += 1
+            hook, self.during_send = self.during_send, None
+            if hook is not None:
+                hook()  # the request is held up past its deadline; the platform acts only at the end
+            self._create(parent, text, provider_key)
+            raise MaybeSent("read timeout after the request was sent")
+        return super().send(parent, text, provider_key=provider_key)
+
+
+class DyingStore:
+    """One replica's view of the shared store: its ``n``-th write dies before or after it commits."""
+
+    WRITES = ("claim", "cas_event", "record")
+
+    def __init__(self, inner: Store) -> None:
+        self._inner = inner
+        self.die_at: int | None = None
+        self.after = False
+        self.writes = 0
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        attr = getattr(self._inner, name)
+        if name in self.WRITES:
+            def write(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+                self._before()
+                out = attr(*args, **kwargs)
+                self._after()
+                return out
+            return write
+        return attr
+
+    def _before(self) -> None:
+        self.writes += 1
+        if self.die_at == self.writes and not self.after:
+            raise Crash()
+
+    def _after(self) -> None:
+        if self.die_at == self.writes and self.after:
+            raise Crash()
+
+    @contextmanager
+    def tx(self, **kwargs):  # noqa: ANN003, ANN201
+        """The store's transaction, with death before it begins or after it commits."""
+        self._before()
+        with self._inner.tx(**kwargs) as conn:
+            yield conn
+        self._after()
 PARENTS = ["p1", "p2", "p3"]
 MAX_ATTEMPTS = 3
 SEND_TIMEOUT = 5.0
@@ -64,7 +154,14 @@ ALLOWED = {
     st.GAVE_UP: set(),
     st.DECLINED: set(),
 }
-NOTHING_LANDED = (st.RELEASED, st.NOT_LANDED, st.GAVE_UP, st.REJECTED, st.DECLINED)
+NOTHING_LANDED = (st.RELEASED, st.NOT_LANDED, st.GAVE_UP, st.REJECTED, st.DECLINED, st.SKIPPED)
+# Late results and ways out added for issue 21: a late maybe-sent reopens a judged row at its attempt, a late
+# success closes it, a waiting row the policy rules out for good ends skipped, an expired lease is retaken.
+ALLOWED[st.NOT_LANDED] = ALLOWED[st.NOT_LANDED] | {st.OPEN, st.SKIPPED}
+ALLOWED[st.GAVE_UP] = {st.OPEN, st.CLOSED}
+ALLOWED[st.RELEASED] = ALLOWED[st.RELEASED] | {st.SKIPPED}
+ALLOWED[st.COMPOSING] = ALLOWED[st.COMPOSING] | {st.SKIPPED}
+DENIED = "p1"  # the drain's policy rules this parent out for good (a denied keyword in its text)
 
 _DB: dict[str, Store] = {}
 
@@ -87,20 +184,28 @@ class GuardModel(RuleBasedStateMachine):
         self.clock = FakeClock()
         self.store = shared_store()
         self.store.clock = self.clock
-        self.plat = MemoryPlatform(instance=f"memory:{uuid.uuid4().hex}", listing_delay_s=LISTING_DELAY, clock=self.clock)
+        self.plat = ModelPlatform(instance=f"memory:{uuid.uuid4().hex}", listing_delay_s=LISTING_DELAY, clock=self.clock)
         me = self.plat.whoami()
-        self.guards = [
-            Guard(self.store, self.plat, me, clock=self.clock, owner=f"g{i}", max_attempts=MAX_ATTEMPTS,
-                  send_timeout_s=SEND_TIMEOUT, compose_lease_s=COMPOSE_LEASE)
-            for i in range(2)
-        ]
+        self.restarts = 0
+        self.guards = [self._guard(i) for i in range(2)]
         self.sweepers = [
             Sweeper(self.store, [Bot(self.plat, me)], clock=self.clock, owner=f"s{i}", lease_s=30.0,
                     retry_s=RETRY_S, max_attempts=MAX_ATTEMPTS)
             for i in range(2)
         ]
-        self.parents = {pid: Parent(id=pid, author_id="user-1", author_handle="user") for pid in PARENTS}
+        self.parents = {pid: Parent(id=pid, author_id="user-1", author_handle="user",
+                                    text="buy spam now" if pid == DENIED else "a question") for pid in PARENTS}
         self.touched: set[str] = set()
+        self.touched_dead: dict[str, bool] = {}
+        # The daemon's re-find over both replicas' log: one waiting row a page, the policy p1 now fails.
+        self.refind_policy = Policy(deny_keywords=["spam"])
+
+    def _guard(self, i: int) -> Guard:
+        """A (re)started replica: a new owner and a fresh view of the store; its send watch is ticked by the model."""
+        self.restarts += 1
+        return Guard(DyingStore(self.store), self.plat, self.plat.whoami(), clock=self.clock,  # type: ignore[arg-type]
+                     owner=f"g{i}-{self.restarts}", max_attempts=MAX_ATTEMPTS, send_timeout_s=SEND_TIMEOUT,
+                     compose_lease_s=COMPOSE_LEASE, watch_interval_s=None)
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -113,13 +218,24 @@ class GuardModel(RuleBasedStateMachine):
     def replies(self, pid: str) -> list[dict]:
         return [r for r in self.plat.replies() if r["parent_id"] == pid and r["sender_id"] == self.plat.sender_id]
 
-    def _post(self, g: int, pid: str, step: str, mode: str) -> None:
+    def _post(self, g: int, pid: str, step: str, mode: str, die: tuple[str, int] | None = None) -> None:
         guard, other = self.guards[g], self.guards[1 - g]
         parent = self.parents[pid]
+        if self.row(pid) is not None and self.touched_dead.get(pid):
+            # A replica died on this parent after its row existed: its path may have moved past it.
+            return
         self.plat.script = [step]
         calls = self.plat.send_calls
+        store: DyingStore = guard.store  # type: ignore[assignment]
+        store.writes, store.die_at, store.after = 0, None, False
+        if die is not None and die[0] != "compose":
+            store.die_at, store.after = die[1], die[0] == "after"
+        if step == "slow":
+            self.plat.during_send = lambda: self._meanwhile(guard, 1 - g)
 
         def compose(p: Parent) -> str | None:
+            if die is not None and die[0] == "compose":
+                raise Crash()
             if mode == "decline":
                 return None
             if mode == "raise":
@@ -132,15 +248,34 @@ class GuardModel(RuleBasedStateMachine):
                 self.plat.script = [step]
             return "a reply"
 
-        out = guard.post(parent, "a reply" if mode == "text" else compose)
+        try:
+            out = guard.post(parent, "a reply" if mode == "text" else compose)
+        except Crash:
+            # The process died: a restarted replica has nothing in memory, and the page may be skipped now.
+            self.guards[g] = self._guard(g)
+            self.touched.add(pid)
+            self.touched_dead[pid] = True
+            self.plat.script = []
+            self.plat.during_send = None
+            return
+        finally:
+            store.die_at = None
         sent = self.plat.send_calls - calls
         self.plat.script = []
+        self.plat.during_send = None
         self.touched.add(pid)
         if out.status is Status.POSTED:
             assert out.reply_id in {r["reply_id"] for r in self.replies(pid)}, out
         if mode != "stolen" and sent == 0:
             assert out.status is not Status.POSTED and out.status is not Status.UNCERTAIN, out
         assert sent <= (2 if mode == "stolen" else 1)
+
+    def _meanwhile(self, guard: Guard, s: int) -> None:
+        """A send runs past its deadline: its replica's watch ticks while the other replica sweeps."""
+        for _ in range(int(4 * (SEND_TIMEOUT + LISTING_DELAY) / SEND_TIMEOUT) + 2):  # past the claim's deadline
+            self.clock.advance(SEND_TIMEOUT / 4)  # the watch ticks more often than half the send budget
+            guard.watch_sends()
+        self.sweepers[s].run_once()
 
     # -- rules ----------------------------------------------------------------------------
 
@@ -149,6 +284,18 @@ class GuardModel(RuleBasedStateMachine):
     def post(self, g: int, pid: str, step: str, mode: str) -> None:
         """A discovery path offers ``pid`` to replica ``g``; the platform answers ``step``."""
         self._post(g, pid, step, mode)
+
+    @rule(g=hs.integers(0, 1), pid=hs.sampled_from(PARENTS), mode=hs.sampled_from(["text", "compose"]))
+    def post_slow(self, g: int, pid: str, mode: str) -> None:
+        """Replica ``g``'s send is held up past the row's deadline while the other sweeps; the platform acts last."""
+        self._post(g, pid, "slow", mode)
+
+    @rule(g=hs.integers(0, 1), pid=hs.sampled_from(PARENTS), step=hs.sampled_from(["ok", "lost", "not_sent"]),
+          mode=hs.sampled_from(["text", "compose"]),
+          die=hs.one_of(hs.just(("compose", 0)), hs.tuples(hs.sampled_from(["before", "after"]), hs.integers(1, 3))))
+    def post_and_die(self, g: int, pid: str, step: str, mode: str, die: tuple[str, int]) -> None:
+        """Replica ``g`` dies during this post: composing, or before/after its n-th store write; it restarts."""
+        self._post(g, pid, step, mode, die)
 
     @rule(seconds=hs.sampled_from([0.5, 3.0, SEND_TIMEOUT + LISTING_DELAY + 0.1, 31.0, 61.0]))
     def advance(self, seconds: float) -> None:
@@ -180,13 +327,16 @@ class GuardModel(RuleBasedStateMachine):
         self._drain()
 
     def _drain(self) -> None:
-        for _ in range(3 * MAX_ATTEMPTS + 3):
+        pipeline = Pipeline(self.guards[0], lambda p: "a reply", self.refind_policy, self.clock)
+        refind = Pollers(self.store, self.plat, pipeline, PollerConfig(refind_batch=1), self.clock)
+        for _ in range(3 * MAX_ATTEMPTS + 3 + 2 * len(PARENTS)):
             self.clock.advance(max(SEND_TIMEOUT + LISTING_DELAY, COMPOSE_LEASE, RETRY_S, 30.0) + 1)
             self.sweepers[0].run_once()
+            self.plat.script = []
             for pid in sorted(self.touched):
-                self.plat.script = ["ok"]
-                self.guards[0].post(self.parents[pid], "a reply")
-                self.plat.script = []
+                if self.row(pid) is None:  # never claimed: its cursor was not saved, the path finds it again
+                    self.guards[0].post(self.parents[pid], "a reply")
+            refind.reoffer()  # only the daemon's jobs move rows on: no discovery path offers them again
             rows = [self.row(pid) for pid in self.touched]
             if all(r is not None and r.state in st.TERMINAL for r in rows):
                 break
@@ -198,6 +348,8 @@ class GuardModel(RuleBasedStateMachine):
                 assert n == 1, (pid, n)
             elif r.state == st.GAVE_UP:
                 assert r.attempt == MAX_ATTEMPTS and n == 0, (pid, r)
+            elif r.state == st.SKIPPED:
+                assert pid == DENIED and n == 0, (pid, r)
             else:  # rejected by the platform or declined by the responder: never sent successfully
                 assert r.state in (st.REJECTED, st.DECLINED) and n == 0, (pid, r)
         self.check_histories()
@@ -223,13 +375,14 @@ class GuardModel(RuleBasedStateMachine):
                 continue
             state, attempt = None, 0
             for e in events:
-                if e.state is None:  # late_landing: a note, not a transition
+                if e.state is None or e.kind == "skipped":  # notes (late_landing, a policy skip), not transitions
                     continue
                 assert e.state in st.STATES
                 assert e.state in ALLOWED[state], f"{pid}: {state} -> {e.state} ({e.kind}) not allowed"
                 assert e.attempt is not None and attempt <= e.attempt <= MAX_ATTEMPTS, (pid, e)
                 if e.attempt > attempt and state is not None:
                     assert state == st.NOT_LANDED and e.kind == "claimed", f"{pid}: attempt rose on {e.kind} from {state}"
+                assert e.attempt >= attempt, f"{pid}: attempt went down on {e.kind}"
                 state, attempt = e.state, e.attempt
             assert state == r.state and attempt == r.attempt, (pid, state, attempt, r.state, r.attempt)
             assert 1 <= r.attempt <= MAX_ATTEMPTS
@@ -241,7 +394,7 @@ class GuardModel(RuleBasedStateMachine):
 
 
 GuardModel.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=30, deadline=None,
+    max_examples=int(os.environ.get("REPLYD_MODEL_EXAMPLES", "150")), stateful_step_count=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestGuardModel = GuardModel.TestCase

@@ -38,6 +38,7 @@ default) never walks into httpcore frames holding raw header bytes.
 from __future__ import annotations
 
 import email.utils
+import ipaddress
 import json
 import math
 import re
@@ -49,8 +50,10 @@ from html.parser import HTMLParser
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import httpcore
 import httpx
 
+from replyd import deadline
 from replyd.errors import (
     BadResponse,
     ConfigError,
@@ -92,6 +95,79 @@ class BearerAuth(httpx.Auth):
 
     def __repr__(self) -> str:
         return f"BearerAuth(scheme={self._scheme!r}, token=<redacted>)"
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A socket stream whose every read and write is cut to what is left of ``replyd.deadline``'s budget."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    @staticmethod
+    def _cap(timeout: float | None, exc: type[Exception]) -> float | None:
+        left = deadline.remaining()
+        if left is None:
+            return timeout
+        if left <= 0:
+            raise exc("the send's whole deadline (guard.send_timeout_s) passed")
+        return left if timeout is None else min(timeout, left)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        """Read, waiting no longer than the budget left."""
+        return self._inner.read(max_bytes, self._cap(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        """Write, waiting no longer than the budget left."""
+        self._inner.write(buffer, self._cap(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        """Close the socket."""
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:
+        """Upgrade to TLS within the budget left (nothing has been sent yet: a connect timeout)."""
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname,
+                                                     self._cap(timeout, httpcore.ConnectTimeout)))
+
+    def get_extra_info(self, info: str) -> Any:
+        """Pass through (the TLS object, the peer address ...)."""
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's socket backend with every connection's streams bounded by ``replyd.deadline``."""
+
+    def __init__(self, inner: httpcore.NetworkBackend) -> None:
+        self._inner = inner
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+        """Connect within the budget left."""
+        return _DeadlineStream(self._inner.connect_tcp(host, port, _DeadlineStream._cap(timeout, httpcore.ConnectTimeout),
+                                                       local_address, socket_options))
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+        """Connect within the budget left."""
+        return _DeadlineStream(self._inner.connect_unix_socket(
+            path, _DeadlineStream._cap(timeout, httpcore.ConnectTimeout), socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep (httpcore's retries on connect)."""
+        self._inner.sleep(seconds)
+
+
+def make_client(timeout_s: float, *, connect_s: float = 10.0, **kwargs: Any) -> httpx.Client:
+    """Return the shared ``httpx.Client`` for adapters: per-phase timeouts, and ``replyd.deadline`` honoured.
+
+    Inside ``deadline.within(...)`` (the guard wraps every send in one) no socket operation of this client
+    waits past the deadline, so a send ends by it however the server trickles its answer.
+    """
+    transport = httpx.HTTPTransport(**{k: kwargs.pop(k) for k in ("verify", "retries") if k in kwargs})
+    pool = transport._pool  # httpx has no public hook for the network backend; tests/test_deadline.py guards this
+    pool._network_backend = _DeadlineBackend(pool._network_backend)
+    return httpx.Client(timeout=httpx.Timeout(timeout_s, connect=connect_s), transport=transport, **kwargs)
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
@@ -150,6 +226,9 @@ def _bounded(client: httpx.Client, method: str, url: str, *, what: str, acting: 
         if size <= max_bytes:
             size = 0
             for chunk in resp.iter_bytes():
+                left = deadline.remaining()
+                if left is not None and left <= 0:  # a body trickled past the deadline (any client)
+                    raise httpx.ReadTimeout("the whole deadline passed while reading the body", request=resp.request)
                 size += len(chunk)
                 if size > max_bytes:
                     break
@@ -167,12 +246,21 @@ def _bounded(client: httpx.Client, method: str, url: str, *, what: str, acting: 
         return out
 
 
+def error_json(resp: httpx.Response) -> Any:
+    """An error body as JSON, or None when it is not JSON (or nests too deeply to parse).
+
+    Only for bodies whose status already says what happened: a body the parser cannot read must not turn a
+    refusal into an exception the guard would take for "maybe sent".
+    """
+    try:
+        return json.loads(resp.content)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+
+
 def server_error_text(resp: httpx.Response) -> str:
     """Return the server's short error text (JSON ``error``/``message``), for logs only."""
-    try:
-        data = json.loads(resp.content)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return ""
+    data = error_json(resp)
     text: Any = ""
     if isinstance(data, dict):
         text = data.get("error") or data.get("message") or data.get("error_description") or ""
@@ -539,7 +627,29 @@ def setting_url(settings: Mapping[str, Any], kind: str, key: str, default: str |
         raise ConfigError(f"{kind} setting {key!r}: must not carry credentials")
     if parts.query or parts.fragment:
         raise ConfigError(f"{kind} setting {key!r}: must not have a query or fragment")
+    require_https(raw.strip(), allowed=setting_flag(settings, kind, INSECURE_HTTP, False), where=f"{kind} setting {key!r}")
     return raw.strip().rstrip("/")
+
+
+INSECURE_HTTP = "allow_insecure_http"  # the setting that lets a token travel over plain http:// to another host
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses; any other name or address is public."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def require_https(url: str, *, allowed: bool, where: str) -> None:
+    """Refuse (ConfigError) ``http://`` to a non-loopback host unless ``allowed``: the token would travel in clear."""
+    parts = urlsplit(url)
+    if parts.scheme == "http" and not allowed and not is_loopback(parts.hostname or ""):
+        raise ConfigError(f"{where}: http:// to {parts.hostname!r} would send credentials in clear text: "
+                          f"use https://, or set {INSECURE_HTTP} = true if the network is trusted")
 
 
 def setting_secret(settings: Mapping[str, Any], kind: str, key: str) -> str | None:
@@ -613,10 +723,12 @@ __all__ = [
     "ACTING_METHODS",
     "BearerAuth",
     "RateLimits",
+    "error_json",
     "field",
     "html_to_text",
     "id_order",
     "is_acting",
+    "is_loopback",
     "iso_to_epoch",
     "json_body",
     "link_param",
@@ -625,6 +737,7 @@ __all__ = [
     "raise_for_status",
     "redact",
     "request",
+    "require_https",
     "retry_after_s",
     "server_error_text",
     "setting_flag",

@@ -295,6 +295,7 @@ class _Cursor:
 _KNOWN_SETTINGS = frozenset(
     {
         "kind",
+        "allow_insecure_http",
         "service",
         "identifier",
         "app_password",
@@ -1153,10 +1154,7 @@ def _reply_root_uri(record: Any) -> str | None:
 
 def _xrpc_error(resp: httpx.Response) -> str:
     """The XRPC ``error`` name of a response body (``ExpiredToken``…), or ``""``."""
-    try:
-        data = resp.json()
-    except ValueError:
-        return ""
+    data = _http.error_json(resp)
     name = data.get("error") if isinstance(data, dict) else None
     return name if isinstance(name, str) else ""
 

@@ -133,6 +133,7 @@ POST_CACHE_SIZE = 2048
 _KNOWN_SETTINGS = frozenset(
     {
         "kind",
+        "allow_insecure_http",
         "base_url",
         "api_key",
         "api_username",
@@ -199,10 +200,7 @@ def _time(obj: Any, path: str, what: str) -> float:
 
 def _error_text(resp: httpx.Response) -> str:
     """Discourse's ``{"errors": [...]}`` text (or the generic one), short, for logs only."""
-    try:
-        data = resp.json()
-    except (ValueError, UnicodeDecodeError):
-        return ""
+    data = _http.error_json(resp)
     if isinstance(data, dict):
         errors = data.get("errors")
         if isinstance(errors, list):
@@ -214,10 +212,7 @@ def _error_text(resp: httpx.Response) -> str:
 
 def _wait_seconds(resp: httpx.Response) -> float | None:
     """``extras.wait_seconds`` of a Discourse 429 body."""
-    try:
-        data = resp.json()
-    except (ValueError, UnicodeDecodeError):
-        return None
+    data = _http.error_json(resp)
     extras = data.get("extras") if isinstance(data, dict) else None
     wait = extras.get("wait_seconds") if isinstance(extras, dict) else None
     if isinstance(wait, bool) or not isinstance(wait, (int, float, str)):

@@ -148,6 +148,7 @@ _SHORT_REF_RE = re.compile(r"^([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+)#(\d+)$")
 _KNOWN_SETTINGS = frozenset(
     {
         "kind",
+        "allow_insecure_http",
         "token",
         "api_url",
         "repos",
@@ -236,7 +237,7 @@ def _load_cursor(cursor: str | None) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(cursor)
-    except ValueError:
+    except (ValueError, RecursionError):
         log.warning("replyd.github.cursor_unreadable")
         return {}
     return data if isinstance(data, dict) else {}

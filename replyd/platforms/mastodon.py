@@ -85,6 +85,7 @@ CONTEXT_LIMIT = 4096
 _KNOWN_SETTINGS = frozenset(
     {
         "kind",
+        "allow_insecure_http",
         "base_url",
         "token",
         "listing_delay_s",
