@@ -124,7 +124,7 @@ def test_unwritable_state_directory_is_one_line_exit_2(tmp_path):
     blocker.write_text("")
     r = run("db", "upgrade", env={"XDG_STATE_HOME": str(blocker / "state")})
     line = one_line_error(r)
-    assert f"cannot create the store's directory {blocker / 'state' / 'replyd'}" in line, line
+    assert f"cannot create the store {blocker / 'state' / 'replyd' / 'replyd.sqlite3'}" in line, line
 
 
 def test_unknown_variable_and_key_say_did_you_mean(tmp_path, store_env):
