@@ -118,14 +118,22 @@ def test_demo_toml_documented_commands_work(tmp_path):
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                   env={**env, **assigns}, cwd=ROOT)
         api = f"http://127.0.0.1:{api_port}"
+        auth = {"Authorization": f"Bearer {assigns['REPLYD_API_TOKEN']}"}  # the documented token guards the API
         end = time.monotonic() + 60
         ready = False
         while time.monotonic() < end and daemon.poll() is None and not ready:
             try:
-                ready = httpx.get(api + "/readyz", timeout=2).status_code == 200
+                ready = httpx.get(api + "/readyz", timeout=2, headers=auth).status_code == 200
             except httpx.HTTPError:
                 time.sleep(0.3)
         assert ready, daemon.stderr.read() if daemon.poll() is not None else "not ready in 60 s"  # type: ignore[union-attr]
+        # The header's `replyd status --config …`: no platform token, the API token from the environment.
+        st = subprocess.run([sys.executable, "-m", "replyd", "status", "--json", "--config", str(cfg)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=60,
+                            env={**env, "REPLYD_API_TOKEN": assigns["REPLYD_API_TOKEN"]})
+        assert st.returncode == 0 and st.stderr == "", st.stderr
+        daemon_view = json.loads(st.stdout)["daemon"]
+        assert daemon_view["reachable"] and set(daemon_view["liveness"]["sim"]["paths"]) >= {"inbox", "sweep"}
         curl = shlex.split(curl_cmd)
         body = json.loads(curl[curl.index("-d") + 1])
         parent = httpx.post(f"http://127.0.0.1:{sim_port}/_sim/posts", json=body, timeout=5).json()["id"]
