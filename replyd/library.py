@@ -18,6 +18,7 @@ import csv
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, TextIO
 
 import httpx
@@ -488,15 +489,26 @@ def iter_table(store: Store, table: str, *, since: float | None = None) -> Itera
             yield _event_dict(m) if table == "events" else dict(m)
 
 
+# Columns holding an epoch; exports write them as ISO 8601 (UTC), as every other tool reads times.
+TIME_COLUMNS = frozenset({"at", "created_at", "updated_at", "opened_at", "deadline_at", "closed_at", "not_before",
+                          "lease_until"})
+
+
+def iso(t: float | None) -> str | None:
+    """An epoch as ISO 8601 in UTC with milliseconds (``2026-12-01T14:22:43.123+00:00``); None stays None."""
+    return None if t is None else datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+
+
 def export(store: Store, out: TextIO, *, table: str = "replies", fmt: str = "csv", since: float | None = None) -> int:
-    """Write ``table`` to ``out`` as CSV or a JSON array; return the number of rows written."""
+    """Write ``table`` to ``out`` as CSV or a JSON array, times in ISO 8601; return the number of rows written."""
     if fmt not in ("csv", "json"):
         raise ConfigError(f"export: unknown format {fmt!r} (use csv or json)")
     if table not in TABLES:
         raise ConfigError(f"export: unknown table {table!r} (known: {', '.join(TABLES)})")
     columns = [c.name for c in TABLES[table].columns]
     n = 0
-    rows = iter_table(store, table, since=since)
+    rows = ({k: iso(v) if k in TIME_COLUMNS and isinstance(v, (int, float)) else v for k, v in r.items()}
+            for r in iter_table(store, table, since=since))
     if fmt == "csv":
         w = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
         w.writeheader()

@@ -198,6 +198,14 @@ def make_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
+def sqlite_file(url: str) -> Path | None:
+    """Return the file a SQLite URL names (None for an in-memory database or a ``file:`` URI)."""
+    db = sa.engine.make_url(url).database
+    if not db or db == ":memory:" or db.startswith("file:"):
+        return None
+    return Path(db).expanduser()
+
+
 # Query parameters of a database URL that carry a secret (libpq takes ``?password=``, ``?sslpassword=``).
 _SECRET_PARAM_WORDS = ("password", "secret", "token")
 
@@ -525,10 +533,14 @@ class Store:
         """Open the store at ``url`` (default: the embedded SQLite file), migrating if asked."""
         store = cls(make_engine(url or default_url()), clock=clock)
         store.claim_commit = claim_commit
-        if migrate:
-            store.upgrade()
-        else:
-            store.require_schema()
+        try:
+            if migrate:
+                store.upgrade()
+            else:
+                store.require_schema()
+        except StoreError as exc:  # say which store: several may be configured, and the default is implicit
+            store.dispose()
+            raise type(exc)(f"store {store.url}: {exc}") from None
         return store
 
     def dispose(self) -> None:
