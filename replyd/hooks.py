@@ -122,19 +122,19 @@ class Receiver:
         try:
             found = hook.source.parse_webhook(event, payload)
         except ReplydError as exc:
-            log.warning("replyd.hooks.unreadable", bot=bot, platform=hook.instance, delivery=delivery, event=event,
+            log.warning("replyd.hooks.unreadable", bot=bot, platform=hook.instance, delivery=delivery, hook_event=event,
                         error=str(exc)[:300])
             metrics.webhook(hook.instance, "unreadable")
             return Answer(422, {"error": "unreadable_delivery", "detail": str(exc)[:300]})
         if isinstance(found, str) or not found:
             reason = found if isinstance(found, str) else "no parent in it"
-            log.info("replyd.hooks.ignored", bot=bot, platform=hook.instance, delivery=delivery, event=event,
+            log.info("replyd.hooks.ignored", bot=bot, platform=hook.instance, delivery=delivery, hook_event=event,
                      reason=reason)
             metrics.webhook(hook.instance, "ignored")
             return Answer(202, {"accepted": 0, "ignored": reason})
         for parent in found:
             self._pool.submit(self._offer, hook, parent, delivery)
-        log.info("replyd.hooks.accepted", bot=bot, platform=hook.instance, delivery=delivery, event=event,
+        log.info("replyd.hooks.accepted", bot=bot, platform=hook.instance, delivery=delivery, hook_event=event,
                  parents=[p.id for p in found])
         metrics.webhook(hook.instance, "accepted")
         return Answer(202, {"accepted": len(found), "parents": [p.id for p in found]})
