@@ -301,3 +301,54 @@ def _up(http: httpx.Client, port: int) -> bool:
         return http.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
     except httpx.HTTPError:
         return False
+
+
+# -- Discourse ------------------------------------------------------------------------------------
+
+
+def _discourse() -> Any:
+    """A Discourse adapter whose bot is ``replybot`` (id 7), as whoami would have found it."""
+    from replyd.platform import Identity
+    from replyd.platforms.discourse import DiscoursePlatform
+
+    plat = DiscoursePlatform.from_settings({"base_url": "https://forum.example", "api_key": "k" * 32,
+                                            "api_username": "replybot"}, http=httpx.Client(), clock=FakeClock())
+    plat._me = Identity("7", "replybot")  # what whoami caches at start
+    return plat
+
+
+def _post(**kw: Any) -> dict[str, Any]:
+    """A recorded Discourse post (discourse_api, MIT: shared fixtures) with ``kw`` over it, as a webhook carries it."""
+    from tests.fixtures_server import fixtures_dir
+
+    post = json.loads((fixtures_dir("discourse") / "post_created.json").read_text())
+    post.update(kw)
+    return {"post": post}
+
+
+def test_discourse_post_created_addressing_the_bot_is_a_parent() -> None:
+    """A mention or a reply to the bot is the pollers' parent (post id as served); other posts are not answered."""
+    plat = _discourse()
+    [p] = plat.parse_webhook("post_created", _post(raw="hey @replybot, any idea?", user_id=12))
+    assert (p.id, p.extra["topic_id"], p.extra["post_number"]) == ("29", 21, 1)
+    reply = _post(raw="thanks", user_id=12, reply_to_post_number=3, reply_to_user={"username": "ReplyBot"})
+    assert [q.id for q in plat.parse_webhook("post_created", reply)] == ["29"]
+    assert plat.parse_webhook("post_created", _post(raw="hey @replybotter and @someone", user_id=12)).startswith(
+        "post_created does not address the bot")
+    assert plat.parse_webhook("post_created", _post(raw="@replybot note to self", user_id=7)) == "the bot's own post"
+    assert plat.parse_webhook("topic_created", {"topic": {}}) == "topic_created is not answered"
+
+
+def test_discourse_signature_header_is_the_one_checked() -> None:
+    """A Discourse delivery is verified on X-Discourse-Event-Signature (sha256=, HMAC of the raw body)."""
+    from replyd.hooks import KINDS, Hook, Receiver
+
+    plat = _discourse()
+    offered: list[str] = []
+    rec = Receiver({"d": Hook("d", "discourse", SECRET, plat, lambda p, path: offered.append(p.id))})
+    body = json.dumps(_post(raw="@replybot help", user_id=12)).encode()
+    head = {KINDS["discourse"].event: "post_created", KINDS["discourse"].delivery: "1"}
+    assert rec.receive("d", {**head, "x-hub-signature-256": sign(SECRET, body)}, body).status == 401
+    ok = rec.receive("d", {**head, KINDS["discourse"].signature: sign(SECRET, body)}, body)
+    rec.close(wait=True)
+    assert (ok.status, ok.body["parents"], offered) == (202, ["29"], ["29"])
