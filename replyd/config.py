@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from replyd import log as rlog
@@ -191,11 +191,24 @@ class ResponderConfig(BaseModel):
 
 
 class PushConfig(_Strict):
-    """Push discovery for one bot: the platform's webhook deliveries, received by the API."""
+    """Push discovery for one bot: webhook deliveries (received by the API) or a held stream."""
 
-    kind: Literal["github", "discourse"]
-    # The environment variable holding the webhook secret the platform signs deliveries with.
-    secret_env: str
+    kind: Literal["github", "discourse", "mastodon_stream"]
+    # Webhooks: the environment variable holding the secret the platform signs deliveries with.
+    secret_env: str = ""
+    # The inbox poll stays on as the backstop, at this interval unless pollers.inbox_interval_s is set.
+    backstop_interval_s: float = Field(300.0, gt=0)
+
+    @property
+    def webhook(self) -> bool:
+        """Whether deliveries arrive through the API (else the daemon holds a stream open)."""
+        return self.kind != "mastodon_stream"
+
+    @model_validator(mode="after")
+    def _secret_for_webhooks(self) -> PushConfig:
+        if self.webhook and not self.secret_env:
+            raise ValueError(f"secret_env: a {self.kind} webhook needs the variable holding its signing secret")
+        return self
 
     def secret(self) -> str:
         """Return the secret from the environment; a ConfigError naming the variable when it is not set."""
@@ -215,7 +228,13 @@ class BotConfig(_Strict):
     pollers: PollerConfig = PollerConfig()
     policy: PolicyConfig = PolicyConfig()
     responder: ResponderConfig = ResponderConfig()
-    push: PushConfig | None = None  # webhooks feed the same pipeline; the pollers stay on as the backstop
+    push: PushConfig | None = None  # webhooks or a stream feed the same pipeline; the pollers stay on as the backstop
+
+    def inbox_interval_s(self) -> float:
+        """The inbox poll's interval: a push bot's backstop interval unless ``pollers.inbox_interval_s`` is set."""
+        if self.push is None or "inbox_interval_s" in self.pollers.model_fields_set:
+            return self.pollers.inbox_interval_s
+        return self.push.backstop_interval_s
     # setting -> the environment variable it was read from (``token`` -> ``MASTODON_TOKEN``), for error messages
     _env_vars: dict[str, str] = PrivateAttr(default_factory=dict)
 

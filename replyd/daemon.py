@@ -43,6 +43,7 @@ from replyd.sweep import Bot, Sweeper
 if TYPE_CHECKING:
     from replyd.api import ApiServer
     from replyd.hooks import Receiver
+    from replyd.streams import StreamRunner
 
 log = structlog.get_logger("replyd.daemon")
 
@@ -151,6 +152,7 @@ class Daemon:
         self.guards: dict[str, Guard] = {}  # by bot name, for the API; filled as bots log in
         self.api: ApiServer | None = None
         self.hooks: Receiver | None = None
+        self.streams: list[StreamRunner] = []
         self.liveness: Liveness | None = None
 
     def start(self) -> None:
@@ -158,7 +160,7 @@ class Daemon:
         ac = self.cfg.api
         token: str | None = None
         # Webhook secrets first: a push bot with no secret, or no API to receive on, never starts.
-        push = {bc.name: bc.push for bc in self.cfg.bots if bc.push is not None}
+        push = {bc.name: bc.push for bc in self.cfg.bots if bc.push is not None and bc.push.webhook}
         if push and not ac.enabled:
             raise ConfigError(f"bots ({', '.join(push)}): push webhooks arrive through the API: set api.enabled = true")
         secrets = {name: pc.secret() for name, pc in push.items()}
@@ -193,8 +195,10 @@ class Daemon:
                 self._watch(bot)
                 self.bots.append(bot)
                 self.guards[bc.name] = bot.guard
-                if bc.push is not None and self.hooks is not None:
+                if bc.push is not None and bc.push.webhook and self.hooks is not None:
                     self._add_hook(bc.name, bc.push.kind, secrets[bc.name], bot)
+                elif bc.push is not None:
+                    self._add_stream(bc.name, bot)
         except BaseException:
             if self.api is not None:
                 self.api.stop()
@@ -218,7 +222,7 @@ class Daemon:
         for b in self.bots:
             pc = b.cfg.pollers
             for name, every_s, fn in (
-                ("inbox", pc.inbox_interval_s, b.pollers.inbox),
+                ("inbox", b.cfg.inbox_interval_s(), b.pollers.inbox),
                 ("search", pc.search_interval_s if pc.search_queries else 0, b.pollers.search),
                 ("refind", pc.refind_interval_s, b.pollers.refind),
             ):
@@ -237,13 +241,15 @@ class Daemon:
         self.scheduler.add_job(self.sweep_once, "interval", seconds=sc.interval_s, jitter=sc.interval_s / 2,
                                id="sweep", next_run_time=_now_dt())
         self.scheduler.start()
+        for runner in self.streams:
+            runner.start()
         log.info("replyd.daemon.started", owner=self.owner, bots=len(self.bots), store=self.store.url)
 
     def _watch(self, bot: BotRuntime) -> None:
         """Track the bot's scheduled paths and sweep in the liveness record; label its metrics by name."""
         assert self.liveness is not None
         pc, name = bot.cfg.pollers, bot.cfg.name
-        for path, every_s in (("inbox", pc.inbox_interval_s),
+        for path, every_s in (("inbox", bot.cfg.inbox_interval_s()),
                               ("search", pc.search_interval_s if pc.search_queries else 0),
                               ("refind", pc.refind_interval_s), (SWEEP, self.cfg.sweep.interval_s)):
             if every_s > 0:
@@ -276,6 +282,14 @@ class Daemon:
                                       instance=bot.platform.instance)
         log.info("replyd.hooks.ready", bot=name, platform=bot.platform.instance, kind=kind,
                  path=f"/v1/hooks/{name}")
+
+    def _add_stream(self, name: str, bot: BotRuntime) -> None:
+        """Hold bot ``name``'s push stream open (started with the scheduler); its adapter must offer one."""
+        from replyd.streams import StreamRunner, StreamSource
+
+        if not isinstance(bot.platform, StreamSource):
+            raise ConfigError(f"bots.{name}.push: the {bot.cfg.platform} adapter has no push stream")
+        self.streams.append(StreamRunner(name, bot.platform, bot.pipeline.offer, bot.pollers.inbox))
 
     def _check_claim_commit(self) -> None:
         """Warn when store.claim_commit asks for a synchronous standby the server does not have."""
@@ -346,6 +360,8 @@ class Daemon:
         if self.api is not None:
             # Before the HTTP client closes: running API posts still use it.
             self.api.stop()
+        for runner in self.streams:
+            runner.stop()  # no new offers; one under way finishes like a scheduled job's
         if self.scheduler is not None:
             t = threading.Thread(target=self.scheduler.shutdown, kwargs={"wait": True}, daemon=True)
             t.start()
