@@ -124,8 +124,9 @@ def test_mentions_are_answered_from_the_stream_with_the_poll_as_backstop_only(si
     assert {paths[p] for p in parents} == {"stream"}
 
 
+@pytest.mark.slow
 def test_stream_cut_and_refused_the_gap_is_answered_once(sim, tmp_path) -> None:
-    """The stream is cut and refused for 5 s while mentions arrive: the backstop and the reconnect answer each once."""
+    """The stream is cut and refused for 30 s while mentions arrive: the backstop and the reconnect answer each once."""
     srv, world, bot = sim
     d = Daemon(Config.load(_config(tmp_path, srv.base_url, inbox_s=1.0)))
     d.start()
@@ -133,10 +134,12 @@ def test_stream_cut_and_refused_the_gap_is_answered_once(sim, tmp_path) -> None:
         assert wait_until(lambda: world.streams_served >= 1, 15)
         before = [world.post("alice", f"before {i}?", mention=[BOT]).id for i in range(3)]
         assert wait_until(lambda: all(world.replies_by(bot.id).get(p) for p in before), 20)
-        world.cut_streams(refuse_s=5.0)
+        world.cut_streams(refuse_s=30.0)
         gap = [world.post("alice", f"in the gap {i}?", mention=[BOT]).id for i in range(4)]
         served = world.streams_served
-        assert wait_until(lambda: world.streams_served > served, 30)  # reconnected once the outage ended
+        # The backstop poll answers the gap while the stream is refused; the stream comes back after the outage.
+        assert wait_until(lambda: all(world.replies_by(bot.id).get(p) for p in gap), 20)
+        assert wait_until(lambda: world.streams_served > served, 75)
         after = [world.post("alice", f"after {i}?", mention=[BOT]).id for i in range(3)]
         everything = before + gap + after
         assert wait_until(lambda: all(world.replies_by(bot.id).get(p) for p in everything), 20)
@@ -146,3 +149,17 @@ def test_stream_cut_and_refused_the_gap_is_answered_once(sim, tmp_path) -> None:
     per = world.replies_by(bot.id)
     assert [per.get(p, 0) for p in everything] == [1] * len(everything)
     assert world.report()["duplicates"] == 0
+
+
+def test_a_first_empty_inbox_poll_marks_the_start_so_a_burst_is_read_whole(sim) -> None:
+    """A bot whose first poll found nothing reads every mention of a later burst, not only the newest page."""
+    srv, world, bot = sim
+    with httpx.Client(timeout=5.0) as http:
+        plat = make_platform("mastodon", {"base_url": srv.base_url, "token": bot.token, "page_limit": 10},
+                             http=http, clock=SystemClock())
+        first = plat.inbox(None)
+        assert first.parents == [] and first.cursor is not None
+        burst = [world.post("alice", f"question {i}?", mention=[BOT]).id for i in range(35)]
+        time.sleep(0.3)  # the sim lists new posts after its 0.2 s listing delay
+        page = plat.inbox(first.cursor)
+        assert [p.id for p in page.parents] == burst

@@ -369,6 +369,10 @@ class MastodonPlatform:
                 break
             min_id = nxt
         parents = [p for _, p in sorted(found.values(), key=lambda t: id_order(t[0]))]
+        if newest is None:
+            # The first look found no notification at all: everything from now on is new. Without this mark
+            # the next poll would again read only the newest page and skip the rest of a burst.
+            newest = "0"
         return Page(parents=parents, cursor=newest)
 
     def _take_mention(
