@@ -96,6 +96,16 @@ class ListingLag:
             self.refresh()
         return self._in_use
 
+    def verify_delay_s(self) -> float:
+        """When a close is verified: the delay in use, or what every sample so far suggests if longer.
+
+        Verifying late costs nothing but a later look, so it follows the observed lag even with
+        ``listing_delay_auto`` off and before the warm-up ends (capped like the delay in use).
+        """
+        in_use = self.delay_s()
+        learned = min(self.cfg.listing_delay_max_s, self.cfg.listing_delay_factor * self.summary.p99_s)
+        return max(in_use, learned)
+
     def step_s(self) -> float:
         """How long after a look that did not list a known reply the sweep looks again (the lag's resolution)."""
         return min(self.cfg.retry_s, max(MIN_STEP_S, self.configured_s / 2))

@@ -58,9 +58,10 @@ REOFFERED = (NOT_LANDED, RELEASED, COMPOSING)
 # Rows the sweep leases once their deadline has passed (the deadline says what it is for; see Store.lease_due).
 SWEPT = (OPEN, CLOSED, NOT_LANDED, GAVE_UP)
 
-# Events whose detail names own reply ids: how a row closed (reply_id), late answers, duplicates found and deleted.
+# Events whose detail names own reply ids (how a row closed, late answers, duplicates found and deleted), sends
+# that may have landed without one (maybe_sent), and verifications done: what the sweep's verification reads.
 REPLY_ID_EVENTS = ("closed", "already_landed", "late_landing", "swept_found", "reconciled", "duplicate_detected",
-                   "duplicate_deleted")
+                   "duplicate_deleted", "maybe_sent", "late_maybe_sent", "verified")
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # An event's detail column: json.dumps(detail, sort_keys=True, default=str), one encoder made once.
@@ -1138,10 +1139,11 @@ class Store:
         with self.tx(write=False, doing="reading listing lag") as conn:
             return [p for (p,) in conn.execute(sa.select(LISTING_LAG.c.platform).distinct())]
 
-    def reply_id_events(self, conn: Connection, key: Key) -> list[tuple[str, dict[str, Any]]]:
-        """Return (kind, detail) of ``key``'s events that name own reply ids, oldest first."""
-        q = (sa.select(EVENTS.c.kind, EVENTS.c.detail)
+    def reply_id_events(self, conn: Connection, key: Key) -> list[tuple[str, int | None, dict[str, Any]]]:
+        """Return (kind, attempt, detail) of ``key``'s events that name own reply ids, a send that may have
+        landed, or a verification, oldest first."""
+        q = (sa.select(EVENTS.c.kind, EVENTS.c.attempt, EVENTS.c.detail)
              .where(EVENTS.c.platform == key.platform, EVENTS.c.sender_id == key.sender_id,
                     EVENTS.c.parent_id == key.parent_id, EVENTS.c.kind.in_(REPLY_ID_EVENTS))
              .order_by(EVENTS.c.id))
-        return [(k, json.loads(d or "{}")) for k, d in conn.execute(q)]
+        return [(k, a, json.loads(d or "{}")) for k, a, d in conn.execute(q)]

@@ -143,8 +143,9 @@ class Sweeper:
             rb = ReadBack()
         # Read once per pass, outside the rows' transactions (a refresh reads and writes the store).
         delay_s = bot.lag.delay_s() if bot.lag is not None else bot.platform.listing_delay_s
+        verify_s = bot.lag.verify_delay_s() if bot.lag is not None else delay_s
         for r in rows:
-            self._decide(bot, r, rb, now, delay_s, res)
+            self._decide(bot, r, rb, now, delay_s, verify_s, res)
         res.by_platform[bot.platform.instance] += len(rows)
         metrics.sweep_pass(bot.platform.instance, res)
         log.info("replyd.sweep.passed", platform=bot.platform.instance, leased=res.leased, closed=res.closed,
@@ -179,30 +180,38 @@ class Sweeper:
         own, closed_at = r.reply_id, r.closed_at if r.closed_at is not None else now
         own_listed = own in listed
         # A lag sample needs the send time: only a reply the guard closed the row with from the send's response.
-        if own and any(k == "closed" and d.get("reply_id") == own for k, d in events):
+        if own and any(k == "closed" and d.get("reply_id") == own for k, _, d in events):
             bot.lag.look(conn, r.sender_id, own, sent_at=closed_at, now=now, listed=own_listed)
+        known = _known_ids(events, own)
+        deleted = {d.get("reply_id") for k, _, d in events if k == "duplicate_deleted"}
+        every = [i for i in dict.fromkeys([*listed, *known]) if i and i not in deleted]
+        # Attempts whose send may have made a reply: fewer replies seen than that, one may still be unlisted.
+        sent = {a for k, a, _ in events if k in ("closed", "late_landing", "maybe_sent", "late_maybe_sent")}
+        unaccounted = len(every) + len(deleted) < len(sent)
         due = closed_at + delay_s
-        waiting_own = bool(own) and not own_listed and now < closed_at + self.cfg.listing_delay_max_s
+        give_up_at = closed_at + self.cfg.listing_delay_max_s
+        waiting_own = bool(own) and not own_listed and now < give_up_at
         if now < due or waiting_own:
-            # Not yet: look again when the delay in use has passed, and meanwhile until our own reply is listed.
-            nxt = due if not waiting_own else (min(due, now + bot.lag.step_s()) if now < due else now + bot.lag.step_s())
+            # Not yet: at the delay in use, and meanwhile every step until our own reply is listed (its lag).
+            nxt = (min(due, now + bot.lag.step_s()) if now < due else now + bot.lag.step_s()) if waiting_own else due
             values = {"deadline_at": nxt, "lease_owner": None, "lease_until": None}
             self.store.cas(conn, key, states=[st.CLOSED], attempt=r.attempt, values=values, extra_where=lease)
             return []
-        known = _known_ids(events, own)
-        deleted = {d.get("reply_id") for k, d in events if k == "duplicate_deleted"}
-        reported = {i for k, d in events if k == "duplicate_detected" for i in [d.get("kept"), *d.get("newer", [])]}
+        reported = {i for k, _, d in events if k == "duplicate_detected" for i in [d.get("kept"), *d.get("newer", [])]}
         kept = listed[0] if listed else own
-        every = [i for i in dict.fromkeys([*listed, *known]) if i and i not in deleted]
         newer = [i for i in every if i != kept and i not in reported]
-        values = {"deadline_at": None, "lease_owner": None, "lease_until": None}
+        # While an attempt's reply is unaccounted for, look again at doubling ages (up to listing_delay_max_s).
+        nxt = (min(give_up_at, closed_at + 2 * max(now - closed_at, bot.lag.step_s()))
+               if unaccounted and now < give_up_at else None)
+        values = {"deadline_at": nxt, "lease_owner": None, "lease_until": None}
         if newer and self.on_duplicate == "delete_newer" and kept and kept != own:
             values["reply_id"] = kept  # the newer ones are about to be deleted
         if not self.store.cas(conn, key, states=[st.CLOSED], attempt=r.attempt, values=values, extra_where=lease):
             return []
-        self.store.add_event(conn, key, "verified", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
-                             detail={"own_replies": len(listed), "known": len(every)})
-        res.verified += 1
+        if not any(k == "verified" and a == r.attempt for k, a, _ in events):
+            self.store.add_event(conn, key, "verified", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
+                                 detail={"own_replies": len(listed), "known": len(every)})
+            res.verified += 1
         return self._duplicates(conn, key, r, kept or "", newer, res)
 
     def _next_look(self, judged_at: float, now: float, delay_s: float) -> float | None:
@@ -235,14 +244,15 @@ class Sweeper:
         self.store.cas(conn, key, states=[r.state], attempt=r.attempt, values=values, extra_where=lease)
         return []
 
-    def _decide(self, bot: Bot, r: Reply, rb: ReadBack, now: float, delay_s: float, res: SweepResult) -> None:
+    def _decide(self, bot: Bot, r: Reply, rb: ReadBack, now: float, delay_s: float, verify_s: float,
+                res: SweepResult) -> None:
         key = Key(r.platform, r.sender_id, r.parent_id)
         mine = rb.found.get(r.parent_id) or []
         lease = st.REPLIES.c.lease_owner == self.owner
         delete: list[str] = []
         with self.store.tx(relaxed=True, doing="sweeping") as conn:
             if r.state == st.CLOSED:
-                delete = self._verify(conn, bot, key, r, mine, rb, now, delay_s, res)
+                delete = self._verify(conn, bot, key, r, mine, rb, now, verify_s, res)
             elif r.state in (st.NOT_LANDED, st.GAVE_UP):
                 delete = self._reconcile(conn, key, r, mine, rb, now, delay_s, res)
             elif mine:
@@ -284,10 +294,10 @@ class Sweeper:
                 log.error("replyd.sweep.delete_failed", parent_id=r.parent_id, reply_id=extra, error=str(exc)[:300])
 
 
-def _known_ids(events: list[tuple[str, dict]], own: str | None) -> list[str]:
+def _known_ids(events: list[tuple[str, int | None, dict]], own: str | None) -> list[str]:
     """Own reply ids the events name as really made (closes, late answers), the row's own first."""
     ids = [own] if own else []
-    for kind, detail in events:
+    for kind, _, detail in events:
         if kind in ("closed", "already_landed", "late_landing", "swept_found", "reconciled") and detail.get("reply_id"):
             ids.append(detail["reply_id"])
     return list(dict.fromkeys(ids))
