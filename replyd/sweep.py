@@ -54,12 +54,13 @@ class SweepResult:
     readback_errors: int = 0
     verified: int = 0
     reconciled: int = 0
+    waiting: int = 0  # looked at, given a later look (a close not yet verified, a judged row with no reply yet)
     by_platform: Counter[str] = field(default_factory=Counter)
 
     def add(self, other: SweepResult) -> None:
         """Accumulate another pass's counts."""
         for name in ("leased", "closed", "not_landed", "gave_up", "left_open", "duplicates", "readback_errors", "verified",
-                     "reconciled"):
+                     "reconciled", "waiting"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.by_platform.update(other.by_platform)
 
@@ -150,7 +151,7 @@ class Sweeper:
         metrics.sweep_pass(bot.platform.instance, res)
         log.info("replyd.sweep.passed", platform=bot.platform.instance, leased=res.leased, closed=res.closed,
                  not_landed=res.not_landed, gave_up=res.gave_up, left_open=res.left_open, duplicates=res.duplicates,
-                 verified=res.verified, reconciled=res.reconciled)
+                 verified=res.verified, reconciled=res.reconciled, waiting=res.waiting)
         return res
 
     def _duplicates(self, conn, key: Key, r: Reply, kept: str, newer: list[str], res: SweepResult) -> list[str]:  # noqa: ANN001
@@ -195,7 +196,8 @@ class Sweeper:
             # Not yet: at the delay in use, and meanwhile every step until our own reply is listed (its lag).
             nxt = (min(due, now + bot.lag.step_s()) if now < due else now + bot.lag.step_s()) if waiting_own else due
             values = {"deadline_at": nxt, "lease_owner": None, "lease_until": None}
-            self.store.cas(conn, key, states=[st.CLOSED], attempt=r.attempt, values=values, extra_where=lease)
+            if self.store.cas(conn, key, states=[st.CLOSED], attempt=r.attempt, values=values, extra_where=lease):
+                res.waiting += 1
             return []
         reported = {i for k, _, d in events if k == "duplicate_detected" for i in [d.get("kept"), *d.get("newer", [])]}
         kept = listed[0] if listed else own
@@ -212,6 +214,8 @@ class Sweeper:
             self.store.add_event(conn, key, "verified", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
                                  detail={"own_replies": len(listed), "known": len(every)})
             res.verified += 1
+        else:
+            res.waiting += 1  # a later look for an unaccounted attempt's reply
         return self._duplicates(conn, key, r, kept or "", newer, res)
 
     def _next_look(self, judged_at: float, now: float, delay_s: float) -> float | None:
@@ -241,7 +245,8 @@ class Sweeper:
             return self._duplicates(conn, key, r, first, [m.reply_id for m in mine[1:]], res)
         nxt = self._next_look(r.updated_at, now, delay_s) if r.parent_id in rb.checked else now + self.retry_s
         values = {"deadline_at": nxt, "lease_owner": None, "lease_until": None}
-        self.store.cas(conn, key, states=[r.state], attempt=r.attempt, values=values, extra_where=lease)
+        if self.store.cas(conn, key, states=[r.state], attempt=r.attempt, values=values, extra_where=lease):
+            res.waiting += 1
         return []
 
     def _decide(self, bot: Bot, r: Reply, rb: ReadBack, now: float, delay_s: float, verify_s: float,
