@@ -107,3 +107,16 @@ def test_store_failure_keeps_last_delay(store, clock, monkeypatch):
     monkeypatch.setattr(Store, "lag_samples", broken)
     clock.advance(5)
     assert lag.delay_s() == 4.0
+
+
+def test_lag_is_exported_as_a_histogram(store, clock):
+    """Every measured reply is one observation of replyd_listing_lag_seconds for its platform instance."""
+    from prometheus_client import generate_latest
+
+    from replyd import metrics
+
+    before = metrics.LISTING_LAG.labels("memory:test")._sum.get()
+    _run(store, clock, 3.0, 1.0, 3, cfg())
+    text = generate_latest(metrics.registry()).decode()
+    assert 'replyd_listing_lag_seconds_bucket{le="5.0",platform="memory:test"}' in text
+    assert metrics.LISTING_LAG.labels("memory:test")._sum.get() - before >= 3 * 3.0  # three replies, each >= 3 s
