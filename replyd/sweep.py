@@ -55,12 +55,13 @@ class SweepResult:
     verified: int = 0
     reconciled: int = 0
     waiting: int = 0  # looked at, given a later look (a close not yet verified, a judged row with no reply yet)
+    verified_on_close: int = 0  # of ``verified``: closed by this pass's read-back, which was late enough to verify
     by_platform: Counter[str] = field(default_factory=Counter)
 
     def add(self, other: SweepResult) -> None:
         """Accumulate another pass's counts."""
         for name in ("leased", "closed", "not_landed", "gave_up", "left_open", "duplicates", "readback_errors", "verified",
-                     "reconciled", "waiting"):
+                     "reconciled", "waiting", "verified_on_close"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.by_platform.update(other.by_platform)
 
@@ -151,7 +152,8 @@ class Sweeper:
         metrics.sweep_pass(bot.platform.instance, res)
         log.info("replyd.sweep.passed", platform=bot.platform.instance, leased=res.leased, closed=res.closed,
                  not_landed=res.not_landed, gave_up=res.gave_up, left_open=res.left_open, duplicates=res.duplicates,
-                 verified=res.verified, reconciled=res.reconciled, waiting=res.waiting)
+                 verified=res.verified, reconciled=res.reconciled, waiting=res.waiting,
+                 verified_on_close=res.verified_on_close)
         return res
 
     def _duplicates(self, conn, key: Key, r: Reply, kept: str, newer: list[str], res: SweepResult) -> list[str]:  # noqa: ANN001
@@ -166,8 +168,11 @@ class Sweeper:
         return newer if self.on_duplicate == "delete_newer" else []
 
     def _verify(self, conn, bot: Bot, key: Key, r: Reply, mine: list, rb: ReadBack, now: float,  # noqa: ANN001
-                delay_s: float, res: SweepResult) -> list[str]:
-        """A closed row: measure its reply's listing lag, then (once, after the delay in use) count duplicates."""
+                delay_s: float, res: SweepResult, basis: float | None = None) -> list[str]:
+        """A closed row: measure its reply's listing lag, then (once, after the delay in use) count duplicates.
+
+        ``basis``: when the last send that can have made an unseen reply started (default: the close).
+        """
         assert bot.lag is not None
         lease = st.REPLIES.c.lease_owner == self.owner
         checked = r.parent_id in rb.checked
@@ -189,7 +194,7 @@ class Sweeper:
         # Attempts whose send may have made a reply: fewer replies seen than that, one may still be unlisted.
         sent = {a for k, a, _ in events if k in ("closed", "late_landing", "maybe_sent", "late_maybe_sent")}
         unaccounted = len(every) + len(deleted) < len(sent)
-        due = closed_at + delay_s
+        due = (closed_at if basis is None else basis) + delay_s
         give_up_at = closed_at + self.cfg.listing_delay_max_s
         waiting_own = bool(own) and not own_listed and now < give_up_at
         if now < due or waiting_own:
@@ -262,14 +267,21 @@ class Sweeper:
                 delete = self._reconcile(conn, key, r, mine, rb, now, delay_s, res)
             elif mine:
                 first = mine[0]
-                # Closed, and verified once the delay in use has passed (an earlier attempt may still list late).
+                # Closed under our lease, which the verification below releases: this read-back came after the
+                # delay in use since the attempt opened, so it verifies the close at once unless a reply is
+                # unaccounted for (the same batched read, no second look).
                 values = {"state": st.CLOSED, "reply_id": first.reply_id, "closed_at": now, "updated_at": now,
-                          "deadline_at": now + delay_s, "lease_owner": None, "lease_until": None}
+                          "deadline_at": now + verify_s}
                 if self.store.cas(conn, key, states=[st.OPEN], attempt=r.attempt, values=values, extra_where=lease):
                     self.store.add_event(conn, key, "swept_found", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
                                          detail={"reply_id": first.reply_id})
                     res.closed += 1
-                    delete = self._duplicates(conn, key, r, first.reply_id, [m.reply_id for m in mine[1:]], res)
+                    closed = r.model_copy(update={k: v for k, v in values.items() if k != "deadline_at"})
+                    waiting, verified = res.waiting, res.verified
+                    delete = self._verify(conn, bot, key, closed, mine, rb, now, verify_s, res,
+                                          basis=r.opened_at or r.created_at)
+                    res.waiting = waiting  # counted as closed
+                    res.verified_on_close += res.verified - verified
             elif r.parent_id in rb.checked:
                 to = st.NOT_LANDED if r.attempt < self.max_attempts else st.GAVE_UP
                 values = {"state": to, "updated_at": now, "lease_owner": None, "lease_until": None,

@@ -217,7 +217,8 @@ def test_three_replicas_sigkill_one_no_duplicates_sweep_shared(fresh_pg, tmp_pat
     # A leased row whose verdict did not commit: its lease was taken over or the row changed under it.
     # Rows looked at and given a later look (a close not yet verified, a judged row) are "waiting".
     lost = {rid: sum(p["leased"] - p["closed"] - p["not_landed"] - p["gave_up"] - p["left_open"] - p["waiting"]
-                     - p["reconciled"] for p in ps) - verified[rid] for rid, ps in passes.items()}
+                     - p["reconciled"] + p["verified_on_close"] for p in ps) - verified[rid]
+            for rid, ps in passes.items()}
     # Sends whose own outcome was recorded after their row's deadline: the sweep may already hold such a row,
     # and the guard's close then wins the row from under the sweep's lease (legitimately: one verdict only).
     opened = {(p, a): at for p, a, k, s, at in timed if k == "opened" or (k == "claimed" and s == st.OPEN)}
