@@ -61,7 +61,7 @@ RESPONDER_SECONDS = Histogram(
 )
 SWEEP_ROWS = Counter(
     "replyd_sweep_rows",
-    "Rows the sweep decided, by result (closed, not_landed, gave_up, left_open, verified).",
+    "Rows the sweep decided, by result (closed, not_landed, gave_up, left_open, verified, reconciled).",
     ["platform", "result"],
     registry=None,
 )
