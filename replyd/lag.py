@@ -91,9 +91,13 @@ class ListingLag:
         self.summary = LagSummary(platform, 0, 0.0, 0.0, 0.0)
 
     def delay_s(self) -> float:
-        """The listing delay in use now (re-read from the store when older than ``listing_lag_refresh_s``)."""
+        """The listing delay in use now, as last refreshed (no I/O: the guard reads it on its hot path)."""
+        return self._in_use
+
+    def refresh_if_due(self) -> float:
+        """Refresh from the store when the last refresh is older than ``listing_lag_refresh_s`` (the sweep's job)."""
         if self.clock.now() >= self._next_refresh:
-            self.refresh()
+            return self.refresh()
         return self._in_use
 
     def verify_delay_s(self) -> float:
@@ -102,7 +106,7 @@ class ListingLag:
         Verifying late costs nothing but a later look, so it follows the observed lag even with
         ``listing_delay_auto`` off and before the warm-up ends (capped like the delay in use).
         """
-        in_use = self.delay_s()
+        in_use = self._in_use
         learned = min(self.cfg.listing_delay_max_s, self.cfg.listing_delay_factor * self.summary.p99_s)
         return max(in_use, learned)
 

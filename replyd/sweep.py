@@ -144,7 +144,7 @@ class Sweeper:
             res.readback_errors = 1
             rb = ReadBack()
         # Read once per pass, outside the rows' transactions (a refresh reads and writes the store).
-        delay_s = bot.lag.delay_s() if bot.lag is not None else bot.platform.listing_delay_s
+        delay_s = bot.lag.refresh_if_due() if bot.lag is not None else bot.platform.listing_delay_s
         verify_s = bot.lag.verify_delay_s() if bot.lag is not None else delay_s
         for r in rows:
             self._decide(bot, r, rb, now, delay_s, verify_s, res)

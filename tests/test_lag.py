@@ -64,7 +64,8 @@ def test_learns_a_delay_above_the_real_lag(store, clock):
     assert 3.0 <= lag.delay_s() <= 6.0
     # Persisted and shared: a new estimator (a restart, another replica) starts from the store.
     again = ListingLag(store, plat.instance, 1.0, c, clock=clock)
-    assert again.delay_s() == lag.delay_s()
+    assert again.delay_s() == 1.0  # no I/O until refreshed
+    assert again.refresh_if_due() == lag.delay_s()
     row = next(r for r in summaries(store) if r["platform"] == plat.instance)
     assert row["in_use_s"] == lag.delay_s() and row["configured_s"] == 1.0 and row["samples"] == 12
 
@@ -98,7 +99,7 @@ def test_change_logged_once_and_short_configuration_warned(store, clock, capsys)
 def test_store_failure_keeps_last_delay(store, clock, monkeypatch):
     """A refresh that cannot read the store keeps the delay in use (never falls back silently to 0)."""
     lag = ListingLag(store, "memory:test", 4.0, cfg(), clock=clock)
-    assert lag.delay_s() == 4.0
+    assert lag.refresh_if_due() == 4.0
     from replyd.errors import StoreError
 
     def broken(*a, **k):
@@ -106,7 +107,7 @@ def test_store_failure_keeps_last_delay(store, clock, monkeypatch):
 
     monkeypatch.setattr(Store, "lag_samples", broken)
     clock.advance(5)
-    assert lag.delay_s() == 4.0
+    assert lag.refresh_if_due() == 4.0
 
 
 def test_lag_is_exported_as_a_histogram(store, clock):
