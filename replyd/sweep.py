@@ -40,6 +40,8 @@ from replyd.store import Key, Reply, Store
 
 log = structlog.get_logger("replyd.sweep")
 
+UNACCOUNTED_LOOKS = 10.0  # a close with an attempt's reply unaccounted for is looked at until this x the delay
+
 
 @dataclass
 class SweepResult:
@@ -207,9 +209,11 @@ class Sweeper:
         reported = {i for k, _, d in events if k == "duplicate_detected" for i in [d.get("kept"), *d.get("newer", [])]}
         kept = listed[0] if listed else own
         newer = [i for i in every if i != kept and i not in reported]
-        # While an attempt's reply is unaccounted for, look again at doubling ages (up to listing_delay_max_s).
-        nxt = (min(give_up_at, closed_at + 2 * max(now - closed_at, bot.lag.step_s()))
-               if unaccounted and now < give_up_at else None)
+        # While an attempt's reply is unaccounted for, look again at doubling ages, up to ten times the delay
+        # (a reply that lists later than that is the reconciling looks' case; the feed read stays short).
+        horizon = closed_at + min(self.cfg.listing_delay_max_s, UNACCOUNTED_LOOKS * max(delay_s, bot.lag.step_s()))
+        nxt = (min(horizon, closed_at + 2 * max(now - closed_at, bot.lag.step_s()))
+               if unaccounted and now < horizon else None)
         values = {"deadline_at": nxt, "lease_owner": None, "lease_until": None}
         if newer and self.on_duplicate == "delete_newer" and kept and kept != own:
             values["reply_id"] = kept  # the newer ones are about to be deleted
