@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import structlog.testing
 
 from replyd.config import SweepConfig
 from replyd.guard import Guard, Status
@@ -87,12 +88,14 @@ def test_auto_off_measures_but_keeps_configured(store, clock):
     assert lag.delay_s() == 1.0
 
 
-def test_change_logged_once_and_short_configuration_warned(store, clock, capsys):
+def test_change_logged_once_and_short_configuration_warned(store, clock):
     """The change is logged once with old and new value; the warning names the bot and the key."""
-    _run(store, clock, 3.0, 1.0, 12, cfg())
-    out = capsys.readouterr().out
-    assert out.count("replyd.lag.delay_changed") == 1
-    assert out.count("replyd.lag.configured_short") == 1 and "bots.b1.settings.listing_delay_s" in out
+    with structlog.testing.capture_logs() as logs:
+        _run(store, clock, 3.0, 1.0, 12, cfg())
+    changed = [e for e in logs if e["event"] == "replyd.lag.delay_changed"]
+    assert len(changed) == 1 and changed[0]["old_s"] == 1.0 and changed[0]["new_s"] >= 3.0
+    short = [e for e in logs if e["event"] == "replyd.lag.configured_short"]
+    assert len(short) == 1 and short[0]["key"] == "bots.b1.settings.listing_delay_s" and short[0]["bot"] == "b1"
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
