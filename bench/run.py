@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 
 from bench.common import Table, configure_quiet_logs, machine  # noqa: E402
 
-SECTIONS = ("overhead", "races", "readback", "growth", "economy", "profile")
+SECTIONS = ("overhead", "races", "readback", "growth", "economy", "profile", "commitlevels")
 
 
 def _load() -> str:
@@ -112,8 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         res = p.measure(300 if q else 1000)
         return res, p.tables(res, cmd)
 
+    def commitlevels() -> tuple[Any, list[Table]]:
+        from bench import commitlevels as c
+
+        res = c.measure(200 if q else 1000)
+        return res, c.tables(res, cmd)
+
     plan = {"overhead": overhead, "races": races, "readback": readback, "growth": growth, "economy": economy,
-            "profile": profile}
+            "profile": profile, "commitlevels": commitlevels}
     started = datetime.now(timezone.utc)
     t_all = time.monotonic()
     info = machine()

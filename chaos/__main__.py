@@ -6,8 +6,10 @@ import argparse
 import json
 import multiprocessing
 import os
+import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -16,14 +18,18 @@ from chaos.plan import Plan, draw
 from chaos.run import IN_CI_ENV, Result, configure_logging, pg_reachable, run_plan
 
 SUMMED = ("faults", "posts", "duplicates", "lost", "open_left", "replies", "gave_up", "gave_up_unreported",
-          "wrong_close", "unsettled_left", "unhandled", "start_failures", "stopped_while_starting")
+          "unanswered", "unanswered_gave_up", "unanswered_rejected", "unanswered_other", "refusals_injected",
+          "rejected", "rejected_unexplained", "wrong_close", "unsettled_left", "unhandled", "start_failures",
+          "stopped_while_starting")
 
 
 def run_line(plan: Plan, res: Result) -> str:
     """The one stdout line of a finished run."""
     return (f"run {plan.index:3d} {plan.db:8s} x{plan.replicas} idem={'on ' if plan.idempotency else 'off'} "
             f"ld={plan.ld_real}/{plan.ld_conf}s posts={res.posts:3d} faults={res.faults:3d} "
-            f"dup={res.duplicates} lost={res.lost} gave_up={res.gave_up} open={res.open_left} "
+            f"dup={res.duplicates} lost={res.lost} unanswered={res.unanswered}"
+            f"(gave_up={res.unanswered_gave_up},rejected={res.unanswered_rejected},other={res.unanswered_other}) "
+            f"open={res.open_left} "
             f"attempts={res.attempts_mean:.2f}/{res.attempts_max} settle={res.settle_s}s {res.elapsed_s}s "
             f"[{','.join(plan.families)}]{' ERROR ' + res.error if res.error else ''}"
             f"{'' if res.ok else ' FAILED'}")
@@ -33,10 +39,8 @@ class Tally:
     """The totals over finished runs, in any order of completion; details are kept sorted by run index."""
 
     def __init__(self, seed: int) -> None:
-        self.totals: dict[str, Any] = {"runs": 0, "faults": 0, "posts": 0, "duplicates": 0, "lost": 0, "open_left": 0,
-                                       "replies": 0, "gave_up": 0, "gave_up_unreported": 0, "wrong_close": 0,
-                                       "unsettled_left": 0, "unhandled": 0, "bad_exits": 0, "start_failures": 0,
-                                       "stopped_while_starting": 0, "failed_runs": 0, "attempts_max": 0, "seed": seed}
+        self.totals: dict[str, Any] = {"runs": 0, **{k: 0 for k in SUMMED}, "bad_exits": 0, "failed_runs": 0,
+                                       "attempts_max": 0, "seed": seed}
         self.by_kind: dict[str, int] = {}
         self.details: list[dict[str, Any]] = []
         self.t0 = time.monotonic()
@@ -64,12 +68,28 @@ class Tally:
         t["elapsed_s"] = round(time.monotonic() - self.t0, 1)
         return t
 
-    def write(self, path: Path, complete: bool) -> None:
+    def write(self, path: Path, complete: bool, about: dict[str, Any] | None = None) -> None:
         """Write totals and every finished run to ``path`` atomically, so a stopped campaign loses nothing."""
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"totals": self.final(), "complete": complete, "runs": self.details},
-                                  indent=1, default=str))
+        tmp.write_text(json.dumps({**(about or {}), "totals": self.final(), "complete": complete,
+                                   "runs": self.details}, indent=1, default=str))
         os.replace(tmp, path)
+
+
+def git_commit() -> str:
+    """The commit this campaign ran on (``+dirty`` with uncommitted changes), or ``unknown``."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "docs" / "chaos"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=None)
     p.add_argument("--keep", action="store_true", help="keep every run's directory (logs, config, SQLite)")
     p.add_argument("--json-out", type=Path, default=None,
-                   help="write every plan and result here (rewritten after each finished run)")
+                   help="write every plan and result here (rewritten after each finished run); a campaign "
+                        "(not --short, not --only) writes docs/chaos/results-seed<S>-runs<N>.json by default")
+    p.add_argument("--no-results", action="store_true", help="write no results file")
     p.add_argument("--limits", action="store_true",
                    help="measure the limits instead (listing delay, latency, clocks beyond the margin; idempotency on/off)")
     p.add_argument("--limit-scenario", action="append", default=None, metavar="NAME",
@@ -130,12 +152,19 @@ def main(argv: list[str] | None = None) -> int:
             plan.db = "postgres"
         plans.append(plan)
     tally = Tally(a.seed)
+    results = a.json_out
+    if results is None and not (a.short or a.only or a.no_results):
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        results = RESULTS_DIR / f"results-seed{a.seed}-runs{runs}.json"
+    about = {"seed": a.seed, "runs_asked": runs, "jobs": a.jobs, "db": a.db, "commit": git_commit(),
+             "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+             "command": "python -m chaos " + " ".join(sys.argv[1:] if argv is None else argv)}
 
     def finished(plan: Plan, res: Result) -> None:
         tally.add(plan, res)
         print(run_line(plan, res), flush=True)
-        if a.json_out:
-            tally.write(a.json_out, complete=False)
+        if results:
+            tally.write(results, complete=False, about=about)
 
     if a.jobs == 1:
         for plan in plans:
@@ -157,8 +186,9 @@ def main(argv: list[str] | None = None) -> int:
                                      error=f"worker: {type(exc).__name__}: {exc}"[:500])
                     finished(plan, res)
     totals = tally.final()
-    if a.json_out:
-        tally.write(a.json_out, complete=True)
+    if results:
+        tally.write(results, complete=True, about=about)
+        print(f"chaos: results written to {results}", file=sys.stderr, flush=True)
     print(json.dumps(totals, sort_keys=False), flush=True)
     return 0 if totals["failed_runs"] == 0 else 1
 

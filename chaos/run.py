@@ -14,6 +14,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,9 @@ from replyd.sim.world import World
 ROOT = Path(__file__).resolve().parents[1]
 BOT = "chaosbot"
 UNSETTLED = ("open", "composing", "released", "not_landed")
+# Sim faults that refuse a create with a 4xx other than 429 (a refusal replyd must record as rejected).
+# None of the plan's families injects one yet; a family that does names its sim fault kind here.
+REFUSAL_FAULTS: frozenset[str] = frozenset()
 IN_CI_ENV = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PG_ADMIN_URL = os.environ.get("REPLYD_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/postgres")
 
@@ -72,7 +76,13 @@ class Result:
     posts: int = 0
     replies: int = 0
     duplicates: int = 0
-    lost: int = 0
+    lost: int = 0  # unanswered on the sim and not explained (below): must be 0
+    unanswered: int = 0  # parents the sim holds no reply of the bot to (the sim alone decides)
+    unanswered_gave_up: int = 0  # ... of which replyd says gave_up (explained when alerted)
+    unanswered_rejected: int = 0  # ... of which replyd says rejected (explained only by injected refusals)
+    unanswered_other: int = 0  # ... of which replyd says anything else: lost
+    refusals_injected: int = 0  # creates the sim refused with a 4xx that is not a rate limit
+    rejected_unexplained: int = 0  # rejected parents beyond the refusals the plan injected
     gave_up: int = 0
     gave_up_unreported: int = 0
     rejected: int = 0
@@ -97,7 +107,8 @@ class Result:
     def ok(self) -> bool:
         """True when the run kept every promise."""
         return (not self.error and self.duplicates == 0 and self.lost == 0 and self.open_left == 0
-                and self.wrong_close == 0 and self.gave_up_unreported == 0 and self.integrity == "ok"
+                and self.wrong_close == 0 and self.gave_up_unreported == 0 and self.rejected_unexplained == 0
+                and self.integrity == "ok"
                 and not self.bad_exits and self.unhandled == 0)
 
 
@@ -535,16 +546,12 @@ class Run:
         res.posts = len(parents)
         res.replies = sum(per.get(p, 0) for p in parents)
         res.duplicates = world.duplicates(bot_id)
+        # The sim's own count of refusals (4xx other than 429) it answered to creates: the only thing that
+        # excuses a rejected parent. No fault family injects one today, so any rejected parent fails the run.
+        refusals = sum(n for k, n in report["faults_injected"].items() if k in REFUSAL_FAULTS)
+        account_unanswered(res, parents, per, {p: s for p, (s, _) in rows.items()}, reported_gave_up, refusals)
         for p in parents:
             state, rid = rows.get(p, (None, None))
-            if state == "gave_up":
-                res.gave_up += 1
-                if p not in reported_gave_up:
-                    res.gave_up_unreported += 1
-            if state == "rejected":
-                res.rejected += 1
-            if not per.get(p) and state not in ("gave_up", "rejected"):
-                res.lost += 1
             if state == "closed" and (rid not in mine or mine[rid].in_reply_to_id != p):
                 res.wrong_close += 1
         states = Counter(s for s, _ in rows.values())
@@ -564,6 +571,34 @@ class Run:
                 res.integrity = con.execute("PRAGMA integrity_check").fetchone()[0]
             finally:
                 con.close()
+
+
+def account_unanswered(res: Result, parents: list[str], replies: Mapping[str, int], states: Mapping[str, str],
+                       alerted: set[str], refusals: int) -> None:
+    """Count the unanswered parents by the sim's replies alone, split by what replyd says about each.
+
+    Explained: ``gave_up`` and alerted (``replyd.sweep.gave_up`` logged), or ``rejected`` up to the number
+    of refusals the sim injected. Every other unanswered parent is lost.
+    """
+    unreported = 0
+    for p in parents:
+        state = states.get(p)
+        res.gave_up += state == "gave_up"
+        res.gave_up_unreported += state == "gave_up" and p not in alerted
+        res.rejected += state == "rejected"
+        if replies.get(p):
+            continue
+        res.unanswered += 1
+        if state == "gave_up":
+            res.unanswered_gave_up += 1
+            unreported += p not in alerted
+        elif state == "rejected":
+            res.unanswered_rejected += 1
+        else:
+            res.unanswered_other += 1
+    res.refusals_injected = refusals
+    res.rejected_unexplained = max(0, res.unanswered_rejected - refusals)
+    res.lost = res.unanswered_other + res.rejected_unexplained + unreported
 
 
 def configure_logging(verbose: bool) -> None:

@@ -10,13 +10,20 @@ Endpoints (the OpenAPI document at ``/openapi.json`` is the contract):
 ``GET  /healthz`` ``/readyz`` ``/metrics`` ``/``          liveness, readiness, Prometheus, status page
 =======================================================  ==========================================
 
-Auth: writes always need ``Authorization: Bearer <token>`` (no configured
-token: writes are refused with 403). Reads need it too when the server
-listens on a non-loopback address, and the server refuses to start there
-without a token. ``/healthz``, ``/readyz`` and ``/openapi.json`` are open, for
-probes. A browser may send the token as a Basic password for reads (the page
-asks for it), never for writes, so a cached Basic login cannot be used for
-cross-site writes; a write must also be ``application/json``.
+Auth: with a token configured, every route but ``/healthz`` needs
+``Authorization: Bearer <token>``; ``/readyz`` and ``/metrics`` can be opened
+for probes and scrapers by ``api.open_routes``. Writes always need the token
+(no configured token: writes are refused with 403, reads are open, and only a
+loopback bind is allowed). A browser may send the token as a Basic password for
+reads (the page asks for it), never for writes, so a cached Basic login cannot
+be used for cross-site writes; a write must also be ``application/json``.
+A non-loopback bind needs a token of at least ``MIN_PUBLIC_TOKEN`` characters.
+
+Host: a request whose ``Host`` names neither an IP address, ``localhost``,
+the bind address nor one of ``api.hosts`` is refused with 400 before anything
+else, so a web page cannot read the API through DNS rebinding. Every answer
+carries a Content-Security-Policy, ``X-Frame-Options: DENY`` and
+``X-Content-Type-Options: nosniff``.
 
 Nothing here posts by itself: every reply goes through ``library.submit``,
 which resolves the parent through the adapter and calls ``Guard.post``.
@@ -34,7 +41,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import structlog
 import uvicorn
@@ -43,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -51,7 +60,12 @@ from replyd import library, metrics, statuspage
 from replyd import store as st
 from replyd.errors import ConfigError, ContentionError, PlatformError, RateLimited, Rejected, ReplydError, StoreError
 from replyd.guard import Guard, Outcome, Status
+from replyd.liveness import Liveness
+from replyd.platforms._http import is_loopback
 from replyd.store import Reply, Store
+
+if TYPE_CHECKING:
+    from replyd.hooks import Receiver
 
 log = structlog.get_logger("replyd.api")
 
@@ -75,23 +89,67 @@ class ReplyIn(BaseModel):
                       description="The discovery path recorded on the row (default: api).")
 
 
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses; any other name or address is public."""
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+MIN_PUBLIC_TOKEN = 32  # characters: a token guarding a non-loopback bind must not be guessable
+WILDCARD_BINDS = ("0.0.0.0", "::", "")
+OPENABLE_ROUTES = ("readyz", "metrics")  # what api.open_routes may serve without the token
+# The page is self-contained: no script, one inline style (allowed by its hash), never framed.
+SECURITY_HEADERS = [
+    (b"content-security-policy", statuspage.CSP.encode()),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+]
 
 
 def check_bind(host: str, token: str | None) -> None:
-    """Refuse (ConfigError) to listen on a non-loopback address without a token."""
-    if not is_loopback(host) and not token:
+    """Refuse (ConfigError) to listen on a non-loopback address without a long enough token."""
+    if is_loopback(host):
+        return
+    if not token:
         raise ConfigError(
             f"api.host: {host!r} is not a loopback address, so the API needs a bearer token: "
             "set api.token_env to the name of an environment variable holding one (or bind 127.0.0.1)"
         )
+    if len(token) < MIN_PUBLIC_TOKEN:
+        raise ConfigError(
+            f"api.token_env: the token is {len(token)} characters; a non-loopback bind ({host!r}) needs at least "
+            f"{MIN_PUBLIC_TOKEN} (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+        )
+
+
+def host_name(header: str) -> str | None:
+    """The host name of a ``Host`` header (lower case, no port, no brackets, no final dot); None if malformed."""
+    try:
+        name = urlsplit("//" + header.strip()).hostname
+    except ValueError:
+        return None
+    return name.rstrip(".") if name else None
+
+
+class HostCheck:
+    """Which ``Host`` names the API answers: IP addresses, localhost, the bind address and the configured names.
+
+    DNS rebinding needs a name the attacker controls that resolves to this machine; an IP literal or
+    ``localhost`` cannot be one, any other name must be listed.
+    """
+
+    def __init__(self, bind: str, names: Sequence[str] = ()) -> None:
+        self.names = {n.strip().lower().rstrip(".") for n in (*names, "localhost") if n.strip()}
+        if bind.strip("[]") not in WILDCARD_BINDS:
+            self.names.add(bind.strip("[]").lower().rstrip("."))
+
+    def allows(self, header: str | None) -> bool:
+        """Whether a request with this ``Host`` header may be served."""
+        name = host_name(header or "")
+        if not name:
+            return False
+        if name in self.names:
+            return True
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        return True
 
 
 # -- responses -----------------------------------------------------------------------------------
@@ -163,19 +221,30 @@ class Api:
         *,
         expected: Sequence[str] | None = None,
         token: str | None = None,
-        auth_reads: bool = False,
+        host: str = "127.0.0.1",
+        hosts: Sequence[str] = (),
+        open_routes: Sequence[str] = (),
         refresh_s: int = 5,
         max_body_bytes: int = 65_536,
+        liveness: Liveness | None = None,
+        hooks: Receiver | None = None,
     ) -> None:
         self.store = store
+        self.liveness = liveness
+        self.hooks = hooks
         self.guards = guards
         self.expected = list(expected) if expected is not None else None
         self.token = token or None
-        self.auth_reads = auth_reads
+        self.hosts = HostCheck(host, hosts)
+        unknown = sorted(set(open_routes) - set(OPENABLE_ROUTES))
+        if unknown:
+            raise ConfigError(f"api.open_routes: {unknown[0]!r} cannot be opened (only {', '.join(OPENABLE_ROUTES)})")
+        # /healthz answers anyone (liveness says nothing); these answer without the token when configured so.
+        self.open_paths = frozenset({"/healthz", *(f"/{r}" for r in open_routes)})
         self.refresh_s = refresh_s
         self.max_body_bytes = max_body_bytes
-        self.registry = metrics.registry(store)
-        self._openapi = openapi_document(auth_reads=auth_reads)
+        self.registry = metrics.registry(store, liveness)
+        self._openapi = openapi_document(auth=self.token is not None, open_routes=open_routes)
         routes = [
             Route("/", self.page, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
@@ -184,31 +253,48 @@ class Api:
             Route("/openapi.json", self.openapi, methods=["GET"]),
             Route("/v1/status", self.status, methods=["GET"]),
             Route("/v1/replies", self.post_reply, methods=["POST"]),
+            Route("/v1/hooks/{bot}", self.hook, methods=["POST"]),
             # The rearm route first: a parent id may contain "/" (Bluesky URIs), so it is a path match.
             Route("/v1/replies/{platform}/{parent_id:path}/rearm", self.rearm, methods=["POST"]),
             Route("/v1/replies/{platform}/{parent_id:path}", self.get_reply, methods=["GET"]),
         ]
-        self.app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _internal_error})
+        self.app = Starlette(routes=routes, middleware=[Middleware(_Gate, api=self)],
+                             exception_handlers={HTTPException: _http_error, Exception: _internal_error})
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """Serve one ASGI request."""
         await self.app(scope, receive, send)
 
-    # -- auth ------------------------------------------------------------------------------------
+    # -- the gate: Host, then the token ------------------------------------------------------------
+
+    def admit(self, request: Request) -> Response | None:
+        """Return a refusal for a request that may not reach any route, or None when it may."""
+        path = request.url.path
+        if path == "/healthz":
+            return None
+        if not self.hosts.allows(request.headers.get("host")):
+            log.warning("replyd.api.bad_host", path=path, host=(request.headers.get("host") or "")[:100])
+            return _error(400, "bad_host", "the Host header names neither this server's address nor one of "
+                          "api.hosts (add the name you use there)", field="Host")
+        # A webhook is signed by the platform with the bot's secret (checked by the receiver), not by our token.
+        if self.token is None or path in self.open_paths or path.startswith("/v1/hooks/"):
+            return None
+        return self._auth(request, write=request.method not in ("GET", "HEAD"))
 
     def _auth(self, request: Request, *, write: bool) -> Response | None:
-        """Return a refusal, or None when the request may proceed."""
+        """Check the configured token; return a refusal, or None when the request may proceed."""
+        assert self.token is not None
         header = request.headers.get("authorization", "")
-        if write and self.token is None:
-            return _error(403, "writes_disabled",
-                          "writes need an API token and none is configured: set api.token_env to the name of an "
-                          "environment variable holding one, export it, and restart")
-        if not write and (self.token is None or (not self.auth_reads and not header)):
-            return None
-        challenge = 'Bearer realm="replyd"' if write else 'Bearer realm="replyd", Basic realm="replyd"'
-        www = {"WWW-Authenticate": challenge}
+
+        def refuse(detail: str) -> Response:
+            """A 401 with one challenge per header (browsers read only the first of a combined one)."""
+            resp = _error(401, "unauthorized", detail, headers={"WWW-Authenticate": 'Bearer realm="replyd"'})
+            if not write:
+                resp.headers.append("WWW-Authenticate", 'Basic realm="replyd", charset="UTF-8"')
+            return resp
+
         if not header:
-            return _error(401, "unauthorized", "missing credentials: send Authorization: Bearer <token>", headers=www)
+            return refuse("missing credentials: send Authorization: Bearer <token>")
         scheme, _, cred = header.strip().partition(" ")
         scheme, cred = scheme.lower(), cred.strip()
         if scheme == "bearer":
@@ -217,14 +303,21 @@ class Api:
             try:
                 given = base64.b64decode(cred, validate=True).decode("utf-8").partition(":")[2]
             except (binascii.Error, UnicodeDecodeError):
-                return _error(401, "unauthorized", "malformed Basic credentials", headers=www)
+                return refuse("malformed Basic credentials")
         else:
-            return _error(401, "unauthorized", "unsupported authorization scheme: use Bearer", headers=www)
-        assert self.token is not None
+            return refuse("unsupported authorization scheme: use Bearer")
         if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self.token.encode()):
             log.warning("replyd.api.unauthorized", path=request.url.path, method=request.method)
-            return _error(401, "unauthorized", "invalid token", headers=www)
+            return refuse("invalid token")
         return None
+
+    def _writes_disabled(self) -> Response | None:
+        """A 403 when no token is configured (writes need one), else None."""
+        if self.token is not None:
+            return None
+        return _error(403, "writes_disabled",
+                      "writes need an API token and none is configured: set api.token_env to the name of an "
+                      "environment variable holding one, export it, and restart")
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -261,7 +354,7 @@ class Api:
 
     async def post_reply(self, request: Request) -> Response:
         """POST /v1/replies: resolve the parent and post through Guard.post, at most once."""
-        if (deny := self._auth(request, write=True)) is not None:
+        if (deny := self._writes_disabled()) is not None:
             return deny
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype != "application/json":
@@ -273,6 +366,8 @@ class Api:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             return _error(400, "invalid_json", f"body: not valid JSON ({exc})", field="body")
+        except RecursionError:
+            return _error(400, "invalid_json", "body: JSON nested too deeply", field="body")
         if not isinstance(data, dict):
             return _error(422, "invalid_body", "body: must be a JSON object with platform, parent_id and text",
                           field="body")
@@ -305,9 +400,31 @@ class Api:
         log.info("replyd.api.replied", bot=name, parent_id=out.key.parent_id, status=out.status.value)
         return outcome_response(out, name)
 
+    async def hook(self, request: Request) -> Response:
+        """POST /v1/hooks/{bot}: a signed webhook delivery; parents are offered in the background."""
+        if self.hooks is None:
+            return _error(404, "unknown_hook", "no webhooks are configured (bots.push)", field="bot")
+        bot = request.path_params["bot"]
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.hooks.max_body_bytes:
+            return _error(413, "body_too_large", f"body larger than {self.hooks.max_body_bytes} bytes", field="body")
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.hooks.max_body_bytes:
+                    return _error(413, "body_too_large", f"body larger than {self.hooks.max_body_bytes} bytes",
+                                  field="body")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            return _error(400, "client_disconnected", "the client closed the connection before the body ended",
+                          field="body")
+        answer = self.hooks.receive(bot, request.headers, b"".join(chunks))
+        return JSONResponse(answer.body, status_code=answer.status)
+
     async def rearm(self, request: Request) -> Response:
         """POST /v1/replies/{platform}/{parent_id}/rearm: an operator sends a terminal key back."""
-        if (deny := self._auth(request, write=True)) is not None:
+        if (deny := self._writes_disabled()) is not None:
             return deny
         found = self._bot(request.path_params["platform"])
         if isinstance(found, Response):
@@ -337,8 +454,6 @@ class Api:
 
     async def get_reply(self, request: Request) -> Response:
         """GET /v1/replies/{platform}/{parent_id}: the key's row and its events in order."""
-        if (deny := self._auth(request, write=False)) is not None:
-            return deny
         found = self._bot(request.path_params["platform"])
         if isinstance(found, Response):
             return found
@@ -362,7 +477,7 @@ class Api:
                           field="parent_id")
         try:
             parent = json.loads(row.snapshot or "{}")
-        except ValueError:
+        except (ValueError, RecursionError):
             parent = {}
         return JSONResponse({
             "bot": name, "platform": key.platform, "sender_id": key.sender_id, "parent_id": key.parent_id,
@@ -386,6 +501,10 @@ class Api:
             recent = [_event_json(e) for e in library.events(self.store, limit=30)]
         except ReplydError as exc:
             store_info.update(up=False, error=str(exc))
+        try:
+            live = self.liveness.snapshot(self.store if store_info["up"] else None) if self.liveness else {}
+        except ReplydError:
+            live = self.liveness.snapshot() if self.liveness else {}
         return {
             "generated_at": now,
             "store": store_info,
@@ -395,6 +514,7 @@ class Api:
             "oldest_open": oldest,
             "recent_events": recent,
             "bots": self._bots_state(),
+            "liveness": live,
         }
 
     def _bots_state(self) -> dict[str, dict[str, Any]]:
@@ -410,15 +530,11 @@ class Api:
 
     async def status(self, request: Request) -> Response:
         """GET /v1/status: counts, open rows, recent events, bots."""
-        if (deny := self._auth(request, write=False)) is not None:
-            return deny
         data = await run_in_threadpool(self.summary)
         return JSONResponse(data, status_code=200 if data["store"]["up"] else 503)
 
     async def page(self, request: Request) -> Response:
         """GET /: the read-only status page."""
-        if (deny := self._auth(request, write=False)) is not None:
-            return deny
         data = await run_in_threadpool(self.summary)
         return HTMLResponse(statuspage.render(data, refresh_s=self.refresh_s),
                             status_code=200 if data["store"]["up"] else 503)
@@ -428,7 +544,7 @@ class Api:
         return JSONResponse({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        """GET /readyz: the store answers and every configured bot is logged in (and still claiming)."""
+        """GET /readyz: the store answers, every configured bot is logged in (and still claiming) and no path is stale."""
 
         def check() -> dict[str, Any]:
             """Ask the store one real query and look at every expected bot."""
@@ -439,15 +555,16 @@ class Api:
             except ReplydError as exc:
                 store_info = {"up": False, "error": str(exc)}
             bots = {n: b["ready"] for n, b in self._bots_state().items()}
-            return {"ready": store_info["up"] and all(bots.values()), "store": store_info, "bots": bots}
+            reasons = [] if store_info["up"] else [f"store: {store_info['error']}"]
+            reasons += [f"bot {n}: not logged in" for n, ok in bots.items() if not ok]
+            reasons += self.liveness.problems() if self.liveness else []
+            return {"ready": not reasons, "reasons": reasons, "store": store_info, "bots": bots}
 
         data = await run_in_threadpool(check)
         return JSONResponse(data, status_code=200 if data["ready"] else 503)
 
     async def metrics(self, request: Request) -> Response:
         """GET /metrics: Prometheus text exposition."""
-        if (deny := self._auth(request, write=False)) is not None:
-            return deny
         body = await run_in_threadpool(generate_latest, self.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
@@ -464,8 +581,34 @@ def _storable(parent_id: str) -> bool:
 def _detail(raw: str) -> Any:
     try:
         return json.loads(raw or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         return raw
+
+
+class _Gate:
+    """ASGI middleware in front of every route: the Host check and the token, and the security headers."""
+
+    def __init__(self, app: Any, api: Api) -> None:
+        self.app = app
+        self.api = api
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Refuse or pass one request; add the security headers to whatever answers it."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_secured(message: Any) -> None:
+            """Add the security headers to the response start."""
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        deny = self.api.admit(Request(scope))
+        if deny is not None:
+            await deny(scope, receive, send_secured)
+            return
+        await self.app(scope, receive, send_secured)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -553,6 +696,28 @@ _STATUS = {
                                        "age_s": {"type": "number"}, "attempt": {"type": "integer"}}}},
         "recent_events": {"type": "array", "items": {"$ref": "#/components/schemas/Event"}},
         "bots": {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/BotState"}},
+        "liveness": {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/BotLiveness"}},
+    },
+}
+_PATH_HEALTH = {
+    "type": "object",
+    "required": ["interval_s", "last_ok", "age_s", "failures", "last_error", "last_error_at", "runs", "stale_after_s",
+                 "stale", "words"],
+    "properties": {
+        "interval_s": {"type": "number"}, "last_ok": _nullable("number"), "age_s": {"type": "number"},
+        "failures": {"type": "integer"}, "last_error": _nullable("string"), "last_error_at": _nullable("number"),
+        "runs": {"type": "integer"}, "stale_after_s": {"type": "number"}, "stale": {"type": "boolean"},
+        "words": {"type": "string", "description": "inbox: last ok 3 min ago, 7 failures in a row: HTTP 503"},
+    },
+}
+_BOT_LIVENESS = {
+    "type": "object",
+    "required": ["paths", "stale", "oldest_due_open_age_s"],
+    "properties": {
+        "paths": {"type": "object", "additionalProperties": _PATH_HEALTH,
+                  "description": "inbox, search, refind and sweep, as scheduled."},
+        "stale": {"type": "array", "items": {"type": "string"}},
+        "oldest_due_open_age_s": _nullable("number"),
     },
 }
 _BOT_STATE = {
@@ -574,11 +739,15 @@ _RETRY = {"Retry-After": {"description": "Seconds to wait before retrying.", "sc
 _WWW = {"WWW-Authenticate": {"description": "The auth challenge.", "schema": {"type": "string"}}}
 
 
-def openapi_document(*, auth_reads: bool = False) -> dict[str, Any]:
-    """Return the OpenAPI 3.1 document for an API whose reads need auth or not."""
+def openapi_document(*, auth: bool = True, open_routes: Sequence[str] = ()) -> dict[str, Any]:
+    """Return the OpenAPI 3.1 document for an API with a token configured (``auth``) or not."""
     write_sec = [{"bearerAuth": []}]
-    # An empty requirement makes auth optional: reads on a loopback bind need no token.
-    read_sec = [{"bearerAuth": []}, {"basicAuth": []}] if auth_reads else [{}, {"bearerAuth": []}, {"basicAuth": []}]
+    # An empty requirement means no auth: every read without a configured token, and the opened probes.
+    read_sec = [{"bearerAuth": []}, {"basicAuth": []}] if auth else [{}]
+
+    def probe_sec(route: str) -> list[dict[str, list[str]]]:
+        """Security of an openable route."""
+        return [{}] if route in open_routes else read_sec
     unauthorized = _json("Error", "Missing or invalid credentials.", _WWW)
     path_params = [
         {"name": "platform", "in": "path", "required": True, "schema": {"type": "string"},
@@ -665,12 +834,13 @@ def openapi_document(*, auth_reads: bool = False) -> dict[str, Any]:
                 "responses": {"200": _json("Health", "The process serves requests.")},
             }},
             "/readyz": {"get": {
-                "operationId": "readyz", "summary": "Readiness: store reachable and every bot logged in.",
-                "security": [{}],
-                "responses": {"200": _json("Ready", "Ready."), "503": _json("Ready", "Not ready; the body says why.")},
+                "operationId": "readyz", "summary": "Readiness: store reachable, every bot logged in, no path stale.",
+                "security": probe_sec("readyz"),
+                "responses": {"200": _json("Ready", "Ready."), "401": unauthorized,
+                              "503": _json("Ready", "Not ready; the body says why.")},
             }},
             "/metrics": {"get": {
-                "operationId": "metrics", "summary": "Prometheus metrics.", "security": read_sec,
+                "operationId": "metrics", "summary": "Prometheus metrics.", "security": probe_sec("metrics"),
                 "responses": {"200": {"description": "Prometheus text exposition.",
                                       "content": {"text/plain": {"schema": {"type": "string"}}}},
                               "401": unauthorized},
@@ -684,9 +854,10 @@ def openapi_document(*, auth_reads: bool = False) -> dict[str, Any]:
                                       "content": {"text/html": {"schema": {"type": "string"}}}}},
             }},
             "/openapi.json": {"get": {
-                "operationId": "openapi", "summary": "This document.", "security": [{}],
+                "operationId": "openapi", "summary": "This document.", "security": read_sec,
                 "responses": {"200": {"description": "OpenAPI 3.1.",
-                                      "content": {"application/json": {"schema": {"type": "object"}}}}},
+                                      "content": {"application/json": {"schema": {"type": "object"}}}},
+                              "401": unauthorized},
             }},
         },
         "components": {
@@ -722,12 +893,14 @@ def openapi_document(*, auth_reads: bool = False) -> dict[str, Any]:
                 },
                 "StatusSummary": _STATUS,
                 "BotState": _BOT_STATE,
+                "BotLiveness": _BOT_LIVENESS,
                 "Health": {"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}},
                 "Ready": {
                     "type": "object",
-                    "required": ["ready", "store", "bots"],
+                    "required": ["ready", "reasons", "store", "bots"],
                     "properties": {
                         "ready": {"type": "boolean"},
+                        "reasons": {"type": "array", "items": {"type": "string"}},
                         "store": {"type": "object", "required": ["up", "error"],
                                   "properties": {"up": {"type": "boolean"}, "error": _nullable("string")}},
                         "bots": {"type": "object", "additionalProperties": {"type": "boolean"}},

@@ -119,6 +119,8 @@ def _classify(row: Reply | st.Row, key: Key, now: float) -> Outcome:
         return Outcome(Status.GAVE_UP, key, s, row.attempt, detail=row.error or "")
     if s == st.DECLINED:
         return Outcome(Status.DECLINED, key, s, row.attempt)
+    if s == st.SKIPPED:  # retired by re-find: the policy rules the parent out (the reason is in error)
+        return Outcome(Status.SKIPPED, key, s, row.attempt, detail=(row.error or "").removeprefix("policy: "))
     if s == st.RELEASED and row.not_before and row.not_before > now:
         return Outcome(Status.NOT_SENT, key, s, row.attempt, detail="backing off", retry_after_s=row.not_before - now)
     return Outcome(Status.IN_FLIGHT, key, s, row.attempt)

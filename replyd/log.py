@@ -16,15 +16,16 @@ MASK = "***"
 
 
 def add_secret(value: str) -> None:
-    """Register a secret so no log line ever shows it (short values are too common to mask)."""
-    if value and len(value) >= 6:
+    """Register a secret so no log line ever shows it, however short (a short one masks more than it should,
+    which is the lesser harm: a 5-character password is still a password)."""
+    if value:
         with _lock:
             _SECRETS.add(value)
 
 
 def mask(text: str) -> str:
-    """Return ``text`` with every registered secret replaced by ``***``."""
-    for s in _SECRETS:
+    """Return ``text`` with every registered secret replaced by ``***`` (longest first: one may contain another)."""
+    for s in sorted(_SECRETS, key=len, reverse=True):
         if s in text:
             text = text.replace(s, MASK)
     return text
@@ -90,7 +91,8 @@ def configure(fmt: str = "auto", level: str = "info", stream: Any = None) -> Non
     handler._replyd = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(getattr(logging, level.upper()))
-    for noisy in ("apscheduler", "httpx", "httpcore", "uvicorn.access"):
+    # alembic: 9 INFO lines per migration run on every command; `replyd -v` turns them back on.
+    for noisy in ("apscheduler", "httpx", "httpcore", "uvicorn.access", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     structlog.configure(
         processors=[

@@ -7,6 +7,7 @@ advisory lock, so exactly one migrates and the others wait and find it done.
 from __future__ import annotations
 
 import fcntl
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -45,7 +46,8 @@ def _sqlite_lock(engine: Engine) -> Iterator[None]:
     if not db or db == ":memory:" or db.startswith("file:"):
         yield
         return
-    with open(f"{db}.migrate.lock", "a") as fh:
+    # Owner-only like the store it guards (os.open: the mode applies when the file is created).
+    with os.fdopen(os.open(f"{db}.migrate.lock", os.O_CREAT | os.O_RDWR | os.O_APPEND, 0o600), "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

@@ -52,6 +52,8 @@ class Pipeline:
 
     def offer(self, parent: Parent, path: str) -> Outcome:
         """Answer ``parent`` if policy allows and nobody has; a policy skip is a SKIPPED outcome."""
+        # Debug only (a no-op at info): which path found what, for tracing a parent across paths and replicas.
+        log.debug("replyd.pipeline.offered", platform=self.guard.platform.instance, parent_id=parent.id, path=path)
         reason = self.policy.reason_to_skip(parent, self.guard.identity, self.clock)
         if reason:
             return self._skip(parent, path, reason)

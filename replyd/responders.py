@@ -38,7 +38,7 @@ from replyd import __version__
 from replyd import log as rlog
 from replyd.errors import ConfigError, ResponderError
 from replyd.platform import Parent
-from replyd.platforms._http import BearerAuth, redact, retry_after_s, server_error_text
+from replyd.platforms._http import INSECURE_HTTP, BearerAuth, redact, require_https, retry_after_s, server_error_text
 
 log = structlog.get_logger("replyd.responder")
 
@@ -297,15 +297,21 @@ class _Output:
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL the child and its process group (it leads its own session), so its helpers die too."""
+    """SIGKILL the child's process group (it leads its own session), so its helpers die too, then the child.
+
+    The group outlives its leader while any member lives and its id cannot be reused meanwhile, so this is
+    right after the child exited too: ``killpg`` kills the leftovers, or finds no group (the id could only
+    name another group after the kernel's pid numbers wrap around within these microseconds).
+    """
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    try:
-        proc.kill()
-    except ProcessLookupError:
-        pass
+    if proc.returncode is None:
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
 
 
 async def _feed(stdin: asyncio.StreamWriter | None, data: bytes) -> None:
@@ -338,8 +344,9 @@ class CommandResponder:
     Empty or whitespace-only stdout declines; trailing newlines are stripped. A
     non-zero exit, a timeout, invalid UTF-8 or more than ``max_output_bytes`` is a
     ``ResponderError``. The child gets a fresh environment (``CHILD_ENV`` plus
-    ``env_pass``), runs in its own session, and is killed with its process group
-    (and reaped) on timeout, overflow or cancellation.
+    ``env_pass``), runs in its own session, and its process group is killed
+    (and the child reaped) whenever it ends: reply, error, timeout, overflow or
+    cancellation, so nothing it started outlives it.
     """
 
     def __init__(self, argv: Sequence[str], *, timeout_s: float = 30.0, env_pass: Sequence[str] = (),
@@ -375,10 +382,11 @@ class CommandResponder:
                 await proc.wait()
         except TimeoutError:
             raise ResponderError(f"{self.name}: timed out after {self.timeout_s:g} s (killed)") from None
-        finally:  # timeout, overflow, cancellation (the runner's wait_for): kill, then reap (no zombie)
-            if proc.returncode is None:
-                _kill_group(proc)
-                await proc.wait()
+        finally:
+            # Always, whatever the main child did: helpers it left in its group (a backgrounded `sleep &`
+            # holding stdout, a daemonised tool) die with it. Then reap the main child (no zombie).
+            _kill_group(proc)
+            await proc.wait()
             self._log_stderr(proc.returncode, out)
         return self._reply(proc.returncode, out)
 
@@ -554,6 +562,8 @@ class _JsonPost:
         """The body as a JSON object; raise ResponderError saying what is wrong with it."""
         try:
             data = json.loads(resp.content)
+        except RecursionError:
+            raise self.error(f"body nests too deeply to parse (HTTP {resp.status_code})") from None
         except (ValueError, UnicodeDecodeError):
             ctype = resp.headers.get("content-type", "").split(";")[0].strip() or "no content-type"
             raise self.error(f"body is not JSON ({ctype}, HTTP {resp.status_code})") from None
@@ -760,8 +770,12 @@ class OpenAIResponder:
 def _openai(settings: Mapping[str, Any]) -> Responder:
     """Build an ``openai`` responder from its settings; raise ConfigError."""
     s = _settings(settings, "openai", {"base_url", "model", "system_prompt", "prompt_template", "max_tokens",
-                                       "temperature", "api_key", "retries", "decline_marker"})
+                                       "temperature", "api_key", "retries", "decline_marker", INSECURE_HTTP})
     base_url = _http_url(s, "base_url", OPENAI_BASE_URL)
+    insecure = s.get(INSECURE_HTTP, False)
+    if not isinstance(insecure, bool):
+        raise ConfigError(f"responder.{INSECURE_HTTP}: must be true or false")
+    require_https(base_url, allowed=insecure, where="responder.base_url")
     api_key = _text(s, "api_key")
     if api_key is not None:
         api_key = api_key.strip()  # a key read from a file often ends with a newline

@@ -63,6 +63,11 @@ SWEPT = (OPEN, CLOSED, NOT_LANDED, GAVE_UP)
 REPLY_ID_EVENTS = ("closed", "already_landed", "late_landing", "swept_found", "reconciled", "duplicate_detected",
                    "duplicate_deleted", "maybe_sent", "late_maybe_sent", "verified")
 
+# PostgreSQL ``synchronous_commit`` levels a durable write (the claim, the open) may ask for: "local" waits for
+# the primary's disk, "on" / "remote_write" / "remote_apply" also for a synchronous standby (when
+# ``synchronous_standby_names`` names one), so a claim survives a failover. Closes stay relaxed.
+CLAIM_COMMIT_LEVELS = ("local", "on", "remote_write", "remote_apply")
+
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # An event's detail column: json.dumps(detail, sort_keys=True, default=str), one encoder made once.
 _detail_json = json.JSONEncoder(sort_keys=True, default=str).encode
@@ -232,12 +237,65 @@ def make_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def redact_url(url: str) -> str:
-    """Return ``url`` with any password replaced, for logs and errors."""
+def sqlite_file(url: str) -> Path | None:
+    """Return the file a SQLite URL names (None for an in-memory database or a ``file:`` URI)."""
+    db = sa.engine.make_url(url).database
+    if not db or db == ":memory:" or db.startswith("file:"):
+        return None
+    return Path(db).expanduser()
+
+
+# Query parameters of a database URL that carry a secret (libpq takes ``?password=``, ``?sslpassword=``).
+_SECRET_PARAM_WORDS = ("password", "secret", "token")
+
+
+def _secret_params(url: sa.URL) -> list[str]:
+    return [k for k in url.query if any(w in k.lower() for w in _SECRET_PARAM_WORDS)]
+
+
+def redact_url(url: str | sa.URL) -> str:
+    """Return ``url`` with its password and any secret query parameter replaced by ``***``, for people and logs."""
     try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
+        parsed = sa.engine.make_url(url)
+        hidden = _secret_params(parsed)
+        if hidden:
+            parsed = parsed.update_query_dict({k: "***" for k in hidden})
+        return parsed.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
     except Exception:  # an unparsable URL is reported by the caller; never echo it raw
         return "<unparsable database URL>"
+
+
+def _register_url_secrets(url: sa.URL) -> None:
+    """Register the URL's password and secret query values with the log masker."""
+    from replyd import log as rlog
+
+    values: list[Any] = [url.password] + [url.query[k] for k in _secret_params(url)]
+    for v in values:
+        for one in (v if isinstance(v, tuple) else (v,)):
+            if one:
+                rlog.add_secret(str(one))
+
+
+def _owner_only_sqlite(db: Path) -> None:
+    """Make a SQLite store owner-only: a new directory 0700, the database 0600 (created here, so SQLite
+    gives its WAL and SHM files the same mode), and existing files this user owns tightened to 0600."""
+    try:
+        db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(db, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        pass  # opened as it is (it may be read-only: SQLite then fails closed on the first write)
+    except OSError as exc:
+        raise StoreError(f"cannot create the store {db}: {exc.strerror}") from None
+    for path in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
+        try:
+            st_ = path.stat()
+            if st_.st_uid == os.geteuid() and st_.st_mode & 0o077:
+                path.chmod(0o600)
+                log.warning("replyd.store.permissions_tightened", path=str(path), was=oct(st_.st_mode & 0o777))
+        except FileNotFoundError:
+            continue
+        except OSError as exc:  # not ours to change (a read-only mount): say so, do not stop
+            log.warning("replyd.store.permissions_unchanged", path=str(path), error=exc.strerror)
 
 
 def _map_db_error(exc: BaseException, doing: str) -> Exception:
@@ -326,10 +384,11 @@ def make_engine(url: str) -> Engine:
         parsed = sa.engine.make_url(url)
     except Exception as exc:
         raise StoreError(f"bad store URL {redact_url(url)!r}: {exc}") from None
+    _register_url_secrets(parsed)
     if parsed.drivername.startswith("sqlite"):
         db = parsed.database
-        if db and db != ":memory:":
-            Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        if db and db != ":memory:" and not db.startswith("file:"):
+            _owner_only_sqlite(Path(db).expanduser())
         engine = sa.create_engine(
             parsed, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
         )
@@ -370,8 +429,9 @@ class _HotSQL:
     a relaxed one sets ``synchronous_commit`` off for its own transaction with ``set_config(…, true)``.
     """
 
-    def __init__(self, dialect: sa.engine.Dialect) -> None:
+    def __init__(self, dialect: sa.engine.Dialect, durable: str | None = None) -> None:
         self.pg = dialect.name == "postgresql"
+        self.durable = durable  # synchronous_commit for the durable writes (claim, open); None: the server's
         q = dialect.identifier_preparer.quote
         self.q = q
         self.R, self.E = q(REPLIES.name), q(EVENTS.name)
@@ -398,7 +458,10 @@ class _HotSQL:
         return "SELECT " + ", ".join(f"CAST({self.p(pre + c)} AS {self.cast[c]})" for c in EVENT_COLUMNS)
 
     def _tail(self, relaxed: bool) -> str:
-        return ", set_config('synchronous_commit', 'off', true)" if relaxed else ""
+        if relaxed:
+            return ", set_config('synchronous_commit', 'off', true)"
+        # The level is one of CLAIM_COMMIT_LEVELS (checked by the config), never user text in SQL.
+        return f", set_config('synchronous_commit', '{self.durable}', true)" if self.durable else ""
 
     def claim(self, relaxed: bool) -> str:
         """PostgreSQL: insert the row unless the key has one, with its event, in one statement; return 1 if it did."""
@@ -469,14 +532,54 @@ class Store:
         self._idle: list[tuple[Any, Any]] = []  # (pool, connection) the hot path keeps checked out; see _driver
         _STORES.add(self)
 
+    @property
+    def claim_commit(self) -> str | None:
+        """The ``synchronous_commit`` level of durable writes on PostgreSQL (None: the server's default)."""
+        return self._sql.durable
+
+    @claim_commit.setter
+    def claim_commit(self, level: str | None) -> None:
+        if level is not None and level not in CLAIM_COMMIT_LEVELS:
+            raise ValueError(f"claim_commit must be one of {', '.join(CLAIM_COMMIT_LEVELS)}, not {level!r}")
+        self._sql = _HotSQL(self.engine.dialect, None if self.is_sqlite else level)
+
+    def sync_standbys(self) -> tuple[str, int | None]:
+        """PostgreSQL: ``synchronous_standby_names`` and how many synchronous standbys are connected now
+        (None when this role may not see ``pg_stat_replication``)."""
+        with self.tx(write=False, doing="reading the replication settings") as conn:
+            names = conn.exec_driver_sql("SHOW synchronous_standby_names").scalar_one() or ""
+            rows = conn.exec_driver_sql("SELECT sync_state FROM pg_stat_replication").scalars().all()
+        if rows and all(r is None for r in rows):
+            return names, None  # not allowed to see the columns
+        return names, sum(1 for r in rows if r in ("sync", "quorum"))
+
+    def claim_commit_problem(self) -> str | None:
+        """Why the configured claim commit level cannot hold, on this server now; None when it can (or is local)."""
+        if self.is_sqlite or self.claim_commit in (None, "local"):
+            return None
+        names, connected = self.sync_standbys()
+        if not names.strip():
+            return (f"store.claim_commit = {self.claim_commit!r} but the server has no synchronous_standby_names: "
+                    "claims commit on the primary only and a failover can lose them")
+        if connected == 0:
+            return (f"store.claim_commit = {self.claim_commit!r} and synchronous_standby_names = {names!r}, but no "
+                    "synchronous standby is connected: every claim waits until one is")
+        return None
+
     @classmethod
-    def open(cls, url: str | None = None, *, clock: Clock | None = None, migrate: bool = True) -> Store:
+    def open(cls, url: str | None = None, *, clock: Clock | None = None, migrate: bool = True,
+             claim_commit: str | None = None) -> Store:
         """Open the store at ``url`` (default: the embedded SQLite file), migrating if asked."""
         store = cls(make_engine(url or default_url()), clock=clock)
-        if migrate:
-            store.upgrade()
-        else:
-            store.require_schema()
+        store.claim_commit = claim_commit
+        try:
+            if migrate:
+                store.upgrade()
+            else:
+                store.require_schema()
+        except StoreError as exc:  # say which store: several may be configured, and the default is implicit
+            store.dispose()
+            raise type(exc)(f"store {store.url}: {exc}") from None
         return store
 
     def dispose(self) -> None:
@@ -485,8 +588,8 @@ class Store:
 
     @property
     def url(self) -> str:
-        """The store URL with any password hidden."""
-        return self.engine.url.render_as_string(hide_password=True)
+        """The store URL with any password (user info or query parameter) hidden."""
+        return redact_url(self.engine.url)
 
     # -- schema -----------------------------------------------------------------
 
@@ -522,6 +625,8 @@ class Store:
                 with conn.begin():
                     if relaxed and not self.is_sqlite:
                         conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+                    elif write and self._sql.durable and not self.is_sqlite:
+                        conn.exec_driver_sql(f"SET LOCAL synchronous_commit = {self._sql.durable}")
                     yield conn
         except sa.exc.DBAPIError as exc:
             if self.is_sqlite and "readonly database" in str(exc.orig).lower():

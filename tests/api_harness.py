@@ -34,8 +34,13 @@ def write_config(
     host: str = "127.0.0.1",
     token_env: str | None = TOKEN_ENV,
     pollers: bool = False,
+    port: int = 0,
+    sweep_s: float = 3600,
+    extra: str = "",
+    api_extra: str = "",
 ) -> Path:
-    """Write a daemon config for the sim: API on an ephemeral port, pollers off unless asked, a manual sweep."""
+    """Write a daemon config for the sim: API on an ephemeral port (or ``port``), pollers off unless asked, a
+    manual sweep (or one every ``sweep_s``), any ``extra`` TOML sections and ``api_extra`` [api] keys."""
     every = 0.3 if pollers else 0
     path.write_text(f"""
 [store]
@@ -49,15 +54,16 @@ level = "warning"
 send_timeout_s = 1.0
 
 [sweep]
-interval_s = 3600
+interval_s = {sweep_s}
 retry_s = 0.5
-
+{extra}
 [api]
 enabled = {"true" if api else "false"}
 host = "{host}"
-port = 0
+port = {port}
 token_env = "{token_env or ''}"
 refresh_s = 5
+{api_extra}
 
 [[bots]]
 name = "sim"
@@ -141,7 +147,7 @@ def sim_world(monkeypatch, **knobs) -> Iterator[tuple[World, SimServer, Account]
 
 @contextmanager
 def running(tmp_path: Path, monkeypatch, *, token: str | None = TOKEN, host: str = "127.0.0.1",
-            pollers: bool = False, **knobs) -> Iterator[Harness]:
+            pollers: bool = False, api_extra: str = "", **knobs) -> Iterator[Harness]:
     """Start the sim and a daemon with the API on an ephemeral port; stop both afterwards."""
     if token:
         monkeypatch.setenv(TOKEN_ENV, token)
@@ -150,7 +156,7 @@ def running(tmp_path: Path, monkeypatch, *, token: str | None = TOKEN, host: str
     with sim_world(monkeypatch, **knobs) as (world, srv, bot):
         db = tmp_path / "replyd.sqlite3"
         cfg_path = write_config(tmp_path / "replyd.toml", srv.base_url, db, host=host,
-                                token_env=TOKEN_ENV if token else None, pollers=pollers)
+                                token_env=TOKEN_ENV if token else None, pollers=pollers, api_extra=api_extra)
         d = Daemon(Config.load(cfg_path))
         d.start()
         try:

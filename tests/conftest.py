@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import tomllib
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -14,6 +17,52 @@ from replyd.store import Store
 
 PG_ADMIN_URL = os.environ.get("REPLYD_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/postgres")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+ALLOWED_SKIPS_FILE = Path(__file__).with_name("ci_allowed_skips.toml")
+
+
+def load_allowed_skips(path: Path = ALLOWED_SKIPS_FILE) -> dict[str, str]:
+    """The CI allow-list: node id (or fnmatch pattern) -> reason; an entry without a reason is an error."""
+    doc = tomllib.loads(path.read_text())
+    allowed: dict[str, str] = {}
+    for i, entry in enumerate(doc.get("allow", [])):
+        test, reason = entry.get("test"), entry.get("reason")
+        if not isinstance(test, str) or not test or not isinstance(reason, str) or not reason.strip():
+            raise ValueError(f"{path.name}: allow[{i}] needs a non-empty test and reason")
+        allowed[test] = reason
+    return allowed
+
+
+def skip_allowed(nodeid: str, allowed: dict[str, str]) -> bool:
+    """Whether the allow-list lets ``nodeid`` skip under CI."""
+    return any(nodeid == pat or fnmatch.fnmatchcase(nodeid, pat) for pat in allowed)
+
+
+_ALLOWED_KEY = pytest.StashKey[dict[str, str]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # type: ignore[no-untyped-def]
+    """Under CI=true a skip not in ci_allowed_skips.toml fails: silent skips hid untested code there."""
+    report = yield
+    if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
+        allowed = item.config.stash.setdefault(_ALLOWED_KEY, load_allowed_skips())
+        if not skip_allowed(item.nodeid, allowed):
+            why = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            report.outcome = "failed"
+            report.longrepr = (f"skipped under CI=true, which allows no skip but those listed in "
+                               f"tests/{ALLOWED_SKIPS_FILE.name}: {why}")
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-untyped-def]
+    """Under CI=true a whole module skipped at import (allow_module_level) fails unless listed too."""
+    report = yield
+    if IN_CI and report.skipped and not skip_allowed(report.nodeid, load_allowed_skips()):
+        why = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"module skipped under CI=true (not in tests/{ALLOWED_SKIPS_FILE.name}): {why}"
+    return report
 
 
 def _pg_reachable() -> str | None:

@@ -194,8 +194,8 @@ def test_writes_need_the_token(h):
         basic = base64.b64encode(f"x:{TOKEN}".encode()).decode()
         assert c.post("/v1/replies", json=body, headers={"Authorization": f"Basic {basic}"}).status_code == 401
         assert c.post(f"/v1/replies/sim/{pid}/rearm").status_code == 401
-        # Reads on a loopback bind need no token.
-        assert c.get("/v1/status").status_code == 200
+        # With a token configured, reads need it too, even on a loopback bind.
+        assert c.get("/v1/status").status_code == 401
         assert c.get("/v1/status", headers={"Authorization": "Bearer wrong-token"}).status_code == 401
     assert h.world.creates_attempted == 0
 
@@ -217,7 +217,7 @@ def test_public_bind_without_token_refused_at_start(tmp_path, monkeypatch):
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("example.org")
     with pytest.raises(ConfigError, match="token"):
         check_bind("0.0.0.0", None)
-    check_bind("0.0.0.0", "some-token")
+    check_bind("0.0.0.0", "some-token-of-at-least-32-characters")
     with sim_world(monkeypatch) as (_world, srv, _bot):
         cfg = write_config(tmp_path / "c.toml", srv.base_url, tmp_path / "r.sqlite3", host="0.0.0.0", token_env=None)
         d = Daemon(Config.load(cfg))
@@ -233,20 +233,20 @@ def test_public_bind_without_token_refused_at_start(tmp_path, monkeypatch):
 
 
 def test_reads_need_the_token_when_public(tmp_path, monkeypatch):
-    """Served as if public (auth_reads), reads need the token (Bearer, or Basic for browsers); probes stay open."""
+    """On a public bind, reads need the token (Bearer, or Basic for browsers); only liveness stays open."""
     store = Store.open(f"sqlite:///{tmp_path / 'r.sqlite3'}")
-    api = Api(store, {}, expected=[], token=TOKEN, auth_reads=True)
+    api = Api(store, {}, expected=[], token=TOKEN, host="0.0.0.0")
     with ApiServer(api.app) as srv, httpx.Client(base_url=srv.url) as c:
-        for path in ("/v1/status", "/metrics", "/", "/v1/replies/sim/1"):
+        for path in ("/v1/status", "/metrics", "/", "/v1/replies/sim/1", "/readyz", "/openapi.json"):
             r = c.get(path)
             assert r.status_code == 401, path
             assert "Basic" in r.headers["WWW-Authenticate"]
         assert c.get("/v1/status", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
         basic = base64.b64encode(f"ops:{TOKEN}".encode()).decode()
         assert c.get("/", headers={"Authorization": f"Basic {basic}"}).status_code == 200
-        assert c.get("/healthz").status_code == 200 and c.get("/readyz").status_code == 200
-        assert c.get("/openapi.json").json()["paths"]["/v1/status"]["get"]["security"] == [
-            {"bearerAuth": []}, {"basicAuth": []}]
+        assert c.get("/healthz").status_code == 200
+        assert c.get("/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"}).json()[
+            "paths"]["/v1/status"]["get"]["security"] == [{"bearerAuth": []}, {"basicAuth": []}]
     store.dispose()
 
 
@@ -279,7 +279,7 @@ def test_history_and_rearm_via_api(h):
 
 def test_health_ready_status_and_unknown_routes(h):
     """healthz and readyz answer; readyz lists the bot; unknown routes and methods are JSON 404/405."""
-    with h.client(token=None) as c:
+    with h.client() as c:
         assert c.get("/healthz").json() == {"status": "ok"}
         ready = c.get("/readyz")
         assert ready.status_code == 200 and ready.json()["bots"] == {"sim": True}
@@ -289,5 +289,5 @@ def test_health_ready_status_and_unknown_routes(h):
         status = c.get("/v1/status").json()
         assert status["bots"]["sim"]["ready"] and status["store"]["up"]
     h.daemon.guards["sim"].claiming = False
-    with h.client(token=None) as c:
+    with h.client() as c:
         assert c.get("/readyz").status_code == 503

@@ -511,6 +511,16 @@ def test_invalid_request_is_rejected(fixture_server: FixtureServer, http_client:
     assert ei.value.status == 400
 
 
+def test_nested_error_body_is_still_rejected(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """A 400 whose body nests too deeply to parse is Rejected (not an uncaught RecursionError, not uncertain)."""
+    parent = _target()
+    fixture_server.route("POST", CREATE, Reply(status=400, body=b'{"error": ' + b"[" * 5000 + b"]" * 5000 + b"}"))
+    fixture_server.route("GET", GET_RECORD, NOT_FOUND)
+    with pytest.raises(Rejected) as ei:
+        make(fixture_server, http_client).send(parent, "x", provider_key=rkey_for(BOT, parent.id))
+    assert ei.value.status == 400
+
+
 def test_connect_refused_is_definitely_not_sent(http_client: httpx.Client) -> None:
     """Nothing listening: the login never happens and the send is DefinitelyNotSent."""
     p = BlueskyPlatform.from_settings({"service": closed_port_url(), "identifier": "bot.test",

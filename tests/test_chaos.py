@@ -44,6 +44,9 @@ def test_short_chaos_keeps_every_promise(tmp_path):
     assert totals["lost"] == 0, (totals, p.stdout)
     assert totals["open_left"] == 0 and totals["unsettled_left"] == 0, totals
     assert totals["wrong_close"] == 0 and totals["gave_up_unreported"] == 0, totals
+    assert totals["rejected_unexplained"] == 0, totals  # no plan injects a refusal: nothing may be rejected
+    assert totals["unanswered"] == (totals["unanswered_gave_up"] + totals["unanswered_rejected"]
+                                    + totals["unanswered_other"]), totals
     assert totals["unhandled"] == 0 and totals["bad_exits"] == 0, (totals, p.stderr[-3000:])
     assert totals["failed_runs"] == 0 and p.returncode == 0, (totals, p.stderr[-3000:])
     kinds = set(totals["faults_by_kind"])
@@ -51,6 +54,24 @@ def test_short_chaos_keeps_every_promise(tmp_path):
     for k in ("kill", "kill_on_create", "lost_504", "lost_drop", "clock_jumps", "latency_spikes"):
         assert k in kinds, (k, kinds)
     assert kinds & {"db_outages", "db_readonly", "db_locked"}, kinds
+
+
+def test_unanswered_parents_are_counted_by_the_sim_and_explained_or_lost():
+    """Unanswered = no reply on the sim, whatever replyd says; gave_up counts as explained only when alerted,
+    rejected only up to the refusals injected; anything else unanswered is lost."""
+    from chaos.run import Result, account_unanswered
+
+    parents = ["ok", "closed-but-missing", "gave-up-alerted", "gave-up-silent", "rejected", "open"]
+    replies = {"ok": 1}
+    states = {"ok": "closed", "closed-but-missing": "closed", "gave-up-alerted": "gave_up",
+              "gave-up-silent": "gave_up", "rejected": "rejected", "open": "open"}
+    for refusals, lost in ((0, 4), (1, 3)):
+        res = Result(0, "sqlite", 1, False, [])
+        account_unanswered(res, parents, replies, states, {"gave-up-alerted"}, refusals)
+        assert res.unanswered == 5 and res.unanswered_gave_up == 2 and res.unanswered_rejected == 1
+        assert res.unanswered_other == 2  # replyd's "closed" does not excuse a parent the sim has no reply to
+        assert res.rejected_unexplained == 1 - refusals and res.gave_up_unreported == 1
+        assert res.lost == lost and not res.ok
 
 
 def test_proxy_outage_cuts_and_refuses_then_restores():

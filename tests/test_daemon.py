@@ -16,6 +16,7 @@ from replyd import store as st
 from replyd.clock import SystemClock
 from replyd.config import Config
 from replyd.daemon import Daemon
+from replyd.pipeline import Pipeline
 from replyd.responders import register_responder
 from replyd.sim import SimServer, World
 from replyd.store import Store
@@ -111,28 +112,37 @@ def settled(db: Path) -> bool:
         s.dispose()
 
 
-def test_three_paths_one_reply_one_responder_call(sim, tmp_path):
-    """A parent found by inbox, search and re-find gets one reply and costs one responder call."""
+def test_three_paths_one_reply_one_responder_call(sim, tmp_path, monkeypatch):
+    """A parent found by inbox, search and re-find (each seen offering it) gets one reply and one responder call."""
     srv, world, bot = sim
     parents = [s.id for s in world.generate(6, target=BOT, query_word="help", query_fraction=1.0)]
     CALLS.clear()
+    offered: dict[str, set[str]] = {}  # parent id -> the paths that offered it to the pipeline
+    real_offer = Pipeline.offer
+
+    def spy(self: Pipeline, parent, path: str):
+        """Note which path found the parent, then offer it as the daemon would."""
+        offered.setdefault(parent.id, set()).add(path)
+        return real_offer(self, parent, path)
+
+    monkeypatch.setattr(Pipeline, "offer", spy)
     cfg = Config.load(write_config(tmp_path / "c.toml", srv.base_url, tmp_path / "r.sqlite3", responder="test-counting"))
     d = Daemon(cfg)
     d.start()
+    three = {"inbox", "search", "refind"}
     try:
         assert wait_until(lambda: all(world.replies_by(bot.id).get(p) for p in parents))
-        time.sleep(2.5)  # several more rounds of all three paths and the sweep
-        paths = {path for b in d.bots for path in ("inbox", "search", "refind")}
-        assert paths == {"inbox", "search", "refind"}
+        # Every path must really find every parent: after the first answer, the others meet an answered key.
+        assert wait_until(lambda: all(offered.get(p) == three for p in parents)), {p: offered.get(p) for p in parents}
     finally:
         d.stop(grace_s=5)
     per = world.replies_by(bot.id)
     assert [per.get(p, 0) for p in parents] == [1] * len(parents)
-    assert sorted(CALLS) == sorted(parents)  # one responder call per parent
+    assert sorted(CALLS) == sorted(parents)  # one responder call per parent, though each was offered three ways
     s = Store.open(f"sqlite:///{tmp_path / 'r.sqlite3'}")
-    found_by = {r.path for r in s.rows_in(d.bots[0].platform.instance, bot.id, [st.CLOSED])}
+    rows = s.rows_in(d.bots[0].platform.instance, bot.id, [st.CLOSED])
     s.dispose()
-    assert found_by <= {"inbox", "search", "refind"} and found_by
+    assert sorted(r.parent_id for r in rows) == sorted(parents) and {r.path for r in rows} <= three
 
 
 def _start_daemon(cfg: Path, log: Path) -> subprocess.Popen:
@@ -197,6 +207,11 @@ def test_sigterm_stops_claiming_and_exits_zero(sim, tmp_path):
     p.send_signal(signal.SIGTERM)
     assert p.wait(20) == 0
     assert "replyd.daemon.stopped" in log.read_text()
+    # Every guard line a poller's post logs says which bot and platform it is about.
+    import json
+
+    guard = [json.loads(ln) for ln in log.read_text().splitlines() if '"replyd.guard.' in ln]
+    assert guard and all(g.get("bot") == "sim" and g.get("platform") == f"mastodon:{srv.base_url}" for g in guard), guard[:3]
 
 
 def test_stop_blocks_new_claims(sim, tmp_path):

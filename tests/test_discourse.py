@@ -297,6 +297,20 @@ def test_422_is_rejected_with_the_text(message: str, fixture_server: FixtureServ
     assert err.value.status == 422 and message in err.value.detail
 
 
+# A JSON body nested past the json module's depth (RecursionError), as a hostile or broken server could send.
+NESTED = b'{"errors": ' + b"[" * 5000 + b"]" * 5000 + b', "extras": {"wait_seconds": 3}}'
+
+
+@pytest.mark.parametrize("status,error", [(422, Rejected), (429, RateLimited)])
+def test_nested_error_body_keeps_the_status_meaning(status: int, error: type, fixture_server: FixtureServer,
+                                                    http_client: httpx.Client) -> None:
+    """A refusal (422) or 429 whose body nests too deeply to parse is still Rejected / RateLimited, never uncertain."""
+    fixture_server.route("POST", "/posts.json", Reply(status=status, body=NESTED))
+    with pytest.raises(error) as err:
+        make(fixture_server.url, http_client).send(parent(), "x", provider_key="k")
+    assert err.value.status == status
+
+
 def test_403_on_send_rechecks_credentials(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
     """A 403 to a POST is Rejected when the key still works (closed topic) and DefinitelyNotSent when it does not."""
     denied = {"errors": ["You are not permitted to view the requested resource."], "error_type": "invalid_access"}

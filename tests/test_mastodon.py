@@ -390,7 +390,7 @@ def test_connect_refused_is_definitely_not_sent(http_client: httpx.Client) -> No
 
 def test_dns_failure_is_definitely_not_sent(http_client: httpx.Client) -> None:
     """An unresolvable host (reserved .invalid TLD) is DefinitelyNotSent."""
-    p = make("http://replyd-test.invalid", http_client, timeout_s=5)
+    p = make("http://replyd-test.invalid", http_client, timeout_s=5, allow_insecure_http=True)
     with pytest.raises(DefinitelyNotSent):
         p.send(parent(), "hi", provider_key="k")
 

@@ -11,6 +11,7 @@ import http.server
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -168,6 +169,35 @@ def test_command_timeout_kills_the_child_and_its_helpers(tmp_path: Path):
     while pid_state(grandchild) not in (None, "Z") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert pid_state(grandchild) in (None, "Z")
+
+
+def wait_gone(pid: int, timeout_s: float = 5.0) -> str | None:
+    """Wait until ``pid`` is gone or a zombie (killed, awaiting init's reaping); return its last state."""
+    deadline = time.monotonic() + timeout_s
+    while pid_state(pid) not in (None, "Z") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return pid_state(pid)
+
+
+@pytest.mark.parametrize("finish", ["timeout", "exit"])
+def test_command_helper_dies_whatever_the_main_child_did(tmp_path: Path, finish: str):
+    """A background helper is killed with the group after a timeout (its main child already exited) or a clean exit."""
+    pidfile = tmp_path / "helper"
+    # "timeout": the helper keeps stdout open, so replyd waits for EOF until the timeout, the shell long gone.
+    # "exit": the helper lets go of stdout, so the reply comes at once and the helper would live on.
+    redirect = "" if finish == "timeout" else " >/dev/null 2>&1"
+    script = f"sleep 31337{redirect} & echo $! > {pidfile}; echo hi"
+    settings = {"command": ["/bin/sh", "-c", script], "timeout_s": 1.0}
+    if finish == "timeout":
+        assert "timed out after 1 s (killed)" in fails("command", settings)
+    else:
+        assert run("command", settings) == "hi"
+    helper = int(pidfile.read_text())
+    try:
+        assert wait_gone(helper) in (None, "Z"), f"helper {helper} outlived the responder"
+    finally:
+        if pid_state(helper) not in (None, "Z"):
+            os.kill(helper, signal.SIGKILL)
 
 
 def test_runner_cancellation_kills_the_child(tmp_path: Path):

@@ -283,3 +283,116 @@ def test_cli_store_error_hides_password(tmp_path) -> None:
     out = cli("status", "--config", str(cfg), env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert "StoreError" in out or "store" in out.lower(), out
     assert not leaks(out), out
+
+
+INSECURE_CASES = [
+    ("mastodon", "base_url", {"token": "tok-0123456789"}),
+    ("discourse", "base_url", {"api_key": "k-0123456789", "api_username": "bot"}),
+    ("github", "api_url", {"token": "ghp_0123456789abcdef", "repos": ["octo/repo"]}),
+    ("bluesky", "service", {"identifier": "bot.bsky.test", "app_password": "abcd-efgh-ijkl-mnop"}),
+]
+
+
+@pytest.mark.parametrize("kind,key,settings", INSECURE_CASES, ids=[c[0] for c in INSECURE_CASES])
+def test_plain_http_to_a_public_host_is_refused(kind, key, settings) -> None:
+    """A platform URL with http:// to a non-loopback host is a ConfigError unless allow_insecure_http = true."""
+    from replyd.errors import ConfigError
+    from replyd.platform import make_platform
+
+    with httpx.Client() as http:
+        def build(url: str, **extra) -> object:
+            """Build the adapter for ``url`` (no request is made)."""
+            return make_platform(kind, {**settings, key: url, **extra}, http=http, clock=FakeClock())
+
+        with pytest.raises(ConfigError, match=rf"{kind} setting '{key}'.*allow_insecure_http"):
+            build("http://social.example.org")
+        with pytest.raises(ConfigError, match="allow_insecure_http"):
+            build("http://10.0.0.5:8080", allow_insecure_http="yes")  # a flag, not a truthy string
+        for ok in ("https://social.example.org", "http://127.0.0.1:3000", "http://localhost:3000", "http://[::1]:3000"):
+            build(ok)
+        build("http://social.example.org", allow_insecure_http=True)
+
+
+def test_plain_http_to_a_public_openai_endpoint_is_refused() -> None:
+    """The openai responder's base_url: http:// to a non-loopback host only with allow_insecure_http = true."""
+    from replyd.errors import ConfigError
+    from replyd.responders import make_responder
+
+    base = {"model": "m", "api_key": "sk-0123456789"}
+    with pytest.raises(ConfigError, match=r"responder.base_url.*allow_insecure_http"):
+        make_responder("openai", {**base, "base_url": "http://llm.example.org/v1"})
+    make_responder("openai", {**base, "base_url": "http://llm.example.org/v1", "allow_insecure_http": True})
+    make_responder("openai", {**base, "base_url": "http://127.0.0.1:8000/v1"})
+    make_responder("openai", {**base, "base_url": "https://llm.example.org/v1"})
+
+
+def mode(path: Path) -> int:
+    """The permission bits of ``path``."""
+    return path.stat().st_mode & 0o777
+
+
+def test_sqlite_store_is_owner_only(tmp_path, monkeypatch) -> None:
+    """The default store's directory is 0700 and its database, WAL and SHM 0600 under a 022 umask; an existing
+    0644 database is tightened to 0600."""
+    from replyd.store import Key, Store
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    old = os.umask(0o022)
+    try:
+        clock = FakeClock()
+        s = Store.open(None, clock=clock)
+        new = {"state": "open", "attempt": 1, "created_at": clock.now(), "updated_at": clock.now(), "owner": "t"}
+        assert s.claim(Key("p", "me", "1"), new, lambda r: None, {"kind": "claimed"}).won  # a write: WAL and SHM
+        db = tmp_path / "state" / "replyd" / "replyd.sqlite3"
+        assert mode(db.parent) == 0o700
+        for f in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
+            assert f.exists() and mode(f) == 0o600, (f, oct(mode(f)))
+        s.dispose()
+        other = tmp_path / "loose" / "r.sqlite3"
+        other.parent.mkdir()
+        other.touch(mode=0o644)
+        Store.open(f"sqlite:///{other}").dispose()
+        assert mode(other) == 0o600
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize("where", ["userinfo", "query"])
+def test_database_password_hidden_everywhere(where, pg_url, tmp_path, monkeypatch) -> None:
+    """A PostgreSQL password in the URL (user info or ?password=) shows nowhere: Store.url, /v1/status, the page,
+    `replyd db current`; and the log masker hides it."""
+    import sqlalchemy as sa
+
+    from replyd import log as rlog
+    from replyd.api import Api, ApiServer
+
+    base = sa.engine.make_url(pg_url)  # trust auth: the server ignores the password, so the store really opens
+    url = (base.set(password=PG_PASSWORD) if where == "userinfo"
+           else base.update_query_dict({"password": PG_PASSWORD})).render_as_string(hide_password=False)
+    assert PG_PASSWORD in url
+    s = Store.open(url)
+    try:
+        assert not leaks(s.url) and "***" in s.url
+        assert rlog.mask(f"connecting with {PG_PASSWORD}") == "connecting with ***"
+        api = Api(s, {}, expected=[], token="t" * 32)
+        with ApiServer(api.app) as srv, httpx.Client(base_url=srv.url, headers={"Authorization": "Bearer " + "t" * 32}) as c:
+            status, page = c.get("/v1/status"), c.get("/")
+        assert status.status_code == 200 and page.status_code == 200
+        assert not leaks(status.text) and not leaks(page.text) and "***" in status.json()["store"]["url"]
+    finally:
+        s.dispose()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\nurl = "{url}"\n')
+    os.chmod(cfg, 0o600)
+    out = cli("db", "current", "--config", str(cfg), env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "revision" in out and not leaks(out), out
+
+
+def test_short_secrets_are_masked_too() -> None:
+    """A secret under 6 characters is masked like any other; a secret inside a longer one does not split it."""
+    from replyd import log as rlog
+
+    rlog.add_secret("Zq5!x")
+    rlog.add_secret("Zq5!x-and-more-LEAKCHECK")
+    assert rlog.mask("pw=Zq5!x;") == "pw=***;"
+    assert rlog.mask("key Zq5!x-and-more-LEAKCHECK end") == "key *** end"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from replyd import statuspage
-from tests.api_harness import ROOT, running
+from tests.api_harness import ROOT, TOKEN, running
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 ARTIFACTS = ROOT / "test-artifacts"
@@ -61,7 +61,9 @@ def test_status_page_in_headless_chromium(tmp_path, monkeypatch):
             assert c.post("/v1/replies", json={"platform": "sim", "parent_id": h.parent(), "text": "x" * 600}).status_code == 409
             h.world.queue_faults(next_creates=["lost_504"])
             assert c.post("/v1/replies", json={"platform": "sim", "parent_id": h.parent(), "text": "hi"}).status_code == 202
-        dom = browse(h.url + "/", tmp_path, "--dump-dom")
+        # The token as a Basic password in the URL: what a browser's login prompt would send.
+        page_url = h.url.replace("http://", f"http://ops:{TOKEN}@") + "/"
+        dom = browse(page_url, tmp_path, "--dump-dom")
         assert dom.returncode == 0, dom.stderr[-2000:]
         page = dom.stdout
         inst = re.escape(h.instance)
@@ -74,7 +76,7 @@ def test_status_page_in_headless_chromium(tmp_path, monkeypatch):
         ARTIFACTS.mkdir(exist_ok=True)
         shot = ARTIFACTS / "statuspage.png"
         shot.unlink(missing_ok=True)
-        r = browse(h.url + "/", tmp_path, f"--screenshot={shot}")
+        r = browse(page_url, tmp_path, f"--screenshot={shot}")
         assert r.returncode == 0, r.stderr[-2000:]
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000

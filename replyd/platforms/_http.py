@@ -38,6 +38,7 @@ default) never walks into httpcore frames holding raw header bytes.
 from __future__ import annotations
 
 import email.utils
+import ipaddress
 import json
 import math
 import re
@@ -245,12 +246,21 @@ def _bounded(client: httpx.Client, method: str, url: str, *, what: str, acting: 
         return out
 
 
+def error_json(resp: httpx.Response) -> Any:
+    """An error body as JSON, or None when it is not JSON (or nests too deeply to parse).
+
+    Only for bodies whose status already says what happened: a body the parser cannot read must not turn a
+    refusal into an exception the guard would take for "maybe sent".
+    """
+    try:
+        return json.loads(resp.content)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+
+
 def server_error_text(resp: httpx.Response) -> str:
     """Return the server's short error text (JSON ``error``/``message``), for logs only."""
-    try:
-        data = json.loads(resp.content)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return ""
+    data = error_json(resp)
     text: Any = ""
     if isinstance(data, dict):
         text = data.get("error") or data.get("message") or data.get("error_description") or ""
@@ -617,7 +627,29 @@ def setting_url(settings: Mapping[str, Any], kind: str, key: str, default: str |
         raise ConfigError(f"{kind} setting {key!r}: must not carry credentials")
     if parts.query or parts.fragment:
         raise ConfigError(f"{kind} setting {key!r}: must not have a query or fragment")
+    require_https(raw.strip(), allowed=setting_flag(settings, kind, INSECURE_HTTP, False), where=f"{kind} setting {key!r}")
     return raw.strip().rstrip("/")
+
+
+INSECURE_HTTP = "allow_insecure_http"  # the setting that lets a token travel over plain http:// to another host
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses; any other name or address is public."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def require_https(url: str, *, allowed: bool, where: str) -> None:
+    """Refuse (ConfigError) ``http://`` to a non-loopback host unless ``allowed``: the token would travel in clear."""
+    parts = urlsplit(url)
+    if parts.scheme == "http" and not allowed and not is_loopback(parts.hostname or ""):
+        raise ConfigError(f"{where}: http:// to {parts.hostname!r} would send credentials in clear text: "
+                          f"use https://, or set {INSECURE_HTTP} = true if the network is trusted")
 
 
 def setting_secret(settings: Mapping[str, Any], kind: str, key: str) -> str | None:
@@ -691,10 +723,12 @@ __all__ = [
     "ACTING_METHODS",
     "BearerAuth",
     "RateLimits",
+    "error_json",
     "field",
     "html_to_text",
     "id_order",
     "is_acting",
+    "is_loopback",
     "iso_to_epoch",
     "json_body",
     "link_param",
@@ -703,6 +737,7 @@ __all__ = [
     "raise_for_status",
     "redact",
     "request",
+    "require_https",
     "retry_after_s",
     "server_error_text",
     "setting_flag",

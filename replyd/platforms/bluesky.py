@@ -295,6 +295,7 @@ class _Cursor:
 _KNOWN_SETTINGS = frozenset(
     {
         "kind",
+        "allow_insecure_http",
         "service",
         "identifier",
         "app_password",
@@ -585,6 +586,10 @@ class BlueskyPlatform:
         log.warning("replyd.bluesky.skipped", what=what, problem=exc.detail, uri=uri if isinstance(uri, str) else None)
 
     # --- Platform: identity and discovery ---------------------------------------------
+
+    def reply_url(self, reply_id: str, identity: Identity) -> str:
+        """Return the bsky.app page of one of the bot's replies (``reply_id`` is its at:// URI)."""
+        return _web_url(identity.handle or identity.sender_id, reply_id)
 
     def whoami(self) -> Identity:
         """Return the account's DID (the sender id) and handle, checking the session."""
@@ -1153,10 +1158,7 @@ def _reply_root_uri(record: Any) -> str | None:
 
 def _xrpc_error(resp: httpx.Response) -> str:
     """The XRPC ``error`` name of a response body (``ExpiredToken``…), or ``""``."""
-    try:
-        data = resp.json()
-    except ValueError:
-        return ""
+    data = _http.error_json(resp)
     name = data.get("error") if isinstance(data, dict) else None
     return name if isinstance(name, str) else ""
 

@@ -71,6 +71,7 @@ status decides, never the (localised) error text.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -133,6 +134,7 @@ POST_CACHE_SIZE = 2048
 _KNOWN_SETTINGS = frozenset(
     {
         "kind",
+        "allow_insecure_http",
         "base_url",
         "api_key",
         "api_username",
@@ -199,10 +201,7 @@ def _time(obj: Any, path: str, what: str) -> float:
 
 def _error_text(resp: httpx.Response) -> str:
     """Discourse's ``{"errors": [...]}`` text (or the generic one), short, for logs only."""
-    try:
-        data = resp.json()
-    except (ValueError, UnicodeDecodeError):
-        return ""
+    data = _http.error_json(resp)
     if isinstance(data, dict):
         errors = data.get("errors")
         if isinstance(errors, list):
@@ -214,10 +213,7 @@ def _error_text(resp: httpx.Response) -> str:
 
 def _wait_seconds(resp: httpx.Response) -> float | None:
     """``extras.wait_seconds`` of a Discourse 429 body."""
-    try:
-        data = resp.json()
-    except (ValueError, UnicodeDecodeError):
-        return None
+    data = _http.error_json(resp)
     extras = data.get("extras") if isinstance(data, dict) else None
     wait = extras.get("wait_seconds") if isinstance(extras, dict) else None
     if isinstance(wait, bool) or not isinstance(wait, (int, float, str)):
@@ -717,6 +713,31 @@ class DiscoursePlatform:
         return Page(parents=found, cursor=newest)
 
     # resolve ---------------------------------------------------------------------------
+
+    # webhooks ---------------------------------------------------------------------------
+
+    def parse_webhook(self, event: str, payload: Any) -> list[Parent] | str:
+        """A ``post_created`` delivery's post, when it addresses the bot (a mention, or a reply to the bot).
+
+        Discourse sends every post of the forum to a webhook; the polled inbox only holds what notifies the
+        bot, so only those posts are parents here. The parent is the one the pollers build (the post id).
+        """
+        what = f"webhook {event or '(no event)'}"
+        if not isinstance(payload, dict):
+            raise BadResponse(f"{what}: body is not a JSON object")
+        if event != "post_created":
+            return f"{event or 'an unnamed event'} is not answered"
+        post = payload.get("post")
+        parent = self._post_parent(post, what)
+        me = self._identity()
+        if parent.author_id == me.sender_id:
+            return "the bot's own post"
+        name = me.handle or self._username()
+        reply_to = _http.field(post, "reply_to_user.username", what, default=None)
+        mentioned = bool(name) and re.search(rf"(?<![\w@])@{re.escape(name)}(?![\w-])", parent.text, re.IGNORECASE)
+        if not mentioned and (reply_to or "").lower() != name.lower():
+            return "post_created does not address the bot (no mention, not a reply to it)"
+        return [parent]
 
     def resolve(self, ref: str) -> Parent:
         """Turn a post id, a ``/p/{id}`` link or a ``/t/[slug/]{topic}/{number}`` URL into the parent."""

@@ -148,6 +148,7 @@ _SHORT_REF_RE = re.compile(r"^([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+)#(\d+)$")
 _KNOWN_SETTINGS = frozenset(
     {
         "kind",
+        "allow_insecure_http",
         "token",
         "api_url",
         "repos",
@@ -236,7 +237,7 @@ def _load_cursor(cursor: str | None) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(cursor)
-    except ValueError:
+    except (ValueError, RecursionError):
         log.warning("replyd.github.cursor_unreadable")
         return {}
     return data if isinstance(data, dict) else {}
@@ -720,6 +721,24 @@ class GitHubPlatform:
         return sorted(found.values(), key=lambda p: (p.created_at or 0.0, id_order(p.id)))
 
     # resolve ----------------------------------------------------------------------------
+
+    # webhooks ---------------------------------------------------------------------------
+
+    def parse_webhook(self, event: str, payload: Any) -> list[Parent] | str:
+        """A delivery's parents: the issue of ``issues`` opened/reopened and of ``issue_comment`` created.
+
+        The delivery embeds the issue in its REST form, so the parent (its id as served) is the one the
+        pollers build; anything else is a reason not to answer (``ping``, edits, closes, other events).
+        """
+        what = f"webhook {event or '(no event)'}"
+        if not isinstance(payload, dict):
+            raise BadResponse(f"{what}: body is not a JSON object")
+        action = payload.get("action") if isinstance(payload.get("action"), str) else ""
+        if event == "issues" and action in ("opened", "reopened"):
+            return [self._issue_parent(payload.get("issue"), what)]
+        if event == "issue_comment" and action == "created":
+            return [self._issue_parent(payload.get("issue"), what)]
+        return f"{event or 'an unnamed event'}{'.' + action if action else ''} is not answered"
 
     def resolve(self, ref: str) -> Parent:
         """Turn ``owner/repo#n``, an issue/PR web URL or an API issue URL into the parent."""

@@ -85,6 +85,7 @@ CONTEXT_LIMIT = 4096
 _KNOWN_SETTINGS = frozenset(
     {
         "kind",
+        "allow_insecure_http",
         "base_url",
         "token",
         "listing_delay_s",
@@ -312,6 +313,10 @@ class MastodonPlatform:
         )
 
     # --- Platform -------------------------------------------------------------------
+
+    def reply_url(self, reply_id: str, identity: Identity) -> str:
+        """Return the status page of one of the bot's replies (``/@acct/id``), as Mastodon serves it."""
+        return f"{self._base_url}/@{identity.handle}/{reply_id}" if identity.handle else ""
 
     def whoami(self) -> Identity:
         """Return the account's stable id (as served) and its acct."""

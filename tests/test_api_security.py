@@ -1,0 +1,151 @@
+"""The API's gate over real HTTP: Host check (DNS rebinding), the token on every route, bodies, headers."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from replyd.api import Api, ApiServer, check_bind
+from replyd.config import Config
+from replyd.daemon import Daemon
+from replyd.errors import ConfigError
+from replyd.store import Store
+from tests.api_harness import TOKEN, TOKEN_ENV, Harness, running, sim_world, write_config
+
+READS = ("/", "/v1/status", "/metrics", "/readyz", "/openapi.json", "/v1/replies/sim/1")
+LONG_TOKEN = "t" * 32
+
+
+@pytest.fixture
+def h(tmp_path, monkeypatch):
+    """A sim and a daemon serving the API with a token on a loopback bind."""
+    with running(tmp_path, monkeypatch) as harness:
+        yield harness
+
+
+def port(h: Harness) -> int:
+    """The API's port."""
+    return urlsplit(h.url).port or 0
+
+
+def test_foreign_host_refused_on_every_route(h):
+    """A Host naming another server (a DNS-rebinding page) is 400 on every route, token or not; nothing is sent."""
+    evil = {"Host": f"evil.example:{port(h)}"}
+    for token in (None, TOKEN):
+        with h.client(token=token) as c:
+            for path in READS:
+                r = c.get(path, headers=evil)
+                assert r.status_code == 400 and r.json()["error"] == "bad_host", (path, token, r.status_code)
+            r = c.post("/v1/replies", headers=evil, json={"platform": "sim", "parent_id": h.parent(), "text": "x"})
+            assert r.status_code == 400 and r.json()["error"] == "bad_host"
+    assert h.world.creates_attempted == 0
+    with h.client() as c:
+        for host in (f"127.0.0.1:{port(h)}", f"localhost:{port(h)}", f"LocalHost.:{port(h)}", f"[::1]:{port(h)}"):
+            assert c.get("/v1/status", headers={"Host": host}).status_code == 200, host
+        # Liveness answers whatever the Host: it says nothing a page could use.
+        assert c.get("/healthz", headers=evil).status_code == 200
+
+
+def test_configured_host_names_are_served(tmp_path):
+    """A name listed in hosts is served; an unlisted name is not; IP literals are (rebinding needs a name)."""
+    store = Store.open(f"sqlite:///{tmp_path / 'r.sqlite3'}")
+    api = Api(store, {}, expected=[], token=TOKEN, hosts=["replyd.internal"])
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with ApiServer(api.app) as srv, httpx.Client(base_url=srv.url, headers=auth) as c:
+        assert c.get("/v1/status", headers={"Host": "replyd.internal:8080"}).status_code == 200
+        assert c.get("/v1/status", headers={"Host": "replyd.internal.evil.example"}).status_code == 400
+        assert c.get("/v1/status", headers={"Host": "10.1.2.3:8787"}).status_code == 200
+        assert c.get("/v1/status", headers={"Host": "bad host:x"}).status_code == 400
+    store.dispose()
+
+
+def test_token_needed_on_every_route_but_healthz(h):
+    """On a loopback bind with a token, every route but /healthz answers 401 without it and 200 with it."""
+    with h.client(token=None) as c:
+        for path in READS[:-1]:
+            r = c.get(path)
+            assert r.status_code == 401, (path, r.status_code)
+            assert "Bearer" in r.headers["WWW-Authenticate"]
+        assert c.get(READS[-1]).status_code == 401
+        assert c.get("/nope").status_code == 401  # unknown routes too: the gate comes first
+        assert c.get("/healthz").status_code == 200
+        basic = base64.b64encode(f"ops:{TOKEN}".encode()).decode()
+        assert c.get("/", headers={"Authorization": f"Basic {basic}"}).status_code == 200
+    with h.client() as c:
+        for path in READS[:-1]:
+            assert c.get(path).status_code == 200, path
+        assert c.get(READS[-1]).status_code == 404  # past the gate: no such row
+        assert c.get("/openapi.json").json()["paths"]["/v1/status"]["get"]["security"] == [
+            {"bearerAuth": []}, {"basicAuth": []}]
+
+
+def test_open_routes_serve_probes_without_the_token(tmp_path, monkeypatch):
+    """api.open_routes opens /readyz and /metrics (and nothing else); an unknown route name is a config error."""
+    with running(tmp_path, monkeypatch, api_extra='open_routes = ["readyz", "metrics"]') as h:
+        with h.client(token=None) as c:
+            assert c.get("/readyz").status_code == 200 and c.get("/metrics").status_code == 200
+            for path in ("/", "/v1/status", "/openapi.json"):
+                assert c.get(path).status_code == 401, path
+        with h.client() as c:
+            sec = c.get("/openapi.json").json()["paths"]
+        assert sec["/readyz"]["get"]["security"] == [{}] and sec["/metrics"]["get"]["security"] == [{}]
+        assert sec["/v1/status"]["get"]["security"] == [{"bearerAuth": []}, {"basicAuth": []}]
+    cfg = write_config(tmp_path / "bad.toml", "http://127.0.0.1:9", tmp_path / "b.sqlite3",
+                       api_extra='open_routes = ["status"]')
+    with pytest.raises(ConfigError, match="api.open_routes"):
+        Config.load(cfg)
+
+
+def test_public_bind_needs_a_32_character_token(tmp_path, monkeypatch):
+    """A non-loopback bind refuses a token shorter than 32 characters before anything opens; loopback does not."""
+    for short in ("x", "x" * 31):
+        with pytest.raises(ConfigError, match="at least 32"):
+            check_bind("0.0.0.0", short)
+    check_bind("0.0.0.0", LONG_TOKEN)
+    check_bind("127.0.0.1", "x")
+    monkeypatch.setenv(TOKEN_ENV, "only-22-characters-xyz")
+    with sim_world(monkeypatch) as (_world, srv, _bot):
+        cfg = write_config(tmp_path / "c.toml", srv.base_url, tmp_path / "r.sqlite3", host="0.0.0.0")
+        d = Daemon(Config.load(cfg))
+        with pytest.raises(ConfigError, match="at least 32"):
+            d.start()
+        assert d.store is None and d.api is None
+
+
+def test_deeply_nested_bodies_are_400(h):
+    """A body nested past the parser's depth, at the top or inside a field, is 400 invalid_json; nothing is sent."""
+    pid = h.parent()
+    deep_array = b"[" * 30_000 + b"]" * 30_000
+    deep_field = (b'{"platform": "sim", "parent_id": "' + pid.encode() + b'", "text": '
+                  + b'{"a":' * 5_000 + b"1" + b"}" * 5_000 + b"}")
+    with h.client() as c:
+        for body in (deep_array, deep_field):
+            r = c.post("/v1/replies", content=body, headers={"Content-Type": "application/json"})
+            assert r.status_code == 400, r.text[:300]
+            assert r.json()["error"] == "invalid_json" and r.json()["field"] == "body"
+    assert h.world.creates_attempted == 0
+
+
+def test_every_answer_carries_the_security_headers(h):
+    """The page (and every other answer, refusals included) has a CSP, X-Frame-Options DENY and nosniff."""
+    with h.client() as c:
+        page = c.get("/")
+        answers = [page, c.get("/v1/status"), c.get("/healthz"), c.get("/nope"),
+                   c.get("/", headers={"Authorization": "Bearer wrong"}),
+                   c.get("/", headers={"Host": "evil.example"})]
+    for r in answers:
+        assert r.headers["X-Frame-Options"] == "DENY", r.request.url
+        assert r.headers["X-Content-Type-Options"] == "nosniff"
+        csp = r.headers["Content-Security-Policy"]
+        assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp
+    # The CSP allows exactly the page's own inline style (by hash) and no script.
+    style = re.search(r"<style>(.*?)</style>", page.text, re.S)
+    assert style is not None
+    digest = base64.b64encode(hashlib.sha256(style.group(1).encode()).digest()).decode()
+    csp = page.headers["Content-Security-Policy"]
+    assert f"style-src 'sha256-{digest}'" in csp and "script-src" not in csp and "unsafe-inline" not in csp
