@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from replyd import lag
 from replyd import log as rlog
 from replyd import store as st
 from replyd.clock import DatabaseClock
@@ -218,6 +219,7 @@ def status(
             "overdue": [{"platform": r.platform, "parent_id": r.parent_id, "state": r.state, "attempt": r.attempt,
                          "over_s": round(over, 1)} for r, over in overdue],
             "daemon": daemon,
+            "listing": lag.summaries(s),  # per platform instance: configured and in-use delay, observed lag
         }
         _emit_json(data)
         return
@@ -391,9 +393,10 @@ def sweep(
     with httpx.Client(timeout=cfg.guard.send_timeout_s) as http:
         bots = [build_bot(cfg, bc, s, http, s.clock, owner) for bc in cfg.bots]
         sc = cfg.sweep
-        r = Sweeper(s, [Bot(b.platform, b.identity) for b in bots], owner=owner, batch=sc.batch, lease_s=sc.lease_s,
-                    retry_s=sc.retry_s, max_attempts=cfg.guard.max_attempts, on_duplicate=sc.on_duplicate).run_once()
-    out.print(f"swept {r.leased}: closed {r.closed}, not_landed {r.not_landed}, gave_up {r.gave_up}, "
+        r = Sweeper(s, [Bot(b.platform, b.identity, b.guard.lag) for b in bots], owner=owner, batch=sc.batch,
+                    lease_s=sc.lease_s, retry_s=sc.retry_s, max_attempts=cfg.guard.max_attempts,
+                    on_duplicate=sc.on_duplicate, config=sc).run_once()
+    out.print(f"swept {r.leased}: closed {r.closed}, reconciled {r.reconciled}, not_landed {r.not_landed}, gave_up {r.gave_up}, "
               f"left open {r.left_open}, duplicates {r.duplicates}, read-back errors {r.readback_errors}")
 
 

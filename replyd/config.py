@@ -74,6 +74,26 @@ class SweepConfig(_Strict):
     lease_s: float = Field(120.0, gt=0)
     retry_s: float = Field(60.0, gt=0)
     on_duplicate: Literal["report", "delete_newer"] = "report"
+    # The listing delay in use per platform instance (replyd.lag): max(configured, factor x the observed lag's
+    # percentile), at most listing_delay_max_s, once listing_delay_min_samples sends were measured.
+    listing_delay_auto: bool = True
+    listing_delay_factor: float = Field(2.0, ge=1.0, le=10.0)
+    listing_delay_percentile: float = Field(99.0, gt=0, le=100)
+    listing_delay_min_samples: int = Field(10, ge=1)
+    listing_delay_max_s: float = Field(600.0, gt=0)
+    listing_lag_window: int = Field(500, ge=10, le=100_000)  # newest samples the percentile is taken over
+    listing_lag_refresh_s: float = Field(10.0, gt=0)
+    # not_landed and gave_up rows are looked at again at these multiples of the delay in use (at most
+    # reconcile_max_s after they were judged): an own reply found then closes them as reconciled.
+    reconcile_after: list[float] = Field(default_factory=lambda: [10.0, 100.0])
+    reconcile_max_s: float = Field(86_400.0, gt=0)
+
+    @field_validator("reconcile_after")
+    @classmethod
+    def _multiples(cls, v: list[float]) -> list[float]:
+        if any(x <= 0 for x in v):
+            raise ValueError("every multiple must be > 0")
+        return sorted(v)
 
 
 class HealthConfig(_Strict):

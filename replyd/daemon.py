@@ -30,6 +30,7 @@ from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import BotConfig, Config
 from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, PlatformError
 from replyd.guard import Guard
+from replyd.lag import ListingLag
 from replyd.liveness import SWEEP, Heartbeat, Liveness, error_words
 from replyd.pipeline import Pipeline
 from replyd.platform import Identity, Platform, make_platform
@@ -100,11 +101,14 @@ def build_guard(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cl
         # late close and the retry's verifying read-back still catch it, but later than they should).
         log.warning("replyd.bot.send_timeout_short", bot=bc.name, guard_send_timeout_s=send_timeout_s,
                     adapter_timeout_s=adapter_timeout_s, hint="set guard.send_timeout_s >= the adapter's timeout_s")
+    # One listing delay per bot, shared by its guard (deadlines) and the sweep (looks); learned per instance.
+    lag = ListingLag(store, platform.instance, platform.listing_delay_s, cfg.sweep, clock=clock, bot=bc.name)
     guard = Guard(
         store,
         platform,
         identity,
         clock=clock,
+        lag=lag,
         owner=owner,
         max_attempts=cfg.guard.max_attempts,
         send_timeout_s=send_timeout_s,
@@ -206,7 +210,7 @@ class Daemon:
         sc = self.cfg.sweep
         self.sweeper = Sweeper(
             self.store,
-            [Bot(b.platform, b.identity) for b in self.bots],
+            [Bot(b.platform, b.identity, b.guard.lag) for b in self.bots],
             clock=self.clock,
             owner=self.owner,
             batch=sc.batch,
@@ -214,6 +218,7 @@ class Daemon:
             retry_s=sc.retry_s,
             max_attempts=self.cfg.guard.max_attempts,
             on_duplicate=sc.on_duplicate,
+            config=sc,
         )
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(max_workers=max(4, 3 * len(self.bots) + 1))},

@@ -200,7 +200,7 @@ class GuardSession:
 
     def sweep(self, *, on_duplicate: str = "report") -> SweepResult:
         """Bound this bot's due open rows by reading back (run it periodically without the daemon)."""
-        sweeper = Sweeper(self.store, [Bot(self.platform, self.identity)], clock=self.guard.clock,
+        sweeper = Sweeper(self.store, [Bot(self.platform, self.identity, self.guard.lag)], clock=self.guard.clock,
                           owner=self.guard.owner, max_attempts=self.guard.max_attempts, on_duplicate=on_duplicate)
         return sweeper.run_once()
 

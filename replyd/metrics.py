@@ -61,7 +61,7 @@ RESPONDER_SECONDS = Histogram(
 )
 SWEEP_ROWS = Counter(
     "replyd_sweep_rows",
-    "Rows the sweep decided, by result (closed, not_landed, gave_up, left_open, verified).",
+    "Rows the sweep decided, by result (closed, not_landed, gave_up, left_open, verified, reconciled).",
     ["platform", "result"],
     registry=None,
 )
@@ -77,6 +77,12 @@ SKIPS = Counter(
     ["platform", "reason"],
     registry=None,
 )
+LISTING_LAG = Histogram(
+    "replyd_listing_lag_seconds",
+    "Age of an own reply (from its send's response) when the own-feed read-back first listed it.",
+    ["platform"], registry=None,
+    buckets=(0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0),
+)
 WEBHOOKS = Counter(
     "replyd_webhook_deliveries",
     "Webhook deliveries by result (accepted, ignored, bad_signature, bad_body, unreadable).",
@@ -90,7 +96,7 @@ POLLS = Counter(
     registry=None,
 )
 SHARED = (SENDS, SEND_SECONDS, OUTCOMES, PLATFORM_ERRORS, RESPONDER_CALLS, RESPONDER_SECONDS, SWEEP_ROWS, DUPLICATES,
-          SKIPS, POLLS, WEBHOOKS)
+          SKIPS, POLLS, WEBHOOKS, LISTING_LAG)
 
 # The `platform` label is the bot's name (or a short instance), never a URL: instance -> label.
 _LABELS: dict[str, str] = {}
@@ -121,7 +127,7 @@ _KINDS: tuple[tuple[type[BaseException], str], ...] = (
     (Rejected, "rejected"),
     (BadResponse, "bad_response"),
 )
-_SWEEP_RESULTS = ("closed", "not_landed", "gave_up", "left_open", "verified")
+_SWEEP_RESULTS = ("closed", "not_landed", "gave_up", "left_open", "verified", "reconciled")
 
 # Labelled children by (metric name, labels): `labels()` validates and locks on every call (~3 µs);
 # a dict hit is ~0.1 µs. A racing first call at worst builds the same child twice.
@@ -219,6 +225,11 @@ def timed_responder(compose: Callable[[Any], str | None], parent: Any, platform:
         _child(RESPONDER_SECONDS, platform).observe(time.perf_counter() - t0)
     _child(RESPONDER_CALLS, platform, "ok" if text and text.strip() else "declined").inc()
     return text
+
+
+def listing_lag(platform: str, seconds: float) -> None:
+    """Observe one own reply's listing lag (its age when a read-back first listed it)."""
+    _child(LISTING_LAG, platform).observe(seconds)
 
 
 def poll(bot: str, path: str, *, ok: bool) -> None:

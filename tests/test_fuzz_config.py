@@ -32,7 +32,8 @@ SECTIONS = {
     "store": ["url", "auto_migrate"],
     "log": ["format", "level"],
     "guard": ["max_attempts", "send_timeout_s", "compose_lease_s", "dry_run"],
-    "sweep": ["interval_s", "batch", "lease_s", "retry_s", "on_duplicate"],
+    "sweep": ["interval_s", "batch", "lease_s", "retry_s", "on_duplicate", "listing_delay_auto", "listing_delay_max_s",
+              "reconcile_after"],
 }
 BOT_KEYS = ["name", "platform", "settings", "pollers", "policy", "responder"]
 POLLER_KEYS = ["inbox_interval_s", "search_interval_s", "search_queries", "refind_interval_s", "refind_lookback_s", "jitter_s"]
