@@ -272,7 +272,7 @@ def test_http_without_a_token_does_not_start(lite):
     r = subprocess.run([sys.executable, "-m", "replyd", "mcp", "--transport", "http", "--port", "0",
                         "--config", str(lite.config)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr
-    assert "ConfigError: mcp.token_env: MCP over HTTP needs a bearer token" in " ".join(r.stderr.split())
+    assert "replyd: mcp.token_env: MCP over HTTP needs a bearer token" in " ".join(r.stderr.split())
     assert "Traceback" not in r.stderr and "send_timeout_short" not in r.stderr  # refused before any bot logged in
 
 
