@@ -423,7 +423,9 @@ def test_lost_response_left_open_then_sweep_closes(world: World, proxy: PdsProxy
     assert result.closed == 1
     row = world.row(parent.id)
     assert (row.state, row.reply_id) == (st.CLOSED, world.expected_uri(parent.id))
-    assert [e.kind for e in world.store.history(world.guard.key(parent.id))][-2:] == ["maybe_sent", "swept_found"]
+    # The sweep's own read-back that found it also verifies the close (one look, no second request).
+    assert [e.kind for e in world.store.history(world.guard.key(parent.id))][-3:] == ["maybe_sent", "swept_found",
+                                                                                      "verified"]
     assert [r["uri"] for r in world.bot_replies(parent.id)] == [row.reply_id]
     assert proxy.creates == [200]
 

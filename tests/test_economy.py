@@ -135,7 +135,8 @@ def test_two_replicas_three_paths_one_call_per_parent(db, tmp_path, request):
     finally:
         s.dispose()
     assert sorted(r.parent_id for r in rows) == sorted(parents)
-    assert len({r.owner for r in rows}) == 2, {r.owner for r in rows}  # both replicas really answered some
+    # Not "both replicas answered some": on a loaded machine one replica can win every claim; that both
+    # offered every parent (checked above) is what makes the one-call-per-parent figure mean something.
 
 
 def offered_paths(log: Path) -> dict[str, set[str]]:
