@@ -1,0 +1,285 @@
+"""A real Synapse homeserver for the Matrix tests, started once per test session.
+
+``synapse`` (session scope) writes its own ``homeserver.yaml`` (SQLite, one
+client listener on a free 127.0.0.1 port, no federation, rate limits raised
+far above what the tests send, a fresh signing key and shared secret) into a
+temporary directory, starts ``python -m synapse.app.homeserver``, waits for
+``/_matrix/client/versions``, registers a bot and three people with the
+shared secret, and yields a :class:`Synapse`. Rooms are created by the tests.
+
+When ``matrix-synapse`` is not installed or the server does not come up, the
+tests are skipped locally with the reason, and FAIL when ``CI=true``.
+
+Import the fixture into a test module::
+
+    from tests.synapse_server import synapse  # noqa: F401
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import importlib.util
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from tests.conftest import IN_CI
+
+SERVER_NAME = "replyd.test"
+START_TIMEOUT_S = 120.0
+BOT = "replybot"
+PEOPLE = ("alice", "bob", "carol")
+# Far above anything a test sends, so no test meets Synapse's default 0.2 messages/s.
+_NO_LIMIT = {"per_second": 10000, "burst_count": 100000}
+
+
+@dataclass
+class User:
+    """One account on the homeserver with its access token (from shared-secret registration)."""
+
+    localpart: str
+    user_id: str
+    token: str = field(repr=False)
+    device_id: str = ""
+    password: str = field(repr=False, default="")
+
+
+@dataclass
+class Synapse:
+    """The running homeserver: URL, accounts, and a raw client-server API client for the people's side."""
+
+    base_url: str
+    bot: User
+    people: dict[str, User]
+    directory: Path
+    http: httpx.Client
+    proc: subprocess.Popen | None = None
+    startup_s: float = 0.0
+    log_path: Path = field(default_factory=Path)
+
+    # --- raw client-server API (people's actions and test-side reads, never the adapter under test) ---
+
+    def api(self, method: str, path: str, who: User, *, json_body: Any = None,
+            params: Any = None) -> dict[str, Any]:
+        """One raw request as ``who``; raises on a non-2xx answer; returns the JSON body."""
+        resp = self.http.request(method, f"{self.base_url}/_matrix/client/v3{path}", json=json_body, params=params,
+                                 headers={"authorization": f"Bearer {who.token}"}, timeout=30)
+        if resp.status_code >= 300:
+            raise AssertionError(f"{method} {path} as {who.localpart}: HTTP {resp.status_code} {resp.text[:300]}")
+        return resp.json()
+
+    def create_room(self, owner: User, *, invite_bot: bool = True, bot_joins: bool = True,
+                    others: tuple[User, ...] = ()) -> str:
+        """``owner`` creates a private room, invites the bot (and ``others``) who join; returns the room id."""
+        invite = ([self.bot.user_id] if invite_bot else []) + [u.user_id for u in others]
+        body = self.api("POST", "/createRoom", owner, json_body={"preset": "private_chat", "invite": invite})
+        room_id = body["room_id"]
+        for u in others + ((self.bot,) if invite_bot and bot_joins else ()):
+            self.api("POST", f"/rooms/{quote(room_id, safe='')}/join", u, json_body={})
+        return room_id
+
+    def say(self, who: User, room_id: str, body: str, *, mention_bot: bool = True,
+            reply_to: str | None = None, thread_root: str | None = None, use_mentions: bool = True) -> str:
+        """``who`` sends an ``m.text`` to the room (mentioning the bot); returns the event id."""
+        content: dict[str, Any] = {"msgtype": "m.text", "body": body}
+        if mention_bot and use_mentions:
+            content["m.mentions"] = {"user_ids": [self.bot.user_id]}
+        relates: dict[str, Any] = {}
+        if thread_root is not None:
+            relates = {"rel_type": "m.thread", "event_id": thread_root, "is_falling_back": reply_to is None}
+        if reply_to is not None or thread_root is not None:
+            relates["m.in_reply_to"] = {"event_id": reply_to or thread_root}
+        if relates:
+            content["m.relates_to"] = relates
+        txn = uuid.uuid4().hex
+        path = f"/rooms/{quote(room_id, safe='')}/send/m.room.message/{txn}"
+        return self.api("PUT", path, who, json_body=content)["event_id"]
+
+    def messages(self, room_id: str, who: User, *, limit: int = 1000) -> list[dict[str, Any]]:
+        """Every ``m.room.message`` in the room as ``who`` reads it, oldest first (the platform-side count)."""
+        out: list[dict[str, Any]] = []
+        token: str | None = None
+        filt = json.dumps({"types": ["m.room.message"]})
+        while True:
+            params = {"dir": "b", "limit": str(min(limit, 1000)), "filter": filt}
+            if token:
+                params["from"] = token
+            body = self.api("GET", f"/rooms/{quote(room_id, safe='')}/messages", who, params=params)
+            out.extend(body.get("chunk", []))
+            token = body.get("end")
+            if not token or not body.get("chunk"):
+                return list(reversed(out))
+
+    def replies_by(self, room_id: str, sender: str, who: User) -> dict[str, list[str]]:
+        """``{parent event id: [reply event ids]}`` of ``sender``'s replies in the room, read as ``who``."""
+        per: dict[str, list[str]] = {}
+        for ev in self.messages(room_id, who):
+            if ev.get("sender") != sender:
+                continue
+            parent = ((ev.get("content") or {}).get("m.relates_to") or {}).get("m.in_reply_to", {}).get("event_id")
+            if parent:
+                per.setdefault(parent, []).append(ev["event_id"])
+        return per
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the homeserver process (SIGTERM: graceful; SIGKILL: a crash)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.proc = None
+
+    def start(self) -> None:
+        """Start (or restart) the homeserver on its config and data; wait until it answers."""
+        started = time.monotonic()
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "synapse.app.homeserver", "-c", str(self.directory / "homeserver.yaml")],
+            cwd=self.directory, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, "SYNAPSE_NO_TLS": "1"},
+        )
+        log.close()
+        while time.monotonic() - started < START_TIMEOUT_S:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"synapse exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                if self.http.get(f"{self.base_url}/_matrix/client/versions", timeout=2).status_code == 200:
+                    self.startup_s = time.monotonic() - started
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self.stop(signal.SIGKILL)
+        raise RuntimeError(f"synapse did not answer within {START_TIMEOUT_S:.0f}s: {self.log_tail()}")
+
+    def log_tail(self, n: int = 3000) -> str:
+        """The end of the homeserver's log, for failure messages."""
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return "(no log)"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(directory: Path, port: int, shared_secret: str) -> Path:
+    """Write homeserver.yaml, its logging config and a fresh signing key into ``directory``."""
+    import yaml
+    from signedjson.key import generate_signing_key, write_signing_keys
+
+    with (directory / "signing.key").open("w") as f:
+        write_signing_keys(f, [generate_signing_key("a_test")])
+    (directory / "log.yaml").write_text(yaml.safe_dump({
+        "version": 1,
+        "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+        "handlers": {"file": {"class": "logging.FileHandler", "filename": str(directory / "homeserver.log"),
+                              "formatter": "plain"}},
+        "root": {"level": "WARNING", "handlers": ["file"]},
+        "disable_existing_loggers": False,
+    }))
+    limits = {
+        "rc_message": _NO_LIMIT, "rc_registration": _NO_LIMIT, "rc_admin_redaction": _NO_LIMIT,
+        "rc_login": {"address": _NO_LIMIT, "account": _NO_LIMIT, "failed_attempts": _NO_LIMIT},
+        "rc_joins": {"local": _NO_LIMIT, "remote": _NO_LIMIT},
+        "rc_invites": {"per_room": _NO_LIMIT, "per_user": _NO_LIMIT, "per_issuer": _NO_LIMIT},
+        "rc_room_creation": _NO_LIMIT,
+    }
+    config = {
+        "server_name": SERVER_NAME,
+        "pid_file": str(directory / "homeserver.pid"),
+        "listeners": [{"port": port, "bind_addresses": ["127.0.0.1"], "type": "http", "tls": False,
+                       "x_forwarded": False, "resources": [{"names": ["client"], "compress": False}]}],
+        "database": {"name": "sqlite3", "args": {"database": str(directory / "homeserver.db")}},
+        "log_config": str(directory / "log.yaml"),
+        "media_store_path": str(directory / "media"),
+        "signing_key_path": str(directory / "signing.key"),
+        "registration_shared_secret": shared_secret,
+        "macaroon_secret_key": secrets.token_hex(16),
+        "form_secret": secrets.token_hex(16),
+        "report_stats": False,
+        "enable_metrics": False,
+        "trusted_key_servers": [],
+        "suppress_key_server_warning": True,
+        "federation_domain_whitelist": [],
+        "presence": {"enabled": False},
+        "url_preview_enabled": False,
+        "enable_search": True,
+        **limits,
+    }
+    path = directory / "homeserver.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def register(http: httpx.Client, base_url: str, shared_secret: str, localpart: str, *, admin: bool = False) -> User:
+    """Register ``localpart`` through the shared-secret admin API (nonce + HMAC-SHA1)."""
+    url = f"{base_url}/_synapse/admin/v1/register"
+    nonce = http.get(url, timeout=30).json()["nonce"]
+    password = secrets.token_hex(12)
+    mac = hmac.new(shared_secret.encode(), digestmod=hashlib.sha1)
+    mac.update(b"\x00".join([nonce.encode(), localpart.encode(), password.encode(),
+                             b"admin" if admin else b"notadmin"]))
+    resp = http.post(url, json={"nonce": nonce, "username": localpart, "password": password, "admin": admin,
+                                "mac": mac.hexdigest()}, timeout=30)
+    if resp.status_code != 200:
+        raise RuntimeError(f"registering {localpart}: HTTP {resp.status_code} {resp.text[:300]}")
+    body = resp.json()
+    return User(localpart, body["user_id"], body["access_token"], body.get("device_id", ""), password)
+
+
+def _unavailable(why: str) -> None:
+    if IN_CI:
+        pytest.fail(f"Synapse is required under CI=true but {why}")
+    pytest.skip(f"Synapse homeserver not available ({why}); `make install` installs matrix-synapse")
+
+
+@pytest.fixture(scope="session")
+def synapse() -> Iterator[Synapse]:
+    """A running Synapse with a bot and three people registered; stopped at the end of the session."""
+    if importlib.util.find_spec("synapse") is None:
+        _unavailable("the matrix-synapse package is not installed")
+    directory = Path(tempfile.mkdtemp(prefix="replyd-synapse-"))
+    shared_secret = secrets.token_hex(16)
+    port = _free_port()
+    write_config(directory, port, shared_secret)
+    http = httpx.Client(trust_env=False)
+    server = Synapse(base_url=f"http://127.0.0.1:{port}", bot=None, people={}, directory=directory,  # type: ignore[arg-type]
+                     http=http, log_path=directory / "stdout.log")
+    try:
+        server.start()
+    except RuntimeError as exc:
+        http.close()
+        _unavailable(str(exc).splitlines()[0][:500])
+    try:
+        server.bot = register(http, server.base_url, shared_secret, BOT)
+        server.people = {p: register(http, server.base_url, shared_secret, p) for p in PEOPLE}
+        print(f"\nsynapse: started in {server.startup_s:.1f}s at {server.base_url} ({directory})", file=sys.stderr)
+        yield server
+    finally:
+        server.stop()
+        http.close()
