@@ -155,6 +155,7 @@ def test_inbox_finds_mentions_once_and_moves_its_cursor(world: World) -> None:
     by_mentions = hs.say(alice, world.room, "hey bot, help")  # m.mentions only, no id in the body
     by_body = hs.say(bob, world.room, f"{hs.bot.user_id}: help", use_mentions=False)
     hs.say(alice, world.room, "just chatting", mention_bot=False)
+    hs.say(hs.bot, world.room, f"I am {hs.bot.user_id}")  # its own words never call the bot
     page = world.platform.inbox(start)
     assert [p.id for p in page.parents] == [by_mentions, by_body]
     assert page.parents[0].extra["room_id"] == world.room and page.parents[1].author_id == bob.user_id
