@@ -72,6 +72,11 @@ class Synapse:
     proc: subprocess.Popen | None = None
     startup_s: float = 0.0
     log_path: Path = field(default_factory=Path)
+    shared_secret: str = field(repr=False, default="")
+
+    def register(self, localpart: str) -> User:
+        """Register one more account (a bot of its own for a test that must see no other room)."""
+        return register(self.http, self.base_url, self.shared_secret, localpart)
 
     # --- raw client-server API (people's actions and test-side reads, never the adapter under test) ---
 
@@ -269,7 +274,7 @@ def synapse() -> Iterator[Synapse]:
     write_config(directory, port, shared_secret)
     http = httpx.Client(trust_env=False)
     server = Synapse(base_url=f"http://127.0.0.1:{port}", bot=None, people={}, directory=directory,  # type: ignore[arg-type]
-                     http=http, log_path=directory / "stdout.log")
+                     http=http, log_path=directory / "stdout.log", shared_secret=shared_secret)
     try:
         server.start()
     except RuntimeError as exc:

@@ -8,6 +8,9 @@ forwards a send and hangs up before answering.
 
 from __future__ import annotations
 
+import json
+import multiprocessing as mp
+import signal
 import threading
 import uuid
 from collections.abc import Iterator
@@ -27,8 +30,10 @@ from replyd.platforms.matrix import MatrixPlatform
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
 from tests.synapse_server import Synapse, synapse  # noqa: F401
+from tests.workers import crash_before_close_on
 
 SEND_TIMEOUT_S = 10.0
+CTX = mp.get_context("spawn")
 
 
 class DropProxy:
@@ -39,6 +44,7 @@ class DropProxy:
         self.client = httpx.Client(trust_env=False, timeout=60)
         self.drop_sends = 0
         self.forwarded_sends: list[int] = []  # Synapse's status for each send it got
+        self.hide: set[str] = set()  # event ids /messages must not show yet (a lagging listing)
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -80,13 +86,18 @@ class DropProxy:
                 self.drop_sends -= 1
                 h.close_connection = True  # the event exists; its answer is lost
                 return
+        content = resp.content
+        if self.hide and h.command == "GET" and "/messages" in h.path and resp.status_code == 200:
+            body = resp.json()
+            body["chunk"] = [e for e in body.get("chunk", []) if e.get("event_id") not in self.hide]
+            content = json.dumps(body).encode()
         h.send_response(resp.status_code)
         for k, v in resp.headers.items():
             if k.lower() not in ("content-length", "transfer-encoding", "connection", "content-encoding"):
                 h.send_header(k, v)
-        h.send_header("content-length", str(len(resp.content)))
+        h.send_header("content-length", str(len(content)))
         h.end_headers()
-        h.wfile.write(resp.content)
+        h.wfile.write(content)
 
 
 @dataclass
@@ -103,8 +114,7 @@ class World:
 
     def adapter(self, base_url: str | None = None, **settings: Any) -> MatrixPlatform:
         """Another adapter for the bot (through a proxy, say)."""
-        return MatrixPlatform.from_settings({"base_url": base_url or self.hs.base_url, "token": self.hs.bot.token,
-                                             "listing_delay_s": 0.5, "instance": self.platform.instance, **settings},
+        return MatrixPlatform.from_settings(self.settings(**({"base_url": base_url} if base_url else {}), **settings),
                                             http=self.http, clock=self.clock)
 
     def guard(self, platform: MatrixPlatform | None = None) -> Guard:
@@ -115,6 +125,15 @@ class World:
         """Move the clock past every deadline and listing delay and run one sweep pass."""
         self.clock.advance(SEND_TIMEOUT_S + 60)
         return Sweeper(self.store, [Bot(platform or self.platform, self.me)], clock=self.clock).run_once()
+
+    def settings(self, **extra: Any) -> dict[str, Any]:
+        """The bot's adapter settings (for a child process), same instance as ``platform``."""
+        return {"base_url": self.hs.base_url, "token": self.hs.bot.token, "listing_delay_s": 0.5,
+                "instance": self.platform.instance, **extra}
+
+    def key(self, parent_id: str) -> Any:
+        """The answered-log key of ``parent_id``."""
+        return self.guard().key(parent_id)
 
     def parent(self, who: str = "alice", text: str = "help please", **kw: Any) -> Parent:
         """``who`` mentions the bot in the room; the parent as the bot's inbox would serve it."""
@@ -325,3 +344,67 @@ def test_sweep_closes_a_lost_send_with_the_landed_event(world: World) -> None:
         assert world.replies(parent.id) == landed
     finally:
         proxy.close()
+
+
+def _crash_after_send(world: World, parent: Parent) -> None:
+    child = CTX.Process(target=crash_before_close_on,
+                        args=("matrix", world.settings(), world.store.url, parent.snapshot(), "the first answer"))
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+
+
+def test_crash_before_close_then_sweep(world: World) -> None:
+    """SIGKILL between the send and the close: a restart waits (IN_FLIGHT), the sweep closes with the landed event."""
+    parent = world.parent()
+    _crash_after_send(world, parent)
+    assert world.store.get(world.key(parent.id)).state == st.OPEN
+    assert world.guard().post(parent, "after restart").status is Status.IN_FLIGHT
+    assert world.sweep().closed == 1
+    landed = world.replies(parent.id)
+    assert len(landed) == 1 and world.store.get(world.key(parent.id)).reply_id == landed[0]
+
+
+def test_crash_and_lagging_listing_retry_returns_the_same_event(world: World) -> None:
+    """Crash before close, a sweep whose listing lags (not_landed), then the retry: Synapse answers the first event."""
+    parent = world.parent()
+    _crash_after_send(world, parent)
+    landed = world.replies(parent.id)
+    assert len(landed) == 1
+    proxy = DropProxy(world.hs.base_url)
+    try:
+        proxy.hide = set(landed)  # the read-back the sweep makes does not show it yet
+        assert world.sweep(world.adapter(proxy.url)).not_landed == 1
+        assert world.store.get(world.key(parent.id)).state == st.NOT_LANDED
+    finally:
+        proxy.close()
+    out = world.guard().post(parent, "the retry, reworded", path="refind")  # a restarted daemon's retry
+    row = world.store.get(world.key(parent.id))
+    assert (out.status, out.reply_id) == (Status.POSTED, landed[0])  # the same txnId: the same event
+    assert (row.state, row.attempt, row.reply_id) == (st.CLOSED, 2, landed[0])
+    verify = world.sweep()
+    assert (verify.verified, verify.duplicates) == (1, 0)
+    assert world.replies(parent.id) == landed
+
+
+def test_a_retry_after_a_synapse_crash_returns_the_same_event(world: World) -> None:
+    """Synapse SIGKILLed and restarted between two sends of one txnId: the same event (the mapping is on disk)."""
+    parent = world.parent()
+    key = world.guard().provider_key(parent.id)
+    first = world.platform.send(parent, "before the crash", provider_key=key)
+    world.hs.stop(signal.SIGKILL)
+    world.hs.start()
+    assert world.platform.send(parent, "after the crash", provider_key=key).reply_id == first.reply_id
+    assert world.replies(parent.id) == [first.reply_id]
+
+
+def test_the_transaction_scope_is_the_device(world: World) -> None:
+    """The same txnId from another device of the bot is a new transaction: a second event (why device_id is fixed)."""
+    parent = world.parent()
+    key = uuid.uuid4().hex
+    first = world.platform.send(parent, "from the registration device", provider_key=key)
+    other = world.adapter(token=None, user=world.hs.bot.localpart, password=world.hs.bot.password,
+                          device_id="ANOTHERDEVICE")
+    second = other.send(parent, "from another device", provider_key=key)
+    assert second.reply_id != first.reply_id
+    assert world.replies(parent.id) == [first.reply_id, second.reply_id]
