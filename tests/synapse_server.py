@@ -31,6 +31,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -263,12 +264,15 @@ def _unavailable(why: str) -> None:
     pytest.skip(f"Synapse homeserver not available ({why}); `make install` installs matrix-synapse")
 
 
-@pytest.fixture(scope="session")
-def synapse() -> Iterator[Synapse]:
-    """A running Synapse with a bot and three people registered; stopped at the end of the session."""
+@contextmanager
+def start_synapse(directory: Path | None = None) -> Iterator[Synapse]:
+    """Start a homeserver in ``directory`` (a new temp dir by default), register the accounts; stop it after.
+
+    Raises ``RuntimeError`` saying why when it cannot start.
+    """
     if importlib.util.find_spec("synapse") is None:
-        _unavailable("the matrix-synapse package is not installed")
-    directory = Path(tempfile.mkdtemp(prefix="replyd-synapse-"))
+        raise RuntimeError("the matrix-synapse package is not installed")
+    directory = directory or Path(tempfile.mkdtemp(prefix="replyd-synapse-"))
     shared_secret = secrets.token_hex(16)
     port = _free_port()
     write_config(directory, port, shared_secret)
@@ -277,14 +281,24 @@ def synapse() -> Iterator[Synapse]:
                      http=http, log_path=directory / "stdout.log", shared_secret=shared_secret)
     try:
         server.start()
-    except RuntimeError as exc:
-        http.close()
-        _unavailable(str(exc).splitlines()[0][:500])
-    try:
         server.bot = register(http, server.base_url, shared_secret, BOT)
         server.people = {p: register(http, server.base_url, shared_secret, p) for p in PEOPLE}
-        print(f"\nsynapse: started in {server.startup_s:.1f}s at {server.base_url} ({directory})", file=sys.stderr)
         yield server
     finally:
         server.stop()
         http.close()
+
+
+@pytest.fixture(scope="session")
+def synapse() -> Iterator[Synapse]:
+    """A running Synapse with a bot and three people registered; stopped at the end of the session."""
+    try:
+        cm = start_synapse()
+        server = cm.__enter__()
+    except RuntimeError as exc:
+        _unavailable(str(exc).splitlines()[0][:500])
+    print(f"\nsynapse: started in {server.startup_s:.1f}s at {server.base_url} ({server.directory})", file=sys.stderr)
+    try:
+        yield server
+    finally:
+        cm.__exit__(None, None, None)
