@@ -10,9 +10,8 @@ shared secret, and yields a :class:`Synapse`. Rooms are created by the tests.
 When ``matrix-synapse`` is not installed or the server does not come up, the
 tests are skipped locally with the reason, and FAIL when ``CI=true``.
 
-Import the fixture into a test module::
-
-    from tests.synapse_server import synapse  # noqa: F401
+The fixture is imported by tests/conftest.py, so every module shares the one
+server (a session fixture imported into two modules would start two).
 """
 
 from __future__ import annotations
@@ -40,8 +39,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from tests.conftest import IN_CI
-
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SERVER_NAME = "replyd.test"
 START_TIMEOUT_S = 120.0
 BOT = "replybot"
@@ -235,6 +233,7 @@ def write_config(directory: Path, port: int, shared_secret: str) -> Path:
         "presence": {"enabled": False},
         "url_preview_enabled": False,
         "enable_search": True,
+        "bcrypt_rounds": 4,  # the default 12 costs ~1 s per registration or login on a loaded machine
         **limits,
     }
     path = directory / "homeserver.yaml"

@@ -29,7 +29,7 @@ from replyd.platform import Identity, Parent, Pending
 from replyd.platforms.matrix import MatrixPlatform
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
-from tests.synapse_server import Synapse, synapse  # noqa: F401
+from tests.synapse_server import Synapse
 from tests.workers import crash_before_close_on
 
 SEND_TIMEOUT_S = 10.0
@@ -146,7 +146,7 @@ class World:
 
 
 @pytest.fixture
-def world(synapse: Synapse, tmp_path: Any) -> Iterator[World]:  # noqa: F811
+def world(synapse: Synapse, tmp_path: Any) -> Iterator[World]:
     """A fresh room (alice owns it; the bot and carol joined) and a fresh answered-log."""
     hs = synapse
     room = hs.create_room(hs.people["alice"], others=(hs.people["carol"], hs.people["bob"]))

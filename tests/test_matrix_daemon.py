@@ -16,7 +16,7 @@ import pytest
 from replyd.config import Config
 from replyd.daemon import Daemon
 from replyd.pipeline import Pipeline
-from tests.synapse_server import Synapse, synapse  # noqa: F401
+from tests.synapse_server import Synapse
 from tests.test_daemon import settled, wait_until
 
 pytestmark = pytest.mark.slow
@@ -64,7 +64,7 @@ kind = "template"
     return path
 
 
-def test_three_paths_one_reply_per_parent(synapse: Synapse, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+def test_three_paths_one_reply_per_parent(synapse: Synapse, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Parents found by inbox, search and re-find (each seen offering every one) get exactly one reply each."""
     hs = synapse
     bot = hs.register(f"daemonbot{uuid.uuid4().hex[:6]}")
