@@ -7,6 +7,9 @@ temporary directory, starts ``python -m synapse.app.homeserver``, waits for
 ``/_matrix/client/versions``, registers a bot and three people with the
 shared secret, and yields a :class:`Synapse`. Rooms are created by the tests.
 
+:class:`DropProxy` sits between an adapter and the homeserver to lose the
+answers of sends that Synapse did carry out, or hide events from ``/messages``.
+
 When ``matrix-synapse`` is not installed or the server does not come up, the
 tests are skipped locally with the reason, and FAIL when ``CI=true``.
 
@@ -27,11 +30,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -183,6 +188,74 @@ class Synapse:
             return self.log_path.read_text(errors="replace")[-n:]
         except OSError:
             return "(no log)"
+
+
+class DropProxy:
+    """An HTTP proxy to Synapse that can forward the next ``drop_sends`` sends and hang up unanswered."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.client = httpx.Client(trust_env=False, timeout=60)
+        self.drop_sends = 0
+        self.drop_every = 0  # > 0: also lose the answer of every n-th send
+        self.dropped = 0
+        self.forwarded_sends: list[int] = []  # Synapse's status for each send it got
+        self.hide: set[str] = set()  # event ids /messages must not show yet (a lagging listing)
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                proxy._handle(self)
+
+            do_POST = do_PUT = do_GET
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        """Base URL of the proxy."""
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        """Stop serving."""
+        self.server.shutdown()
+        self.server.server_close()
+        self.client.close()
+
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        length = int(h.headers.get("content-length") or 0)
+        body = h.rfile.read(length) if length else b""
+        headers = {k: v for k, v in h.headers.items()
+                   if k.lower() not in ("host", "content-length", "connection", "accept-encoding")}
+        resp = self.client.request(h.command, self.upstream + h.path, headers=headers, content=body)
+        is_send = h.command == "PUT" and "/send/m.room.message/" in h.path
+        if is_send:
+            self.forwarded_sends.append(resp.status_code)
+            nth = len(self.forwarded_sends)
+            if self.drop_sends > 0 or (self.drop_every and nth % self.drop_every == 0):
+                self.drop_sends = max(0, self.drop_sends - 1)
+                self.dropped += 1
+                h.close_connection = True  # the event exists; its answer is lost
+                return
+        content = resp.content
+        if self.hide and h.command == "GET" and "/messages" in h.path and resp.status_code == 200:
+            body = resp.json()
+            body["chunk"] = [e for e in body.get("chunk", []) if e.get("event_id") not in self.hide]
+            content = json.dumps(body).encode()
+        h.send_response(resp.status_code)
+        for k, v in resp.headers.items():
+            if k.lower() not in ("content-length", "transfer-encoding", "connection", "content-encoding"):
+                h.send_header(k, v)
+        h.send_header("content-length", str(len(content)))
+        h.end_headers()
+        h.wfile.write(content)
 
 
 def _free_port() -> int:
