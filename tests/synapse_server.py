@@ -190,6 +190,32 @@ class Synapse:
             return "(no log)"
 
 
+def _body(h: BaseHTTPRequestHandler) -> bytes:
+    length = int(h.headers.get("content-length") or 0)
+    return h.rfile.read(length) if length else b""
+
+
+def _hop_headers(h: BaseHTTPRequestHandler) -> dict[str, str]:
+    """The request's headers minus those that describe this hop, not the request."""
+    return {k: v for k, v in h.headers.items()
+            if k.lower() not in ("host", "content-length", "connection", "accept-encoding")}
+
+
+class _Forward(BaseHTTPRequestHandler):
+    """Hands every request to the :class:`DropProxy` that owns the server."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        """Keep the test output quiet."""
+
+    def forward(self) -> None:
+        """Let the proxy forward, drop or rewrite this request."""
+        self.server.proxy._handle(self)  # type: ignore[attr-defined]
+
+    do_GET = do_POST = do_PUT = forward
+
+
 class DropProxy:
     """An HTTP proxy to Synapse that can forward the next ``drop_sends`` sends and hang up unanswered."""
 
@@ -201,20 +227,8 @@ class DropProxy:
         self.dropped = 0
         self.forwarded_sends: list[int] = []  # Synapse's status for each send it got
         self.hide: set[str] = set()  # event ids /messages must not show yet (a lagging listing)
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                proxy._handle(self)
-
-            do_POST = do_PUT = do_GET
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Forward)
+        self.server.proxy = self  # type: ignore[attr-defined]
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -230,11 +244,7 @@ class DropProxy:
         self.client.close()
 
     def _handle(self, h: BaseHTTPRequestHandler) -> None:
-        length = int(h.headers.get("content-length") or 0)
-        body = h.rfile.read(length) if length else b""
-        headers = {k: v for k, v in h.headers.items()
-                   if k.lower() not in ("host", "content-length", "connection", "accept-encoding")}
-        resp = self.client.request(h.command, self.upstream + h.path, headers=headers, content=body)
+        resp = self.client.request(h.command, self.upstream + h.path, headers=_hop_headers(h), content=_body(h))
         is_send = h.command == "PUT" and "/send/m.room.message/" in h.path
         if is_send:
             self.forwarded_sends.append(resp.status_code)
