@@ -341,3 +341,16 @@ def test_the_transaction_scope_is_the_device(world: World) -> None:
     second = other.send(parent, "from another device", provider_key=key)
     assert second.reply_id != first.reply_id
     assert world.replies(parent.id) == [first.reply_id, second.reply_id]
+
+
+def test_read_back_that_cannot_reach_the_open_time_checks_nothing(world: World) -> None:
+    """A room walk cut by ``max_pages`` before the open time leaves the parent unchecked (open), not "not found"."""
+    parent = world.parent()
+    world.platform.send(parent, "the reply", provider_key=uuid.uuid4().hex)
+    for i in range(2):  # newer own messages push the reply off one short page
+        world.platform.send(world.parent(text=f"other {i}"), "another reply", provider_key=uuid.uuid4().hex)
+    short = world.adapter(page_limit=1, max_pages=1)
+    pending = [Pending(parent, opened_at=world.clock.now() - 5)]
+    rb = short.read_back(pending, sender_id=world.me.sender_id)
+    assert parent.id not in rb.checked and parent.id not in rb.found
+    assert parent.id in world.adapter(page_limit=1, max_pages=10).read_back(pending, sender_id=world.me.sender_id).checked

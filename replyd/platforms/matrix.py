@@ -581,8 +581,6 @@ class MatrixPlatform:
             rel = content.get("m.relates_to") if isinstance(content.get("m.relates_to"), dict) else {}
             irt = rel.get("m.in_reply_to") if isinstance(rel.get("m.in_reply_to"), dict) else {}
             nxt = irt.get("event_id") or (rel.get("event_id") if rel.get("rel_type") == "m.thread" else None)
-            if nxt == ev.get("event_id"):
-                break  # a thread root's own relation never points at itself; refuse to loop
         return min(depth, max(limit, 0) + 1)
 
     def delete(self, reply_id: str) -> None:
