@@ -25,6 +25,7 @@ import importlib.util
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -354,6 +355,7 @@ def start_synapse(directory: Path | None = None) -> Iterator[Synapse]:
     """
     if importlib.util.find_spec("synapse") is None:
         raise RuntimeError("the matrix-synapse package is not installed")
+    own_dir = directory is None
     directory = directory or Path(tempfile.mkdtemp(prefix="replyd-synapse-"))
     shared_secret = secrets.token_hex(16)
     port = _free_port()
@@ -369,6 +371,8 @@ def start_synapse(directory: Path | None = None) -> Iterator[Synapse]:
     finally:
         server.stop()
         http.close()
+        if own_dir:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -354,3 +354,26 @@ def test_read_back_that_cannot_reach_the_open_time_checks_nothing(world: World) 
     rb = short.read_back(pending, sender_id=world.me.sender_id)
     assert parent.id not in rb.checked and parent.id not in rb.found
     assert parent.id in world.adapter(page_limit=1, max_pages=10).read_back(pending, sender_id=world.me.sender_id).checked
+
+
+def test_inbox_fills_a_limited_timeline_back_to_its_cursor(world: World) -> None:
+    """More mentions than one sync's timeline holds: the gap is paged back with /messages, none is lost."""
+    small = world.adapter(page_limit=2)
+    start = small.inbox(None).cursor
+    sent = [world.hs.say(world.hs.people["alice"], world.room, f"mention {i}") for i in range(5)]
+    page = small.inbox(start)
+    assert [p.id for p in page.parents] == sent
+
+
+def test_invites_are_joined_only_by_policy(world: World) -> None:
+    """An invite is left alone by default and accepted by the inbox with ``join_invites = true``."""
+    hs = world.hs
+    room = hs.create_room(hs.people["bob"], bot_joins=False)
+
+    def joined() -> bool:
+        return room in hs.api("GET", "/joined_rooms", hs.bot)["joined_rooms"]
+
+    world.platform.inbox(None)
+    assert not joined()
+    world.adapter(join_invites=True).inbox(None)
+    assert joined()
