@@ -8,6 +8,7 @@ reading the room as another member, never from replyd's log.
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from replyd.config import Config
 from replyd.daemon import Daemon
 from replyd.pipeline import Pipeline
 from tests.synapse_server import DropProxy, Synapse, User
-from tests.test_daemon import settled, wait_until
+from tests.test_daemon import _start_daemon, settled, wait_until
 
 pytestmark = pytest.mark.slow
 THREE = {"inbox", "search", "refind"}
@@ -149,3 +150,34 @@ def test_lost_responses_still_one_reply_per_parent(synapse: Synapse, tmp_path: P
     per = sc.replies()
     assert {p: len(per.get(p, [])) for p in sc.parents} == {p: 1 for p in sc.parents}
     assert set(per) == set(sc.parents)
+
+
+def test_replyd_run_sigkilled_and_restarted_one_reply_per_parent(synapse: Synapse, tmp_path: Path) -> None:
+    """``replyd run`` SIGKILLed mid-run through a proxy losing send answers, then restarted: one reply per parent."""
+    sc = scene(synapse, 12)
+    proxy = DropProxy(synapse.base_url)
+    proxy.drop_every = 3
+    db = tmp_path / "r.sqlite3"
+    cfg = write_config(tmp_path / "c.toml", proxy.url, db, sc.word)
+    log = tmp_path / "daemon.log"
+    os.environ["REPLYD_TEST_MATRIX_TOKEN"] = sc.bot.token  # inherited by the child processes
+    try:
+        first = _start_daemon(cfg, log)
+        try:
+            assert wait_until(lambda: sum(map(len, sc.replies().values())) >= 3, 60), log.read_text()[-3000:]
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait(10)
+        second = _start_daemon(cfg, log)
+        try:
+            assert wait_until(lambda: all(sc.replies().get(p) for p in sc.parents) and settled(db), 90), \
+                log.read_text()[-3000:]
+        finally:
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(20) == 0
+    finally:
+        os.environ.pop("REPLYD_TEST_MATRIX_TOKEN", None)
+        proxy.close()
+    assert proxy.dropped >= 1
+    per = sc.replies()
+    assert {p: len(per.get(p, [])) for p in sc.parents} == {p: 1 for p in sc.parents}
