@@ -13,10 +13,16 @@ JOBS ?= 1
 
 .PHONY: install install-bench run test test-fast bsky-deps bench chaos clean
 
-$(VENV)/.installed: pyproject.toml
+# The runtime only (what `make run` needs): no test extras, no -q (pip's lines are the progress).
+$(VENV)/.installed-runtime: pyproject.toml
+	@echo "make: creating $(VENV) with replyd's runtime dependencies only (the test extras come with make install/test)"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install --disable-pip-version-check -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.installed-runtime
+	@echo "make: installing the test extras into $(VENV)"
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -28,7 +34,7 @@ $(BSKY)/node_modules/.installed: $(BSKY)/package.json $(BSKY)/package-lock.json
 
 bsky-deps: $(if $(wildcard $(BSKY)/package-lock.json),$(BSKY)/node_modules/.installed)
 
-run: install
+run: $(VENV)/.installed-runtime
 	$(VENV)/bin/replyd demo
 
 test: install bsky-deps

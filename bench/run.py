@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 
 from bench.common import Table, configure_quiet_logs, machine  # noqa: E402
 
-SECTIONS = ("overhead", "races", "readback", "growth", "economy", "profile", "commitlevels")
+SECTIONS = ("overhead", "races", "readback", "growth", "economy", "profile", "commitlevels", "timetoanswer")
 
 
 def _load() -> str:
@@ -118,8 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         res = c.measure(200 if q else 1000)
         return res, c.tables(res, cmd)
 
+    def timetoanswer() -> tuple[Any, list[Table]]:
+        from bench import timetoanswer as t
+
+        res = t.measure(60 if q else 200)
+        return res, t.tables(res, cmd)
+
     plan = {"overhead": overhead, "races": races, "readback": readback, "growth": growth, "economy": economy,
-            "profile": profile, "commitlevels": commitlevels}
+            "profile": profile, "commitlevels": commitlevels, "timetoanswer": timetoanswer}
     started = datetime.now(timezone.utc)
     t_all = time.monotonic()
     info = machine()

@@ -41,7 +41,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import structlog
@@ -60,8 +60,12 @@ from replyd import library, metrics, statuspage
 from replyd import store as st
 from replyd.errors import ConfigError, ContentionError, PlatformError, RateLimited, Rejected, ReplydError, StoreError
 from replyd.guard import Guard, Outcome, Status
+from replyd.liveness import Liveness
 from replyd.platforms._http import is_loopback
 from replyd.store import Reply, Store
+
+if TYPE_CHECKING:
+    from replyd.hooks import Receiver
 
 log = structlog.get_logger("replyd.api")
 
@@ -222,8 +226,12 @@ class Api:
         open_routes: Sequence[str] = (),
         refresh_s: int = 5,
         max_body_bytes: int = 65_536,
+        liveness: Liveness | None = None,
+        hooks: Receiver | None = None,
     ) -> None:
         self.store = store
+        self.liveness = liveness
+        self.hooks = hooks
         self.guards = guards
         self.expected = list(expected) if expected is not None else None
         self.token = token or None
@@ -235,7 +243,7 @@ class Api:
         self.open_paths = frozenset({"/healthz", *(f"/{r}" for r in open_routes)})
         self.refresh_s = refresh_s
         self.max_body_bytes = max_body_bytes
-        self.registry = metrics.registry(store)
+        self.registry = metrics.registry(store, liveness)
         self._openapi = openapi_document(auth=self.token is not None, open_routes=open_routes)
         routes = [
             Route("/", self.page, methods=["GET"]),
@@ -245,6 +253,7 @@ class Api:
             Route("/openapi.json", self.openapi, methods=["GET"]),
             Route("/v1/status", self.status, methods=["GET"]),
             Route("/v1/replies", self.post_reply, methods=["POST"]),
+            Route("/v1/hooks/{bot}", self.hook, methods=["POST"]),
             # The rearm route first: a parent id may contain "/" (Bluesky URIs), so it is a path match.
             Route("/v1/replies/{platform}/{parent_id:path}/rearm", self.rearm, methods=["POST"]),
             Route("/v1/replies/{platform}/{parent_id:path}", self.get_reply, methods=["GET"]),
@@ -267,7 +276,8 @@ class Api:
             log.warning("replyd.api.bad_host", path=path, host=(request.headers.get("host") or "")[:100])
             return _error(400, "bad_host", "the Host header names neither this server's address nor one of "
                           "api.hosts (add the name you use there)", field="Host")
-        if self.token is None or path in self.open_paths:
+        # A webhook is signed by the platform with the bot's secret (checked by the receiver), not by our token.
+        if self.token is None or path in self.open_paths or path.startswith("/v1/hooks/"):
             return None
         return self._auth(request, write=request.method not in ("GET", "HEAD"))
 
@@ -390,6 +400,28 @@ class Api:
         log.info("replyd.api.replied", bot=name, parent_id=out.key.parent_id, status=out.status.value)
         return outcome_response(out, name)
 
+    async def hook(self, request: Request) -> Response:
+        """POST /v1/hooks/{bot}: a signed webhook delivery; parents are offered in the background."""
+        if self.hooks is None:
+            return _error(404, "unknown_hook", "no webhooks are configured (bots.push)", field="bot")
+        bot = request.path_params["bot"]
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.hooks.max_body_bytes:
+            return _error(413, "body_too_large", f"body larger than {self.hooks.max_body_bytes} bytes", field="body")
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.hooks.max_body_bytes:
+                    return _error(413, "body_too_large", f"body larger than {self.hooks.max_body_bytes} bytes",
+                                  field="body")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            return _error(400, "client_disconnected", "the client closed the connection before the body ended",
+                          field="body")
+        answer = self.hooks.receive(bot, request.headers, b"".join(chunks))
+        return JSONResponse(answer.body, status_code=answer.status)
+
     async def rearm(self, request: Request) -> Response:
         """POST /v1/replies/{platform}/{parent_id}/rearm: an operator sends a terminal key back."""
         if (deny := self._writes_disabled()) is not None:
@@ -469,6 +501,10 @@ class Api:
             recent = [_event_json(e) for e in library.events(self.store, limit=30)]
         except ReplydError as exc:
             store_info.update(up=False, error=str(exc))
+        try:
+            live = self.liveness.snapshot(self.store if store_info["up"] else None) if self.liveness else {}
+        except ReplydError:
+            live = self.liveness.snapshot() if self.liveness else {}
         return {
             "generated_at": now,
             "store": store_info,
@@ -478,6 +514,7 @@ class Api:
             "oldest_open": oldest,
             "recent_events": recent,
             "bots": self._bots_state(),
+            "liveness": live,
         }
 
     def _bots_state(self) -> dict[str, dict[str, Any]]:
@@ -507,7 +544,7 @@ class Api:
         return JSONResponse({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        """GET /readyz: the store answers and every configured bot is logged in (and still claiming)."""
+        """GET /readyz: the store answers, every configured bot is logged in (and still claiming) and no path is stale."""
 
         def check() -> dict[str, Any]:
             """Ask the store one real query and look at every expected bot."""
@@ -518,7 +555,10 @@ class Api:
             except ReplydError as exc:
                 store_info = {"up": False, "error": str(exc)}
             bots = {n: b["ready"] for n, b in self._bots_state().items()}
-            return {"ready": store_info["up"] and all(bots.values()), "store": store_info, "bots": bots}
+            reasons = [] if store_info["up"] else [f"store: {store_info['error']}"]
+            reasons += [f"bot {n}: not logged in" for n, ok in bots.items() if not ok]
+            reasons += self.liveness.problems() if self.liveness else []
+            return {"ready": not reasons, "reasons": reasons, "store": store_info, "bots": bots}
 
         data = await run_in_threadpool(check)
         return JSONResponse(data, status_code=200 if data["ready"] else 503)
@@ -656,6 +696,28 @@ _STATUS = {
                                        "age_s": {"type": "number"}, "attempt": {"type": "integer"}}}},
         "recent_events": {"type": "array", "items": {"$ref": "#/components/schemas/Event"}},
         "bots": {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/BotState"}},
+        "liveness": {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/BotLiveness"}},
+    },
+}
+_PATH_HEALTH = {
+    "type": "object",
+    "required": ["interval_s", "last_ok", "age_s", "failures", "last_error", "last_error_at", "runs", "stale_after_s",
+                 "stale", "words"],
+    "properties": {
+        "interval_s": {"type": "number"}, "last_ok": _nullable("number"), "age_s": {"type": "number"},
+        "failures": {"type": "integer"}, "last_error": _nullable("string"), "last_error_at": _nullable("number"),
+        "runs": {"type": "integer"}, "stale_after_s": {"type": "number"}, "stale": {"type": "boolean"},
+        "words": {"type": "string", "description": "inbox: last ok 3 min ago, 7 failures in a row: HTTP 503"},
+    },
+}
+_BOT_LIVENESS = {
+    "type": "object",
+    "required": ["paths", "stale", "oldest_due_open_age_s"],
+    "properties": {
+        "paths": {"type": "object", "additionalProperties": _PATH_HEALTH,
+                  "description": "inbox, search, refind and sweep, as scheduled."},
+        "stale": {"type": "array", "items": {"type": "string"}},
+        "oldest_due_open_age_s": _nullable("number"),
     },
 }
 _BOT_STATE = {
@@ -772,7 +834,7 @@ def openapi_document(*, auth: bool = True, open_routes: Sequence[str] = ()) -> d
                 "responses": {"200": _json("Health", "The process serves requests.")},
             }},
             "/readyz": {"get": {
-                "operationId": "readyz", "summary": "Readiness: store reachable and every bot logged in.",
+                "operationId": "readyz", "summary": "Readiness: store reachable, every bot logged in, no path stale.",
                 "security": probe_sec("readyz"),
                 "responses": {"200": _json("Ready", "Ready."), "401": unauthorized,
                               "503": _json("Ready", "Not ready; the body says why.")},
@@ -831,12 +893,14 @@ def openapi_document(*, auth: bool = True, open_routes: Sequence[str] = ()) -> d
                 },
                 "StatusSummary": _STATUS,
                 "BotState": _BOT_STATE,
+                "BotLiveness": _BOT_LIVENESS,
                 "Health": {"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}},
                 "Ready": {
                     "type": "object",
-                    "required": ["ready", "store", "bots"],
+                    "required": ["ready", "reasons", "store", "bots"],
                     "properties": {
                         "ready": {"type": "boolean"},
+                        "reasons": {"type": "array", "items": {"type": "string"}},
                         "store": {"type": "object", "required": ["up", "error"],
                                   "properties": {"up": {"type": "boolean"}, "error": _nullable("string")}},
                         "bots": {"type": "object", "additionalProperties": {"type": "boolean"}},

@@ -11,15 +11,17 @@ names the file, the key and the problem.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import stat
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from replyd import log as rlog
@@ -72,6 +74,33 @@ class SweepConfig(_Strict):
     lease_s: float = Field(120.0, gt=0)
     retry_s: float = Field(60.0, gt=0)
     on_duplicate: Literal["report", "delete_newer"] = "report"
+    # The listing delay in use per platform instance (replyd.lag): max(configured, factor x the observed lag's
+    # percentile), at most listing_delay_max_s, once listing_delay_min_samples sends were measured.
+    listing_delay_auto: bool = True
+    listing_delay_factor: float = Field(2.0, ge=1.0, le=10.0)
+    listing_delay_percentile: float = Field(99.0, gt=0, le=100)
+    listing_delay_min_samples: int = Field(10, ge=1)
+    listing_delay_max_s: float = Field(600.0, gt=0)
+    listing_lag_window: int = Field(500, ge=10, le=100_000)  # newest samples the percentile is taken over
+    listing_lag_refresh_s: float = Field(10.0, gt=0)
+    # not_landed and gave_up rows are looked at again at these multiples of the delay in use (at most
+    # reconcile_max_s after they were judged): an own reply found then closes them as reconciled.
+    reconcile_after: list[float] = Field(default_factory=lambda: [10.0, 100.0])
+    reconcile_max_s: float = Field(86_400.0, gt=0)
+
+    @field_validator("reconcile_after")
+    @classmethod
+    def _multiples(cls, v: list[float]) -> list[float]:
+        if any(x <= 0 for x in v):
+            raise ValueError("every multiple must be > 0")
+        return sorted(v)
+
+
+class HealthConfig(_Strict):
+    """When readiness turns false: a path (inbox, search, refind, the sweep) with no success for this long."""
+
+    stale_after_intervals: float = Field(3.0, gt=0)  # × the path's interval
+    stale_min_s: float = Field(60.0, ge=0)  # never stale sooner than this
 
 
 class ApiConfig(_Strict):
@@ -97,13 +126,52 @@ class ApiConfig(_Strict):
 
     def token(self) -> str | None:
         """Return the API token from ``$token_env`` (None when unset); raise ConfigError if named but empty."""
-        if not self.token_env:
-            return None
-        value = os.environ.get(self.token_env)
-        if not value:
-            raise ConfigError(f"api.token_env: environment variable {self.token_env!r} is not set")
-        rlog.add_secret(value)
-        return value
+        return _env_token("api.token_env", self.token_env)
+
+
+def _env_token(key: str, var: str) -> str | None:
+    """Read a bearer token from the environment variable ``var`` (None when unnamed); mask it in every log."""
+    if not var:
+        return None
+    value = os.environ.get(var)
+    if not value:
+        raise ConfigError(f"{key}: environment variable {var!r} is not set")
+    rlog.add_secret(value)
+    return value
+
+
+class McpConfig(_Strict):
+    """``replyd mcp`` over streamable HTTP (stdio needs none of this).
+
+    HTTP always needs the bearer token (every tool may post); a non-loopback
+    bind needs one as long as the API's. The Host rule is the API's: an IP
+    address, ``localhost``, the bind address or one of ``hosts``.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = Field(8788, ge=0, le=65535)  # 0: an ephemeral port (tests)
+    path: str = Field("/mcp", pattern=r"^/[A-Za-z0-9._~/-]*$")
+    token_env: str = ""
+    hosts: list[str] = []  # further names clients reach the server by (a reverse proxy's, a DNS name)
+
+    def token(self) -> str | None:
+        """Return the MCP token from ``$token_env`` (None when unset); raise ConfigError if named but empty."""
+        return _env_token("mcp.token_env", self.token_env)
+
+    def http_token(self, host: str | None = None) -> str:
+        """Return the token HTTP needs; ConfigError when there is none, or a short one guards a public bind."""
+        from replyd.api import MIN_PUBLIC_TOKEN
+        from replyd.platforms._http import is_loopback
+
+        token = self.token()
+        if not token:
+            raise ConfigError("mcp.token_env: MCP over HTTP needs a bearer token (every tool may post): set "
+                              "mcp.token_env to the name of an environment variable holding one")
+        bind = host or self.host
+        if not is_loopback(bind) and len(token) < MIN_PUBLIC_TOKEN:
+            raise ConfigError(f"mcp.token_env: the token is {len(token)} characters; a non-loopback bind ({bind!r}) "
+                              f"needs at least {MIN_PUBLIC_TOKEN}")
+        return token
 
 
 class PollerConfig(_Strict):
@@ -142,6 +210,35 @@ class ResponderConfig(BaseModel):
     kind: str = "template"
 
 
+class PushConfig(_Strict):
+    """Push discovery for one bot: webhook deliveries (received by the API) or a held stream."""
+
+    kind: Literal["github", "discourse", "mastodon_stream"]
+    # Webhooks: the environment variable holding the secret the platform signs deliveries with.
+    secret_env: str = ""
+    # The inbox poll stays on as the backstop, at this interval unless pollers.inbox_interval_s is set.
+    backstop_interval_s: float = Field(300.0, gt=0)
+
+    @property
+    def webhook(self) -> bool:
+        """Whether deliveries arrive through the API (else the daemon holds a stream open)."""
+        return self.kind != "mastodon_stream"
+
+    @model_validator(mode="after")
+    def _secret_for_webhooks(self) -> PushConfig:
+        if self.webhook and not self.secret_env:
+            raise ValueError(f"secret_env: a {self.kind} webhook needs the variable holding its signing secret")
+        return self
+
+    def secret(self) -> str:
+        """Return the secret from the environment; a ConfigError naming the variable when it is not set."""
+        value = os.environ.get(self.secret_env, "")
+        if len(value) < 16:
+            what = "is not set" if not value else "is shorter than 16 characters"
+            raise ConfigError(f"push.secret_env: environment variable {self.secret_env!r} {what}")
+        return value
+
+
 class BotConfig(_Strict):
     """One account on one platform."""
 
@@ -151,6 +248,19 @@ class BotConfig(_Strict):
     pollers: PollerConfig = PollerConfig()
     policy: PolicyConfig = PolicyConfig()
     responder: ResponderConfig = ResponderConfig()
+    push: PushConfig | None = None  # webhooks or a stream feed the same pipeline; the pollers stay on as the backstop
+
+    def inbox_interval_s(self) -> float:
+        """The inbox poll's interval: a push bot's backstop interval unless ``pollers.inbox_interval_s`` is set."""
+        if self.push is None or "inbox_interval_s" in self.pollers.model_fields_set:
+            return self.pollers.inbox_interval_s
+        return self.push.backstop_interval_s
+    # setting -> the environment variable it was read from (``token`` -> ``MASTODON_TOKEN``), for error messages
+    _env_vars: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def variables(self) -> list[str]:
+        """The environment variables this bot's platform settings were read from (its credentials)."""
+        return sorted(set(self._env_vars.values()))
 
     @field_validator("name")
     @classmethod
@@ -171,6 +281,8 @@ class Config(BaseSettings):
     guard: GuardConfig = GuardConfig()
     sweep: SweepConfig = SweepConfig()
     api: ApiConfig = ApiConfig()
+    mcp: McpConfig = McpConfig()
+    health: HealthConfig = HealthConfig()
     bots: list[BotConfig] = []
     source: str = Field("", exclude=True)
 
@@ -187,8 +299,12 @@ class Config(BaseSettings):
         return (env_settings, init_settings)
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> Config:
-        """Load ``path`` (or defaults when None) with environment overrides; raise ConfigError."""
+    def load(cls, path: str | Path | None = None, *, secrets: bool = True) -> Config:
+        """Load ``path`` (or defaults when None) with environment overrides; raise ConfigError.
+
+        With ``secrets=False`` the ``*_env`` keys are left unresolved: commands that never call a
+        platform or a responder (status, log, explain, ...) need none of those variables.
+        """
         data: dict[str, Any] = {}
         where = "defaults"
         if path is not None:
@@ -202,6 +318,7 @@ class Config(BaseSettings):
                 data = tomllib.loads(raw.decode("utf-8"))
             except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
                 raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+        _check_env_names(data, where)
         try:
             cfg = cls(**data)
         except SettingsError as exc:
@@ -209,7 +326,7 @@ class Config(BaseSettings):
             var = f"REPLYD_{m.group(1).upper()}" if m else "a REPLYD_* variable"
             raise ConfigError(f"{where}: environment variable {var}: not valid JSON for a section ({exc})") from None
         except ValidationError as exc:
-            problems = "; ".join(_problem(err, where) for err in exc.errors())
+            problems = "; ".join(_problem(err, where, data) for err in exc.errors())
             raise ConfigError(problems) from None
         cfg.source = where
         names = [b.name for b in cfg.bots]
@@ -224,6 +341,9 @@ class Config(BaseSettings):
                 if isinstance(v, str) and not k.endswith("_env") and any(w in k.lower() for w in SECRET_WORDS):
                     rlog.add_secret(v)
                     literal = True
+            b._env_vars = {k[: -len("_env")]: v for k, v in b.settings.items() if k.endswith("_env") and isinstance(v, str)}
+            if not secrets:
+                continue
             b.settings = resolve_env(b.settings, f"{where}: bots.{b.name}.settings")
             extra = resolve_env(dict(b.responder.model_extra or {}), f"{where}: bots.{b.name}.responder")
             b.responder = ResponderConfig(kind=b.responder.kind, **extra)
@@ -242,12 +362,97 @@ def _env_source(loc: tuple[Any, ...]) -> str | None:
     return None
 
 
-def _problem(err: Any, where: str) -> str:
-    """Describe one validation error, naming the environment variable when the value came from one."""
-    dotted = ".".join(str(x) for x in err["loc"]) or "(top)"
-    var = _env_source(tuple(err["loc"]))
+def _problem(err: Any, where: str, data: dict[str, Any]) -> str:
+    """Describe one validation error: bots by name, the variable when the value came from one, a suggestion
+    for an unknown key."""
+    loc = tuple(err["loc"])
+    parts = []
+    for i, x in enumerate(loc):
+        if isinstance(x, int) and i > 0 and loc[i - 1] == "bots":
+            bots = data.get("bots")
+            name = bots[x].get("name") if isinstance(bots, list) and x < len(bots) and isinstance(bots[x], dict) else None
+            named = isinstance(name, str) and name and name.replace("-", "").replace("_", "").isalnum()
+            parts.append(str(name) if named else str(x))  # a bot by its name; by its index when the name is bad
+        else:
+            parts.append(str(x))
+    dotted = ".".join(parts) or "(top)"
+    var = _env_source(loc)
     origin = f"environment variable {var} (overrides {where})" if var else where
-    return f"{origin}: {dotted}: {err['msg']}"
+    msg = err["msg"]
+    if err.get("type") == "extra_forbidden" and loc:
+        hint = suggest(str(loc[-1]), fields_at(Config, loc[:-1]))
+        msg += f" (did you mean {hint}?)" if hint else f" (known: {', '.join(fields_at(Config, loc[:-1]))})"
+    return f"{origin}: {dotted}: {msg}"
+
+
+def suggest(name: str, known: list[str]) -> str | None:
+    """The closest known name to a misspelt one, if any is close."""
+    hits = difflib.get_close_matches(name.lower(), [k.lower() for k in known], n=1, cutoff=0.7)
+    return next((k for k in known if hits and k.lower() == hits[0]), None)
+
+
+def fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys allowed at ``loc`` inside ``model`` (list indexes skipped; [] past a free-form table)."""
+    cur: Any = model
+    for x in loc:
+        if isinstance(x, int):
+            continue
+        fields = getattr(cur, "model_fields", None)
+        if not fields or x not in fields:
+            return []
+        ann = fields[x].annotation
+        args = [a for a in typing.get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)]
+        cur = args[0] if args else ann
+    fields = getattr(cur, "model_fields", None) or {}
+    return [k for k in fields if not fields[k].exclude]
+
+
+# REPLYD_* variables that are not settings: the CLI's config path, and test/bench harness knobs.
+_NOT_SETTINGS = ("REPLYD_CONFIG",)
+
+
+def _check_env_names(data: dict[str, Any], where: str) -> None:
+    """Refuse a ``REPLYD_<SECTION>__<KEY>`` (or a near miss of a setting) that names no setting.
+
+    pydantic-settings ignores unknown variables, so ``REPLYD_SWEP__INTERVAL_S=5`` would silently do
+    nothing. Variables a config names through ``*_env`` (secrets) are never settings and pass.
+    """
+    named = set(_env_names(data))
+    flat: list[str] = []
+    for top in fields_at(Config, ()):
+        subs = fields_at(Config, (top,))
+        flat += [f"{top}__{k}".upper() for k in subs] if subs and top != "bots" else [top.upper()]
+    for var in sorted(os.environ):
+        if not var.startswith("REPLYD_") or var in named or var in _NOT_SETTINGS:
+            continue
+        rest = var[len("REPLYD_"):]
+        if rest in flat or (rest.split("__")[0] in ("STORE", "LOG", "GUARD", "SWEEP", "API", "HEALTH", "BOTS")
+                            and "__" not in rest):
+            continue
+        # Checked: the nested shape (SECTION__KEY), a single-underscore miss of one (SWEEP_INTERVAL_S), a near
+        # miss of a top-level key. Other REPLYD_* names (a token variable like REPLYD_API_TOKEN) are not settings.
+        single = {f.replace("__", "_"): f for f in flat if "__" in f}
+        top = [f for f in flat if "__" not in f]
+        hint = single.get(rest) or suggest(rest, flat if "__" in rest else top)
+        if "__" in rest or hint:
+            where_hint = f" (did you mean REPLYD_{hint}?)" if hint else f" (known sections: {', '.join(fields_at(Config, ()))})"
+            raise ConfigError(f"environment variable {var} (overrides {where}): no such setting{where_hint}; "
+                              "it would be ignored")
+
+
+def _env_names(data: Any) -> list[str]:
+    """Every variable a config names through a ``*_env`` key, at any depth."""
+    out: list[str] = []
+    if isinstance(data, dict):
+        for k, v in data.items():
+            if isinstance(k, str) and k.endswith("_env") and isinstance(v, str):
+                out.append(v)
+            else:
+                out += _env_names(v)
+    elif isinstance(data, list):
+        for v in data:
+            out += _env_names(v)
+    return out
 
 
 SECRET_WORDS = ("token", "password", "secret", "api_key", "apikey")

@@ -23,11 +23,15 @@ import structlog
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from replyd import log as rlog
+from replyd import metrics
 from replyd import store as st
 from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import BotConfig, Config
-from replyd.errors import DefinitelyNotSent, MaybeSent
+from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, PlatformError
 from replyd.guard import Guard
+from replyd.lag import ListingLag
+from replyd.liveness import SWEEP, Heartbeat, Liveness, error_words
 from replyd.pipeline import Pipeline
 from replyd.platform import Identity, Platform, make_platform
 from replyd.platforms._http import make_client
@@ -39,6 +43,8 @@ from replyd.sweep import Bot, Sweeper
 
 if TYPE_CHECKING:
     from replyd.api import ApiServer
+    from replyd.hooks import Receiver
+    from replyd.streams import StreamRunner
 
 log = structlog.get_logger("replyd.daemon")
 
@@ -55,16 +61,39 @@ class BotRuntime:
     pollers: Pollers
 
 
-@stamina.retry(on=(DefinitelyNotSent, MaybeSent), attempts=5, wait_initial=0.5, wait_max=10.0)
-def _whoami(platform: Platform) -> Identity:
-    return platform.whoami()
+def _passing(exc: Exception) -> bool:
+    """Whether a failed login may be a passing outage (retried): never refused credentials."""
+    return isinstance(exc, (DefinitelyNotSent, MaybeSent)) and getattr(exc, "status", None) not in (401, 403)
 
 
-def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock, owner: str) -> BotRuntime:
-    """Build one bot's adapter, identity, guard, pipeline and pollers."""
+def login(bc: BotConfig, platform: Platform) -> Identity:
+    """Ask the platform who the bot is; retry a passing outage, never refused credentials.
+
+    Every failure names the bot; refused credentials name the variable that held them.
+    """
+    try:
+        # retry_context, not the decorator: its retry log names no callable and shows no arguments.
+        for attempt in stamina.retry_context(on=_passing, attempts=5, wait_initial=0.5, wait_max=10.0):
+            with attempt:
+                return platform.whoami()
+    except PlatformError as exc:
+        if exc.status in (401, 403):
+            names = bc.variables()
+            held = (f"the environment variable{'s' if len(names) > 1 else ''} {', '.join(names)}" if names
+                    else "the credentials in the config file")
+            raise ConfigError(f"bot {bc.name}: {platform.instance} refused the login (HTTP {exc.status}): "
+                              f"check {held}") from None
+        raise type(exc)(f"bot {bc.name}: cannot log in at {platform.instance}: {exc.detail or exc}",
+                        status=exc.status) from None
+    raise AssertionError("unreachable")  # pragma: no cover - retry_context either returns or raises
+
+
+def build_guard(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock,
+                owner: str) -> tuple[Platform, Identity, Guard]:
+    """Build one bot's adapter, log it in, and return it with its identity and guard."""
     # Each adapter owns its listing-delay default (Discourse 30 s, GitHub 60 s…); never override it here.
     platform = make_platform(bc.platform, bc.settings, http=http, clock=clock)
-    identity = _whoami(platform)
+    identity = login(bc, platform)
     send_timeout_s = cfg.guard.send_timeout_s
     adapter_timeout_s = float(bc.settings.get("timeout_s", 15.0))
     if send_timeout_s < adapter_timeout_s:
@@ -72,11 +101,14 @@ def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cloc
         # late close and the retry's verifying read-back still catch it, but later than they should).
         log.warning("replyd.bot.send_timeout_short", bot=bc.name, guard_send_timeout_s=send_timeout_s,
                     adapter_timeout_s=adapter_timeout_s, hint="set guard.send_timeout_s >= the adapter's timeout_s")
+    # One listing delay per bot, shared by its guard (deadlines) and the sweep (looks); learned per instance.
+    lag = ListingLag(store, platform.instance, platform.listing_delay_s, cfg.sweep, clock=clock, bot=bc.name)
     guard = Guard(
         store,
         platform,
         identity,
         clock=clock,
+        lag=lag,
         owner=owner,
         max_attempts=cfg.guard.max_attempts,
         send_timeout_s=send_timeout_s,
@@ -85,6 +117,13 @@ def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cloc
         responder_backoff_s=cfg.guard.responder_backoff_s,
         responder_backoff_max_s=cfg.guard.responder_backoff_max_s,
     )
+    return platform, identity, guard
+
+
+def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock, owner: str,
+              heartbeat: Heartbeat | None = None) -> BotRuntime:
+    """Build one bot's adapter, identity, guard, pipeline and pollers."""
+    platform, identity, guard = build_guard(cfg, bc, store, http, clock, owner)
     rsettings = bc.responder.model_dump(exclude={"kind"})
     responder = make_responder(bc.responder.kind, rsettings)
     # The runner's bound is a backstop: a responder's own timeout (which also kills a child) fires first.
@@ -95,7 +134,7 @@ def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cloc
         log.warning("replyd.bot.responder_timeout_long", bot=bc.name, responder_timeout_s=responder_timeout_s,
                     compose_lease_s=cfg.guard.compose_lease_s, hint="set guard.compose_lease_s above the responder's timeout_s")
     pipeline = Pipeline(guard, responder, Policy.from_config(bc.policy), clock, responder_timeout_s=responder_timeout_s)
-    pollers = Pollers(store, platform, pipeline, bc.pollers, clock)
+    pollers = Pollers(store, platform, pipeline, bc.pollers, clock, heartbeat)
     log.info("replyd.bot.ready", bot=bc.name, platform=platform.instance, sender_id=identity.sender_id)
     return BotRuntime(bc, platform, identity, guard, pipeline, pollers)
 
@@ -116,11 +155,21 @@ class Daemon:
         self.scheduler: BackgroundScheduler | None = None
         self.guards: dict[str, Guard] = {}  # by bot name, for the API; filled as bots log in
         self.api: ApiServer | None = None
+        self.hooks: Receiver | None = None
+        self.streams: list[StreamRunner] = []
+        self.liveness: Liveness | None = None
 
     def start(self) -> None:
         """Open the store, start the API if configured, log every bot in, and start the scheduled jobs."""
         ac = self.cfg.api
         token: str | None = None
+        # Webhook secrets first: a push bot with no secret, or no API to receive on, never starts.
+        push = {bc.name: bc.push for bc in self.cfg.bots if bc.push is not None and bc.push.webhook}
+        if push and not ac.enabled:
+            raise ConfigError(f"bots ({', '.join(push)}): push webhooks arrive through the API: set api.enabled = true")
+        secrets = {name: pc.secret() for name, pc in push.items()}
+        for secret in secrets.values():
+            rlog.add_secret(secret)
         if ac.enabled:
             # Imported here: uvicorn and starlette cost nothing when the API is off (sweep, adopt, ...).
             from replyd.api import Api, ApiServer, check_bind
@@ -131,18 +180,29 @@ class Daemon:
                                 claim_commit=self.cfg.store.claim_commit)
         self._use_db_clock()
         self._check_claim_commit()
+        hc = self.cfg.health
+        self.liveness = Liveness(self.clock, stale_after_intervals=hc.stale_after_intervals, stale_min_s=hc.stale_min_s)
         # Every send through this client ends within guard.send_timeout_s in total (replyd.deadline).
         self.http = make_client(self.cfg.guard.send_timeout_s)
         if ac.enabled:
+            from replyd.hooks import Receiver
+
+            self.hooks = Receiver({})  # filled as push bots log in, like the guards
             api = Api(self.store, self.guards, expected=[b.name for b in self.cfg.bots], token=token, host=ac.host,
                       hosts=ac.hosts, open_routes=ac.open_routes, refresh_s=ac.refresh_s,
-                      max_body_bytes=ac.max_body_bytes)
+                      max_body_bytes=ac.max_body_bytes, liveness=self.liveness, hooks=self.hooks)
             self.api = ApiServer(api.app, host=ac.host, port=ac.port, grace_s=self.cfg.guard.send_timeout_s).start()
         try:
             for bc in self.cfg.bots:
-                bot = build_bot(self.cfg, bc, self.store, self.http, self.clock, self.owner)
+                bot = build_bot(self.cfg, bc, self.store, self.http, self.clock, self.owner,
+                                self.liveness.beat(bc.name))
+                self._watch(bot)
                 self.bots.append(bot)
                 self.guards[bc.name] = bot.guard
+                if bc.push is not None and bc.push.webhook and self.hooks is not None:
+                    self._add_hook(bc.name, bc.push.kind, secrets[bc.name], bot)
+                elif bc.push is not None:
+                    self._add_stream(bc.name, bot)
         except BaseException:
             if self.api is not None:
                 self.api.stop()
@@ -150,7 +210,7 @@ class Daemon:
         sc = self.cfg.sweep
         self.sweeper = Sweeper(
             self.store,
-            [Bot(b.platform, b.identity) for b in self.bots],
+            [Bot(b.platform, b.identity, b.guard.lag) for b in self.bots],
             clock=self.clock,
             owner=self.owner,
             batch=sc.batch,
@@ -158,6 +218,7 @@ class Daemon:
             retry_s=sc.retry_s,
             max_attempts=self.cfg.guard.max_attempts,
             on_duplicate=sc.on_duplicate,
+            config=sc,
         )
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(max_workers=max(4, 3 * len(self.bots) + 1))},
@@ -166,20 +227,40 @@ class Daemon:
         for b in self.bots:
             pc = b.cfg.pollers
             for name, every_s, fn in (
-                ("inbox", pc.inbox_interval_s, b.pollers.inbox),
+                ("inbox", b.cfg.inbox_interval_s(), b.pollers.inbox),
                 ("search", pc.search_interval_s if pc.search_queries else 0, b.pollers.search),
                 ("refind", pc.refind_interval_s, b.pollers.refind),
             ):
                 if every_s > 0:
+                    fn = _with_context(fn, bot=b.cfg.name, platform=b.platform.instance)
                     self.scheduler.add_job(fn, "interval", seconds=every_s, jitter=pc.jitter_s or None,
                                            id=f"{b.cfg.name}:{name}", next_run_time=_now_dt())
+            if pc.refind_interval_s <= 0:
+                # Re-find off: its re-offer of waiting rows (released, not_landed, a dead composer's) still runs,
+                # at the sweep's pace, so no row waits for a path that will never come.
+                self.scheduler.add_job(b.pollers.reoffer_guarded, "interval", seconds=sc.interval_s,
+                                       id=f"{b.cfg.name}:reoffer", next_run_time=_now_dt())
         if isinstance(self.clock, DatabaseClock):
             self.scheduler.add_job(self.sync_clock, "interval", seconds=self.cfg.store.clock_sync_s, id="clock")
         # Jitter spreads sweep passes across replicas (leases already keep them from sharing rows).
         self.scheduler.add_job(self.sweep_once, "interval", seconds=sc.interval_s, jitter=sc.interval_s / 2,
                                id="sweep", next_run_time=_now_dt())
         self.scheduler.start()
+        for runner in self.streams:
+            runner.start()
         log.info("replyd.daemon.started", owner=self.owner, bots=len(self.bots), store=self.store.url)
+
+    def _watch(self, bot: BotRuntime) -> None:
+        """Track the bot's scheduled paths and sweep in the liveness record; label its metrics by name."""
+        assert self.liveness is not None
+        pc, name = bot.cfg.pollers, bot.cfg.name
+        for path, every_s in (("inbox", bot.cfg.inbox_interval_s()),
+                              ("search", pc.search_interval_s if pc.search_queries else 0),
+                              ("refind", pc.refind_interval_s), (SWEEP, self.cfg.sweep.interval_s)):
+            if every_s > 0:
+                self.liveness.track(name, path, every_s)
+        self.liveness.identify(name, bot.platform.instance, bot.identity.sender_id)
+        metrics.name_platform(bot.platform.instance, name)
 
     def _use_db_clock(self) -> None:
         """On PostgreSQL, replace the wall clock by the database's (see ``DatabaseClock``)."""
@@ -194,6 +275,26 @@ class Daemon:
         if abs(skew_s) > 1.0:
             log.warning("replyd.clock.skewed", skew_s=skew_s,
                         hint="this machine's clock disagrees with the database's; replyd uses the database's")
+
+    def _add_hook(self, name: str, kind: str, secret: str, bot: BotRuntime) -> None:
+        """Receive ``kind`` webhooks for bot ``name`` (its adapter must read them)."""
+        from replyd.hooks import Hook, WebhookSource
+
+        assert self.hooks is not None
+        if not isinstance(bot.platform, WebhookSource):
+            raise ConfigError(f"bots.{name}.push: the {bot.cfg.platform} adapter cannot read webhook deliveries")
+        self.hooks.hooks[name] = Hook(name, kind, secret, bot.platform, bot.pipeline.offer,
+                                      instance=bot.platform.instance)
+        log.info("replyd.hooks.ready", bot=name, platform=bot.platform.instance, kind=kind,
+                 path=f"/v1/hooks/{name}")
+
+    def _add_stream(self, name: str, bot: BotRuntime) -> None:
+        """Hold bot ``name``'s push stream open (started with the scheduler); its adapter must offer one."""
+        from replyd.streams import StreamRunner, StreamSource
+
+        if not isinstance(bot.platform, StreamSource):
+            raise ConfigError(f"bots.{name}.push: the {bot.cfg.platform} adapter has no push stream")
+        self.streams.append(StreamRunner(name, bot.platform, bot.pipeline.offer, bot.pollers.inbox))
 
     def _check_claim_commit(self) -> None:
         """Warn when store.claim_commit asks for a synchronous standby the server does not have."""
@@ -236,9 +337,22 @@ class Daemon:
         if self._clock_stale.is_set():
             self.sync_clock()
         try:
-            self.sweeper.run_once()
+            r = self.sweeper.run_once()
         except Exception as exc:  # a store outage must not kill the scheduler job
             log.error("replyd.sweep.failed", error=str(exc)[:300])
+            self._sweep_beat(error_words(exc))
+            return
+        # One pass covers every bot; a read-back error is not attributed to one, so every bot's sweep reports it.
+        self._sweep_beat(f"{r.readback_errors} read-back error(s)" if r.readback_errors else None)
+
+    def _sweep_beat(self, error: str | None) -> None:
+        if self.liveness is None:
+            return
+        for b in self.bots:
+            if error is None:
+                self.liveness.ok(b.cfg.name, SWEEP)
+            else:
+                self.liveness.failed(b.cfg.name, SWEEP, error)
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Stop claiming, let running jobs finish within ``grace_s``, release resources."""
@@ -251,6 +365,8 @@ class Daemon:
         if self.api is not None:
             # Before the HTTP client closes: running API posts still use it.
             self.api.stop()
+        for runner in self.streams:
+            runner.stop()  # no new offers; one under way finishes like a scheduled job's
         if self.scheduler is not None:
             t = threading.Thread(target=self.scheduler.shutdown, kwargs={"wait": True}, daemon=True)
             t.start()
@@ -260,6 +376,8 @@ class Daemon:
         for b in self.bots:
             b.pipeline.close()
             b.guard.close()
+        if self.hooks is not None:
+            self.hooks.close(wait=True)  # offers under way finish before the HTTP client closes
         if self.http is not None:
             self.http.close()
         if self.store is not None:
@@ -281,6 +399,17 @@ class Daemon:
             pass
         self.stop(grace_s)
         return 0
+
+
+def _with_context(fn, **context: str):  # noqa: ANN001, ANN202
+    """Run ``fn`` with ``context`` bound to every log line it emits (the guard's and the adapter's included)."""
+
+    def job() -> None:
+        with structlog.contextvars.bound_contextvars(**context):
+            fn()
+
+    job.__name__ = getattr(fn, "__name__", "job")  # APScheduler names the job after it
+    return job
 
 
 def _now_dt():  # noqa: ANN202

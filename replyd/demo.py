@@ -308,8 +308,12 @@ def run_replyd(world: World, url: str, sc: Scenario, n: int, tmp: Path, timeout_
     return res
 
 
-def run_all(n: int, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Run every scenario for the naive bot and for replyd; return the JSON-ready rows."""
+def run_all(n: int, progress: Callable[[str], None] | None = None,
+            done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Run every scenario for the naive bot and for replyd; return the JSON-ready rows.
+
+    ``progress`` hears each scenario's name as it starts, ``done`` each finished row.
+    """
     rows = []
     world = World(SystemClock(), seed=7)
     world.add_account(BOT, bot=True)
@@ -328,6 +332,8 @@ def run_all(n: int, progress: Callable[[str], None] | None = None) -> list[dict[
                 "replyd": {"duplicates": rep.duplicates, "lost": rep.lost, "retries": rep.retries, "replies": rep.replies,
                            "responder_calls": rep.responder_calls, "seconds": round(rep.seconds, 1)},
             })
+            if done:
+                done(rows[-1])
     return rows
 
 
@@ -350,8 +356,22 @@ def main(*, as_json: bool = False, quick: bool = False) -> int:
         console.print(f"[bold]replyd demo[/]: a simulated Mastodon-compatible platform over real HTTP, {n} parents per scenario,")
         console.print("a naive bot (per-path seen-set written after the send, blind retries, text match) against replyd.")
         console.print("Every figure is counted by the platform, not by the bots.\n")
-        with console.status("running…") as status_line:
-            rows = run_all(n, progress=lambda name: status_line.update(f"running: {name}"))
+        if console.is_terminal:
+            with console.status("running…") as status_line:
+                rows = run_all(n, progress=lambda name: status_line.update(f"running: {name}"))
+        else:
+            # Piped or logged: no spinner to show progress, so one line per scenario as it finishes.
+            total = len(SCENARIOS)
+
+            def finished(r: dict[str, Any]) -> None:
+                print(f"[{len(done_rows) + 1}/{total}] {r['name']}: naive dup {r['naive']['duplicates']}, "
+                      f"replyd dup {r['replyd']['duplicates']}, replyd lost {r['replyd']['lost']} "
+                      f"({r['replyd']['seconds']} s)", flush=True)
+                done_rows.append(r)
+
+            done_rows: list[dict[str, Any]] = []
+            rows = run_all(n, done=finished)
+            print(flush=True)
         t = Table(title="duplicates on the platform / answers lost", show_lines=False)
         for col in ("scenario", "delay ok", "naive dup", "naive lost", "replyd dup", "replyd lost", "retries", "calls"):
             t.add_column(col, justify="left" if col == "scenario" else "right", no_wrap=col == "scenario")

@@ -9,6 +9,7 @@ library's exception::
     ├── StoreError                  the answered-log cannot be read or written
     │   └── SchemaError             the database schema is missing or behind
     ├── ContentionError             another writer holds the key (retryable)
+    ├── LeaseLost                   a compose lease expired or another holder has the key; nothing sent
     ├── ResponderError              a responder failed; nothing was sent (retried with backoff)
     └── PlatformError               anything a platform adapter reports
         ├── DefinitelyNotSent       the request provably never acted
@@ -43,6 +44,10 @@ class SchemaError(StoreError):
 
 class ContentionError(ReplydError):
     """Another writer holds the key right now; retry later, nothing was sent."""
+
+
+class LeaseLost(ReplydError):
+    """A compose lease is no longer its holder's (expired, or the key moved on); nothing was sent."""
 
 
 class PlatformError(ReplydError):

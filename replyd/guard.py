@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any
 
+import sqlalchemy as sa
 import structlog
 
 from replyd import deadline, metrics
@@ -40,6 +41,7 @@ from replyd.errors import (
     Rejected,
     StoreError,
 )
+from replyd.lag import ListingLag
 from replyd.platform import Identity, Parent, Platform, default_provider_key
 from replyd.store import Key, Reply, Store
 
@@ -117,6 +119,8 @@ def _classify(row: Reply | st.Row, key: Key, now: float) -> Outcome:
         return Outcome(Status.GAVE_UP, key, s, row.attempt, detail=row.error or "")
     if s == st.DECLINED:
         return Outcome(Status.DECLINED, key, s, row.attempt)
+    if s == st.SKIPPED:  # retired by re-find: the policy rules the parent out (the reason is in error)
+        return Outcome(Status.SKIPPED, key, s, row.attempt, detail=(row.error or "").removeprefix("policy: "))
     if s == st.RELEASED and row.not_before and row.not_before > now:
         return Outcome(Status.NOT_SENT, key, s, row.attempt, detail="backing off", retry_after_s=row.not_before - now)
     return Outcome(Status.IN_FLIGHT, key, s, row.attempt)
@@ -174,6 +178,7 @@ class Guard:
         responder_backoff_s: float = 30.0,
         responder_backoff_max_s: float = 3600.0,
         watch_interval_s: float | None = 1.0,
+        lag: ListingLag | None = None,
     ) -> None:
         self.store = store
         self.platform = platform
@@ -187,6 +192,8 @@ class Guard:
         self.responder_backoff_s = responder_backoff_s
         self.responder_backoff_max_s = responder_backoff_max_s
         self.claiming = True  # the daemon clears this on shutdown: no new claims
+        # The listing delay in use (configured, or learned from the observed lag): the daemon shares the sweep's.
+        self.lag = lag or ListingLag(store, platform.instance, platform.listing_delay_s, clock=self.clock)
         self.sends = SendWatch()
         # The watch thread starts with the first send; None: the caller ticks ``watch_sends`` itself (tests).
         self._watch_interval_s = None if watch_interval_s is None else min(watch_interval_s, send_timeout_s / 4)
@@ -341,7 +348,7 @@ class Guard:
     def _open_values(self, now: float, text: str) -> dict[str, Any]:
         return {
             "opened_at": now,
-            "deadline_at": now + self.send_timeout_s + self.platform.listing_delay_s,
+            "deadline_at": now + self.send_timeout_s + self.lag.delay_s(),
             "text_hash": text_hash(text),
             "lease_owner": None,
             "lease_until": None,
@@ -442,7 +449,7 @@ class Guard:
         for token, key, attempt, started in self.sends.overdue(now, self.send_timeout_s / 2):
             values = {"updated_at": now,
                       "deadline_at": self.store.greatest(st.REPLIES.c.deadline_at,
-                                                         now + self.send_timeout_s + self.platform.listing_delay_s)}
+                                                         now + self.send_timeout_s + self.lag.delay_s())}
             try:
                 with self.store.tx(relaxed=True, doing="extending a running send") as conn:
                     if self.store.cas(conn, key, states=[st.OPEN], attempt=attempt, values=values):
@@ -484,8 +491,9 @@ class Guard:
     def _close(self, key: Key, attempt: int, reply_id: str, kind: str, status: Status = Status.POSTED) -> Outcome:
         """Close our row with the reply id; a lost close is left to the sweep."""
         now = self.clock.now()
-        # A retry's close keeps a deadline: the sweep verifies once that no earlier attempt landed late.
-        verify_at = now + self.platform.listing_delay_s if attempt > 1 else None
+        # Every close keeps a deadline: from the configured delay on the sweep measures this reply's listing lag,
+        # and once the delay in use has passed it verifies that no other reply (an earlier attempt's) landed.
+        verify_at = now + self.lag.configured_s
         values = {"state": st.CLOSED, "reply_id": reply_id, "closed_at": now, "updated_at": now, "error": None,
                   "deadline_at": verify_at}
         detail = {"reply_id": reply_id}
@@ -548,8 +556,11 @@ class Guard:
         detail = (getattr(exc, "detail", "") or f"{type(exc).__name__}: {exc}")[:300]
         now = self.clock.now()
         # The send has returned: whatever it did is done, so one listing delay from now is enough to look.
+        # An open row keeps a later deadline (a running send's); a judged one's is its next reconciling look.
+        look_at = now + self.lag.delay_s()
         values = {"state": st.OPEN, "error": detail, "updated_at": now,
-                  "deadline_at": self.store.greatest(st.REPLIES.c.deadline_at, now + self.platform.listing_delay_s)}
+                  "deadline_at": sa.case((st.REPLIES.c.state == st.OPEN,
+                                          self.store.greatest(st.REPLIES.c.deadline_at, look_at)), else_=look_at)}
         reopened = None
         try:
             with self.store.tx(relaxed=True, doing="recording an ambiguous send") as conn:

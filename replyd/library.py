@@ -13,10 +13,12 @@ too, so the CLI and the HTTP API change state through the same few functions.
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, TextIO
 
 import httpx
@@ -27,8 +29,8 @@ from replyd import metrics
 from replyd import store as st
 from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import resolve_env
-from replyd.errors import BadResponse, ConfigError, PlatformError
-from replyd.guard import Compose, Guard, Outcome
+from replyd.errors import BadResponse, ConfigError, LeaseLost, PlatformError
+from replyd.guard import Compose, Guard, Outcome, Status, _classify
 from replyd.platform import Identity, Parent, Pending, Platform, ReadBack, make_platform
 from replyd.platforms._http import make_client
 from replyd.store import Event, Key, Reply, Store
@@ -50,15 +52,26 @@ def submit(guard: Guard, parent: str | Parent, text: str | Compose, *, path: str
     is reported without a platform request. A ``PlatformError`` raised here
     always comes from the resolve: nothing was sent.
     """
+    found = unblocked(guard, parent)
+    if isinstance(found, Outcome):
+        metrics.outcome(guard.platform.instance, found.status.value)
+        return found
+    return guard.post(found, text, path=path)
+
+
+def unblocked(guard: Guard, parent: str | Parent) -> Parent | Outcome:
+    """Return what blocks ``parent`` (read-only pre-check on the id as given), else the parent resolved.
+
+    The pre-check comes first so an answered or in-flight parent costs no
+    platform request. A ``PlatformError`` raised here comes from the resolve.
+    """
     if isinstance(parent, Parent):
-        return guard.post(parent, text, path=path)
-    # Read-only pre-check on the id as given: duplicate submissions cost no platform request.
+        return parent
     blocked = guard.check(parent)
     if blocked is not None:
-        metrics.outcome(guard.platform.instance, blocked.status.value)
         return blocked
     try:
-        resolved = guard.platform.resolve(parent)
+        return guard.platform.resolve(parent)
     except PlatformError as exc:
         metrics.platform_error(guard.platform.instance, "resolve", exc)
         raise
@@ -66,7 +79,91 @@ def submit(guard: Guard, parent: str | Parent, text: str | Compose, *, path: str
         metrics.platform_error(guard.platform.instance, "resolve", exc)
         log.error("replyd.library.resolve_failed", parent_id=parent, error=f"{type(exc).__name__}: {exc}"[:300])
         raise BadResponse(f"resolve: {type(exc).__name__}") from None
-    return guard.post(resolved, text, path=path)
+
+
+# -- compose leases: begin, compose elsewhere, finish ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A compose lease: ``key``'s ``composing`` claim at ``attempt``, held by ``owner`` until ``until``."""
+
+    key: Key
+    owner: str
+    attempt: int
+    until: float
+
+
+def _as_holder(guard: Guard, owner: str) -> Guard:
+    """The same guard acting as ``owner``, so claims and lease checks name the lease's holder.
+
+    A shallow copy: it shares the store, the adapter and the send watch. Its sends are watched by
+    the guard's own watch thread (started here), so a copy never starts a thread of its own.
+    """
+    if guard._watch_interval_s is not None:
+        guard._start_watch()
+    holder = copy.copy(guard)
+    holder.owner = owner
+    holder._watch_interval_s = None
+    return holder
+
+
+def begin(guard: Guard, parent: Parent, *, owner: str, path: str = "api") -> Lease | Outcome:
+    """Claim ``parent``'s key as ``composing`` for ``owner`` (nothing is sent); else say what blocks it.
+
+    For callers that compose somewhere else (an LLM agent): only the lease
+    holder spends tokens on the reply, and ``finish`` posts it. A lease that
+    runs out (``guard.compose_lease_s``) was provably never sent, so the key
+    goes back to claimable without using an attempt.
+    """
+    key = guard.key(parent.id)
+    if guard.dry_run:
+        return Outcome(Status.DRY_RUN, key, detail="dry run: no lease is taken; post the text to see what would be sent")
+    if not guard.claiming:
+        return Outcome(Status.NOT_SENT, key, detail="shutting down")
+    # The guard's own claim, as the holder: the same compare-and-set every path uses.
+    claim = _as_holder(guard, owner)._claim(key, parent, path, None)
+    if isinstance(claim, Outcome):
+        metrics.outcome(guard.platform.instance, claim.status.value)
+        return claim
+    return Lease(key, owner, claim.attempt, claim.lease_until)
+
+
+def finish(guard: Guard, lease: Lease, text: str) -> Outcome:
+    """Post ``text`` under ``lease``: open the composing row while the lease is live and ours, then send.
+
+    Raises ``LeaseLost`` (nothing sent) when the lease ran out or the key is
+    no longer this holder's; the message says where the key stands.
+    """
+    if not text or not text.strip():
+        raise ValueError("text: must not be empty")
+    holder = _as_holder(guard, lease.owner)
+    now = holder.clock.now()
+    row = holder.store.peek(lease.key)
+    if row is None or row.state != st.COMPOSING or row.lease_owner != lease.owner or row.attempt != lease.attempt:
+        raise LeaseLost(f"not held any more: {_where(guard, lease.key, row, now)}")
+    if row.lease_until is not None and row.lease_until < now:
+        raise LeaseLost(f"expired {now - row.lease_until:.1f} s ago (compose leases last {guard.compose_lease_s:g} s); "
+                        "nothing was sent: call begin_reply again")
+    # Durable open, compared-and-set on (composing, attempt, lease owner): a lease taken over since loses here.
+    opened = holder._open_composed(lease.key, row, text)
+    if isinstance(opened, Outcome):
+        raise LeaseLost(f"lost while opening: {_where(guard, lease.key, holder.store.peek(lease.key), now)}")
+    parent = Parent.from_snapshot(json.loads(row.snapshot or "{}"))
+    out = holder._send(lease.key, parent, opened, text)
+    metrics.outcome(guard.platform.instance, out.status.value)
+    return out
+
+
+def _where(guard: Guard, key: Key, row: st.Row | None, now: float) -> str:
+    """Say in words where a key stands now, for a lease refusal."""
+    if row is None:
+        return "the key has no row; nothing was sent"
+    if row.state == st.COMPOSING:
+        return "another holder is composing a reply to this parent; nothing was sent"
+    out = _classify(row, key, now) if not guard._claimable(row, now) else None
+    status = out.status.value if out else f"{row.state} and claimable"
+    return f"the parent is now {status}" + (f" (reply {row.reply_id})" if row.reply_id else "") + "; nothing was sent"
 
 
 class GuardSession:
@@ -103,7 +200,7 @@ class GuardSession:
 
     def sweep(self, *, on_duplicate: str = "report") -> SweepResult:
         """Bound this bot's due open rows by reading back (run it periodically without the daemon)."""
-        sweeper = Sweeper(self.store, [Bot(self.platform, self.identity)], clock=self.guard.clock,
+        sweeper = Sweeper(self.store, [Bot(self.platform, self.identity, self.guard.lag)], clock=self.guard.clock,
                           owner=self.guard.owner, max_attempts=self.guard.max_attempts, on_duplicate=on_duplicate)
         return sweeper.run_once()
 
@@ -356,6 +453,20 @@ def events(
         return [_event_dict(m) for m in conn.execute(q).mappings()]
 
 
+def paths(store: Store) -> list[dict[str, Any]]:
+    """Per bot and discovery path: how many keys it found, and when it last found one (epoch seconds).
+
+    A path whose newest find is old has stopped finding (a poller down, a
+    search that matches nothing); the keys themselves are not listed.
+    """
+    r = st.REPLIES
+    q = (sa.select(r.c.platform, r.c.sender_id, r.c.path, sa.func.count(), sa.func.max(r.c.created_at))
+         .group_by(r.c.platform, r.c.sender_id, r.c.path).order_by(r.c.platform, r.c.sender_id, r.c.path))
+    with store.tx(write=False, doing="reading paths") as conn:
+        return [{"platform": p, "sender_id": s, "path": path, "rows": n, "last_found_at": last}
+                for p, s, path, n, last in conn.execute(q)]
+
+
 TABLES = {"replies": st.REPLIES, "events": st.EVENTS}
 
 
@@ -378,15 +489,26 @@ def iter_table(store: Store, table: str, *, since: float | None = None) -> Itera
             yield _event_dict(m) if table == "events" else dict(m)
 
 
+# Columns holding an epoch; exports write them as ISO 8601 (UTC), as every other tool reads times.
+TIME_COLUMNS = frozenset({"at", "created_at", "updated_at", "opened_at", "deadline_at", "closed_at", "not_before",
+                          "lease_until"})
+
+
+def iso(t: float | None) -> str | None:
+    """An epoch as ISO 8601 in UTC with milliseconds (``2026-12-01T14:22:43.123+00:00``); None stays None."""
+    return None if t is None else datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+
+
 def export(store: Store, out: TextIO, *, table: str = "replies", fmt: str = "csv", since: float | None = None) -> int:
-    """Write ``table`` to ``out`` as CSV or a JSON array; return the number of rows written."""
+    """Write ``table`` to ``out`` as CSV or a JSON array, times in ISO 8601; return the number of rows written."""
     if fmt not in ("csv", "json"):
         raise ConfigError(f"export: unknown format {fmt!r} (use csv or json)")
     if table not in TABLES:
         raise ConfigError(f"export: unknown table {table!r} (known: {', '.join(TABLES)})")
     columns = [c.name for c in TABLES[table].columns]
     n = 0
-    rows = iter_table(store, table, since=since)
+    rows = ({k: iso(v) if k in TIME_COLUMNS and isinstance(v, (int, float)) else v for k, v in r.items()}
+            for r in iter_table(store, table, since=since))
     if fmt == "csv":
         w = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
         w.writeheader()

@@ -91,7 +91,8 @@ def configure(fmt: str = "auto", level: str = "info", stream: Any = None) -> Non
     handler._replyd = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(getattr(logging, level.upper()))
-    for noisy in ("apscheduler", "httpx", "httpcore", "uvicorn.access"):
+    # alembic: 9 INFO lines per migration run on every command; `replyd -v` turns them back on.
+    for noisy in ("apscheduler", "httpx", "httpcore", "uvicorn.access", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     structlog.configure(
         processors=[

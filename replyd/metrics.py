@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from replyd.errors import (
@@ -61,7 +61,7 @@ RESPONDER_SECONDS = Histogram(
 )
 SWEEP_ROWS = Counter(
     "replyd_sweep_rows",
-    "Rows the sweep decided, by result (closed, not_landed, gave_up, left_open, verified).",
+    "Rows the sweep decided, by result (closed, not_landed, gave_up, left_open, verified, reconciled).",
     ["platform", "result"],
     registry=None,
 )
@@ -77,8 +77,46 @@ SKIPS = Counter(
     ["platform", "reason"],
     registry=None,
 )
+LISTING_LAG = Histogram(
+    "replyd_listing_lag_seconds",
+    "Age of an own reply (from its send's response) when the own-feed read-back first listed it.",
+    ["platform"], registry=None,
+    buckets=(0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0),
+)
+WEBHOOKS = Counter(
+    "replyd_webhook_deliveries",
+    "Webhook deliveries by result (accepted, ignored, bad_signature, bad_body, unreadable).",
+    ["platform", "result"],
+    registry=None,
+)
+POLLS = Counter(
+    "replyd_polls",
+    "Runs of a discovery path (inbox, search, refind) or of the sweep, by result (ok, error).",
+    ["platform", "path", "result"],
+    registry=None,
+)
 SHARED = (SENDS, SEND_SECONDS, OUTCOMES, PLATFORM_ERRORS, RESPONDER_CALLS, RESPONDER_SECONDS, SWEEP_ROWS, DUPLICATES,
-          SKIPS)
+          SKIPS, POLLS, WEBHOOKS, LISTING_LAG)
+
+# The `platform` label is the bot's name (or a short instance), never a URL: instance -> label.
+_LABELS: dict[str, str] = {}
+
+
+def name_platform(instance: str, label: str) -> None:
+    """Label series of platform ``instance`` with ``label`` (the bot's name) from now on."""
+    _LABELS[instance] = label
+    for k in [k for k in _CHILDREN if k[1] and k[1][0] == instance]:
+        del _CHILDREN[k]  # rebuilt with the new label on next use
+
+
+def platform_label(instance: str) -> str:
+    """The ``platform`` label of ``instance``: the bot's name, else the instance without its URL scheme."""
+    label = _LABELS.get(instance)
+    if label is None:
+        kind, _, rest = instance.partition(":")
+        host = rest.split("://", 1)[-1].rstrip("/") if rest else ""
+        label = f"{kind}:{host}" if host else instance
+    return label
 
 # Most specific first: subclasses before their bases.
 _KINDS: tuple[tuple[type[BaseException], str], ...] = (
@@ -89,7 +127,7 @@ _KINDS: tuple[tuple[type[BaseException], str], ...] = (
     (Rejected, "rejected"),
     (BadResponse, "bad_response"),
 )
-_SWEEP_RESULTS = ("closed", "not_landed", "gave_up", "left_open", "verified")
+_SWEEP_RESULTS = ("closed", "not_landed", "gave_up", "left_open", "verified", "reconciled")
 
 # Labelled children by (metric name, labels): `labels()` validates and locks on every call (~3 µs);
 # a dict hit is ~0.1 µs. A racing first call at worst builds the same child twice.
@@ -100,7 +138,7 @@ def _child(metric: Any, *labels: str) -> Any:
     key = (metric._name, labels)
     child = _CHILDREN.get(key)
     if child is None:
-        child = _CHILDREN.setdefault(key, metric.labels(*labels))
+        child = _CHILDREN.setdefault(key, metric.labels(platform_label(labels[0]), *labels[1:]))
     return child
 
 
@@ -115,6 +153,11 @@ def error_kind(exc: BaseException) -> str:
 def skipped(platform: str, reason: str) -> None:
     """Count one policy skip (every offer, not only the first one recorded as an event)."""
     _child(SKIPS, platform, reason).inc()
+
+
+def webhook(platform: str, result: str) -> None:
+    """Count one webhook delivery by what the receiver did with it."""
+    _child(WEBHOOKS, platform, result).inc()
 
 
 def outcome(platform: str, status: str) -> None:
@@ -184,14 +227,24 @@ def timed_responder(compose: Callable[[Any], str | None], parent: Any, platform:
     return text
 
 
+def listing_lag(platform: str, seconds: float) -> None:
+    """Observe one own reply's listing lag (its age when a read-back first listed it)."""
+    _child(LISTING_LAG, platform).observe(seconds)
+
+
+def poll(bot: str, path: str, *, ok: bool) -> None:
+    """Count one run of a path of ``bot`` (its label is the bot's name already)."""
+    POLLS.labels(bot, path, "ok" if ok else "error").inc()
+
+
 def sweep_pass(platform: str, res: Any) -> None:
     """Count one sweep pass's decisions (a ``SweepResult``)."""
     for name in _SWEEP_RESULTS:
         n = getattr(res, name, 0)
         if n:
-            SWEEP_ROWS.labels(platform, name).inc(n)
+            _child(SWEEP_ROWS, platform, name).inc(n)
     if res.duplicates:
-        DUPLICATES.labels(platform).inc(res.duplicates)
+        _child(DUPLICATES, platform).inc(res.duplicates)
 
 
 class StoreCollector:
@@ -224,9 +277,10 @@ class StoreCollector:
                                       labels=["platform"])
         for plat in sorted({p for p, _ in counts}):
             # Every state for every platform, so a series never vanishes when it reaches zero.
+            label = platform_label(plat)
             for state in st.STATES:
-                rows.add_metric([plat, state], counts.get((plat, state), 0))
-            open_rows.add_metric([plat], counts.get((plat, st.OPEN), 0))
+                rows.add_metric([label, state], counts.get((plat, state), 0))
+            open_rows.add_metric([label], counts.get((plat, st.OPEN), 0))
         yield rows
         yield open_rows
         age = GaugeMetricFamily("replyd_oldest_open_row_age_seconds", "Age of the oldest open row; 0 when none is open.")
@@ -235,11 +289,69 @@ class StoreCollector:
         yield age
 
 
-def registry(store: Any | None = None) -> CollectorRegistry:
-    """Return a registry with the process-wide counters and, given a store, its row gauges."""
+class LivenessCollector:
+    """``replyd_poll_last_success_timestamp_seconds`` and failures in a row, per bot and path, read at scrape time."""
+
+    def __init__(self, liveness: Any) -> None:
+        self.liveness = liveness
+
+    def describe(self) -> list[Metric]:
+        """Declare nothing up front."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield each tracked path's last success (0 before the first) and its failures in a row."""
+        last = GaugeMetricFamily("replyd_poll_last_success_timestamp_seconds",
+                                 "Unix time of the last successful run of a path (0: none yet).",
+                                 labels=["platform", "path"])
+        fails = GaugeMetricFamily("replyd_poll_consecutive_failures", "Failed runs of a path since its last success.",
+                                  labels=["platform", "path"])
+        stale = GaugeMetricFamily("replyd_poll_stale", "1 when a path had no success for longer than its staleness bound.",
+                                  labels=["platform", "path"])
+        for bot, b in sorted(self.liveness.snapshot().items()):
+            for path, p in sorted(b["paths"].items()):
+                last.add_metric([bot, path], p["last_ok"] or 0.0)
+                fails.add_metric([bot, path], p["failures"])
+                stale.add_metric([bot, path], 1 if p["stale"] else 0)
+        yield last
+        yield fails
+        yield stale
+
+
+def build_info() -> Metric:
+    """``replyd_build_info{version, python}`` = 1."""
+    import platform as pyplatform
+
+    from replyd import __version__
+
+    info = GaugeMetricFamily("replyd_build_info", "replyd's version and Python's, as labels; always 1.",
+                             labels=["version", "python"])
+    info.add_metric([__version__, pyplatform.python_version()], 1)
+    return info
+
+
+class _Static:
+    """A collector yielding fixed metric families."""
+
+    def __init__(self, *families: Metric) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the families."""
+        yield from self.families
+
+
+def registry(store: Any | None = None, liveness: Any | None = None) -> CollectorRegistry:
+    """Return a registry: the process-wide counters, build info, process and Python platform collectors, and,
+    given a store and a liveness record, the row gauges and each path's last success."""
     reg = CollectorRegistry(auto_describe=False)
     for m in SHARED:
         reg.register(m)
+    reg.register(_Static(build_info()))
+    for c in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR):
+        reg.register(c)
     if store is not None:
         reg.register(StoreCollector(store))
+    if liveness is not None:
+        reg.register(LivenessCollector(liveness))
     return reg

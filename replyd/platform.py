@@ -147,6 +147,15 @@ class Platform(Protocol):
         ...
 
 
+@runtime_checkable
+class ReplyLinks(Protocol):
+    """Optional: an adapter that knows the web address of one of the bot's own replies from its id."""
+
+    def reply_url(self, reply_id: str, identity: Identity) -> str:
+        """Return the link a person opens to see reply ``reply_id`` ("" when it cannot be built)."""
+        ...
+
+
 def default_provider_key(instance: str, sender_id: str, parent_id: str) -> str:
     """Return the idempotency key for a (sender, parent): the same on every attempt."""
     raw = f"replyd\x1f{instance}\x1f{sender_id}\x1f{parent_id}".encode()

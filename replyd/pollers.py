@@ -17,6 +17,7 @@ from replyd.clock import Clock
 from replyd.config import PollerConfig
 from replyd.errors import ContentionError, PlatformError, RateLimited, StoreError
 from replyd.guard import Outcome, Status
+from replyd.liveness import Heartbeat, error_words
 from replyd.pipeline import Pipeline
 from replyd.platform import Parent, Platform
 from replyd.policy import FINAL_SKIPS
@@ -28,8 +29,10 @@ log = structlog.get_logger("replyd.poller")
 class Pollers:
     """The three discovery paths of one bot."""
 
-    def __init__(self, store: Store, platform: Platform, pipeline: Pipeline, cfg: PollerConfig, clock: Clock) -> None:
+    def __init__(self, store: Store, platform: Platform, pipeline: Pipeline, cfg: PollerConfig, clock: Clock,
+                 heartbeat: Heartbeat | None = None) -> None:
         self.store = store
+        self.heartbeat = heartbeat  # told every run's result (the daemon's liveness); an unexpected error tells nothing
         self.platform = platform
         self.pipeline = pipeline
         self.cfg = cfg
@@ -49,16 +52,28 @@ class Pollers:
             if isinstance(out, Outcome):
                 self.outcomes[out.status.value] = self.outcomes.get(out.status.value, 0) + 1
 
+    def _beat(self, path: str, exc: BaseException | None = None) -> None:
+        if self.heartbeat is None:
+            return
+        if exc is None:
+            self.heartbeat.ok(path)
+        else:
+            self.heartbeat.failed(path, error_words(exc))
+
     def _guarded(self, path: str, fn) -> None:  # noqa: ANN001
         try:
             fn()
+            self._beat(path)
         except RateLimited as exc:
+            self._beat(path, exc)
             metrics.platform_error(self.platform.instance, path, exc)
             log.warning("replyd.poller.rate_limited", path=path, platform=self.platform.instance, retry_after_s=exc.retry_after_s)
         except PlatformError as exc:
+            self._beat(path, exc)
             metrics.platform_error(self.platform.instance, path, exc)
             log.warning("replyd.poller.failed", path=path, platform=self.platform.instance, error=str(exc)[:300])
         except StoreError as exc:
+            self._beat(path, exc)
             log.error("replyd.poller.store_failed", path=path, platform=self.platform.instance, error=str(exc))
 
     def inbox(self) -> None:
@@ -96,6 +111,10 @@ class Pollers:
             self.reoffer()
 
         self._guarded("refind", run)
+
+    def reoffer_guarded(self) -> None:
+        """``reoffer`` as a scheduled job of its own (when re-find is off): failures are logged, never raised."""
+        self._guarded("refind", self.reoffer)
 
     def reoffer(self) -> int:
         """Offer the next page of rows that wait for a path (released, not_landed, expired composing); return how many.

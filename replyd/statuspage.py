@@ -30,6 +30,7 @@ table{border-collapse:collapse;background:#fff;border:1px solid #dde1e8;width:10
 th,td{padding:4px 8px;border-bottom:1px solid #eceef2;text-align:left;font-variant-numeric:tabular-nums}
 th{background:#eef0f4;font-weight:600}td.n{text-align:right}
 code{font-size:12px;word-break:break-all}.empty{color:#5b6475;font-style:italic}
+.path{display:block}.stale{color:#b3261e;font-weight:600}.failing{color:#9a5b00}
 """
 
 # The page runs no script and loads nothing: only its one inline style, allowed by hash; never framed.
@@ -87,6 +88,21 @@ def _events_table(events: list[dict[str, Any]]) -> str:
             f'<th>attempt</th><th>path</th><th>detail</th></tr>{body}</table>')
 
 
+def _paths_cell(bot: str, live: dict[str, Any] | None) -> str:
+    """Each path of one bot in words; a stale one red and marked STALE, a failing one amber."""
+    if not live:
+        return '<span class="empty">not running yet</span>'
+    spans = []
+    for path, p in sorted(live["paths"].items()):
+        cls = "path stale" if p["stale"] else ("path failing" if p["failures"] else "path")
+        spans.append(f'<span class="{cls}" id="path-{_e(bot)}-{_e(path)}" data-stale="{str(p["stale"]).lower()}">'
+                     f'{_e(p["words"])}</span>')
+    due = live.get("oldest_due_open_age_s")
+    if due is not None:
+        spans.append(f'<span class="path failing">oldest due open row: {due:.0f} s past its deadline</span>')
+    return "".join(spans)
+
+
 def render(summary: dict[str, Any], *, refresh_s: int = 5) -> str:
     """Render the status page from a ``/v1/status`` summary."""
     totals: dict[str, int] = {}
@@ -100,12 +116,18 @@ def render(summary: dict[str, Any], *, refresh_s: int = 5) -> str:
           for s in (st.CLOSED, st.OPEN, st.NOT_LANDED, st.REJECTED, st.GAVE_UP)),
         f'<div class="card" id="card-oldest">oldest open (s)<b>{summary["oldest_open_age_s"]:.0f}</b></div>',
     ]
+    live = summary.get("liveness", {})
+    stale = sorted(f"{bot}/{p}" for bot, b in live.items() for p in b["stale"])
+    cards.insert(1, f'<div class="card {"bad" if stale else "ok"}" id="card-liveness">paths'
+                    f'<b>{"STALE" if stale else "fresh"}</b></div>')
     bot_rows = "".join(
         f'<tr><td>{_e(name)}</td><td>{"logged in" if b["ready"] else "not logged in"}</td>'
-        f'<td><code>{_e(b.get("platform") or "")}</code></td><td><code>{_e(b.get("sender_id") or "")}</code></td></tr>'
+        f'<td><code>{_e(b.get("platform") or "")}</code></td><td><code>{_e(b.get("sender_id") or "")}</code></td>'
+        f'<td>{_paths_cell(name, live.get(name))}</td></tr>'
         for name, b in sorted(bots.items())
     )
-    bots_html = (f'<table id="bots"><tr><th>bot</th><th>state</th><th>platform</th><th>sender id</th></tr>{bot_rows}</table>'
+    bots_html = (f'<table id="bots"><tr><th>bot</th><th>state</th><th>platform</th><th>sender id</th>'
+                 f'<th>paths (last success)</th></tr>{bot_rows}</table>'
                  if bots else '<p class="empty">no bots configured</p>')
     store_note = "" if store_ok else f'<p class="bad" id="store-error">store unavailable: {_e(summary["store"].get("error"))}</p>'
     return f"""<!doctype html>

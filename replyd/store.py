@@ -55,6 +55,13 @@ STATES = (COMPOSING, OPEN, CLOSED, RELEASED, REJECTED, NOT_LANDED, GAVE_UP, DECL
 TERMINAL = (CLOSED, REJECTED, GAVE_UP, DECLINED, SKIPPED)
 # Rows that wait for a path to move them on: re-find re-offers them (see ``reoffer_due``).
 REOFFERED = (NOT_LANDED, RELEASED, COMPOSING)
+# Rows the sweep leases once their deadline has passed (the deadline says what it is for; see Store.lease_due).
+SWEPT = (OPEN, CLOSED, NOT_LANDED, GAVE_UP)
+
+# Events whose detail names own reply ids (how a row closed, late answers, duplicates found and deleted), sends
+# that may have landed without one (maybe_sent), and verifications done: what the sweep's verification reads.
+REPLY_ID_EVENTS = ("closed", "already_landed", "late_landing", "swept_found", "reconciled", "duplicate_detected",
+                   "duplicate_deleted", "maybe_sent", "late_maybe_sent", "verified")
 
 # PostgreSQL ``synchronous_commit`` levels a durable write (the claim, the open) may ask for: "local" waits for
 # the primary's disk, "on" / "remote_write" / "remote_apply" also for a synchronous standby (when
@@ -129,9 +136,41 @@ class Cursor(SQLModel, table=True):
     updated_at: float
 
 
+class ListingLagSample(SQLModel, table=True):
+    """How long one own reply took to be listed by the own-feed read-back (see ``replyd.lag``).
+
+    ``lower_s``: its age at the last read-back that did not list it (0 if the first look did), a proven lag;
+    ``upper_s``: its age when a read-back first listed it (None while it is still unlisted).
+    """
+
+    __tablename__ = "listing_lag"
+    __table_args__ = (sa.Index("ix_listing_lag_seen", "platform", "seen_at"),)
+
+    platform: str = Field(primary_key=True, max_length=255)
+    reply_id: str = Field(primary_key=True, max_length=1024)
+    sender_id: str = Field(max_length=255)
+    sent_at: float
+    lower_s: float
+    upper_s: float | None = None
+    seen_at: float | None = None
+
+
+class ListingDelay(SQLModel, table=True):
+    """The listing delay one platform instance uses now: configured, or learned (``replyd.lag``)."""
+
+    __tablename__ = "listing_delay"
+
+    platform: str = Field(primary_key=True, max_length=255)
+    configured_s: float
+    in_use_s: float
+    updated_at: float
+
+
 REPLIES = Reply.__table__
 EVENTS = Event.__table__
 CURSORS = Cursor.__table__
+LISTING_LAG = ListingLagSample.__table__
+LISTING_DELAY = ListingDelay.__table__
 
 # The hot path's prebuilt statements are derived from these, never from hand-typed column lists.
 REPLY_COLUMNS = tuple(c.name for c in REPLIES.columns)
@@ -196,6 +235,14 @@ def default_url() -> str:
 def make_owner() -> str:
     """Return an id for this process, used as row owner and lease holder."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def sqlite_file(url: str) -> Path | None:
+    """Return the file a SQLite URL names (None for an in-memory database or a ``file:`` URI)."""
+    db = sa.engine.make_url(url).database
+    if not db or db == ":memory:" or db.startswith("file:"):
+        return None
+    return Path(db).expanduser()
 
 
 # Query parameters of a database URL that carry a secret (libpq takes ``?password=``, ``?sslpassword=``).
@@ -525,10 +572,14 @@ class Store:
         """Open the store at ``url`` (default: the embedded SQLite file), migrating if asked."""
         store = cls(make_engine(url or default_url()), clock=clock)
         store.claim_commit = claim_commit
-        if migrate:
-            store.upgrade()
-        else:
-            store.require_schema()
+        try:
+            if migrate:
+                store.upgrade()
+            else:
+                store.require_schema()
+        except StoreError as exc:  # say which store: several may be configured, and the default is implicit
+            store.dispose()
+            raise type(exc)(f"store {store.url}: {exc}") from None
         return store
 
     def dispose(self) -> None:
@@ -1080,9 +1131,9 @@ class Store:
     def lease_due(self, platform: str, sender_id: str, *, now: float, limit: int, lease_s: float, owner: str) -> list[Reply]:
         """Lease up to ``limit`` due rows that no live lease holds.
 
-        Due: open rows past their deadline, and closed rows that still carry a
-        deadline (a retry closed them: one verifying read-back looks for an
-        earlier attempt's late reply). PostgreSQL skips rows another replica has locked (``FOR UPDATE SKIP
+        Due: open rows past their deadline, closed rows that still carry a
+        deadline (every close is verified once, and its reply's listing lag measured), and
+        ``not_landed`` / ``gave_up`` rows that carry one (a later look may reconcile them). PostgreSQL skips rows another replica has locked (``FOR UPDATE SKIP
         LOCKED``); SQLite serialises writers, so the same select-then-update
         inside ``BEGIN IMMEDIATE`` is already exclusive.
         """
@@ -1090,7 +1141,7 @@ class Store:
         q = (
             sa.select(REPLIES)
             .where(
-                REPLIES.c.state.in_([OPEN, CLOSED]),
+                REPLIES.c.state.in_(SWEPT),
                 REPLIES.c.platform == platform,
                 REPLIES.c.sender_id == sender_id,
                 REPLIES.c.deadline_at <= now,
@@ -1137,3 +1188,67 @@ class Store:
         )
         with self.tx(relaxed=True, doing="saving a cursor") as conn:
             conn.execute(stmt)
+
+    # -- listing lag (replyd.lag) ----------------------------------------------------
+
+    def lag_look(self, conn: Connection, platform: str, sender_id: str, reply_id: str, *, sent_at: float,
+                 age_s: float, listed: bool, now: float) -> bool:
+        """Note one read-back's look for an own reply sent at ``sent_at``: unlisted at ``age_s``, or listed.
+
+        Only the first listing completes a sample; later looks change nothing. True when this call completed it.
+        """
+        c = LISTING_LAG.c
+        base = {"platform": platform, "reply_id": reply_id, "sender_id": sender_id, "sent_at": sent_at}
+        if listed:
+            ins = self._insert(LISTING_LAG).values(**base, lower_s=0.0, upper_s=age_s, seen_at=now)
+            stmt = ins.on_conflict_do_update(index_elements=["platform", "reply_id"],
+                                             set_={"upper_s": age_s, "seen_at": now}, where=c.upper_s.is_(None))
+        else:
+            ins = self._insert(LISTING_LAG).values(**base, lower_s=age_s)
+            stmt = ins.on_conflict_do_update(index_elements=["platform", "reply_id"],
+                                             set_={"lower_s": self.greatest(c.lower_s, age_s)},
+                                             where=c.upper_s.is_(None))
+        done = conn.execute(stmt.returning(c.upper_s)).first()
+        return bool(listed and done is not None)
+
+    def lag_samples(self, platform: str, limit: int) -> list[tuple[float, float]]:
+        """Return the newest ``limit`` complete samples of ``platform`` as (lower_s, upper_s), newest first."""
+        c = LISTING_LAG.c
+        q = (sa.select(c.lower_s, c.upper_s).where(c.platform == platform, c.upper_s.is_not(None))
+             .order_by(c.seen_at.desc()).limit(limit))
+        with self.tx(write=False, doing="reading listing lag") as conn:
+            return [(float(lo), float(hi)) for lo, hi in conn.execute(q)]
+
+    def lag_prune(self, platform: str, before: float) -> None:
+        """Forget ``platform``'s samples sent before ``before`` (complete or not)."""
+        c = LISTING_LAG.c
+        with self.tx(relaxed=True, doing="pruning listing lag") as conn:
+            conn.execute(sa.delete(LISTING_LAG).where(c.platform == platform, c.sent_at < before))
+
+    def set_listing_delay(self, platform: str, configured_s: float, in_use_s: float) -> None:
+        """Record the listing delay ``platform`` uses now (insert or replace)."""
+        now = self.clock.now()
+        vals = {"configured_s": configured_s, "in_use_s": in_use_s, "updated_at": now}
+        stmt = self._insert(LISTING_DELAY).values(platform=platform, **vals)
+        stmt = stmt.on_conflict_do_update(index_elements=["platform"], set_=vals)
+        with self.tx(relaxed=True, doing="saving the listing delay") as conn:
+            conn.execute(stmt)
+
+    def listing_delays(self) -> dict[str, ListingDelay]:
+        """Return the recorded listing delay of every platform instance."""
+        with self.tx(write=False, doing="reading listing delays") as conn:
+            return {m["platform"]: ListingDelay(**dict(m)) for m in conn.execute(sa.select(LISTING_DELAY)).mappings()}
+
+    def lag_platforms(self) -> list[str]:
+        """Return the platform instances with lag samples."""
+        with self.tx(write=False, doing="reading listing lag") as conn:
+            return [p for (p,) in conn.execute(sa.select(LISTING_LAG.c.platform).distinct())]
+
+    def reply_id_events(self, conn: Connection, key: Key) -> list[tuple[str, int | None, dict[str, Any]]]:
+        """Return (kind, attempt, detail) of ``key``'s events that name own reply ids, a send that may have
+        landed, or a verification, oldest first."""
+        q = (sa.select(EVENTS.c.kind, EVENTS.c.attempt, EVENTS.c.detail)
+             .where(EVENTS.c.platform == key.platform, EVENTS.c.sender_id == key.sender_id,
+                    EVENTS.c.parent_id == key.parent_id, EVENTS.c.kind.in_(REPLY_ID_EVENTS))
+             .order_by(EVENTS.c.id))
+        return [(k, a, json.loads(d or "{}")) for k, a, d in conn.execute(q)]

@@ -1,20 +1,24 @@
-"""The sweep: every open row gets a bound.
+"""The sweep: every open row gets a bound, every close one verifying look, every judged row later looks.
 
-After a row's deadline (send timeout + the platform's listing delay) the sweep
+After a row's deadline (send timeout + the listing delay in use, ``replyd.lag``) the sweep
 leases it, reads back the bot's own replies through the adapter (batched: one
-own-feed read covers many rows) and decides:
+own-feed read covers many rows) and decides by the row's state:
 
-- found           -> closed with the (oldest) own reply id;
-- more than one   -> closed, plus a ``duplicate_detected`` event (and, with
-                     ``on_duplicate = "delete_newer"``, the newer ones deleted);
-- checked, none   -> ``not_landed`` (one more attempt allowed) or ``gave_up``;
-- not checked     -> still open; swept again after a back-off.
+open
+    found -> closed with the (oldest) own reply id; checked, none -> ``not_landed`` (one more attempt
+    allowed) or ``gave_up``; not checked -> still open, swept again after a back-off.
+closed (every close keeps a deadline)
+    from the configured delay on, the reply the row closed with is looked for until a read-back lists it:
+    its age then is a listing-lag sample (``replyd.lag``). Once the delay in use has passed since the close,
+    one verification counts duplicates from the union of the reply ids replyd knows (the row's, earlier
+    attempts' and late answers' from the events) and those read back: every one beyond the first is a
+    ``duplicate_detected`` event and metric (and, with ``on_duplicate = "delete_newer"``, deleted).
+not_landed / gave_up
+    looked at again at ``reconcile_after`` multiples of the delay in use: an own reply found then closes
+    the row as ``reconciled`` (reply id kept, verified like any close).
 
-A row closed by a retry (attempt 2) keeps a deadline: once the listing delay
-has passed, one verifying read-back counts a late-landing first reply as a
-duplicate (the measured limit when the real delay exceeds the configured one).
-
-A failed read-back is never "not found".
+Every transition is a compare-and-set on (key, state, attempt) under the sweep's lease; its event is
+written only when it succeeded. A failed read-back is never "not found".
 """
 
 from __future__ import annotations
@@ -29,10 +33,14 @@ import structlog
 from replyd import metrics
 from replyd import store as st
 from replyd.clock import Clock, SystemClock
+from replyd.config import SweepConfig
+from replyd.lag import ListingLag
 from replyd.platform import Identity, Parent, Pending, Platform, ReadBack
 from replyd.store import Key, Reply, Store
 
 log = structlog.get_logger("replyd.sweep")
+
+UNACCOUNTED_LOOKS = 10.0  # a close with an attempt's reply unaccounted for is looked at until this x the delay
 
 
 @dataclass
@@ -47,11 +55,15 @@ class SweepResult:
     duplicates: int = 0
     readback_errors: int = 0
     verified: int = 0
+    reconciled: int = 0
+    waiting: int = 0  # looked at, given a later look (a close not yet verified, a judged row with no reply yet)
+    verified_on_close: int = 0  # of ``verified``: closed by this pass's read-back, which was late enough to verify
     by_platform: Counter[str] = field(default_factory=Counter)
 
     def add(self, other: SweepResult) -> None:
         """Accumulate another pass's counts."""
-        for name in ("leased", "closed", "not_landed", "gave_up", "left_open", "duplicates", "readback_errors", "verified"):
+        for name in ("leased", "closed", "not_landed", "gave_up", "left_open", "duplicates", "readback_errors", "verified",
+                     "reconciled", "waiting", "verified_on_close"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.by_platform.update(other.by_platform)
 
@@ -62,6 +74,7 @@ class Bot:
 
     platform: Platform
     identity: Identity
+    lag: ListingLag | None = None  # the listing delay in use; the Sweeper makes one when not given
 
 
 class Sweeper:
@@ -79,6 +92,7 @@ class Sweeper:
         retry_s: float = 60.0,
         max_attempts: int = 2,
         on_duplicate: str = "report",
+        config: SweepConfig | None = None,
     ) -> None:
         if on_duplicate not in ("report", "delete_newer"):
             raise ValueError(f"on_duplicate must be 'report' or 'delete_newer', not {on_duplicate!r}")
@@ -91,6 +105,11 @@ class Sweeper:
         self.retry_s = retry_s
         self.max_attempts = max_attempts
         self.on_duplicate = on_duplicate
+        self.cfg = config or SweepConfig()
+        for bot in bots:
+            if bot.lag is None:
+                bot.lag = ListingLag(store, bot.platform.instance, bot.platform.listing_delay_s, self.cfg,
+                                     clock=self.clock)
 
     def run_once(self) -> SweepResult:
         """Sweep every bot's due rows until none is left (or only failing ones)."""
@@ -126,62 +145,152 @@ class Sweeper:
             log.warning("replyd.sweep.readback_failed", platform=bot.platform.instance, rows=len(rows), error=str(exc)[:300])
             res.readback_errors = 1
             rb = ReadBack()
+        # Read once per pass, outside the rows' transactions (a refresh reads and writes the store).
+        delay_s = bot.lag.refresh_if_due() if bot.lag is not None else bot.platform.listing_delay_s
+        verify_s = bot.lag.verify_delay_s() if bot.lag is not None else delay_s
         for r in rows:
-            self._decide(bot, r, rb, now, res)
+            self._decide(bot, r, rb, now, delay_s, verify_s, res)
         res.by_platform[bot.platform.instance] += len(rows)
         metrics.sweep_pass(bot.platform.instance, res)
         log.info("replyd.sweep.passed", platform=bot.platform.instance, leased=res.leased, closed=res.closed,
                  not_landed=res.not_landed, gave_up=res.gave_up, left_open=res.left_open, duplicates=res.duplicates,
-                 verified=res.verified)
+                 verified=res.verified, reconciled=res.reconciled, waiting=res.waiting,
+                 verified_on_close=res.verified_on_close)
         return res
 
-    def _duplicates(self, conn, key: Key, r: Reply, mine: list, res: SweepResult) -> None:  # noqa: ANN001
-        """Record more than one own reply to one parent (the caller deletes newer ones if configured)."""
-        extra = [m.reply_id for m in mine[1:]]
+    def _duplicates(self, conn, key: Key, r: Reply, kept: str, newer: list[str], res: SweepResult) -> list[str]:  # noqa: ANN001
+        """Record own replies beyond the first to one parent; return the ids to delete (if configured)."""
+        if not newer:
+            return []
         self.store.add_event(conn, key, "duplicate_detected", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
-                             detail={"kept": mine[0].reply_id, "newer": extra, "action": self.on_duplicate})
-        res.duplicates += len(extra)
-        log.error("replyd.sweep.duplicate_detected", parent_id=r.parent_id, kept=mine[0].reply_id, newer=extra)
+                             detail={"kept": kept, "newer": newer, "action": self.on_duplicate})
+        res.duplicates += len(newer)
+        log.error("replyd.sweep.duplicate_detected", platform=key.platform, parent_id=r.parent_id, kept=kept,
+                  newer=newer)
+        return newer if self.on_duplicate == "delete_newer" else []
 
-    def _verify(self, conn, key: Key, r: Reply, mine: list, rb: ReadBack, now: float, res: SweepResult) -> None:  # noqa: ANN001
-        """One read-back after a retry's close: count a late first reply as a duplicate, then stop looking."""
+    def _verify(self, conn, bot: Bot, key: Key, r: Reply, mine: list, rb: ReadBack, now: float,  # noqa: ANN001
+                delay_s: float, res: SweepResult, basis: float | None = None) -> list[str]:
+        """A closed row: measure its reply's listing lag, then (once, after the delay in use) count duplicates.
+
+        ``basis``: when the last send that can have made an unseen reply started (default: the close).
+        """
+        assert bot.lag is not None
         lease = st.REPLIES.c.lease_owner == self.owner
-        if r.parent_id not in rb.checked and not mine:
+        checked = r.parent_id in rb.checked
+        if not checked and not mine:
             values = {"deadline_at": now + self.retry_s, "lease_owner": None, "lease_until": None}
             self.store.cas(conn, key, states=[st.CLOSED], attempt=r.attempt, values=values, extra_where=lease)
             res.left_open += 1
-            return
-        values = {"deadline_at": None, "lease_owner": None, "lease_until": None}
-        if len(mine) > 1 and self.on_duplicate == "delete_newer":
-            values["reply_id"] = mine[0].reply_id  # the newer ones are about to be deleted
-        if self.store.cas(conn, key, states=[st.CLOSED], attempt=r.attempt, values=values, extra_where=lease):
+            return []
+        events = self.store.reply_id_events(conn, key)
+        listed = [m.reply_id for m in mine]
+        own, closed_at = r.reply_id, r.closed_at if r.closed_at is not None else now
+        own_listed = own in listed
+        # A lag sample needs the send time: only a reply the guard closed the row with from the send's response.
+        if own and any(k == "closed" and d.get("reply_id") == own for k, _, d in events):
+            bot.lag.look(conn, r.sender_id, own, sent_at=closed_at, now=now, listed=own_listed)
+        known = _known_ids(events, own)
+        deleted = {d.get("reply_id") for k, _, d in events if k == "duplicate_deleted"}
+        every = [i for i in dict.fromkeys([*listed, *known]) if i and i not in deleted]
+        # Attempts whose send may have made a reply: fewer replies seen than that, one may still be unlisted.
+        sent = {a for k, a, _ in events if k in ("closed", "late_landing", "maybe_sent", "late_maybe_sent")}
+        unaccounted = len(every) + len(deleted) < len(sent)
+        due = (closed_at if basis is None else basis) + delay_s
+        give_up_at = closed_at + self.cfg.listing_delay_max_s
+        waiting_own = bool(own) and not own_listed and now < give_up_at
+        if now < due or waiting_own:
+            # Not yet: at the delay in use, and meanwhile every step until our own reply is listed (its lag).
+            nxt = (min(due, now + bot.lag.step_s()) if now < due else now + bot.lag.step_s()) if waiting_own else due
+            values = {"deadline_at": nxt, "lease_owner": None, "lease_until": None}
+            if self.store.cas(conn, key, states=[st.CLOSED], attempt=r.attempt, values=values, extra_where=lease):
+                res.waiting += 1
+            return []
+        reported = {i for k, _, d in events if k == "duplicate_detected" for i in [d.get("kept"), *d.get("newer", [])]}
+        kept = listed[0] if listed else own
+        newer = [i for i in every if i != kept and i not in reported]
+        # While an attempt's reply is unaccounted for, look again at doubling ages, up to ten times the delay
+        # (a reply that lists later than that is the reconciling looks' case; the feed read stays short).
+        horizon = closed_at + min(self.cfg.listing_delay_max_s, UNACCOUNTED_LOOKS * max(delay_s, bot.lag.step_s()))
+        nxt = (min(horizon, closed_at + 2 * max(now - closed_at, bot.lag.step_s()))
+               if unaccounted and now < horizon else None)
+        values = {"deadline_at": nxt, "lease_owner": None, "lease_until": None}
+        if newer and self.on_duplicate == "delete_newer" and kept and kept != own:
+            values["reply_id"] = kept  # the newer ones are about to be deleted
+        if not self.store.cas(conn, key, states=[st.CLOSED], attempt=r.attempt, values=values, extra_where=lease):
+            return []
+        if not any(k == "verified" and a == r.attempt for k, a, _ in events):
             self.store.add_event(conn, key, "verified", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
-                                 detail={"own_replies": len(mine)})
+                                 detail={"own_replies": len(listed), "known": len(every)})
             res.verified += 1
-            if len(mine) > 1:
-                self._duplicates(conn, key, r, mine, res)
+        else:
+            res.waiting += 1  # a later look for an unaccounted attempt's reply
+        return self._duplicates(conn, key, r, kept or "", newer, res)
 
-    def _decide(self, bot: Bot, r: Reply, rb: ReadBack, now: float, res: SweepResult) -> None:
+    def _next_look(self, judged_at: float, now: float, delay_s: float) -> float | None:
+        """When a ``not_landed`` / ``gave_up`` row judged at ``judged_at`` is looked at next (None: never)."""
+        for m in self.cfg.reconcile_after:
+            at = judged_at + min(m * delay_s, self.cfg.reconcile_max_s)
+            if at > now:
+                return at
+        return None
+
+    def _reconcile(self, conn, key: Key, r: Reply, mine: list, rb: ReadBack, now: float,  # noqa: ANN001
+                   delay_s: float, res: SweepResult) -> list[str]:
+        """A judged row's later look: an own reply found now closes it as ``reconciled``."""
+        lease = st.REPLIES.c.lease_owner == self.owner
+        if mine:
+            first = mine[0].reply_id
+            values = {"state": st.CLOSED, "reply_id": first, "closed_at": now, "updated_at": now, "error": None,
+                      "deadline_at": now + delay_s, "lease_owner": None, "lease_until": None}
+            # Re-find may have claimed a not_landed row meanwhile: then the state or attempt differs, nothing moves.
+            if not self.store.cas(conn, key, states=[r.state], attempt=r.attempt, values=values, extra_where=lease):
+                return []
+            self.store.add_event(conn, key, "reconciled", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
+                                 detail={"reply_id": first, "from": r.state, "judged_s": round(now - r.updated_at, 3)})
+            res.reconciled += 1
+            log.warning("replyd.sweep.reconciled", platform=key.platform, parent_id=r.parent_id, reply_id=first,
+                        previous=r.state)
+            return self._duplicates(conn, key, r, first, [m.reply_id for m in mine[1:]], res)
+        nxt = self._next_look(r.updated_at, now, delay_s) if r.parent_id in rb.checked else now + self.retry_s
+        values = {"deadline_at": nxt, "lease_owner": None, "lease_until": None}
+        if self.store.cas(conn, key, states=[r.state], attempt=r.attempt, values=values, extra_where=lease):
+            res.waiting += 1
+        return []
+
+    def _decide(self, bot: Bot, r: Reply, rb: ReadBack, now: float, delay_s: float, verify_s: float,
+                res: SweepResult) -> None:
         key = Key(r.platform, r.sender_id, r.parent_id)
         mine = rb.found.get(r.parent_id) or []
         lease = st.REPLIES.c.lease_owner == self.owner
+        delete: list[str] = []
         with self.store.tx(relaxed=True, doing="sweeping") as conn:
             if r.state == st.CLOSED:
-                self._verify(conn, key, r, mine, rb, now, res)
+                delete = self._verify(conn, bot, key, r, mine, rb, now, verify_s, res)
+            elif r.state in (st.NOT_LANDED, st.GAVE_UP):
+                delete = self._reconcile(conn, key, r, mine, rb, now, delay_s, res)
             elif mine:
                 first = mine[0]
+                # Closed under our lease, which the verification below releases: this read-back came after the
+                # delay in use since the attempt opened, so it verifies the close at once unless a reply is
+                # unaccounted for (the same batched read, no second look).
                 values = {"state": st.CLOSED, "reply_id": first.reply_id, "closed_at": now, "updated_at": now,
-                          "deadline_at": None, "lease_owner": None, "lease_until": None}
+                          "deadline_at": now + verify_s}
                 if self.store.cas(conn, key, states=[st.OPEN], attempt=r.attempt, values=values, extra_where=lease):
                     self.store.add_event(conn, key, "swept_found", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
                                          detail={"reply_id": first.reply_id})
                     res.closed += 1
-                if len(mine) > 1:
-                    self._duplicates(conn, key, r, mine, res)
+                    closed = r.model_copy(update={k: v for k, v in values.items() if k != "deadline_at"})
+                    waiting, verified = res.waiting, res.verified
+                    delete = self._verify(conn, bot, key, closed, mine, rb, now, verify_s, res,
+                                          basis=r.opened_at or r.created_at)
+                    res.waiting = waiting  # counted as closed
+                    res.verified_on_close += res.verified - verified
             elif r.parent_id in rb.checked:
                 to = st.NOT_LANDED if r.attempt < self.max_attempts else st.GAVE_UP
                 values = {"state": to, "updated_at": now, "lease_owner": None, "lease_until": None,
-                          "error": "no own reply found after the listing delay"}
+                          "error": "no own reply found after the listing delay",
+                          "deadline_at": self._next_look(now, now, delay_s)}
                 # Still past its deadline: a send still running (Guard.watch_sends) pushes it on meanwhile,
                 # and a row whose send may still land must not be judged.
                 still_due = sa.and_(lease, st.REPLIES.c.deadline_at <= now)
@@ -198,10 +307,18 @@ class Sweeper:
                 if self.store.cas(conn, key, states=[st.OPEN], attempt=r.attempt, values=values, extra_where=lease):
                     self.store.add_event(conn, key, "swept_unknown", state=st.OPEN, attempt=r.attempt, owner=self.owner)
                 res.left_open += 1
-        if len(mine) > 1 and self.on_duplicate == "delete_newer":
-            for extra in mine[1:]:
-                try:
-                    bot.platform.delete(extra.reply_id)
-                    self.store.record(key, "duplicate_deleted", owner=self.owner, detail={"reply_id": extra.reply_id})
-                except Exception as exc:
-                    log.error("replyd.sweep.delete_failed", parent_id=r.parent_id, reply_id=extra.reply_id, error=str(exc)[:300])
+        for extra in delete:
+            try:
+                bot.platform.delete(extra)
+                self.store.record(key, "duplicate_deleted", owner=self.owner, detail={"reply_id": extra})
+            except Exception as exc:
+                log.error("replyd.sweep.delete_failed", parent_id=r.parent_id, reply_id=extra, error=str(exc)[:300])
+
+
+def _known_ids(events: list[tuple[str, int | None, dict]], own: str | None) -> list[str]:
+    """Own reply ids the events name as really made (closes, late answers), the row's own first."""
+    ids = [own] if own else []
+    for kind, _, detail in events:
+        if kind in ("closed", "already_landed", "late_landing", "swept_found", "reconciled") and detail.get("reply_id"):
+            ids.append(detail["reply_id"])
+    return list(dict.fromkeys(ids))

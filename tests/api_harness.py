@@ -34,9 +34,13 @@ def write_config(
     host: str = "127.0.0.1",
     token_env: str | None = TOKEN_ENV,
     pollers: bool = False,
+    port: int = 0,
+    sweep_s: float = 3600,
+    extra: str = "",
     api_extra: str = "",
 ) -> Path:
-    """Write a daemon config for the sim: API on an ephemeral port, pollers off unless asked, a manual sweep."""
+    """Write a daemon config for the sim: API on an ephemeral port (or ``port``), pollers off unless asked, a
+    manual sweep (or one every ``sweep_s``), any ``extra`` TOML sections and ``api_extra`` [api] keys."""
     every = 0.3 if pollers else 0
     path.write_text(f"""
 [store]
@@ -50,13 +54,13 @@ level = "warning"
 send_timeout_s = 1.0
 
 [sweep]
-interval_s = 3600
+interval_s = {sweep_s}
 retry_s = 0.5
-
+{extra}
 [api]
 enabled = {"true" if api else "false"}
 host = "{host}"
-port = 0
+port = {port}
 token_env = "{token_env or ''}"
 refresh_s = 5
 {api_extra}

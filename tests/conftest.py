@@ -104,7 +104,7 @@ def pg_url() -> Iterator[str]:
 def _truncate(url: str) -> None:
     eng = sa.create_engine(url)
     with eng.begin() as c:
-        c.exec_driver_sql("TRUNCATE replies, events, cursors")
+        c.exec_driver_sql("TRUNCATE replies, events, cursors, listing_lag, listing_delay")
     eng.dispose()
 
 

@@ -12,15 +12,24 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.api_harness import BOT, running
 
 
+COUNTED = ("_total", "_count", "_sum", "_bucket")
+
+
 def scrape(h) -> dict[tuple[str, frozenset], float]:
-    """Return {(sample name, labels): value} from the API's /metrics."""
+    """Return {(sample name, labels): value} from the API's /metrics; counters as counted since the fixture began.
+
+    Counters are process-wide and labelled by bot name ("sim" in every test), so earlier tests' counts are
+    subtracted.
+    """
     with h.client() as c:
         r = c.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     out = {}
+    base = getattr(h, "baseline", {})
     for fam in text_string_to_metric_families(r.text):
         for s in fam.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
+            key = (s.name, frozenset(s.labels.items()))
+            out[key] = s.value - (base.get(key, 0.0) if s.name.endswith(COUNTED) else 0.0)
     return out
 
 
@@ -33,12 +42,13 @@ def value(samples, name: str, **labels: str) -> float:
 def h(tmp_path, monkeypatch):
     """A sim and a daemon serving the API."""
     with running(tmp_path, monkeypatch) as harness:
+        harness.baseline = scrape(harness)
         yield harness
 
 
 def test_metrics_count_a_real_run(h):
     """Sends, outcomes, rows by state, open rows and their age, platform errors, responder, sweep and duplicates."""
-    inst = h.instance
+    inst = "sim"  # the bot's name, never the URL
     post = lambda pid, text="thanks": h.client().post(  # noqa: E731
         "/v1/replies", json={"platform": "sim", "parent_id": pid, "text": text})
     p_ok, p_rej, p_lost, p_dup = h.parent(), h.parent(), h.parent(), h.parent()
@@ -101,10 +111,10 @@ def test_readback_errors_are_counted(h):
     h.world.queue_faults(next_creates=["lost_504"])
     assert h.client().post("/v1/replies", json={"platform": "sim", "parent_id": pid, "text": "x"}).status_code == 202
     time.sleep(1.5)
-    before = value(scrape(h), "replyd_sweep_rows_total", platform=h.instance, result="left_open")
+    before = value(scrape(h), "replyd_sweep_rows_total", platform="sim", result="left_open")
     h.world.configure(readback_error_rate=1.0)
     h.daemon.sweep_once()
     h.world.configure(readback_error_rate=0.0)
     m = scrape(h)
-    assert value(m, "replyd_sweep_rows_total", platform=h.instance, result="left_open") == before + 1
-    assert value(m, "replyd_open_rows", platform=h.instance) == 1
+    assert value(m, "replyd_sweep_rows_total", platform="sim", result="left_open") == before + 1
+    assert value(m, "replyd_open_rows", platform="sim") == 1

@@ -142,3 +142,32 @@ def test_status_lists_rows_waiting_past_their_bound(env):
     assert over[0]["over_s"] > 7000
     text = replyd("status", "--overdue-after-s", "60", env=env).stdout
     assert "p-stuck" in text and "past their bound" in text
+
+
+def test_status_json_shows_listing_delay_and_observed_lag(env):
+    """status --json: per platform instance, the configured delay, the delay in use and the observed lag."""
+    from replyd.clock import FakeClock
+    from replyd.config import SweepConfig
+    from replyd.lag import ListingLag
+    from replyd.sweep import Bot, Sweeper
+
+    clock = FakeClock()
+    store = Store.open(clock=clock)
+    plat = MemoryPlatform(instance="memory:cli", listing_delay_s=1.0, clock=clock)
+    plat.real_listing_delay_s = 3.0
+    cfg = SweepConfig(listing_delay_min_samples=5, listing_lag_refresh_s=0.5)
+    lag = ListingLag(store, plat.instance, 1.0, cfg, clock=clock)
+    g = Guard(store, plat, plat.whoami(), clock=clock, send_timeout_s=1.0, watch_interval_s=None, lag=lag)
+    sw = Sweeper(store, [Bot(plat, plat.whoami(), lag)], clock=clock, config=cfg)
+    for i in range(6):
+        g.post(plat.add_parent(f"p{i}"), "hello")
+    for _ in range(20):
+        clock.advance(0.5)
+        sw.run_once()
+    g.lag.refresh()
+    store.dispose()
+    r = replyd("status", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    [row] = json.loads(r.stdout)["listing"]
+    assert row["platform"] == "memory:cli" and row["configured_s"] == 1.0 and row["samples"] == 6
+    assert 2.0 <= row["observed_p99_s"] < 3.0 <= row["in_use_s"]

@@ -110,3 +110,27 @@ def test_daemon_on_postgres_takes_the_database_clock(pg_url, monkeypatch):
         assert isinstance(d2.clock, SystemClock)
     finally:
         d2.stop(grace_s=2)
+
+
+@pytest.mark.postgres
+def test_daemon_re_anchors_the_database_clock_after_a_reconnect(pg_url, monkeypatch):
+    """A new server connection (after a failover it is a new primary) re-anchors the clock at the next sweep tick."""
+    monkeypatch.setenv("REPLYD_STORE__URL", pg_url)
+    d = Daemon(Config.load(None))
+    d.start()
+    try:
+        assert isinstance(d.clock, DatabaseClock)
+        syncs = []
+        real_sync = d.clock.sync
+        monkeypatch.setattr(d.clock, "sync", lambda: (syncs.append(1), real_sync())[1])
+        d.sweep_once()
+        assert syncs == []  # no reconnect yet: the scheduled re-sync is enough
+        d.store.engine.dispose()  # every pooled connection gone, as after the primary died
+        d.store.dispose()
+        d.store.counts()  # the next query connects anew
+        d.sweep_once()
+        assert syncs == [1]
+        d.sweep_once()
+        assert syncs == [1]  # once per reconnect, not every tick
+    finally:
+        d.stop(grace_s=2)

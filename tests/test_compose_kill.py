@@ -35,7 +35,7 @@ print("thanks for asking")
 """
 
 
-def _config(path: Path, base_url: str, db: Path, calls: Path, script: Path) -> Path:
+def _config(path: Path, base_url: str, db: Path, calls: Path, script: Path, refind_s: float) -> Path:
     """A daemon config: search only (plus re-find), a slow command responder, a short compose lease."""
     argv = ", ".join(f'"{a}"' for a in (sys.executable, str(script), str(calls)))
     path.write_text(f"""
@@ -68,7 +68,7 @@ timeout_s = 2.0
 inbox_interval_s = 0.4
 search_interval_s = 0.3
 search_queries = ["widgets"]
-refind_interval_s = 0.7
+refind_interval_s = {refind_s}
 refind_lookback_s = 3600
 jitter_s = 0
 
@@ -98,8 +98,12 @@ def _wait(cond, timeout_s: float) -> bool:  # noqa: ANN001
 
 
 @pytest.mark.slow
-def test_sigkill_during_composition_every_search_hit_answered_once(tmp_path: Path) -> None:
-    """Three SIGKILLs of `replyd run` while it composes search hits: every parent ends with exactly one reply."""
+@pytest.mark.parametrize("refind_s", [0.7, 0.0], ids=["refind-on", "refind-off"])
+def test_sigkill_during_composition_every_search_hit_answered_once(tmp_path: Path, refind_s: float) -> None:
+    """Three SIGKILLs of `replyd run` while it composes search hits: every parent ends with exactly one reply.
+
+    With re-find switched off its re-offer of waiting rows still runs (at the sweep's pace).
+    """
     world = World(SystemClock(), seed=5, listing_delay_s=0.2)
     bot = world.add_account(BOT, bot=True)
     parents = [s.id for s in world.generate(4, target=BOT, mention_fraction=0.0, query_word="widgets")]
@@ -110,7 +114,7 @@ def test_sigkill_during_composition_every_search_hit_answered_once(tmp_path: Pat
     with SimServer(world) as srv:
         os.environ["SIM_TOKEN"] = bot.token
         try:
-            cfg = _config(tmp_path / "c.toml", srv.base_url, db, calls, script)
+            cfg = _config(tmp_path / "c.toml", srv.base_url, db, calls, script, refind_s)
             kills = 0
             proc = _start(cfg, log)
             try:

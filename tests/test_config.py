@@ -142,8 +142,40 @@ def test_policy_section_is_validated(tmp_path):
     """Policy keys are checked: a negative depth or an unknown rule is named with its key."""
     p = tmp_path / "c.toml"
     p.write_text('[[bots]]\nname = "b"\nplatform = "memory"\n[bots.policy]\nmax_depth = -1\n')
-    with pytest.raises(ConfigError, match=r"bots\.0\.policy\.max_depth"):
+    with pytest.raises(ConfigError, match=r"bots\.b\.policy\.max_depth"):
         Config.load(p)
     p.write_text('[[bots]]\nname = "b"\nplatform = "memory"\n[bots.policy]\nmax_replies = 3\n')
-    with pytest.raises(ConfigError, match=r"bots\.0\.policy\.max_replies: Extra inputs are not permitted"):
+    with pytest.raises(ConfigError, match=r"bots\.b\.policy\.max_replies: Extra inputs are not permitted \(known: [^)]*max_per_hour"):
+        Config.load(p)
+
+
+@pytest.mark.parametrize("var,hint", [
+    ("REPLYD_SWEP__INTERVAL_S", "REPLYD_SWEEP__INTERVAL_S"),
+    ("REPLYD_SWEEP_INTERVAL_S", "REPLYD_SWEEP__INTERVAL_S"),
+    ("REPLYD_STORE__URI", "REPLYD_STORE__URL"),
+    ("REPLYD_REPLICA_IDD", "REPLYD_REPLICA_ID"),
+    ("REPLYD_API__TOKEN", "REPLYD_API__TOKEN_ENV"),
+])
+def test_unknown_replyd_variable_is_an_error_with_a_suggestion(var, hint, monkeypatch):
+    """A REPLYD_* variable shaped like a setting but naming none is refused with the closest real one."""
+    monkeypatch.setenv(var, "5")
+    with pytest.raises(ConfigError, match=rf"environment variable {var} .*did you mean {hint}\?"):
+        Config.load(None)
+
+
+@pytest.mark.parametrize("var", ["REPLYD_API_TOKEN", "REPLYD_TEST_PG", "REPLYD_CONFIG", "REPLYD_STORE__URL"])
+def test_other_replyd_variables_pass(var, monkeypatch, tmp_path):
+    """Token variables, harness knobs and real settings are not mistaken for typos."""
+    monkeypatch.setenv(var, f"sqlite:///{tmp_path / 'x.sqlite3'}")
+    assert Config.load(None).source == "defaults"
+
+
+def test_a_variable_the_config_names_is_never_a_typo(tmp_path, monkeypatch):
+    """A REPLYD_* variable a *_env key names (a secret) passes, even when it looks like a near miss of a setting."""
+    p = tmp_path / "c.toml"
+    p.write_text('[api]\ntoken_env = "REPLYD_REPLICA_IDD"\n')
+    monkeypatch.setenv("REPLYD_REPLICA_IDD", "s3cret-value")
+    assert Config.load(p).api.token_env == "REPLYD_REPLICA_IDD"
+    p.write_text("")
+    with pytest.raises(ConfigError, match="REPLYD_REPLICA_IDD"):
         Config.load(p)

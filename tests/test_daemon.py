@@ -207,6 +207,11 @@ def test_sigterm_stops_claiming_and_exits_zero(sim, tmp_path):
     p.send_signal(signal.SIGTERM)
     assert p.wait(20) == 0
     assert "replyd.daemon.stopped" in log.read_text()
+    # Every guard line a poller's post logs says which bot and platform it is about.
+    import json
+
+    guard = [json.loads(ln) for ln in log.read_text().splitlines() if '"replyd.guard.' in ln]
+    assert guard and all(g.get("bot") == "sim" and g.get("platform") == f"mastodon:{srv.base_url}" for g in guard), guard[:3]
 
 
 def test_stop_blocks_new_claims(sim, tmp_path):

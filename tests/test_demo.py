@@ -33,3 +33,119 @@ def test_demo_json_replyd_zero_duplicates_where_delay_is_right(tmp_path):
     limit = rows["listing delay > configured, no Idempotency-Key"]
     assert not limit["listing_delay_ok"] and limit["replyd"]["duplicates"] > 0  # the measured limit, shown honestly
     assert rows["listing delay > configured, Idempotency-Key"]["replyd"]["duplicates"] == 0
+
+
+def test_piped_demo_prints_a_line_per_scenario_as_it_finishes(monkeypatch, capsys):
+    """Off a terminal the demo prints each scenario's line when that scenario finishes, before the next starts."""
+    from replyd import demo
+
+    seen_before_next: list[bool] = []
+
+    def fake_run_all(n, progress=None, done=None):
+        """Finish each scenario in turn, checking the previous one's line is already out."""
+        rows = []
+        for i, sc in enumerate(demo.SCENARIOS):
+            if i:
+                seen_before_next.append(demo.SCENARIOS[i - 1].name in capsys.readouterr().out)
+            rows.append({"name": sc.name, "listing_delay_ok": sc.listing_delay_ok, "parents": n,
+                         "naive": {"duplicates": i, "lost": 0, "replies": n},
+                         "replyd": {"duplicates": 0, "lost": 0, "retries": 0, "replies": n, "responder_calls": n,
+                                    "seconds": 0.1}})
+            if done:
+                done(rows[-1])
+        return rows
+
+    monkeypatch.setattr(demo, "run_all", fake_run_all)
+    # main() configures logging for the whole process (errors only): keep later tests' log capture intact.
+    monkeypatch.setattr(demo.rlog, "configure", lambda *a, **k: None)
+    assert demo.main(quick=True) == 0
+    assert seen_before_next == [True] * (len(demo.SCENARIOS) - 1)
+    tail = capsys.readouterr().out
+    assert f"[{len(demo.SCENARIOS)}/{len(demo.SCENARIOS)}] {demo.SCENARIOS[-1].name}: naive dup" in tail
+
+
+def _documented_commands() -> tuple[str, str, str]:
+    """The sim command, the replyd command and the seeding curl from config/demo.toml's header, as written."""
+    lines, cmds = [], []
+    for line in (ROOT / "config" / "demo.toml").read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        if line.startswith("#   "):
+            lines.append(line[4:].strip())
+    joined = " ".join(lines).replace("\\ ", "")
+    for start in ("python -m replyd.sim", "SIM_TOKEN=", "curl "):
+        i = joined.index(start)
+        ends = [joined.find(nxt, i + 1) for nxt in ("python -m replyd.sim", "SIM_TOKEN=", "curl ") if joined.find(nxt, i + 1) > i]
+        cmds.append(joined[i: min(ends) if ends else None].strip().rstrip("&").strip())
+    return cmds[0], cmds[1], cmds[2]
+
+
+@pytest.mark.slow
+def test_demo_toml_documented_commands_work(tmp_path):
+    """config/demo.toml's own commands (sim, daemon, seeding) work as written: the daemon logs in, serves a ready
+    API with the documented token variable, and answers the seeded question once (ports moved to free ones)."""
+    import shlex
+    import signal
+    import socket
+    import time
+
+    import httpx
+
+    sim_cmd, run_cmd, curl_cmd = _documented_commands()
+    free = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            free.append(s.getsockname()[1])
+    sim_port, api_port = free
+    cfg = tmp_path / "demo.toml"
+    cfg.write_text((ROOT / "config" / "demo.toml").read_text().replace("127.0.0.1:8790", f"127.0.0.1:{sim_port}")
+                   .replace("port = 8787", f"port = {api_port}"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_STATE_HOME": str(tmp_path / "state")}
+    sim_args = shlex.split(sim_cmd.replace("--port 8790", f"--port {sim_port}"))
+    assert sim_args[:3] == ["python", "-m", "replyd.sim"]
+    sim = subprocess.Popen([sys.executable, *sim_args[1:]], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           text=True, env=env, cwd=ROOT)
+    words = shlex.split(run_cmd)
+    assigns = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-"))
+    argv = [w for w in words if "=" not in w or w.startswith("-")]
+    assert argv[:2] == ["replyd", "run"]
+    daemon = None
+    try:
+        assert sim.stdout.readline().startswith("SIM_URL=")  # type: ignore[union-attr]
+        assert argv[2:] == ["--config", "config/demo.toml"]
+        daemon = subprocess.Popen([sys.executable, "-m", "replyd", "run", "--config", str(cfg)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                  env={**env, **assigns}, cwd=ROOT)
+        api = f"http://127.0.0.1:{api_port}"
+        auth = {"Authorization": f"Bearer {assigns['REPLYD_API_TOKEN']}"}  # the documented token guards the API
+        end = time.monotonic() + 60
+        ready = False
+        while time.monotonic() < end and daemon.poll() is None and not ready:
+            try:
+                ready = httpx.get(api + "/readyz", timeout=2, headers=auth).status_code == 200
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        assert ready, daemon.stderr.read() if daemon.poll() is not None else "not ready in 60 s"  # type: ignore[union-attr]
+        # The header's `replyd status --config …`: no platform token, the API token from the environment.
+        st = subprocess.run([sys.executable, "-m", "replyd", "status", "--json", "--config", str(cfg)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=60,
+                            env={**env, "REPLYD_API_TOKEN": assigns["REPLYD_API_TOKEN"]})
+        assert st.returncode == 0 and st.stderr == "", st.stderr
+        daemon_view = json.loads(st.stdout)["daemon"]
+        assert daemon_view["reachable"] and set(daemon_view["liveness"]["sim"]["paths"]) >= {"inbox", "sweep"}
+        curl = shlex.split(curl_cmd)
+        body = json.loads(curl[curl.index("-d") + 1])
+        parent = httpx.post(f"http://127.0.0.1:{sim_port}/_sim/posts", json=body, timeout=5).json()["id"]
+        sim_url = f"http://127.0.0.1:{sim_port}"
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not httpx.get(sim_url + "/_sim/report", timeout=5).json()["parents"].get(parent):
+            time.sleep(0.5)
+        report = httpx.get(sim_url + "/_sim/report", timeout=5).json()
+        assert sum(report["parents"].get(parent, {}).values()) == 1 and report["duplicates"] == 0, report
+    finally:
+        if daemon is not None:
+            daemon.send_signal(signal.SIGTERM)
+            assert daemon.wait(30) == 0
+        sim.terminate()
+        sim.wait(10)

@@ -32,7 +32,8 @@ SECTIONS = {
     "store": ["url", "auto_migrate"],
     "log": ["format", "level"],
     "guard": ["max_attempts", "send_timeout_s", "compose_lease_s", "dry_run"],
-    "sweep": ["interval_s", "batch", "lease_s", "retry_s", "on_duplicate"],
+    "sweep": ["interval_s", "batch", "lease_s", "retry_s", "on_duplicate", "listing_delay_auto", "listing_delay_max_s",
+              "reconcile_after"],
 }
 BOT_KEYS = ["name", "platform", "settings", "pollers", "policy", "responder"]
 POLLER_KEYS = ["inbox_interval_s", "search_interval_s", "search_queries", "refind_interval_s", "refind_lookback_s", "jitter_s"]
@@ -106,7 +107,7 @@ def test_any_document_loads_or_names_the_file(doc: str, tmp_path_factory, monkey
 
 @pytest.mark.parametrize("text,pattern", [
     ('[[bots]]\nname = "b"\nplatform = "memory"\n[bots.pollers]\ninbox_interval_s = "often"\n',
-     r"fuzz\.toml: bots\.0\.pollers\.inbox_interval_s: Input should be a valid number"),
+     r"fuzz\.toml: bots\.b\.pollers\.inbox_interval_s: Input should be a valid number"),
     ('[[bots]]\nplatform = "memory"\n', r"fuzz\.toml: bots\.0\.name: Field required"),
     ('[[bots]]\nname = "a b"\nplatform = "memory"\n', r"fuzz\.toml: bots\.0\.name: .*letters, digits"),
     ("bots = 3\n", r"fuzz\.toml: bots: Input should be a valid list"),

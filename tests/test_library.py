@@ -5,13 +5,14 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
-from replyd import GuardSession, open_guard
-from replyd.errors import ConfigError
-from replyd.guard import Status
+from replyd import GuardSession, library, open_guard
+from replyd.errors import ConfigError, LeaseLost
+from replyd.guard import Guard, Status
 from replyd.platforms.memory import MemoryPlatform
 from tests.api_harness import ROOT, running
 
@@ -87,3 +88,67 @@ def test_open_guard_with_an_adapter_instance_and_a_responder(tmp_path):
         open_guard(f"sqlite:///{tmp_path / 'r.sqlite3'}", plat, {"x": 1})
     with pytest.raises(ConfigError, match="NOPE_NOT_SET"):
         open_guard(f"sqlite:///{tmp_path / 'r.sqlite3'}", "mastodon", {"base_url": "http://x", "token_env": "NOPE_NOT_SET"})
+
+
+# -- compose leases (library.begin / library.finish), on SQLite and the real PostgreSQL -----------------
+
+
+def _leasing(store, clock, **kw):
+    """A guard with a 60 s compose lease over an in-memory platform."""
+    plat = MemoryPlatform(clock=clock, listing_delay_s=5.0)
+    return plat, Guard(store, plat, plat.whoami(), clock=clock, compose_lease_s=60.0, **kw)
+
+
+def test_lease_expires_on_the_clock_and_only_the_holder_posts(store, clock):
+    """A lease blocks others until it runs out; then the dead holder is refused and the new holder posts once."""
+    plat, guard = _leasing(store, clock)
+    parent = plat.add_parent("p1")
+    a = library.begin(guard, parent, owner="agent-a")
+    assert isinstance(a, library.Lease) and a.until == clock.now() + 60.0
+    blocked = library.begin(guard, parent, owner="agent-b")
+    assert not isinstance(blocked, library.Lease) and blocked.status is Status.IN_FLIGHT
+    clock.advance(61.0)
+    with pytest.raises(LeaseLost, match="expired 1.0 s ago"):
+        library.finish(guard, a, "late text")
+    b = library.begin(guard, parent, owner="agent-b")
+    assert isinstance(b, library.Lease) and b.attempt == a.attempt == 1  # an expired lease uses no attempt
+    with pytest.raises(LeaseLost, match="another holder is composing"):
+        library.finish(guard, a, "from the dead holder")
+    forged = library.Lease(b.key, "agent-a", b.attempt, b.until)  # the right key, the wrong holder
+    with pytest.raises(LeaseLost, match="not held any more"):
+        library.finish(guard, forged, "hijack")
+    done = library.finish(guard, b, "the answer")
+    assert done.status is Status.POSTED and plat.send_calls == 1 and plat.reply_count("p1") == 1
+    with pytest.raises(LeaseLost, match="already_answered"):
+        library.finish(guard, b, "twice")
+    answered = library.begin(guard, parent, owner="agent-c")
+    assert not isinstance(answered, library.Lease) and answered.status is Status.ALREADY_ANSWERED
+    kinds = [e.kind for e in store.history(guard.key("p1"))]
+    assert kinds == ["claimed", "claimed", "opened", "closed"], kinds
+    assert [e.owner for e in store.history(guard.key("p1"))][:3] == ["agent-a", "agent-b", "agent-b"]
+
+
+def test_dry_run_takes_no_lease(store, clock):
+    """In dry run begin claims nothing: no row, no event."""
+    plat, guard = _leasing(store, clock, dry_run=True)
+    got = library.begin(guard, plat.add_parent("p1"), owner="agent-a")
+    assert not isinstance(got, library.Lease) and got.status is Status.DRY_RUN
+    assert store.get(guard.key("p1")) is None and store.history(guard.key("p1")) == []
+
+
+def test_lease_holders_share_the_guard_send_watch(store, clock):
+    """Posting under many leases starts at most the guard's one send-watch thread, never one per holder."""
+    plat = MemoryPlatform(clock=clock, listing_delay_s=5.0)
+    guard = Guard(store, plat, plat.whoami(), clock=clock, compose_lease_s=60.0, watch_interval_s=30.0)
+
+    def watchers() -> int:
+        return sum(t.name == "replyd-send-watch" and t.is_alive() for t in threading.enumerate())
+
+    before = watchers()
+    try:
+        for i in range(5):
+            lease = library.begin(guard, plat.add_parent(f"p{i}"), owner=f"agent-{i}")
+            assert library.finish(guard, lease, "hi").status is Status.POSTED
+        assert watchers() - before == 1
+    finally:
+        guard.close()

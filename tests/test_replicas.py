@@ -33,8 +33,8 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 BOT = "replybot"
 PARENTS = 80
-DECISIONS = ("swept_found", "not_landed", "gave_up", "verified")  # the sweep's verdicts on one (row, attempt)
-CLOSES = ("closed", "already_landed", "swept_found")  # every way a row reaches closed
+DECISIONS = ("swept_found", "not_landed", "gave_up")  # the sweep's verdicts on one open (row, attempt)
+CLOSES = ("closed", "already_landed", "swept_found", "reconciled")  # every way a row reaches closed
 SWEEP_INTERVAL_S = 0.5
 SEND_TIMEOUT_S = 4.0  # the guard's bound on one send: twice the adapter's per-phase HTTP timeout
 LISTING_DELAY_S = 0.5  # configured; the sim lists a reply after 0.2 s
@@ -215,8 +215,10 @@ def test_three_replicas_sigkill_one_no_duplicates_sweep_shared(fresh_pg, tmp_pat
     leased = {rid: sum(p["leased"] for p in ps) for rid, ps in passes.items()}
     verified = Counter(o for _, _, k, o in events if k == "verified")  # the pass record does not count these
     # A leased row whose verdict did not commit: its lease was taken over or the row changed under it.
-    lost = {rid: sum(p["leased"] - p["closed"] - p["not_landed"] - p["gave_up"] - p["left_open"] for p in ps)
-            - verified[rid] for rid, ps in passes.items()}
+    # Rows looked at and given a later look (a close not yet verified, a judged row) are "waiting".
+    lost = {rid: sum(p["leased"] - p["closed"] - p["not_landed"] - p["gave_up"] - p["left_open"] - p["waiting"]
+                     - p["reconciled"] + p["verified_on_close"] for p in ps) - verified[rid]
+            for rid, ps in passes.items()}
     # Sends whose own outcome was recorded after their row's deadline: the sweep may already hold such a row,
     # and the guard's close then wins the row from under the sweep's lease (legitimately: one verdict only).
     opened = {(p, a): at for p, a, k, s, at in timed if k == "opened" or (k == "claimed" and s == st.OPEN)}
@@ -244,6 +246,8 @@ def test_three_replicas_sigkill_one_no_duplicates_sweep_shared(fresh_pg, tmp_pat
     assert all(closes[p] == 1 for p in parents), {p: closes[p] for p in parents if closes[p] != 1}
     # The sweep: at most one verdict per (row, attempt), and more than one replica gave verdicts.
     assert max(decisions.values()) == 1, [k for k, n in decisions.items() if n > 1]
+    verifications = Counter((p, a) for p, a, k, _ in events if k == "verified")  # every close verified once
+    assert max(verifications.values()) == 1, [k for k, n in verifications.items() if n > 1]
     assert sum(1 for _, _, k, _ in events if k == "swept_found") >= 1 and sum(1 for _, _, k, _ in events if k == "not_landed") >= 1
     assert len(sweep_by_owner) >= 2, sweep_by_owner
     # No row was read back by two replicas at once: every leased row's verdict committed for the replica that

@@ -161,6 +161,8 @@ def test_refind_reaches_a_fresh_row_behind_rows_the_policy_skips(store_url) -> N
         assert counts.get((plat.instance, st.SKIPPED)) == 50 and not counts.get((plat.instance, st.NOT_LANDED))
         old = store.peek(g.key("old-0"))
         assert old.error == "policy: too_old"
+        blocked = g.check("old-0")  # a retired row reports why, not "in flight"
+        assert blocked is not None and (blocked.status, blocked.detail) == (Status.SKIPPED, "too_old")
         assert [e.kind for e in store.history(g.key("old-0"))][-1] == "retired"
     finally:
         store.dispose()

@@ -43,7 +43,8 @@ import json
 import math
 import re
 import threading
-from collections.abc import Callable, Generator, Iterable, Mapping
+import time
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from html.parser import HTMLParser
@@ -256,6 +257,45 @@ def error_json(resp: httpx.Response) -> Any:
         return json.loads(resp.content)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
+
+
+def stream_events(
+    client: httpx.Client,
+    url: str,
+    *,
+    what: str,
+    stop: threading.Event,
+    secrets: Iterable[str] = (),
+    read_timeout_s: float = 90.0,
+    **kwargs: Any,
+) -> Iterator[Any]:
+    """Open a server-sent-events stream (GET) and yield its events (``httpx_sse.ServerSentEvent``) until ``stop``.
+
+    A stream is a read: every failure is ``DefinitelyNotSent`` (or ``RateLimited``), mapped like any read;
+    a refused stream (non-2xx) is read up to ``MAX_RESPONSE_BYTES`` and raised through ``raise_for_status``.
+    ``read_timeout_s`` bounds the silence between two events or heartbeats (servers send one every ~15 s).
+    The stream returning normally means the server closed it.
+    """
+    from httpx_sse import SSEError, connect_sse
+
+    secrets = tuple(secrets)
+    timeout = httpx.Timeout(read_timeout_s, connect=min(10.0, read_timeout_s))
+    try:
+        with connect_sse(client, "GET", url, timeout=timeout, **kwargs) as source:
+            resp = source.response
+            if not 200 <= resp.status_code < 300 or "text/event-stream" not in resp.headers.get("content-type", ""):
+                body = resp.read()[:MAX_RESPONSE_BYTES]
+                full = httpx.Response(resp.status_code, headers=resp.headers, content=body, request=resp.request)
+                raise_for_status(full, what=what, now=time.time, secrets=secrets)
+                raise BadResponse(f"{what}: HTTP {resp.status_code} is not an event stream")
+            for event in source.iter_sse():
+                if stop.is_set():
+                    return
+                yield event
+    except SSEError as exc:
+        raise BadResponse(redact(f"{what}: not an event stream ({exc})", secrets)) from None
+    except httpx.HTTPError as exc:
+        raise DefinitelyNotSent(redact(f"{what}: {type(exc).__name__}: {exc} (stream ended)", secrets)) from None
 
 
 def server_error_text(resp: httpx.Response) -> str:

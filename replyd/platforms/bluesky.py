@@ -587,6 +587,10 @@ class BlueskyPlatform:
 
     # --- Platform: identity and discovery ---------------------------------------------
 
+    def reply_url(self, reply_id: str, identity: Identity) -> str:
+        """Return the bsky.app page of one of the bot's replies (``reply_id`` is its at:// URI)."""
+        return _web_url(identity.handle or identity.sender_id, reply_id)
+
     def whoami(self) -> Identity:
         """Return the account's DID (the sender id) and handle, checking the session."""
         what = "whoami"

@@ -71,6 +71,7 @@ status decides, never the (localised) error text.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -712,6 +713,31 @@ class DiscoursePlatform:
         return Page(parents=found, cursor=newest)
 
     # resolve ---------------------------------------------------------------------------
+
+    # webhooks ---------------------------------------------------------------------------
+
+    def parse_webhook(self, event: str, payload: Any) -> list[Parent] | str:
+        """A ``post_created`` delivery's post, when it addresses the bot (a mention, or a reply to the bot).
+
+        Discourse sends every post of the forum to a webhook; the polled inbox only holds what notifies the
+        bot, so only those posts are parents here. The parent is the one the pollers build (the post id).
+        """
+        what = f"webhook {event or '(no event)'}"
+        if not isinstance(payload, dict):
+            raise BadResponse(f"{what}: body is not a JSON object")
+        if event != "post_created":
+            return f"{event or 'an unnamed event'} is not answered"
+        post = payload.get("post")
+        parent = self._post_parent(post, what)
+        me = self._identity()
+        if parent.author_id == me.sender_id:
+            return "the bot's own post"
+        name = me.handle or self._username()
+        reply_to = _http.field(post, "reply_to_user.username", what, default=None)
+        mentioned = bool(name) and re.search(rf"(?<![\w@])@{re.escape(name)}(?![\w-])", parent.text, re.IGNORECASE)
+        if not mentioned and (reply_to or "").lower() != name.lower():
+            return "post_created does not address the bot (no mention, not a reply to it)"
+        return [parent]
 
     def resolve(self, ref: str) -> Parent:
         """Turn a post id, a ``/p/{id}`` link or a ``/t/[slug/]{topic}/{number}`` URL into the parent."""

@@ -722,6 +722,24 @@ class GitHubPlatform:
 
     # resolve ----------------------------------------------------------------------------
 
+    # webhooks ---------------------------------------------------------------------------
+
+    def parse_webhook(self, event: str, payload: Any) -> list[Parent] | str:
+        """A delivery's parents: the issue of ``issues`` opened/reopened and of ``issue_comment`` created.
+
+        The delivery embeds the issue in its REST form, so the parent (its id as served) is the one the
+        pollers build; anything else is a reason not to answer (``ping``, edits, closes, other events).
+        """
+        what = f"webhook {event or '(no event)'}"
+        if not isinstance(payload, dict):
+            raise BadResponse(f"{what}: body is not a JSON object")
+        action = payload.get("action") if isinstance(payload.get("action"), str) else ""
+        if event == "issues" and action in ("opened", "reopened"):
+            return [self._issue_parent(payload.get("issue"), what)]
+        if event == "issue_comment" and action == "created":
+            return [self._issue_parent(payload.get("issue"), what)]
+        return f"{event or 'an unnamed event'}{'.' + action if action else ''} is not answered"
+
     def resolve(self, ref: str) -> Parent:
         """Turn ``owner/repo#n``, an issue/PR web URL or an API issue URL into the parent."""
         what = "resolve"

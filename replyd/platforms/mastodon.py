@@ -47,8 +47,10 @@ Ids are the strings Mastodon serves; they are only ever compared as
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit
 
@@ -87,6 +89,7 @@ _KNOWN_SETTINGS = frozenset(
         "kind",
         "allow_insecure_http",
         "base_url",
+        "streaming_url",
         "token",
         "listing_delay_s",
         "timeout_s",
@@ -143,8 +146,10 @@ class MastodonPlatform:
         max_pages: int = 5,
         readback_max_pages: int = 100,
         instance: str | None = None,
+        streaming_url: str | None = None,
     ) -> None:
         self._base_url = base_url.rstrip("/")
+        self._streaming_url = (streaming_url or base_url).rstrip("/")
         self._token = token
         self._auth = _http.BearerAuth(token)
         self._http = http
@@ -202,6 +207,8 @@ class MastodonPlatform:
             idempotency=_http.setting_flag(settings, "mastodon", "idempotency", True),
             visibility=visibility,
             mention_author=_http.setting_flag(settings, "mastodon", "mention_author", True),
+            streaming_url=(_http.setting_url(settings, "mastodon", "streaming_url")
+                           if settings.get("streaming_url") is not None else None),
             page_limit=_http.setting_int(settings, "mastodon", "page_limit", 40, 1, 80),
             max_pages=_http.setting_int(settings, "mastodon", "max_pages", 5, 1, 1000),
             readback_max_pages=_http.setting_int(settings, "mastodon", "readback_max_pages", 100, 1, 10_000),
@@ -314,6 +321,10 @@ class MastodonPlatform:
 
     # --- Platform -------------------------------------------------------------------
 
+    def reply_url(self, reply_id: str, identity: Identity) -> str:
+        """Return the status page of one of the bot's replies (``/@acct/id``), as Mastodon serves it."""
+        return f"{self._base_url}/@{identity.handle}/{reply_id}" if identity.handle else ""
+
     def whoami(self) -> Identity:
         """Return the account's stable id (as served) and its acct."""
         what = "whoami"
@@ -358,6 +369,10 @@ class MastodonPlatform:
                 break
             min_id = nxt
         parents = [p for _, p in sorted(found.values(), key=lambda t: id_order(t[0]))]
+        if newest is None:
+            # The first look found no notification at all: everything from now on is new. Without this mark
+            # the next poll would again read only the newest page and skip the rest of a burst.
+            newest = "0"
         return Page(parents=parents, cursor=newest)
 
     def _take_mention(
@@ -384,6 +399,29 @@ class MastodonPlatform:
         if parent is not None:
             found.setdefault(parent.id, (nid, parent))
         return nid
+
+    def stream(self, stop: threading.Event) -> Iterator[Parent]:
+        """Yield mentions as the server pushes them (``/api/v1/streaming/user/notification``, server-sent events).
+
+        Only what arrives while the stream is open: the inbox poll (the backstop) reads anything the stream
+        missed. Returns when the server closes the stream or ``stop`` is set; raises a ``PlatformError`` when
+        it cannot be opened or breaks (a read: nothing was sent).
+        """
+        what = "stream"
+        url = self._streaming_url + "/api/v1/streaming/user/notification"
+        for event in _http.stream_events(self._http, url, what=what, stop=stop, secrets=(self._token,),
+                                         auth=self._auth):
+            if event.event != "notification":
+                continue  # heartbeats arrive as comments; other event kinds are not mentions
+            try:
+                item = json.loads(event.data)
+            except (ValueError, RecursionError):
+                self._skipped(what, BadResponse(f"{what}: event data is not JSON"), None)
+                continue
+            found: dict[str, tuple[str, Parent]] = {}
+            self._take_mention(item, what, found, after=None)
+            for _nid, parent in found.values():
+                yield parent
 
     def search(self, query: str, cursor: str | None) -> Page:
         """Return statuses matching ``query`` newer than ``cursor`` (a status id), oldest first."""

@@ -13,14 +13,14 @@ import email.policy
 import html
 import json
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -335,6 +335,52 @@ def notifications(request: Request, world: World, viewer: Account) -> Response:
     return JSONResponse([notification_json(world, n) for n in page], headers=_link_header(request, [n.id for n in page]))
 
 
+def _stream_endpoint(world: World) -> Callable[[Request], Awaitable[Response]]:
+    """GET /api/v1/streaming/user/notification: server-sent events, one ``notification`` per new mention.
+
+    As Mastodon's streaming server: ``event: notification`` with the notification JSON as ``data``, a
+    ``:thump`` comment as heartbeat; only notifications made after the stream opened are sent (what a
+    stream misses while it is down, the inbox poll reads). ``World.cut_streams`` ends it.
+    """
+
+    async def endpoint(request: Request) -> Response:
+        """Authenticate, then stream."""
+        auth = request.headers.get("authorization", "")
+        token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        viewer = world.account_for_token(token) if token else None
+        if viewer is None:
+            return JSONResponse({"error": _INVALID_TOKEN}, status_code=401)
+        with world.lock:
+            if world.clock.now() < world.stream_refused_until:
+                return JSONResponse({"error": "streaming is down"}, status_code=503)
+            generation = world.stream_generation
+            seen = {n.id for n in world.notifications_for(viewer.id)}
+            world.streams_served += 1
+
+        async def events() -> AsyncIterator[bytes]:
+            idle = 0.0
+            yield b":)\n\n"
+            while True:
+                with world.lock:
+                    if world.stream_generation != generation:
+                        return
+                    new = [n for n in reversed(world.notifications_for(viewer.id)) if n.id not in seen]
+                    out = [notification_json(world, n) for n in new]
+                    seen.update(n.id for n in new)
+                for item in out:
+                    yield b"event: notification\ndata: " + json.dumps(item).encode() + b"\n\n"
+                    idle = 0.0
+                await asyncio.sleep(0.05)
+                idle += 0.05
+                if idle >= 10.0:
+                    idle = 0.0
+                    yield b":thump\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"cache-control": "no-store"})
+
+    return endpoint
+
+
 def search(request: Request, world: World, viewer: Account) -> Response:
     """GET /api/v2/search: substring match on status text, URL resolve when ``resolve`` is set."""
     qp = request.query_params
@@ -567,6 +613,7 @@ def build_app(world: World) -> ASGIApp:
     routes = [
         Route("/api/v1/accounts/verify_credentials", _api(world, verify_credentials)),
         Route("/api/v1/notifications", _api(world, notifications)),
+        Route("/api/v1/streaming/user/notification", _stream_endpoint(world)),
         Route("/api/v2/search", _api(world, search)),
         Route("/api/v1/statuses", _api(world, create_status), methods=["POST"]),
         Route("/api/v1/statuses/{id}", _api(world, get_status), methods=["GET"]),

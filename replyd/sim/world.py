@@ -222,6 +222,10 @@ class World:
         self.knobs = Knobs()
         self.statuses: dict[str, Status] = {}
         self.notifications: list[Notification] = []
+        # The notification stream: cut_streams() ends every open stream and refuses new ones for a while.
+        self.stream_generation = 0
+        self.stream_refused_until = 0.0
+        self.streams_served = 0
         self._by_account: dict[str, list[str]] = {}
         self._children: dict[str, list[str]] = {}
         self._idem: dict[tuple[str, str], tuple[str, float]] = {}
@@ -458,6 +462,13 @@ class World:
                 if self.can_see(s, viewer_id)
                 and not (exclude_replies and s.in_reply_to_id and s.in_reply_to_account_id != account_id)
             ]
+
+    def cut_streams(self, refuse_s: float = 0.0) -> None:
+        """Close every open notification stream; refuse new ones for ``refuse_s`` seconds (a streaming outage)."""
+        with self.lock:
+            self.stream_generation += 1
+            self.stream_refused_until = self.clock.now() + refuse_s
+            self.faults_injected["stream_cut"] += 1
 
     def notifications_for(self, account_id: str) -> list[Notification]:
         """Return the account's readable mention notifications, newest first."""

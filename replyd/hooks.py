@@ -1,0 +1,154 @@
+"""Webhook discovery: a platform pushes a delivery, replyd turns it into the same ``Parent`` a poller finds.
+
+A delivery is checked before anything else happens (its HMAC signature over the raw body, with the
+bot's secret from the environment), parsed by the bot's adapter into parents (the id as served, so the
+key is the one the pollers use), and offered to the bot's pipeline with path ``webhook`` in the
+background: the platform gets its answer at once (GitHub waits 10 s, Slack 3 s) and the post runs after.
+A delivery redelivered, delivered out of order or delivered to two replicas needs nothing here: the
+guard's key makes the second offer ``already_answered`` or ``in_flight``. Polling stays on as the
+backstop: a delivery that never arrives is found by the next poll.
+
+=================  ==========================================  ===============================
+kind               signature header (HMAC-SHA256 of the body)   event header / delivery id
+=================  ==========================================  ===============================
+``github``         ``X-Hub-Signature-256: sha256=<hex>``        ``X-GitHub-Event`` /
+                                                                ``X-GitHub-Delivery``
+``discourse``      ``X-Discourse-Event-Signature: sha256=<hex>`` ``X-Discourse-Event`` /
+                                                                ``X-Discourse-Event-Id``
+=================  ==========================================  ===============================
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import structlog
+
+from replyd import metrics
+from replyd.errors import ReplydError
+from replyd.platform import Parent
+
+log = structlog.get_logger("replyd.hooks")
+
+
+@runtime_checkable
+class WebhookSource(Protocol):
+    """An adapter that can read its platform's webhook deliveries (an optional feature)."""
+
+    def parse_webhook(self, event: str, payload: Any) -> list[Parent] | str:
+        """Return the parents a delivery of ``event`` names, or a short reason it names none to answer."""
+        ...
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Where one platform's deliveries carry their signature, event name and delivery id."""
+
+    signature: str
+    event: str
+    delivery: str
+
+
+KINDS: dict[str, Kind] = {
+    "github": Kind("x-hub-signature-256", "x-github-event", "x-github-delivery"),
+    "discourse": Kind("x-discourse-event-signature", "x-discourse-event", "x-discourse-event-id"),
+}
+
+
+def sign(secret: str, body: bytes) -> str:
+    """Return the ``sha256=<hex>`` signature of ``body`` under ``secret`` (what the platforms send)."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def verify(secret: str, body: bytes, header: str | None) -> bool:
+    """True when ``header`` is ``body``'s signature under ``secret`` (compared in constant time)."""
+    return bool(header) and hmac.compare_digest(sign(secret, body).encode(), header.strip().encode())  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the receiver tells the platform: an HTTP status and a small JSON body."""
+
+    status: int
+    body: dict[str, Any]
+
+
+@dataclass
+class Hook:
+    """One bot's webhook: its kind, its secret, its adapter and the pipeline the parents go to."""
+
+    bot: str
+    kind: str
+    secret: str
+    source: WebhookSource
+    offer: Any  # Callable[[Parent, str], Outcome]: the bot's Pipeline.offer
+    instance: str = ""
+
+
+class Receiver:
+    """Checks, parses and hands deliveries to the bots' pipelines in the background (two worker threads)."""
+
+    def __init__(self, hooks: Mapping[str, Hook], *, max_body_bytes: int = 1_048_576, workers: int = 2) -> None:
+        self.hooks = dict(hooks)
+        self.max_body_bytes = max_body_bytes
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="replyd-hook")
+
+    def receive(self, bot: str, headers: Mapping[str, str], body: bytes) -> Answer:
+        """Handle one delivery for ``bot``; never raises, never waits for a post."""
+        hook = self.hooks.get(bot)
+        if hook is None:
+            return Answer(404, {"error": "unknown_hook", "detail": f"no webhook is configured for bot {bot!r}"})
+        kind = KINDS[hook.kind]
+        delivery = (headers.get(kind.delivery) or "")[:100]
+        if not verify(hook.secret, body, headers.get(kind.signature)):
+            # Nothing is parsed, logged of the body, or offered for an unsigned or forged delivery.
+            log.warning("replyd.hooks.bad_signature", bot=bot, platform=hook.instance, delivery=delivery,
+                        signed=bool(headers.get(kind.signature)))
+            metrics.webhook(hook.instance, "bad_signature")
+            return Answer(401, {"error": "bad_signature",
+                                "detail": f"the {kind.signature} header does not sign this body with the bot's secret"})
+        event = (headers.get(kind.event) or "").strip()[:64]
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            metrics.webhook(hook.instance, "bad_body")
+            return Answer(400, {"error": "invalid_json", "detail": "body: not valid JSON"})
+        try:
+            found = hook.source.parse_webhook(event, payload)
+        except ReplydError as exc:
+            log.warning("replyd.hooks.unreadable", bot=bot, platform=hook.instance, delivery=delivery, hook_event=event,
+                        error=str(exc)[:300])
+            metrics.webhook(hook.instance, "unreadable")
+            return Answer(422, {"error": "unreadable_delivery", "detail": str(exc)[:300]})
+        if isinstance(found, str) or not found:
+            reason = found if isinstance(found, str) else "no parent in it"
+            log.info("replyd.hooks.ignored", bot=bot, platform=hook.instance, delivery=delivery, hook_event=event,
+                     reason=reason)
+            metrics.webhook(hook.instance, "ignored")
+            return Answer(202, {"accepted": 0, "ignored": reason})
+        for parent in found:
+            self._pool.submit(self._offer, hook, parent, delivery)
+        log.info("replyd.hooks.accepted", bot=bot, platform=hook.instance, delivery=delivery, hook_event=event,
+                 parents=[p.id for p in found])
+        metrics.webhook(hook.instance, "accepted")
+        return Answer(202, {"accepted": len(found), "parents": [p.id for p in found]})
+
+    @staticmethod
+    def _offer(hook: Hook, parent: Parent, delivery: str) -> None:
+        try:
+            out = hook.offer(parent, "webhook")
+            log.info("replyd.hooks.offered", bot=hook.bot, platform=hook.instance, delivery=delivery,
+                     parent_id=parent.id, status=out.status.value)
+        except Exception as exc:  # the poll backstop finds it again; a worker must not die
+            log.error("replyd.hooks.offer_failed", bot=hook.bot, platform=hook.instance, delivery=delivery,
+                      parent_id=parent.id, error=f"{type(exc).__name__}: {exc}"[:300])
+
+    def close(self, wait: bool = True) -> None:
+        """Stop taking deliveries; with ``wait``, let the offers under way finish."""
+        self._pool.shutdown(wait=wait, cancel_futures=not wait)

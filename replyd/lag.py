@@ -1,0 +1,183 @@
+"""The listing delay in use for one platform instance: configured, or learned from the observed listing lag.
+
+Every own reply whose send time replyd knows (the guard closed its row from the send's response) is a free
+measurement: the sweep looks for it in the batched own-feed read-back from the configured delay on, and
+records its age at the last look that did not list it (``lower_s``, a proven lag: 0 when the first look
+listed it) and at the first look that did (``upper_s``). Samples live in the store (``listing_lag``), so a
+restart keeps them and replicas share them.
+
+The delay in use is ``max(configured, factor x percentile(lower_s))``, at most ``listing_delay_max_s``
+(never below the configured value), once ``listing_delay_min_samples`` samples exist. The estimate runs on
+the lower bounds on purpose: a look at a delay the estimate itself chose always lists the reply, so an
+estimate built on upper bounds would feed on itself and grow to the cap; a lower bound is only ever raised
+by a reply that really was not listed yet.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from sqlalchemy.engine import Connection
+
+from replyd import metrics
+from replyd.clock import Clock, SystemClock
+from replyd.config import SweepConfig
+from replyd.errors import ReplydError
+from replyd.store import Store
+
+log = structlog.get_logger("replyd.lag")
+
+RETENTION_S = 7 * 86_400.0  # samples older than this are forgotten
+FAR_BELOW = 2.0  # a configured delay below observed / FAR_BELOW is a warning
+MIN_STEP_S = 0.5  # the finest resolution a lag is measured at (between two looks)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q``-th percentile (0 < q <= 100) of ``values``; 0.0 when there are none."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def effective_delay(configured_s: float, lower: Sequence[float], cfg: SweepConfig) -> float:
+    """The listing delay to use: the configured one until enough samples, then the learned one, capped."""
+    if not cfg.listing_delay_auto or len(lower) < cfg.listing_delay_min_samples:
+        return configured_s
+    learned = min(cfg.listing_delay_max_s, cfg.listing_delay_factor * percentile(lower, cfg.listing_delay_percentile))
+    return max(configured_s, learned)
+
+
+@dataclass(frozen=True)
+class LagSummary:
+    """What the operator sees of one platform instance's listing lag."""
+
+    platform: str
+    samples: int
+    p50_s: float
+    p99_s: float
+    upper_p99_s: float
+
+    @classmethod
+    def of(cls, platform: str, samples: Sequence[tuple[float, float]]) -> LagSummary:
+        """Summarise (lower_s, upper_s) samples."""
+        lower = [lo for lo, _ in samples]
+        return cls(platform, len(samples), round(percentile(lower, 50), 3), round(percentile(lower, 99), 3),
+                   round(percentile([hi for _, hi in samples], 99), 3))
+
+
+class ListingLag:
+    """The listing delay in use for one platform instance, refreshed from the shared samples."""
+
+    def __init__(self, store: Store, platform: str, configured_s: float, cfg: SweepConfig | None = None, *,
+                 clock: Clock | None = None, bot: str = "") -> None:
+        self.store = store
+        self.platform = platform
+        self.configured_s = float(configured_s)
+        self.cfg = cfg or SweepConfig()
+        self.clock = clock or store.clock or SystemClock()
+        self.bot = bot
+        self._in_use = self.configured_s
+        self._next_refresh = float("-inf")
+        self._refreshes = 0
+        self._warned = False
+        self._lock = threading.Lock()
+        self.summary = LagSummary(platform, 0, 0.0, 0.0, 0.0)
+
+    def delay_s(self) -> float:
+        """The listing delay in use now, as last refreshed (no I/O: the guard reads it on its hot path)."""
+        return self._in_use
+
+    def refresh_if_due(self) -> float:
+        """Refresh from the store when the last refresh is older than ``listing_lag_refresh_s`` (the sweep's job)."""
+        if self.clock.now() >= self._next_refresh:
+            return self.refresh()
+        return self._in_use
+
+    def verify_delay_s(self) -> float:
+        """When a close is verified: the delay in use, or what every sample so far suggests if longer.
+
+        Verifying late costs nothing but a later look, so it follows the observed lag even with
+        ``listing_delay_auto`` off and before the warm-up ends (capped like the delay in use).
+        """
+        in_use = self._in_use
+        learned = min(self.cfg.listing_delay_max_s, self.cfg.listing_delay_factor * self.summary.p99_s)
+        return max(in_use, learned)
+
+    def step_s(self) -> float:
+        """How long after a look that did not list a known reply the sweep looks again (the lag's resolution)."""
+        return min(self.cfg.retry_s, max(MIN_STEP_S, self.configured_s / 2))
+
+    def refresh(self) -> float:
+        """Recompute the delay in use from the newest samples; a store failure keeps the last value."""
+        if not self._lock.acquire(blocking=False):
+            return self._in_use  # another thread is refreshing: its value is as good
+        try:
+            now = self.clock.now()
+            self._next_refresh = now + self.cfg.listing_lag_refresh_s
+            try:
+                samples = self.store.lag_samples(self.platform, self.cfg.listing_lag_window)
+                if self._refreshes % 100 == 0:
+                    self.store.lag_prune(self.platform, now - RETENTION_S)
+            except ReplydError as exc:  # store failure or contention: keep what we have
+                log.warning("replyd.lag.refresh_failed", bot=self.bot, platform=self.platform, error=str(exc)[:200])
+                return self._in_use
+            self._refreshes += 1
+            self.summary = LagSummary.of(self.platform, samples)
+            new = effective_delay(self.configured_s, [lo for lo, _ in samples], self.cfg)
+            self._warn_if_short(len(samples))
+            old, self._in_use = self._in_use, new
+            if abs(new - old) > 0.05 * max(old, 1e-9) or self._refreshes == 1:
+                self._publish(old, new)
+            return new
+        finally:
+            self._lock.release()
+
+    def _publish(self, old: float, new: float) -> None:
+        """Log a change once and share it with the operator (``replyd status``) through the store."""
+        if new != old:
+            log.info("replyd.lag.delay_changed", bot=self.bot, platform=self.platform, old_s=round(old, 3),
+                     new_s=round(new, 3), configured_s=self.configured_s, p99_s=self.summary.p99_s,
+                     samples=self.summary.samples)
+        try:
+            self.store.set_listing_delay(self.platform, self.configured_s, new)
+        except ReplydError as exc:  # store failure or contention: keep what we have
+            log.warning("replyd.lag.save_failed", bot=self.bot, platform=self.platform, error=str(exc)[:200])
+
+    def _warn_if_short(self, n: int) -> None:
+        observed = self.summary.p99_s
+        if self._warned or n < self.cfg.listing_delay_min_samples or observed <= FAR_BELOW * self.configured_s:
+            return
+        self._warned = True
+        log.warning("replyd.lag.configured_short", bot=self.bot, platform=self.platform,
+                    configured_s=self.configured_s, observed_p99_s=observed,
+                    key=f"bots.{self.bot or '<name>'}.settings.listing_delay_s",
+                    hint="the platform lists replies much later than configured: raise the key"
+                    + ("" if self.cfg.listing_delay_auto else " (or set sweep.listing_delay_auto = true)"))
+
+    def look(self, conn: Connection, sender_id: str, reply_id: str, *, sent_at: float, now: float,
+             listed: bool) -> None:
+        """Record one read-back's look for an own reply sent at ``sent_at`` (inside the sweep's transaction)."""
+        age = max(0.0, now - sent_at)
+        if self.store.lag_look(conn, self.platform, sender_id, reply_id, sent_at=sent_at, age_s=age, listed=listed,
+                               now=now):
+            metrics.listing_lag(self.platform, age)
+
+
+def summaries(store: Store) -> list[dict[str, Any]]:
+    """Every platform instance's observed lag and delays, for ``replyd status``."""
+    delays = store.listing_delays()
+    out = []
+    for plat in sorted(set(delays) | set(store.lag_platforms())):
+        s = LagSummary.of(plat, store.lag_samples(plat, SweepConfig().listing_lag_window))
+        d = delays.get(plat)
+        out.append({"platform": plat, "configured_s": d.configured_s if d else None,
+                    "in_use_s": d.in_use_s if d else None, "samples": s.samples, "observed_p50_s": s.p50_s,
+                    "observed_p99_s": s.p99_s, "listed_p99_s": s.upper_p99_s})
+    return out

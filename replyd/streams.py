@@ -1,0 +1,105 @@
+"""Stream discovery: a held connection on which the platform pushes mentions (Mastodon's notification stream).
+
+One thread per streaming bot reads the adapter's stream and offers each parent to the bot's pipeline with
+path ``stream``: the same ``Parent`` the inbox poll builds, so the same key. A stream is a latency win,
+never a second guard and never the only path: each time it (re)connects, the inbox poll runs once at
+once (what arrived while it was down is read there), and the poll keeps running as the backstop. A
+broken stream reconnects after a doubling back-off (1 s up to ``max_backoff_s``, with jitter), reset by
+the first event that arrives.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import structlog
+
+from replyd.errors import PlatformError
+from replyd.platform import Parent
+
+if TYPE_CHECKING:
+    from replyd.guard import Outcome
+
+log = structlog.get_logger("replyd.streams")
+
+
+@runtime_checkable
+class StreamSource(Protocol):
+    """An adapter that can hold its platform's push stream open (an optional feature)."""
+
+    instance: str
+
+    def stream(self, stop: threading.Event) -> Iterator[Parent]:
+        """Yield parents as the platform pushes them, until the stream ends or ``stop`` is set."""
+        ...
+
+
+class StreamRunner:
+    """Keeps one bot's stream open on a thread of its own and feeds its parents to the pipeline."""
+
+    def __init__(
+        self,
+        bot: str,
+        source: StreamSource,
+        offer: Callable[[Parent, str], Outcome],
+        catch_up: Callable[[], None],
+        *,
+        max_backoff_s: float = 60.0,
+    ) -> None:
+        self.bot = bot
+        self.source = source
+        self.offer = offer
+        self.catch_up = catch_up  # the inbox poll: reads what the stream missed while it was down
+        self.max_backoff_s = max_backoff_s
+        self.stop_event = threading.Event()
+        self.connects = 0
+        self.offered = 0
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> StreamRunner:
+        """Start the stream thread (a daemon thread: a stuck read never blocks exit)."""
+        self._thread = threading.Thread(target=self._run, name=f"replyd-stream-{self.bot}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Ask the thread to stop; it ends at the next event, heartbeat or read timeout."""
+        self.stop_event.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        backoff_s = 1.0
+        platform = self.source.instance
+        while not self.stop_event.is_set():
+            self.connects += 1
+            try:
+                log.info("replyd.streams.connecting", bot=self.bot, platform=platform, attempt=self.connects)
+                self.catch_up()
+                for parent in self.source.stream(self.stop_event):
+                    backoff_s = 1.0  # the stream works: a later break starts the back-off afresh
+                    self._offer(parent)
+                if self.stop_event.is_set():
+                    return
+                log.warning("replyd.streams.closed", bot=self.bot, platform=platform)
+            except PlatformError as exc:
+                log.warning("replyd.streams.failed", bot=self.bot, platform=platform, error=str(exc)[:300],
+                            retry_in_s=round(backoff_s, 1))
+            except Exception as exc:  # an adapter bug must not end push discovery for good
+                log.error("replyd.streams.crashed", bot=self.bot, platform=platform,
+                          error=f"{type(exc).__name__}: {exc}"[:300], retry_in_s=round(backoff_s, 1))
+            self.stop_event.wait(backoff_s * random.uniform(0.8, 1.2))
+            backoff_s = min(self.max_backoff_s, backoff_s * 2)
+
+    def _offer(self, parent: Parent) -> None:
+        try:
+            out = self.offer(parent, "stream")
+            self.offered += 1
+            log.info("replyd.streams.offered", bot=self.bot, platform=self.source.instance, parent_id=parent.id,
+                     status=out.status.value)
+        except Exception as exc:  # the poll backstop finds it again
+            log.error("replyd.streams.offer_failed", bot=self.bot, platform=self.source.instance,
+                      parent_id=parent.id, error=f"{type(exc).__name__}: {exc}"[:300])

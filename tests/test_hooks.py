@@ -1,0 +1,354 @@
+"""Webhook discovery (GitHub): signed deliveries feed the one pipeline; redeliveries and replicas answer once.
+
+Deliveries are built from GitHub's published example payloads (tests/fixtures/webhooks, octokit/webhooks,
+MIT) with the issue object replaced by the fake GitHub's own REST form of a real issue it holds, signed
+as GitHub signs them, and POSTed over real HTTP to the daemon's API. Replies are counted by the fake.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from replyd.clock import FakeClock
+from replyd.config import Config
+from replyd.daemon import Daemon
+from replyd.hooks import sign, verify
+from replyd.platforms.github import GitHubPlatform
+from tests.fakes_forum import FakeGitHub, FakeHost
+from tests.test_daemon import wait_until as _wait
+
+ROOT = Path(__file__).resolve().parents[1]
+PAYLOADS = Path(__file__).parent / "fixtures" / "webhooks" / "github"
+SECRET = "whsec-0123456789abcdef-test-secret"
+
+
+def payload(name: str) -> dict[str, Any]:
+    """One of GitHub's example deliveries, as published."""
+    return json.loads((PAYLOADS / f"{name}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def host():
+    """One fake-GitHub server for the module."""
+    with FakeHost() as h:
+        yield h
+
+
+@pytest.fixture
+def fake(host):
+    """A fresh fake GitHub with acme/widgets and a human, installed on the shared server."""
+    f = FakeGitHub(FakeClock(time.time()))
+    f.add_repo("acme/widgets")
+    host.fake = f
+    yield f
+    host.fake = None
+
+
+def delivery(fake: FakeGitHub, event: str, issue, *, n: int = 0) -> tuple[dict[str, str], bytes]:  # noqa: ANN001
+    """Headers and body of a signed delivery of ``event`` about ``issue`` (GitHub's example, our issue)."""
+    body = copy.deepcopy(payload("issues.opened" if event == "issues" else "issue_comment.created"))
+    body["issue"] = fake._issue_json(issue)
+    raw = json.dumps(body).encode()
+    return {"X-GitHub-Event": event, "X-GitHub-Delivery": f"d-{issue.id}-{n}", "X-Hub-Signature-256": sign(SECRET, raw),
+            "Content-Type": "application/json"}, raw
+
+
+# -- parsing and signatures ----------------------------------------------------------------------
+
+
+def test_published_deliveries_parse_to_the_pollers_parent(http_client=None) -> None:
+    """issues.opened and issue_comment.created name the issue (id as served, repo in extra); ping names none."""
+    with httpx.Client() as http:
+        plat = GitHubPlatform.from_settings({"token": "t", "api_url": "https://api.github.com"}, http=http,
+                                            clock=FakeClock())
+        opened = payload("issues.opened")
+        [p] = plat.parse_webhook("issues", opened)
+        assert p.id == str(opened["issue"]["id"]) and p.extra["number"] == opened["issue"]["number"]
+        comment = payload("issue_comment.created")
+        [q] = plat.parse_webhook("issue_comment", comment)
+        assert (q.id, q.extra["owner"], q.extra["repo"]) == ("444500041", "Codertocat", "Hello-World")
+        assert plat.parse_webhook("ping", payload("ping")) == "ping is not answered"
+        edited = {**comment, "action": "edited"}
+        assert plat.parse_webhook("issue_comment", edited) == "issue_comment.edited is not answered"
+
+
+def test_signature_is_checked_on_the_exact_body() -> None:
+    """The sha256 HMAC of the raw body under the secret, nothing else, verifies."""
+    body = b'{"action":"opened"}'
+    good = sign(SECRET, body)
+    assert verify(SECRET, body, good)
+    assert not verify(SECRET, body + b" ", good)  # same signature, other body
+    assert not verify("another-secret-0123456789", body, good)
+    assert not verify(SECRET, body, None) and not verify(SECRET, body, "") and not verify(SECRET, body, "sha1=abc")
+
+
+# -- the daemon's receiver over HTTP ---------------------------------------------------------------
+
+
+def _config(tmp_path: Path, host: FakeHost, store_url: str, *, port: int = 0, poll_s: float = 0) -> Path:
+    cfg = tmp_path / "hooks.toml"
+    cfg.write_text(f"""
+[store]
+url = "{store_url}"
+
+[log]
+format = "json"
+level = "info"
+
+[api]
+enabled = true
+port = {port}
+
+[guard]
+send_timeout_s = 5.0
+
+[sweep]
+interval_s = 0.5
+
+[[bots]]
+name = "gh"
+platform = "github"
+
+[bots.settings]
+api_url = "{host.url}"
+token_env = "GH_TEST_TOKEN"
+notifications = false
+repos = ["acme/widgets"]
+listing_delay_s = 0.5
+
+[bots.pollers]
+inbox_interval_s = {poll_s}
+refind_interval_s = 0
+
+[bots.push]
+kind = "github"
+secret_env = "GH_HOOK_SECRET"
+
+[bots.responder]
+kind = "template"
+""")
+    os.chmod(cfg, 0o600)
+    return cfg
+
+
+@pytest.fixture
+def env(monkeypatch):
+    """The token and the webhook secret in the environment, as a deployment would set them."""
+    monkeypatch.setenv("GH_TEST_TOKEN", FakeGitHub.TOKEN)
+    monkeypatch.setenv("GH_HOOK_SECRET", SECRET)
+
+
+def test_each_delivery_three_times_shuffled_answers_each_issue_once(fake, host, env, tmp_path) -> None:
+    """Six issues, both event kinds, every delivery sent three times in random order, the backstop poll reading
+    the same repository meanwhile: one comment per issue (a webhook's parent has the poller's key)."""
+    alice = fake.add_user("alice")
+    issues = [fake.open_issue(alice, "acme/widgets", f"Widget {i} broke", "help please") for i in range(6)]
+    d = Daemon(Config.load(_config(tmp_path, host, f"sqlite:///{tmp_path / 'r.sqlite3'}", poll_s=0.2)))
+    d.start()
+    try:
+        url = f"{d.api.url}/v1/hooks/gh"
+        sends = [delivery(fake, "issues" if i % 2 else "issue_comment", issue, n=k)
+                 for i, issue in enumerate(issues) for k in range(3)]
+        random.Random(7).shuffle(sends)
+        with httpx.Client(timeout=5.0) as http:
+            t0 = time.monotonic()
+            codes = [http.post(url, headers=h, content=b).status_code for h, b in sends]
+            ack_s = (time.monotonic() - t0) / len(sends)
+        assert codes == [202] * len(sends)
+        assert _wait(lambda: all(fake.replies(i) for i in issues))
+        time.sleep(1.0)  # every queued offer has run: nothing may answer again
+    finally:
+        d.stop(grace_s=5)
+    assert [len(fake.replies(i)) for i in issues] == [1] * len(issues)
+    assert fake.create_requests == len(issues)
+    assert ack_s < 1.0, f"deliveries were acknowledged in {ack_s:.2f} s on average (GitHub waits 10 s)"
+
+
+def test_forged_unsigned_replayed_oversize_deliveries_post_nothing(fake, host, env, tmp_path, capfd) -> None:
+    """Bad deliveries get 401 / 413 / 400 and post nothing; ping is accepted and ignored; the secret is never shown."""
+    alice = fake.add_user("alice")
+    issue = fake.open_issue(alice, "acme/widgets", "Widget broke", "help please")
+    d = Daemon(Config.load(_config(tmp_path, host, f"sqlite:///{tmp_path / 'r.sqlite3'}")))
+    d.start()
+    try:
+        url = f"{d.api.url}/v1/hooks/gh"
+        headers, body = delivery(fake, "issues", issue)
+        other = copy.deepcopy(json.loads(body))
+        other["issue"]["title"] = "Something else entirely"
+        forged = {**headers, "X-Hub-Signature-256": sign("not-the-secret-0123456789", body)}
+        unsigned = {k: v for k, v in headers.items() if k != "X-Hub-Signature-256"}
+        with httpx.Client(timeout=5.0) as http:
+            assert http.post(url, headers=forged, content=body).status_code == 401
+            assert http.post(url, headers=unsigned, content=body).status_code == 401
+            replayed = http.post(url, headers=headers, content=json.dumps(other).encode())  # signature of another body
+            assert replayed.status_code == 401 and replayed.json()["error"] == "bad_signature"
+            big = b"{" + b" " * (2 * 1024 * 1024) + b"}"
+            assert http.post(url, headers={**headers, "X-Hub-Signature-256": sign(SECRET, big)},
+                             content=big).status_code == 413
+            ping = json.dumps(payload("ping")).encode()
+            r = http.post(url, headers={**headers, "X-GitHub-Event": "ping", "X-Hub-Signature-256": sign(SECRET, ping)},
+                          content=ping)
+            assert r.status_code == 202 and r.json() == {"accepted": 0, "ignored": "ping is not answered"}
+            assert http.post(f"{d.api.url}/v1/hooks/nobody", headers=headers, content=body).status_code == 404
+            garbage = b"not json"
+            assert http.post(url, headers={**headers, "X-Hub-Signature-256": sign(SECRET, garbage)},
+                             content=garbage).status_code == 400
+        time.sleep(1.0)
+    finally:
+        d.stop(grace_s=5)
+    assert fake.create_requests == 0 and not fake.replies(issue)
+    out, err = capfd.readouterr()
+    assert SECRET not in out + err
+    assert "replyd.hooks.bad_signature" in out + err
+
+
+def test_push_without_the_api_or_the_secret_does_not_start(fake, host, env, tmp_path, monkeypatch) -> None:
+    """A push bot needs the API to receive on and a secret of 16+ characters: one clear error, nothing started."""
+    from replyd.errors import ConfigError
+
+    cfg_path = _config(tmp_path, host, f"sqlite:///{tmp_path / 'r.sqlite3'}")
+    monkeypatch.setenv("GH_HOOK_SECRET", "short")
+    with pytest.raises(ConfigError, match="GH_HOOK_SECRET.*shorter than 16"):
+        Daemon(Config.load(cfg_path)).start()
+    monkeypatch.setenv("GH_HOOK_SECRET", SECRET)
+    cfg_path.write_text(cfg_path.read_text().replace("enabled = true", "enabled = false"))
+    with pytest.raises(ConfigError, match="push webhooks arrive through the API"):
+        Daemon(Config.load(cfg_path)).start()
+
+
+# -- two replicas on PostgreSQL, real processes ---------------------------------------------------
+
+COUNTING_RESPONDER = """
+import json, sys
+p = json.load(sys.stdin)
+with open(sys.argv[1], "a") as f:
+    f.write(p["id"] + "\\n")
+print("thanks, we are on it")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_two_replicas_every_delivery_three_times_one_reply_one_call(fake, host, env, tmp_path, pg_url) -> None:
+    """Two `replyd run` processes on one PostgreSQL; every delivery sent 3× to random replicas: 1 reply, 1 call."""
+    import sqlalchemy as sa
+
+    eng = sa.create_engine(pg_url)
+    with eng.begin() as c:
+        c.exec_driver_sql("TRUNCATE replies, events, cursors")
+    eng.dispose()
+    alice = fake.add_user("alice")
+    issues = [fake.open_issue(alice, "acme/widgets", f"Widget {i} broke", "help please") for i in range(10)]
+    calls, script = tmp_path / "calls.txt", tmp_path / "responder.py"
+    script.write_text(COUNTING_RESPONDER)
+    calls.touch()
+    procs, ports = [], []
+    for rid in ("a", "b"):
+        port = _free_port()
+        cfg = _config(tmp_path / rid if (tmp_path / rid).mkdir() is None else tmp_path / rid, host, pg_url, port=port)
+        cfg.write_text(cfg.read_text().replace('kind = "template"', f'kind = "command"\ncommand = ["{sys.executable}", '
+                                               f'"{script}", "{calls}"]'))
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "REPLYD_REPLICA_ID": rid}
+        procs.append(subprocess.Popen([sys.executable, "-m", "replyd", "run", "--config", str(cfg), "--grace-s", "5"],
+                                      env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                      stderr=(tmp_path / f"{rid}.log").open("wb")))
+        ports.append(port)
+    try:
+        with httpx.Client(timeout=5.0) as http:
+            assert _wait(lambda: all(_up(http, p) for p in ports), 30), (tmp_path / "a.log").read_text()[-2000:]
+            sends = [delivery(fake, "issues" if i % 2 else "issue_comment", issue, n=k)
+                     for i, issue in enumerate(issues) for k in range(3)]
+            rng = random.Random(11)
+            rng.shuffle(sends)
+            codes = [http.post(f"http://127.0.0.1:{rng.choice(ports)}/v1/hooks/gh", headers=h, content=b).status_code
+                     for h, b in sends]
+        assert codes == [202] * len(sends)
+        assert _wait(lambda: all(fake.replies(i) for i in issues), 30)
+        time.sleep(1.5)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(20)
+    assert [len(fake.replies(i)) for i in issues] == [1] * len(issues)
+    made = Counter(calls.read_text().split())
+    assert sorted(made) == sorted(str(i.id) for i in issues) and set(made.values()) == {1}, made
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _up(http: httpx.Client, port: int) -> bool:
+    try:
+        return http.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+# -- Discourse ------------------------------------------------------------------------------------
+
+
+def _discourse() -> Any:
+    """A Discourse adapter whose bot is ``replybot`` (id 7), as whoami would have found it."""
+    from replyd.platform import Identity
+    from replyd.platforms.discourse import DiscoursePlatform
+
+    plat = DiscoursePlatform.from_settings({"base_url": "https://forum.example", "api_key": "k" * 32,
+                                            "api_username": "replybot"}, http=httpx.Client(), clock=FakeClock())
+    plat._me = Identity("7", "replybot")  # what whoami caches at start
+    return plat
+
+
+def _post(**kw: Any) -> dict[str, Any]:
+    """A recorded Discourse post (discourse_api, MIT: shared fixtures) with ``kw`` over it, as a webhook carries it."""
+    from tests.fixtures_server import fixtures_dir
+
+    post = json.loads((fixtures_dir("discourse") / "post_created.json").read_text())
+    post.update(kw)
+    return {"post": post}
+
+
+def test_discourse_post_created_addressing_the_bot_is_a_parent() -> None:
+    """A mention or a reply to the bot is the pollers' parent (post id as served); other posts are not answered."""
+    plat = _discourse()
+    [p] = plat.parse_webhook("post_created", _post(raw="hey @replybot, any idea?", user_id=12))
+    assert (p.id, p.extra["topic_id"], p.extra["post_number"]) == ("29", 21, 1)
+    reply = _post(raw="thanks", user_id=12, reply_to_post_number=3, reply_to_user={"username": "ReplyBot"})
+    assert [q.id for q in plat.parse_webhook("post_created", reply)] == ["29"]
+    assert plat.parse_webhook("post_created", _post(raw="hey @replybotter and @someone", user_id=12)).startswith(
+        "post_created does not address the bot")
+    assert plat.parse_webhook("post_created", _post(raw="@replybot note to self", user_id=7)) == "the bot's own post"
+    assert plat.parse_webhook("topic_created", {"topic": {}}) == "topic_created is not answered"
+
+
+def test_discourse_signature_header_is_the_one_checked() -> None:
+    """A Discourse delivery is verified on X-Discourse-Event-Signature (sha256=, HMAC of the raw body)."""
+    from replyd.hooks import KINDS, Hook, Receiver
+
+    plat = _discourse()
+    offered: list[str] = []
+    rec = Receiver({"d": Hook("d", "discourse", SECRET, plat, lambda p, path: offered.append(p.id))})
+    body = json.dumps(_post(raw="@replybot help", user_id=12)).encode()
+    head = {KINDS["discourse"].event: "post_created", KINDS["discourse"].delivery: "1"}
+    assert rec.receive("d", {**head, "x-hub-signature-256": sign(SECRET, body)}, body).status == 401
+    ok = rec.receive("d", {**head, KINDS["discourse"].signature: sign(SECRET, body)}, body)
+    rec.close(wait=True)
+    assert (ok.status, ok.body["parents"], offered) == (202, ["29"], ["29"])

@@ -1,0 +1,126 @@
+"""The listing delay estimator (replyd.lag) on the injected clock: samples, percentile, cap, persistence."""
+
+from __future__ import annotations
+
+import pytest
+import structlog.testing
+
+from replyd.config import SweepConfig
+from replyd.guard import Guard, Status
+from replyd.lag import ListingLag, effective_delay, percentile, summaries
+from replyd.platforms.memory import MemoryPlatform
+from replyd.store import Store
+from replyd.sweep import Bot, Sweeper
+
+
+def cfg(**kw) -> SweepConfig:
+    """Sweep settings with a small warm-up for short tests."""
+    return SweepConfig(**{"listing_delay_min_samples": 5, "listing_lag_refresh_s": 1.0, **kw})
+
+
+def test_percentile_is_nearest_rank():
+    """Nearest rank over the sorted values; empty is 0."""
+    assert percentile([], 99) == 0.0
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([float(i) for i in range(1, 101)], 99) == 99.0
+    assert percentile([5.0], 1) == 5.0
+
+
+def test_effective_delay_rules():
+    """Configured until enough samples; then max(configured, factor x percentile), capped, never below configured."""
+    c = cfg(listing_delay_factor=2.0, listing_delay_max_s=20.0)
+    assert effective_delay(3.0, [6.0] * 4, c) == 3.0  # warm-up: 4 < 5 samples
+    assert effective_delay(3.0, [6.0] * 5, c) == 12.0
+    assert effective_delay(3.0, [0.0] * 50, c) == 3.0  # a fast platform never lowers the configured delay
+    assert effective_delay(3.0, [60.0] * 50, c) == 20.0  # capped
+    assert effective_delay(30.0, [60.0] * 50, c) == 30.0  # the cap never goes below the configured value
+    assert effective_delay(3.0, [6.0] * 50, cfg(listing_delay_auto=False)) == 3.0  # today's behaviour
+
+
+def _run(store, clock, real_s: float, configured_s: float, n: int, c: SweepConfig):
+    """Post ``n`` parents one at a time through the guard and sweep every half second; return platform, guard, lag."""
+    plat = MemoryPlatform(clock=clock, listing_delay_s=configured_s)
+    plat.real_listing_delay_s = real_s
+    lag = ListingLag(store, plat.instance, configured_s, c, clock=clock, bot="b1")
+    guard = Guard(store, plat, plat.whoami(), clock=clock, send_timeout_s=1.0, lag=lag, watch_interval_s=None)
+    sw = Sweeper(store, [Bot(plat, plat.whoami(), lag)], clock=clock, retry_s=5.0, config=c)
+    for i in range(n):
+        assert guard.post(plat.add_parent(f"p{i}"), "x").status is Status.POSTED
+        for _ in range(4):
+            clock.advance(0.5)
+            sw.run_once()
+    for _ in range(200):
+        clock.advance(0.5)
+        sw.run_once()
+    lag.refresh()
+    return plat, guard, lag
+
+
+def test_learns_a_delay_above_the_real_lag(store, clock):
+    """Configured 1 s, real 3 s: the delay in use rises above 3 s once enough sends were measured, no higher than factor x real."""
+    c = cfg()
+    plat, guard, lag = _run(store, clock, 3.0, 1.0, 12, c)
+    assert lag.summary.samples == 12
+    assert 2.0 <= lag.summary.p99_s < 3.0  # a proven lag: the last look that did not list it
+    assert 3.0 <= lag.delay_s() <= 6.0
+    # Persisted and shared: a new estimator (a restart, another replica) starts from the store.
+    again = ListingLag(store, plat.instance, 1.0, c, clock=clock)
+    assert again.delay_s() == 1.0  # no I/O until refreshed
+    assert again.refresh_if_due() == lag.delay_s()
+    row = next(r for r in summaries(store) if r["platform"] == plat.instance)
+    assert row["in_use_s"] == lag.delay_s() and row["configured_s"] == 1.0 and row["samples"] == 12
+
+
+def test_fast_platform_keeps_configured_delay(store, clock):
+    """Real lag below the configured delay: every first look lists the reply, the delay in use stays configured.
+
+    Guards against an estimate fed by its own looks (upper bounds), which would grow to the cap.
+    """
+    plat, guard, lag = _run(store, clock, 0.5, 2.0, 12, cfg())
+    assert lag.summary.samples == 12 and lag.summary.p99_s == 0.0
+    assert lag.delay_s() == 2.0
+
+
+def test_auto_off_measures_but_keeps_configured(store, clock):
+    """listing_delay_auto = false: lag is still observed and shown, the configured delay stays in use."""
+    plat, guard, lag = _run(store, clock, 3.0, 1.0, 8, cfg(listing_delay_auto=False))
+    assert lag.summary.samples == 8 and lag.summary.p99_s >= 2.0
+    assert lag.delay_s() == 1.0
+
+
+def test_change_logged_once_and_short_configuration_warned(store, clock):
+    """The change is logged once with old and new value; the warning names the bot and the key."""
+    with structlog.testing.capture_logs() as logs:
+        _run(store, clock, 3.0, 1.0, 12, cfg())
+    changed = [e for e in logs if e["event"] == "replyd.lag.delay_changed"]
+    assert len(changed) == 1 and changed[0]["old_s"] == 1.0 and changed[0]["new_s"] >= 3.0
+    short = [e for e in logs if e["event"] == "replyd.lag.configured_short"]
+    assert len(short) == 1 and short[0]["key"] == "bots.b1.settings.listing_delay_s" and short[0]["bot"] == "b1"
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_store_failure_keeps_last_delay(store, clock, monkeypatch):
+    """A refresh that cannot read the store keeps the delay in use (never falls back silently to 0)."""
+    lag = ListingLag(store, "memory:test", 4.0, cfg(), clock=clock)
+    assert lag.refresh_if_due() == 4.0
+    from replyd.errors import StoreError
+
+    def broken(*a, **k):
+        raise StoreError("store unavailable while reading listing lag: down")
+
+    monkeypatch.setattr(Store, "lag_samples", broken)
+    clock.advance(5)
+    assert lag.refresh_if_due() == 4.0
+
+
+def test_lag_is_exported_as_a_histogram(store, clock):
+    """Every measured reply is one observation of replyd_listing_lag_seconds for its platform instance."""
+    from prometheus_client import generate_latest
+
+    from replyd import metrics
+
+    before = metrics.LISTING_LAG.labels("memory:test")._sum.get()
+    _run(store, clock, 3.0, 1.0, 3, cfg())
+    text = generate_latest(metrics.registry()).decode()
+    assert 'replyd_listing_lag_seconds_bucket{le="5.0",platform="memory:test"}' in text
+    assert metrics.LISTING_LAG.labels("memory:test")._sum.get() - before >= 3 * 3.0  # three replies, each >= 3 s

@@ -1,0 +1,183 @@
+"""Liveness: a frozen platform turns /readyz, the status page, `replyd status` and /metrics stale, and back."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import zlib
+
+import httpx
+import pytest
+
+from replyd.clock import FakeClock
+from replyd.config import Config
+from replyd.daemon import Daemon
+from replyd.liveness import Liveness, ago
+from tests.api_harness import ROOT, replyd_cli, write_config
+from tests.test_statuspage import ARTIFACTS, browse, chromium
+
+STALE_S = 2.0  # health.stale_min_s, above 3 × every interval below: the bound the test holds the daemon to
+
+
+def test_liveness_words_and_bound_on_a_fake_clock():
+    """A path is stale only past max(factor × interval, minimum) since its last success; failures are counted."""
+    clock = FakeClock(1_000.0)
+    live = Liveness(clock, stale_after_intervals=3, stale_min_s=10)
+    live.track("bot", "inbox", 30)
+    live.track("bot", "sweep", 1)
+    clock.advance(9)
+    assert live.problems() == []
+    live.ok("bot", "inbox")
+    clock.advance(89)
+    for _ in range(7):
+        live.failed("bot", "inbox", "inbox: HTTP 503")
+    snap = live.snapshot()["bot"]
+    assert snap["paths"]["inbox"]["words"] == "inbox: last ok 89 s ago, 7 failures in a row: HTTP 503"
+    assert snap["stale"] == ["sweep"]  # never ran: 98 s since start > max(3 × 1, 10)
+    clock.advance(2)
+    assert [p.split(": ")[:2] for p in live.problems()] == [["bot bot", "inbox"], ["bot bot", "sweep"]]
+    assert "STALE (limit 90 s)" in live.snapshot()["bot"]["paths"]["inbox"]["words"]
+    live.ok("bot", "inbox")
+    assert live.snapshot()["bot"]["paths"]["inbox"]["failures"] == 0 and live.snapshot()["bot"]["stale"] == ["sweep"]
+    assert (ago(59), ago(180), ago(7300), ago(200_000)) == ("59 s", "3 min", "2 h", "2 d")
+
+
+STALE_RGB = (0xB3, 0x26, 0x1E)  # statuspage.py's red for a stale path and a bad card
+
+
+def red_pixels(png: bytes) -> int:
+    """Count pixels of the status page's red in a PNG screenshot (8-bit RGB/RGBA, not interlaced; stdlib only)."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width = 8, b"", 0
+    while pos < len(png):
+        n, kind = struct.unpack(">I4s", png[pos:pos + 8])
+        body = png[pos + 8:pos + 8 + n]
+        if kind == b"IHDR":
+            width, _h, depth, ctype, _c, _f, interlace = struct.unpack(">IIBBBBB", body)
+            assert depth == 8 and ctype in (2, 6) and interlace == 0, (depth, ctype, interlace)
+            bpp = 3 if ctype == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    raw, stride, prev, count = zlib.decompress(idat), width * bpp, bytearray(width * bpp), 0
+    for y in range(len(raw) // (stride + 1)):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a, b, c = line[i - bpp] if i >= bpp else 0, prev[i], prev[i - bpp] if i >= bpp else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                pa, pb, pc = abs(b - c), abs(a - c), abs(a + b - 2 * c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        count += sum(1 for x in range(0, stride, bpp)
+                     if all(abs(line[x + k] - STALE_RGB[k]) <= 24 for k in range(3)))
+        prev = line
+    return count
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_sim() -> tuple[subprocess.Popen, str]:
+    """The sim in its own process (so SIGSTOP freezes it and not the daemon); return it and its URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "replyd.sim", "--port", "0", "--listing-delay-s", "0.1",
+                             "--account", "replybot:sim-token-live:bot"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    line = proc.stdout.readline().strip()  # type: ignore[union-attr]
+    assert line.startswith("SIM_URL="), line
+    return proc, line.split("=", 1)[1]
+
+
+def _ready(url: str) -> tuple[bool, dict]:
+    r = httpx.get(url + "/readyz", timeout=5)
+    return r.status_code == 200, r.json()
+
+
+def _wait(cond, timeout_s: float) -> float | None:
+    """Poll ``cond`` (a real daemon against a real process) until true; return the seconds it took, or None."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if cond():
+            return time.monotonic() - t0
+        time.sleep(0.1)
+    return None
+
+
+@pytest.mark.slow
+def test_frozen_sim_turns_readiness_status_page_and_cli_stale(tmp_path, monkeypatch):
+    """SIGSTOP on the sim: /readyz not ready within the staleness bound, the page and `status --json` show the
+    stale path (red, in a Chromium screenshot); after SIGCONT everything is ready and fresh again."""
+    chromium()
+    sim, sim_url = _start_sim()
+    monkeypatch.setenv("SIM_TOKEN", "sim-token-live")
+    cfg = write_config(tmp_path / "live.toml", sim_url, tmp_path / "live.sqlite3", token_env=None, pollers=True,
+                       port=_free_port(), sweep_s=0.3,
+                       extra=f"[health]\nstale_after_intervals = 3\nstale_min_s = {STALE_S}\n")
+    d = Daemon(Config.load(cfg))
+    try:
+        d.start()
+        api = d.api.url  # type: ignore[union-attr]
+        assert _wait(lambda: _ready(api)[0], 15) is not None, _ready(api)[1]
+        sim.send_signal(signal.SIGSTOP)
+        try:
+            took = _wait(lambda: not _ready(api)[0], STALE_S + 10)
+            assert took is not None, "never turned not ready while the platform was frozen"
+            # The bound: no success for STALE_S (+ one poll interval and the probe's own cadence).
+            assert took <= STALE_S + 2.0, took
+            body = _ready(api)[1]
+            assert any(re.match(r"bot sim: (inbox|refind): .*STALE", r) for r in body["reasons"]), body
+            assert httpx.get(api + "/healthz", timeout=5).status_code == 200  # liveness of the process is not readiness
+
+            cli = replyd_cli("status", "--json", "--config", str(cfg), env={"SIM_TOKEN": ""})
+            assert cli.returncode == 0, cli.stderr
+            doc = json.loads(cli.stdout)
+            live = doc["daemon"]["liveness"]["sim"]
+            assert doc["daemon"]["reachable"] and "inbox" in live["stale"], doc
+            assert live["paths"]["inbox"]["stale"] and "STALE" in live["paths"]["inbox"]["words"]
+
+            dom = browse(api + "/", tmp_path, "--dump-dom")
+            assert dom.returncode == 0, dom.stderr[-2000:]
+            assert re.search(r'class="path stale" id="path-sim-inbox" data-stale="true">inbox: [^<]*STALE', dom.stdout)
+            assert 'id="card-liveness">paths<b>STALE</b>' in dom.stdout
+            ARTIFACTS.mkdir(exist_ok=True)
+            shot = ARTIFACTS / "statuspage-stale.png"
+            shot.unlink(missing_ok=True)
+            r = browse(api + "/", tmp_path, f"--screenshot={shot}")
+            assert r.returncode == 0, r.stderr[-2000:]
+            stale_red = red_pixels(shot.read_bytes())
+            assert stale_red > 200, stale_red  # the STALE card and the stale path's line, rendered red
+            metrics = httpx.get(api + "/metrics", timeout=5).text
+            assert re.search(r'replyd_poll_stale\{path="inbox",platform="sim"\} 1\.0', metrics), metrics[-3000:]
+        finally:
+            sim.send_signal(signal.SIGCONT)
+        assert _wait(lambda: _ready(api)[0], 15) is not None, _ready(api)[1]
+        fresh = ARTIFACTS / "statuspage-fresh.png"
+        fresh.unlink(missing_ok=True)
+        assert browse(api + "/", tmp_path, f"--screenshot={fresh}").returncode == 0
+        assert red_pixels(fresh.read_bytes()) < stale_red / 10  # nothing red once every path is fresh again
+        cli = replyd_cli("status", "--json", "--config", str(cfg), env={"SIM_TOKEN": ""})
+        assert json.loads(cli.stdout)["daemon"]["liveness"]["sim"]["stale"] == []
+        metrics = httpx.get(api + "/metrics", timeout=5).text
+        assert re.search(r'replyd_polls_total\{path="inbox",platform="sim",result="ok"\} [1-9]', metrics)
+        assert re.search(r'replyd_polls_total\{path="inbox",platform="sim",result="error"\} [1-9]', metrics)
+        assert 'replyd_build_info{' in metrics and "process_cpu_seconds_total" in metrics and "python_info{" in metrics
+        assert "http://" not in "".join(ln for ln in metrics.splitlines() if not ln.startswith("#"))
+    finally:
+        d.stop(grace_s=5)
+        sim.terminate()
+        sim.wait(10)

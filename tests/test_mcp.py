@@ -1,0 +1,316 @@
+"""``replyd mcp`` as a subprocess, driven by the MCP SDK's own client over stdio and HTTP, against the sim.
+
+Every reply is counted on the sim (the platform side), never from replyd's log.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import sys
+
+import anyio
+import httpx
+import jsonschema
+import pytest
+
+from replyd import store as st
+from replyd.errors import ConfigError
+from replyd.mcp import bearer_ok
+from replyd.store import Store
+from tests.api_harness import BOT, ROOT
+from tests.mcp_harness import MCP_TOKEN, McpEnv, http_client, mcp_env, race, tool, tool_error
+
+TOOLS = {"check_parent": {"bot", "parent"}, "begin_reply": {"bot", "parent"}, "finish_reply": {"lease", "text"},
+         "reply_once": {"bot", "parent", "text"}, "explain": {"bot", "parent"}}
+
+
+@pytest.fixture
+def menv(tmp_path, monkeypatch, store_url):
+    """A sim and a ``replyd mcp`` config on the parametrised store (SQLite, and the real PostgreSQL)."""
+    with mcp_env(tmp_path, monkeypatch) as e:
+        text = e.config.read_text()
+        e.config.write_text(re.sub(r'(?m)^url = "sqlite:///.*"$', f'url = "{store_url}"', text, count=1))
+        e.db = store_url  # type: ignore[assignment]
+        yield e
+
+
+@pytest.fixture
+def lite(tmp_path, monkeypatch):
+    """A sim and a ``replyd mcp`` config on SQLite only."""
+    with mcp_env(tmp_path, monkeypatch) as e:
+        yield e
+
+
+def _events(e: McpEnv, pid: str) -> list[st.Event]:
+    s = Store.open(str(e.db) if "://" in str(e.db) else f"sqlite:///{e.db}", migrate=False)
+    try:
+        return s.history(st.Key(e.instance, e.bot.id, pid))
+    finally:
+        s.dispose()
+
+
+# -- schemas and argument errors ------------------------------------------------------------------
+
+
+def test_tools_listed_with_valid_schemas_and_bad_arguments_named(lite):
+    """Every tool is listed with a valid JSON schema; each bad argument is a one-line tool error naming it."""
+    pid = lite.parent()
+
+    async def main() -> None:
+        async with lite.stdio() as c:
+            listed = {t.name: t for t in (await c.list_tools()).tools}
+            assert set(listed) == set(TOOLS)
+            for name, t in listed.items():
+                schema = t.input_schema
+                jsonschema.Draft202012Validator.check_schema(schema)
+                assert schema["type"] == "object" and set(schema["required"]) == TOOLS[name], name
+                assert schema.get("additionalProperties") is False and t.description
+                jsonschema.validate({k: "x" * 8 if k != "lease" else "rl1.abcdefgh" for k in TOOLS[name]}, schema)
+            errors = {
+                "text": await tool_error(c, "reply_once", bot="sim", parent=pid),
+                "text-blank": await tool_error(c, "reply_once", bot="sim", parent=pid, text="   "),
+                "bot": await tool_error(c, "reply_once", bot="nobody", parent=pid, text="hi"),
+                "bot-type": await tool_error(c, "check_parent", bot=7, parent=pid),
+                "parent": await tool_error(c, "check_parent", bot="sim", parent=""),
+                "parent-nul": await tool_error(c, "begin_reply", bot="sim", parent="12\x0034"),
+                "colour": await tool_error(c, "check_parent", bot="sim", parent=pid, colour="red"),
+                "lease": await tool_error(c, "finish_reply", lease="not-a-lease", text="hi"),
+                "lease-forged": await tool_error(c, "finish_reply", lease="rl1.bm90IGpzb24", text="hi"),
+                "name": await tool_error(c, "post_anything", bot="sim"),
+            }
+            for arg, line in errors.items():
+                assert line.startswith(arg.split("-")[0] + ":"), (arg, line)
+            assert "nobody" in errors["bot"] and "sim" in errors["bot"]  # names the bot and the known ones
+            unknown = await tool_error(c, "check_parent", bot="sim", parent="999999999999999999")
+            assert unknown.startswith("parent:") and "nothing sent" in unknown
+            assert "Bearer" not in unknown and lite.bot.token not in "".join(errors.values()) + unknown
+
+    anyio.run(main)
+    assert lite.replies(pid) == 0 and lite.world.creates_attempted == 0
+
+
+def test_check_parent_free_answered_skipped_and_resources(lite):
+    """check_parent: free, answered with the reply link, skipped by policy with the reason; resources read."""
+    pid = lite.parent()
+    own = lite.parent("a post of the bot itself", author=BOT)
+
+    async def main() -> None:
+        async with lite.stdio() as c:
+            assert (await tool(c, "check_parent", bot="sim", parent=pid))["status"] == "free"
+            skipped = await tool(c, "check_parent", bot="sim", parent=own)
+            assert skipped["status"] == "skipped" and skipped["reason"] == "own_post"
+            assert (await tool(c, "begin_reply", bot="sim", parent=own))["status"] == "skipped"
+            posted = await tool(c, "reply_once", bot="sim", parent=pid, text="thanks!")
+            assert posted["status"] == "posted" and posted["reply_id"]
+            assert posted["reply_url"] == f"{lite.sim.base_url}/@{BOT}/{posted['reply_id']}"
+            url = f"{lite.sim.base_url}/@alice/{pid}"
+            answered = await tool(c, "check_parent", bot="sim", parent=url)  # a URL as the platform serves it
+            assert answered["status"] == "answered" and answered["reply_id"] == posted["reply_id"]
+            assert answered["reply_url"] == posted["reply_url"] and answered["parent_id"] == pid
+            history = await tool(c, "explain", bot="sim", parent=pid)
+            assert history["row"]["state"] == "closed" and history["row"]["path"] == "mcp"
+            assert [ev["kind"] for ev in history["events"]] == ["claimed", "closed"]
+            status = json.loads((await c.read_resource("replyd://status")).contents[0].text)
+            assert status["bots"]["sim"]["sender_id"] == lite.bot.id
+            assert {"platform": lite.instance, "state": "closed", "rows": 1} in status["rows_by_state"]
+            assert [p["path"] for p in status["paths"]] == ["mcp"] and status["paths"][0]["rows"] == 1
+            recent = json.loads((await c.read_resource("replyd://events/recent")).contents[0].text)
+            assert [ev["kind"] for ev in recent[:2]] == ["closed", "claimed"] and recent[0]["parent_id"] == pid
+
+    anyio.run(main)
+    assert lite.replies(pid) == 1 and lite.replies(own) == 0
+
+
+# -- races: sessions over stdio and HTTP, counted on the sim --------------------------------------
+
+
+@pytest.mark.slow
+def test_20_sessions_reply_once_one_parent_one_reply(menv):
+    """20 concurrent sessions (16 over HTTP on two server processes, 4 over stdio) reply_once to one parent."""
+    pid = menv.parent()
+
+    async def call(c):
+        return (await tool(c, "reply_once", bot="sim", parent=pid, text="answer from a session"))["status"]
+
+    with menv.http_server() as a, menv.http_server() as b:
+        makers = [lambda u=srv.url: http_client(u) for srv in (a, b) for _ in range(8)]
+        makers += [menv.stdio for _ in range(4)]
+        statuses = anyio.run(race, makers, call)
+    assert len(statuses) == 20
+    assert statuses.count("posted") == 1, statuses
+    assert set(statuses) <= {"posted", "already_answered", "in_flight"}, statuses
+    assert menv.replies(pid) == 1 and menv.world.creates_attempted == 1
+
+
+@pytest.mark.slow
+def test_5_sessions_begin_reply_one_lease(menv):
+    """5 stdio sessions (5 processes) begin_reply on one parent: one lease; the holder finishes; one reply."""
+    pid = menv.parent()
+    results: list[tuple[dict, str]] = []
+
+    async def call(c):
+        got = await tool(c, "begin_reply", bot="sim", parent=pid)
+        if got["status"] == "leased":
+            # Another session's finish with a lease of its own making is refused: only the holder posts.
+            done = await tool(c, "finish_reply", lease=got["lease"], text="composed by the holder")
+            again = await tool_error(c, "finish_reply", lease=got["lease"], text="and once more")
+            results.append((done, again))
+        return got["status"]
+
+    statuses = anyio.run(race, [menv.stdio for _ in range(5)], call)
+    assert len(statuses) == 5 and statuses.count("leased") == 1, statuses
+    assert set(statuses) <= {"leased", "in_flight", "answered"}, statuses  # a slow session may see the answer
+    (done, again), = results
+    assert done["status"] == "posted" and done["reply_id"]
+    assert again.startswith("lease: not held any more") and "already_answered" in again
+    assert menv.replies(pid) == 1 and menv.world.creates_attempted == 1
+    kinds = [e.kind for e in _events(menv, pid)]
+    assert kinds == ["claimed", "opened", "closed"], kinds
+
+
+@pytest.mark.slow
+def test_killed_lease_holder_expires_and_another_session_answers(lite):
+    """A holder SIGKILLed mid-compose: its lease blocks others until it expires; then another session answers."""
+    pid = lite.parent()
+    lease_s = "5"
+
+    async def main(a_url: str, b_url: str, a) -> None:
+        async with http_client(b_url) as cb:  # connected first: its first call comes right after the kill
+            async with http_client(a_url) as ca:
+                held = await tool(ca, "begin_reply", bot="sim", parent=pid)
+                assert held["status"] == "leased" and held["lease_expires_in_s"] <= float(lease_s)
+                a.kill()  # the holder dies while "composing"
+            blocked = await tool(cb, "begin_reply", bot="sim", parent=pid)
+            assert blocked["status"] == "in_flight" and blocked["state"] == "composing"
+            with anyio.fail_after(30):
+                while (await tool(cb, "check_parent", bot="sim", parent=pid))["status"] != "free":
+                    await anyio.sleep(0.2)  # the lease runs on the server's real clock
+            # The dead holder's lease is refused clearly, even once nobody else has taken the key.
+            expired = await tool_error(cb, "finish_reply", lease=held["lease"], text="from the dead")
+            assert expired.startswith("lease: expired") and "nothing was sent" in expired
+            mine = await tool(cb, "begin_reply", bot="sim", parent=pid)
+            assert mine["status"] == "leased"
+            foreign = await tool_error(cb, "finish_reply", lease=held["lease"], text="from the dead")
+            assert foreign.startswith("lease: not held any more") and "another holder" in foreign
+            done = await tool(cb, "finish_reply", lease=mine["lease"], text="answered by the survivor")
+            assert done["status"] == "posted"
+
+    with lite.http_server(REPLYD_GUARD__COMPOSE_LEASE_S=lease_s) as a, \
+            lite.http_server(REPLYD_GUARD__COMPOSE_LEASE_S=lease_s) as b:
+        anyio.run(main, a.url, b.url, a)
+    assert lite.replies(pid) == 1 and lite.world.creates_attempted == 1
+    kinds = [e.kind for e in _events(lite, pid)]
+    assert kinds == ["claimed", "claimed", "opened", "closed"], kinds  # the re-claim used no attempt
+    assert {e.attempt for e in _events(lite, pid)} == {1}
+
+
+def test_answered_parent_costs_no_lease(lite):
+    """begin_reply on an answered parent: answered with the reply, no claim, no event, nothing sent."""
+    pid = lite.parent()
+
+    async def main() -> None:
+        async with lite.stdio() as c:
+            first = await tool(c, "reply_once", bot="sim", parent=pid, text="the answer")
+            before = [(e.id, e.kind) for e in _events(lite, pid)]
+            creates = lite.world.creates_attempted
+            for _ in range(3):
+                got = await tool(c, "begin_reply", bot="sim", parent=pid)
+                assert got["status"] == "answered" and "lease" not in got
+                assert got["reply_id"] == first["reply_id"] and got["reply_url"]
+                again = await tool(c, "reply_once", bot="sim", parent=pid, text="reworded")
+                assert again["status"] == "already_answered"
+            assert [(e.id, e.kind) for e in _events(lite, pid)] == before
+            assert lite.world.creates_attempted == creates
+
+    anyio.run(main)
+    assert lite.replies(pid) == 1
+
+
+# -- HTTP door ----------------------------------------------------------------------------------------
+
+
+_INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": {"name": "t", "version": "1"}}}
+_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def test_http_refuses_missing_token_and_wrong_host(lite):
+    """Over HTTP: no token or a wrong one -> 401; a Host that is not ours -> 400; the SDK client without a token fails."""
+    pid = lite.parent()
+    with lite.http_server() as srv:
+        good = {**_HEADERS, "Authorization": f"Bearer {MCP_TOKEN}"}
+        with httpx.Client(timeout=30) as h:
+            assert h.post(srv.url, json=_INIT, headers=_HEADERS).status_code == 401
+            assert h.post(srv.url, json=_INIT, headers={**_HEADERS, "Authorization": "Bearer wrong"}).status_code == 401
+            assert h.post(srv.url, json=_INIT, headers={**_HEADERS, "Authorization": f"Basic {MCP_TOKEN}"}).status_code == 401
+            bad_host = h.post(srv.url, json=_INIT, headers={**good, "Host": "evil.example:8788"})
+            assert bad_host.status_code == 400 and bad_host.json()["field"] == "Host"
+            for name in ("localhost:1", "127.0.0.1", "[::1]:8788"):
+                ok = h.post(srv.url, json=_INIT, headers={**good, "Host": name})
+                assert ok.status_code == 200, (name, ok.text)
+
+        async def main() -> None:
+            with pytest.raises(Exception):
+                async with http_client(srv.url, token=None) as c:
+                    await c.call_tool("reply_once", {"bot": "sim", "parent": pid, "text": "sneaky"})
+            async with http_client(srv.url) as c:
+                assert (await tool(c, "check_parent", bot="sim", parent=pid))["status"] == "free"
+
+        anyio.run(main)
+    assert MCP_TOKEN not in "".join(srv.stderr)
+    assert lite.replies(pid) == 0 and lite.world.creates_attempted == 0
+
+
+def test_http_without_a_token_does_not_start(lite):
+    """``replyd mcp --transport http`` with no token configured exits 2 with one line naming mcp.token_env."""
+    env = {k: v for k, v in lite.env.items() if k != "REPLYD_TEST_MCP_TOKEN"}
+    env["REPLYD_MCP__TOKEN_ENV"] = ""
+    r = subprocess.run([sys.executable, "-m", "replyd", "mcp", "--transport", "http", "--port", "0",
+                        "--config", str(lite.config)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "replyd: mcp.token_env: MCP over HTTP needs a bearer token" in " ".join(r.stderr.split())
+    assert "Traceback" not in r.stderr and "send_timeout_short" not in r.stderr  # refused before any bot logged in
+
+
+def test_bearer_check():
+    """Only ``Bearer <the token>`` passes: not Basic, not a prefix, not an empty token."""
+    assert bearer_ok("Bearer s3cret", "s3cret") and bearer_ok("bearer  s3cret ", "s3cret")
+    assert not bearer_ok("Bearer s3cre", "s3cret") and not bearer_ok("Basic s3cret", "s3cret")
+    assert not bearer_ok(None, "s3cret") and not bearer_ok("Bearer ", "")
+
+
+def test_lease_token_is_not_the_stored_owner(lite):
+    """The owner stored on the row (and shown by explain) cannot be replayed as a lease: only a hash is stored."""
+    pid = lite.parent()
+
+    async def main() -> None:
+        async with lite.stdio() as c:
+            got = await tool(c, "begin_reply", bot="sim", parent=pid)
+            row = (await tool(c, "explain", bot="sim", parent=pid))["row"]
+            assert row["state"] == "composing" and row["lease_owner"].startswith("mcp:")
+            assert row["lease_owner"] not in got["lease"]
+            token_body = json.loads(base64.urlsafe_b64decode(got["lease"][4:] + "=="))
+            forged = dict(token_body, s=row["lease_owner"])
+            fake = "rl1." + base64.urlsafe_b64encode(json.dumps(forged).encode()).decode().rstrip("=")
+            refused = await tool_error(c, "finish_reply", lease=fake, text="hijack")
+            assert refused.startswith("lease: not held any more")
+            assert (await tool(c, "finish_reply", lease=got["lease"], text="the holder"))["status"] == "posted"
+
+    anyio.run(main)
+    assert lite.replies(pid) == 1
+
+
+def test_config_check_refuses_a_short_token_on_a_public_bind(lite):
+    """``replyd config check`` refuses a public ``[mcp]`` bind guarded by a short token, naming mcp.token_env."""
+    lite.config.write_text(lite.config.read_text().replace("[mcp]\n", '[mcp]\nhost = "0.0.0.0"\n'))
+    check = [sys.executable, "-m", "replyd", "config", "check", str(lite.config)]
+    r = subprocess.run(check, env=lite.env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "mcp.token_env" in " ".join(r.stderr.split()), r.stderr
+    assert MCP_TOKEN not in r.stderr
+    ok = subprocess.run(check, env={**lite.env, "REPLYD_TEST_MCP_TOKEN": "x" * 32}, cwd=ROOT, capture_output=True,
+                        text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
