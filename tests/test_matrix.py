@@ -22,7 +22,7 @@ from replyd import store as st
 from replyd.clock import FakeClock, SystemClock
 from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, RateLimited, Rejected
 from replyd.guard import Guard, Status
-from replyd.platform import Identity, Parent, Pending
+from replyd.platform import Identity, Parent, Pending, ReplyLinks
 from replyd.platforms.matrix import MatrixPlatform
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
@@ -124,6 +124,8 @@ def test_send_replies_in_the_room_with_the_relation_and_read_back_finds_it(world
     assert ev["content"]["m.relates_to"] == {"m.in_reply_to": {"event_id": parent.id}}
     rb = world.platform.read_back([Pending(parent, opened_at=world.clock.now() - 5)], sender_id=world.me.sender_id)
     assert parent.id in rb.checked and [r.reply_id for r in rb.found[parent.id]] == [sent.reply_id]
+    assert isinstance(world.platform, ReplyLinks) and world.platform.reply_url(sent.reply_id, world.me) == sent.url
+    assert world.adapter().reply_url(sent.reply_id, world.me) == ""  # a process that never saw its room
 
 
 def test_reply_to_a_threaded_parent_stays_in_the_thread(world: World) -> None:

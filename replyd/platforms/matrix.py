@@ -22,7 +22,8 @@ Settings (``[bots.settings]`` with ``platform = "matrix"``):
 Ids: the sender id is the bot's user id (``/account/whoami``); a parent id is
 the event id exactly as served, its room id rides in ``Parent.extra["room_id"]``
 (and a thread root in ``extra["thread_root"]``). A reply id is the reply's
-event id; ``delete`` needs its room, which ``send`` and ``read_back`` remember.
+event id; ``delete`` and ``reply_url`` need its room, which ``send`` and
+``read_back`` remember.
 
 Provider idempotency: every reply is ``PUT /rooms/{room}/send/m.room.message/{txnId}``
 with ``txnId`` = the guard's ``provider_key`` for (bot, parent): the same on
@@ -512,6 +513,11 @@ class MatrixPlatform:
         self._remember(reply_id, room_id)
         log.info("replyd.matrix.sent", parent_id=parent.id, reply_id=reply_id, room_id=room_id)
         return Sent(reply_id=reply_id, url=f"https://matrix.to/#/{room_id}/{reply_id}")
+
+    def reply_url(self, reply_id: str, identity: Identity) -> str:
+        """The ``matrix.to`` link of one of the bot's replies; "" when its room is not known to this process."""
+        room_id = self._rooms.get(reply_id)
+        return f"https://matrix.to/#/{room_id}/{reply_id}" if room_id else ""
 
     def _remember(self, event_id: str, room_id: str) -> None:
         self._rooms[event_id] = room_id
