@@ -406,12 +406,15 @@ class MatrixPlatform:
             older = False
             for r in results:
                 ev = r.get("result") if isinstance(r, dict) else None
+                room_id = ev.get("room_id") if isinstance(ev, dict) else None
+                if not isinstance(room_id, str) or not room_id:
+                    continue  # a hit the bot could not answer: the send needs the room
                 try:
-                    parent = self._parent(ev, (ev or {}).get("room_id", ""), what)
+                    parent = self._parent(ev, room_id, what)
                 except BadResponse as exc:
                     self._skipped(what, exc, ev)
                     continue
-                if parent is None or parent.author_id == me or not parent.extra["room_id"]:
+                if parent is None or parent.author_id == me:
                     continue
                 ts = round((parent.created_at or 0) * 1000)
                 if ts < since_ts or (ts == since_ts and parent.id in seen):
