@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from replyd.clock import FakeClock
 from replyd.store import Store
+from tests.synapse_server import synapse  # noqa: F401  (one Synapse per session for every Matrix test)
 
 PG_ADMIN_URL = os.environ.get("REPLYD_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/postgres")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

@@ -105,7 +105,10 @@ SPECS: dict[str, dict[str, Any]] = {
         ],
     },
 }
-PRESENT = [k for k in SPECS if importlib.util.find_spec(f"replyd.platforms.{k}") is not None]
+# Matrix's bodies are recorded from the session's real Synapse (test_fuzzed_matrix), not from files.
+SPECS["matrix"] = {"settings": {"token": "syt_fuzz_0123456789", "search_queries": ["help"]}, "url_key": "base_url",
+                   "routes": None}
+PRESENT = [k for k in SPECS if SPECS[k]["routes"] and importlib.util.find_spec(f"replyd.platforms.{k}") is not None]
 
 
 def build(kind: str, url: str, http: httpx.Client) -> Any:
@@ -145,7 +148,50 @@ def calls(parent: Parent) -> list[Call]:
 @pytest.mark.parametrize("kind", PRESENT)
 def test_fuzzed_adapter(kind: str, fixture_server: FixtureServer, http_client: httpx.Client) -> None:
     """Any route mutated, any entry point called: a whole value or a ReplydError."""
-    rs = RoutedServer(fixture_server, SPECS[kind]["routes"]())
+    fuzz(kind, RoutedServer(fixture_server, SPECS[kind]["routes"]()), fixture_server, http_client)
+
+
+def test_fuzzed_matrix(synapse: Any, fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """The Matrix adapter on bodies recorded from the real Synapse of this session, one route mutated at a time."""
+    fuzz("matrix", RoutedServer(fixture_server, matrix_routes(synapse)), fixture_server, http_client)
+
+
+def matrix_routes(hs: Any) -> list[tuple[str, str, bytes]]:
+    """Record each response the Matrix adapter reads from Synapse, for a fresh bot in one room."""
+    bot = hs.register(f"fuzzbot{os.getpid()}{len(hs.people)}x{id(hs) % 997}")
+    alice = hs.people["alice"]
+    room = hs.create_room(alice, invite_bot=False)
+    hs.api("POST", f"/rooms/{room}/invite", alice, json_body={"user_id": bot.user_id})
+    hs.api("POST", f"/rooms/{room}/join", bot, json_body={})
+    parent = hs.api("PUT", f"/rooms/{room}/send/m.room.message/fuzz1", alice, json_body={
+        "msgtype": "m.text", "body": f"{bot.user_id} help", "m.mentions": {"user_ids": [bot.user_id]}})["event_id"]
+    sent = hs.api("PUT", f"/rooms/{room}/send/m.room.message/fuzz2", bot, json_body={
+        "msgtype": "m.text", "body": "thanks", "m.relates_to": {"m.in_reply_to": {"event_id": parent}}})
+    messages_filter = json.dumps({"types": ["m.room.message"]})
+    bodies = {
+        "whoami": hs.api("GET", "/account/whoami", bot),
+        "sync": hs.api("GET", "/sync", bot, params={"timeout": "0", "filter": json.dumps(
+            {"room": {"timeline": {"types": ["m.room.message"], "limit": 10}}})}),
+        "search": hs.api("POST", "/search", bot, json_body={"search_categories": {"room_events": {
+            "search_term": "help", "keys": ["content.body"], "order_by": "recent"}}}),
+        "joined": hs.api("GET", "/joined_rooms", bot),
+        "messages": hs.api("GET", f"/rooms/{room}/messages", bot, params={"dir": "b", "filter": messages_filter}),
+        "event": hs.api("GET", f"/rooms/{room}/event/{parent}", bot),
+    }
+    api = r"/_matrix/client/v3"
+    return [(m, api + rx, json.dumps(body).encode()) for m, rx, body in [
+        ("GET", r"/account/whoami", bodies["whoami"]),
+        ("GET", r"/sync", bodies["sync"]),
+        ("POST", r"/search", bodies["search"]),
+        ("GET", r"/joined_rooms", bodies["joined"]),
+        ("GET", r"/rooms/[^/]+/messages", bodies["messages"]),
+        ("GET", r"/rooms/[^/]+/event/[^/]+", bodies["event"]),
+        ("PUT", r"/rooms/[^/]+/send/m\.room\.message/[^/]+", sent),
+    ]]
+
+
+def fuzz(kind: str, rs: RoutedServer, fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """Draw entry points and one mutated route at a time; every call returns a whole value or a ReplydError."""
     parent = sample_parent(kind, rs, fixture_server.url, http_client)
     entry = calls(parent)
     reads: dict[str, list[int]] = {}

@@ -290,6 +290,7 @@ INSECURE_CASES = [
     ("discourse", "base_url", {"api_key": "k-0123456789", "api_username": "bot"}),
     ("github", "api_url", {"token": "ghp_0123456789abcdef", "repos": ["octo/repo"]}),
     ("bluesky", "service", {"identifier": "bot.bsky.test", "app_password": "abcd-efgh-ijkl-mnop"}),
+    ("matrix", "base_url", {"token": "syt_0123456789abcdef"}),
 ]
 
 

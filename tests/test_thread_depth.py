@@ -17,7 +17,7 @@ def test_every_builtin_adapter_offers_thread_depth() -> None:
 
     registered_kinds()  # imports the built-in adapters
     kinds = dict(platform_module._REGISTRY)
-    assert {"mastodon", "bluesky", "discourse", "github", "memory"} <= set(kinds)
+    assert {"mastodon", "bluesky", "discourse", "github", "matrix", "memory"} <= set(kinds)
     for kind, cls in kinds.items():
         method = getattr(cls, "thread_depth", None)
         assert callable(method), kind

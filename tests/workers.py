@@ -48,3 +48,22 @@ def crash_in(url: str, journal: str, parent_id: str, where: str) -> None:
         g._close = die  # the send has returned; the process dies before the close commits
     g.post(Parent(id=parent_id, author_id="u"), "x")
     raise SystemExit(3)  # unreachable when the kill happened
+
+
+def crash_before_close_on(kind: str, settings: dict, store_url: str, parent: dict, text: str) -> None:
+    """Post through the guard on a real platform adapter; SIGKILL this process after the send, before the close."""
+    import httpx
+
+    from replyd.clock import SystemClock
+    from replyd.platform import make_platform
+
+    with httpx.Client(trust_env=False) as http:
+        platform = make_platform(kind, settings, http=http, clock=SystemClock())
+        g = Guard(Store.open(store_url), platform, platform.whoami(), send_timeout_s=10.0)
+
+        def die(*a, **k):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        g._close = die  # the send has returned; the process dies before the close commits
+        g.post(Parent.from_snapshot(parent), text, path="inbox")
+    raise SystemExit(3)  # unreachable when the kill happened

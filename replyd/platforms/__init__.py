@@ -4,3 +4,4 @@ from replyd.platforms import memory  # noqa: F401
 from replyd.platforms import mastodon  # noqa: F401
 from replyd.platforms import discourse, github  # noqa: F401
 from replyd.platforms import bluesky  # noqa: F401
+from replyd.platforms import matrix  # noqa: F401
