@@ -876,3 +876,12 @@ def test_thread_depth_spent_budget_refused_locally(fixture_server: FixtureServer
     assert err.value.status is None and len(fixture_server.requests_to("GET", THREAD)) == 1
     clock.advance(61)
     assert p.thread_depth(anchor, 3) == 4
+
+
+@pytest.mark.parametrize("access", ["\x80", "eyJ bad", ""])
+def test_session_token_that_cannot_be_a_header_is_refused_cleanly(fixture_server, http_client, access) -> None:
+    """A createSession answer whose accessJwt could never be sent as a header is a DefinitelyNotSent, not a crash."""
+    fixture_server.route("POST", CREATE_SESSION, session(access=access))
+    plat = make(fixture_server, http_client)
+    with pytest.raises(DefinitelyNotSent, match="accessJwt is (not a usable token|empty)"):
+        plat.whoami()

@@ -528,6 +528,13 @@ class BlueskyPlatform:
             )
         except BadResponse as exc:
             raise DefinitelyNotSent(f"{exc.detail} (no session, nothing sent)", status=resp.status_code) from None
+        for name, token in (("accessJwt", session.access), ("refreshJwt", session.refresh)):
+            # Sent back as an Authorization header: anything but printable ASCII could never be, and httpx
+            # would raise UnicodeEncodeError on the next request instead of a ReplydError.
+            value = token.get()
+            if not value or not value.isascii() or not value.isprintable() or any(c.isspace() for c in value):
+                raise DefinitelyNotSent(f"{what}: field {name} is not a usable token (no session, nothing sent)",
+                                        status=resp.status_code)
         if not did.startswith("did:") or (expect_did is not None and did != expect_did):
             raise DefinitelyNotSent(f"{what}: session is for an unexpected DID", status=resp.status_code)
         return session
