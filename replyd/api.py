@@ -336,13 +336,17 @@ class Api:
         return _error(404, "unknown_platform", f"no bot or platform instance named {ref!r} (bots: {known})",
                       field="platform")
 
-    async def _body(self, request: Request) -> bytes | Response:
+    async def _body(self, request: Request, limit: int | None = None) -> bytes | Response:
+        limit = self.max_body_bytes if limit is None else limit
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            return _error(413, "body_too_large", f"body larger than {limit} bytes", field="body")
         chunks, size = [], 0
         try:
             async for chunk in request.stream():
                 size += len(chunk)
-                if size > self.max_body_bytes:
-                    return _error(413, "body_too_large", f"body larger than {self.max_body_bytes} bytes", field="body")
+                if size > limit:
+                    return _error(413, "body_too_large", f"body larger than {limit} bytes", field="body")
                 chunks.append(chunk)
         except ClientDisconnect:
             # The client left mid-body: nothing was claimed or sent, and nobody reads this answer.
@@ -405,21 +409,10 @@ class Api:
         if self.hooks is None:
             return _error(404, "unknown_hook", "no webhooks are configured (bots.push)", field="bot")
         bot = request.path_params["bot"]
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.hooks.max_body_bytes:
-            return _error(413, "body_too_large", f"body larger than {self.hooks.max_body_bytes} bytes", field="body")
-        chunks, size = [], 0
-        try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > self.hooks.max_body_bytes:
-                    return _error(413, "body_too_large", f"body larger than {self.hooks.max_body_bytes} bytes",
-                                  field="body")
-                chunks.append(chunk)
-        except ClientDisconnect:
-            return _error(400, "client_disconnected", "the client closed the connection before the body ended",
-                          field="body")
-        answer = self.hooks.receive(bot, request.headers, b"".join(chunks))
+        body = await self._body(request, self.hooks.max_body_bytes)
+        if isinstance(body, Response):
+            return body
+        answer = self.hooks.receive(bot, request.headers, body)
         return JSONResponse(answer.body, status_code=answer.status)
 
     async def rearm(self, request: Request) -> Response:

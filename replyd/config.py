@@ -231,11 +231,10 @@ class PushConfig(_Strict):
         return self
 
     def secret(self) -> str:
-        """Return the secret from the environment; a ConfigError naming the variable when it is not set."""
-        value = os.environ.get(self.secret_env, "")
+        """Return the secret from the environment (masked in logs); a ConfigError naming the variable if unusable."""
+        value = _env_token("push.secret_env", self.secret_env) or ""
         if len(value) < 16:
-            what = "is not set" if not value else "is shorter than 16 characters"
-            raise ConfigError(f"push.secret_env: environment variable {self.secret_env!r} {what}")
+            raise ConfigError(f"push.secret_env: environment variable {self.secret_env!r} is shorter than 16 characters")
         return value
 
 

@@ -23,7 +23,6 @@ import structlog
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from replyd import log as rlog
 from replyd import metrics
 from replyd import store as st
 from replyd.clock import Clock, DatabaseClock, SystemClock
@@ -168,8 +167,6 @@ class Daemon:
         if push and not ac.enabled:
             raise ConfigError(f"bots ({', '.join(push)}): push webhooks arrive through the API: set api.enabled = true")
         secrets = {name: pc.secret() for name, pc in push.items()}
-        for secret in secrets.values():
-            rlog.add_secret(secret)
         if ac.enabled:
             # Imported here: uvicorn and starlette cost nothing when the API is off (sweep, adopt, ...).
             from replyd.api import Api, ApiServer, check_bind

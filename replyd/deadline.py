@@ -22,10 +22,6 @@ from contextlib import contextmanager
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("replyd_deadline", default=None)
 
 
-class DeadlineExceeded(TimeoutError):
-    """The operation's whole budget is spent (raised by the network layer, mapped like a timeout)."""
-
-
 @contextmanager
 def within(seconds: float) -> Iterator[float]:
     """Run the body under a budget of ``seconds`` (monotonic); yield the absolute deadline."""
@@ -43,13 +39,3 @@ def remaining() -> float | None:
     """Return the seconds left in the current budget (may be <= 0), or None when there is none."""
     at = _DEADLINE.get()
     return None if at is None else at - time.monotonic()
-
-
-def cap(timeout: float | None) -> float | None:
-    """Return ``timeout`` cut to the budget left; raise ``DeadlineExceeded`` when nothing is left."""
-    left = remaining()
-    if left is None:
-        return timeout
-    if left <= 0:
-        raise DeadlineExceeded("the operation's deadline passed")
-    return left if timeout is None else min(timeout, left)

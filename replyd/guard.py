@@ -139,7 +139,7 @@ class SendWatch:
         self._lock = threading.Lock()
         self._seq = itertools.count()
         self._running: dict[int, tuple[Key, int, float]] = {}
-        self.noted: set[int] = set()  # tokens whose overrun is already in the audit log
+        self._noted: set[int] = set()  # tokens whose overrun is already in the audit log
 
     def started(self, key: Key, attempt: int, at: float) -> int:
         """Note a send about to leave; return its token."""
@@ -152,7 +152,15 @@ class SendWatch:
         """Note that the send with ``token`` returned (or raised)."""
         with self._lock:
             self._running.pop(token, None)
-            self.noted.discard(token)
+            self._noted.discard(token)
+
+    def first_note(self, token: int) -> bool:
+        """True the first time it is asked for a running send: its overrun goes in the audit log once."""
+        with self._lock:
+            if token in self._noted or token not in self._running:
+                return False
+            self._noted.add(token)
+            return True
 
     def overdue(self, now: float, after_s: float) -> list[tuple[int, Key, int, float]]:
         """Return the sends (token, key, attempt, started) running for at least ``after_s`` at ``now``."""
@@ -198,6 +206,7 @@ class Guard:
         # The watch thread starts with the first send; None: the caller ticks ``watch_sends`` itself (tests).
         self._watch_interval_s = None if watch_interval_s is None else min(watch_interval_s, send_timeout_s / 4)
         self._watcher: threading.Thread | None = None
+        self._watch_lock = threading.Lock()
         self._stop_watch = threading.Event()
 
     def key(self, parent_id: str) -> Key:
@@ -454,8 +463,7 @@ class Guard:
                 with self.store.tx(relaxed=True, doing="extending a running send") as conn:
                     if self.store.cas(conn, key, states=[st.OPEN], attempt=attempt, values=values):
                         moved += 1
-                        if token not in self.sends.noted:  # one note per send, not per tick
-                            self.sends.noted.add(token)
+                        if self.sends.first_note(token):  # one note per send, not per tick
                             self.store.add_event(conn, key, "send_overdue", state=st.OPEN, attempt=attempt,
                                                  owner=self.owner, detail={"running_s": round(now - started, 3)})
             except StoreError as exc:
@@ -466,11 +474,11 @@ class Guard:
         return moved
 
     def _start_watch(self) -> None:
-        with self.sends._lock:
+        with self._watch_lock:
             if self._watcher is not None:
                 return
             self._watcher = threading.Thread(target=self._watch_loop, name="replyd-send-watch", daemon=True)
-        self._watcher.start()
+            self._watcher.start()
 
     def _watch_loop(self) -> None:
         assert self._watch_interval_s is not None

@@ -23,16 +23,19 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import structlog
 
 from replyd import metrics
 from replyd.errors import ReplydError
 from replyd.platform import Parent
+
+if TYPE_CHECKING:
+    from replyd.guard import Outcome
 
 log = structlog.get_logger("replyd.hooks")
 
@@ -87,7 +90,7 @@ class Hook:
     kind: str
     secret: str
     source: WebhookSource
-    offer: Any  # Callable[[Parent, str], Outcome]: the bot's Pipeline.offer
+    offer: Callable[[Parent, str], Outcome]  # the bot's Pipeline.offer
     instance: str = ""
 
 

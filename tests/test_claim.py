@@ -8,6 +8,9 @@ the transaction that commits an ``open`` row through ``Guard.post`` must not be 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
 import sqlalchemy as sa
 
 from replyd import store as st
@@ -63,30 +66,46 @@ CREATE CONSTRAINT TRIGGER note_commit_mode AFTER INSERT ON events
 """
 
 
-def test_postgres_claim_commits_synchronously_through_the_guard(pg_url, clock):
-    """Every transaction that commits an open row via Guard.post (text and responder) keeps synchronous_commit on."""
+@contextmanager
+def commit_modes(pg_url: str) -> Iterator[Callable[[], list[tuple[str, str | None, str]]]]:
+    """An emptied log whose events record their transaction's synchronous_commit; yields a reader of them."""
     eng = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
     with eng.connect() as c:
         c.exec_driver_sql("TRUNCATE replies, events, cursors")
         c.exec_driver_sql(COMMIT_MODES)
-        default = c.exec_driver_sql("SHOW synchronous_commit").scalar()
-    store = Store.open(pg_url, clock=clock)
-    try:
-        assert default != "off", "the server itself commits asynchronously: this test cannot tell"
-        plat = MemoryPlatform(clock=clock)
-        g = Guard(store, plat, plat.whoami(), clock=clock)
-        assert g.post(plat.add_parent("text"), "a reply").status is Status.POSTED
-        assert g.post(plat.add_parent("composed"), lambda p: "composed reply").status is Status.POSTED
-        store.record(Key("p", "s", "probe"), "probe", owner="t")  # a relaxed write: the trigger must see "off"
+
+    def modes() -> list[tuple[str, str | None, str]]:
         with eng.connect() as c:
-            modes = [tuple(r) for r in c.exec_driver_sql("SELECT kind, state, mode FROM commit_modes")]
-        assert ("probe", None, "off") in modes, modes
-        opened = [(k, m) for k, s, m in modes if s == st.OPEN]
-        assert len(opened) >= 2, modes  # both parents' open rows were seen committing
-        assert all(m == default for _, m in opened), f"an open row committed relaxed: {modes}"
+            return [tuple(r) for r in c.exec_driver_sql("SELECT kind, state, mode FROM commit_modes")]
+
+    try:
+        yield modes
     finally:
-        store.dispose()
         with eng.connect() as c:
             c.exec_driver_sql("DROP TRIGGER IF EXISTS note_commit_mode ON events; DROP FUNCTION IF EXISTS "
                               "note_commit_mode(); DROP TABLE IF EXISTS commit_modes")
         eng.dispose()
+
+
+def test_postgres_claim_commits_synchronously_through_the_guard(pg_url, clock):
+    """Every transaction that commits an open row via Guard.post (text and responder) keeps synchronous_commit on."""
+    with commit_modes(pg_url) as read_modes:
+        eng = sa.create_engine(pg_url)
+        with eng.connect() as c:
+            default = c.exec_driver_sql("SHOW synchronous_commit").scalar()
+        eng.dispose()
+        store = Store.open(pg_url, clock=clock)
+        try:
+            assert default != "off", "the server itself commits asynchronously: this test cannot tell"
+            plat = MemoryPlatform(clock=clock)
+            g = Guard(store, plat, plat.whoami(), clock=clock)
+            assert g.post(plat.add_parent("text"), "a reply").status is Status.POSTED
+            assert g.post(plat.add_parent("composed"), lambda p: "composed reply").status is Status.POSTED
+            store.record(Key("p", "s", "probe"), "probe", owner="t")  # a relaxed write: the trigger must see "off"
+            modes = read_modes()
+            assert ("probe", None, "off") in modes, modes
+            opened = [(k, m) for k, s, m in modes if s == st.OPEN]
+            assert len(opened) >= 2, modes  # both parents' open rows were seen committing
+            assert all(m == default for _, m in opened), f"an open row committed relaxed: {modes}"
+        finally:
+            store.dispose()

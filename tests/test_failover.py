@@ -13,7 +13,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from chaos.failover import run_config
 from chaos.pgcluster import unavailable
@@ -22,33 +21,23 @@ from replyd.guard import Guard, Status
 from replyd.platforms.memory import MemoryPlatform
 from replyd.store import Store
 from tests.conftest import IN_CI
-from tests.test_claim import COMMIT_MODES
+from tests.test_claim import commit_modes
 
 
 def test_claim_commit_level_reaches_the_claim_and_the_open_only(pg_url, clock):
     """With ``claim_commit = "remote_write"`` open rows commit at that level; closes and notes stay off."""
-    eng = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.exec_driver_sql("TRUNCATE replies, events, cursors")
-        c.exec_driver_sql(COMMIT_MODES)
-    store = Store.open(pg_url, clock=clock, claim_commit="remote_write")
-    try:
-        plat = MemoryPlatform(clock=clock)
-        g = Guard(store, plat, plat.whoami(), clock=clock, watch_interval_s=None)
-        assert g.post(plat.add_parent("text"), "a reply").status is Status.POSTED
-        assert g.post(plat.add_parent("composed"), lambda p: "composed").status is Status.POSTED
-        with eng.connect() as c:
-            modes = [tuple(r) for r in c.exec_driver_sql("SELECT kind, state, mode FROM commit_modes")]
-        opened = {m for _, s, m in modes if s == st.OPEN}
-        closed = {m for _, s, m in modes if s == st.CLOSED}
-        assert opened == {"remote_write"}, modes
-        assert closed == {"off"}, modes
-    finally:
-        store.dispose()
-        with eng.connect() as c:
-            c.exec_driver_sql("DROP TRIGGER IF EXISTS note_commit_mode ON events; DROP FUNCTION IF EXISTS "
-                              "note_commit_mode(); DROP TABLE IF EXISTS commit_modes")
-        eng.dispose()
+    with commit_modes(pg_url) as read_modes:
+        store = Store.open(pg_url, clock=clock, claim_commit="remote_write")
+        try:
+            plat = MemoryPlatform(clock=clock)
+            g = Guard(store, plat, plat.whoami(), clock=clock, watch_interval_s=None)
+            assert g.post(plat.add_parent("text"), "a reply").status is Status.POSTED
+            assert g.post(plat.add_parent("composed"), lambda p: "composed").status is Status.POSTED
+            modes = read_modes()
+        finally:
+            store.dispose()
+    assert {m for _, s, m in modes if s == st.OPEN} == {"remote_write"}, modes
+    assert {m for _, s, m in modes if s == st.CLOSED} == {"off"}, modes
 
 
 def test_claim_commit_problem_names_the_missing_standby(pg_url):
