@@ -220,3 +220,14 @@ def fuzz(kind: str, rs: RoutedServer, fixture_server: FixtureServer, http_client
     assert len(ran) >= 20, ran  # the fuzz really ran
     if os.environ.get("FUZZ_SHOW"):
         print(kind, len(ran), sorted(set(w.split()[0] for w in ran)))
+
+
+def test_matrix_relation_ignores_ids_that_are_not_strings() -> None:
+    """A reply relation whose event id is a list or a number (what the fuzz met in a read-back) is no relation."""
+    from replyd.platforms.matrix import _relation
+
+    assert _relation({"m.relates_to": {"m.in_reply_to": {"event_id": []}}}) == (None, None)
+    assert _relation({"m.relates_to": {"rel_type": "m.thread", "event_id": 7}}) == (None, None)
+    assert _relation({"m.relates_to": {"m.in_reply_to": {"event_id": "$a"}, "rel_type": "m.thread",
+                                       "event_id": "$root"}}) == ("$a", "$root")
+    assert _relation("not a dict") == (None, None)

@@ -94,6 +94,17 @@ def _event_filter(**extra: Any) -> str:
     return json.dumps({"types": ["m.room.message"], **extra}, separators=(",", ":"))
 
 
+def _relation(content: Any) -> tuple[str | None, str | None]:
+    """A message content's (``m.in_reply_to`` event id, thread root event id); None where absent or not a string."""
+    rel = content.get("m.relates_to") if isinstance(content, dict) else None
+    if not isinstance(rel, dict):
+        return None, None
+    irt = rel.get("m.in_reply_to")
+    reply_to = irt.get("event_id") if isinstance(irt, dict) else None
+    root = rel.get("event_id") if rel.get("rel_type") == "m.thread" else None
+    return (reply_to if isinstance(reply_to, str) else None), (root if isinstance(root, str) else None)
+
+
 @register_platform("matrix")
 class MatrixPlatform:
     """A Matrix account as a replyd platform: mentions in, replies by transaction id, own events read back."""
@@ -260,9 +271,7 @@ class MatrixPlatform:
         event_id = _http.field(ev, "event_id", what)
         sender = _http.field(ev, "sender", what)
         ts = _http.field(ev, "origin_server_ts", what, (int, float))
-        in_reply_to = (relates.get("m.in_reply_to") or {}).get("event_id") if isinstance(
-            relates.get("m.in_reply_to"), dict) else None
-        thread_root = relates.get("event_id") if relates.get("rel_type") == "m.thread" else None
+        in_reply_to, thread_root = _relation(content)
         return Parent(
             id=event_id,
             author_id=sender,
@@ -555,10 +564,7 @@ class MatrixPlatform:
                     for ev in chunk:
                         if not isinstance(ev, dict) or ev.get("sender") != sender_id:
                             continue
-                        content = ev.get("content") if isinstance(ev.get("content"), dict) else {}
-                        rel = content.get("m.relates_to") if isinstance(content.get("m.relates_to"), dict) else {}
-                        irt = rel.get("m.in_reply_to") if isinstance(rel.get("m.in_reply_to"), dict) else {}
-                        pid = irt.get("event_id")
+                        pid, _root = _relation(ev.get("content"))
                         if pid in opened and isinstance(ev.get("event_id"), str):
                             ts = ev.get("origin_server_ts")
                             created = ts / 1000.0 if isinstance(ts, (int, float)) else None
@@ -586,10 +592,8 @@ class MatrixPlatform:
             if depth > limit:
                 break
             ev = self._call("GET", f"/rooms/{_seg(room_id, what)}/event/{_seg(nxt, what)}", what=what)
-            content = ev.get("content") if isinstance(ev.get("content"), dict) else {}
-            rel = content.get("m.relates_to") if isinstance(content.get("m.relates_to"), dict) else {}
-            irt = rel.get("m.in_reply_to") if isinstance(rel.get("m.in_reply_to"), dict) else {}
-            nxt = irt.get("event_id") or (rel.get("event_id") if rel.get("rel_type") == "m.thread" else None)
+            reply_to, root = _relation(ev.get("content") if isinstance(ev, dict) else None)
+            nxt = reply_to or root
         return min(depth, max(limit, 0) + 1)
 
     def delete(self, reply_id: str) -> None:
