@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from collections import Counter
@@ -29,8 +28,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
-import uvicorn
-
+from replyd.serve import ThreadedServer
 from replyd.sim.app import build_app
 from replyd.sim.server import _mute_filter
 from replyd.sim.world import World
@@ -153,48 +151,21 @@ class SimHost:
         self.kill_on_create = False
         self.create_delay_s = 0.0
         self.base_url = ""
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._server: ThreadedServer | None = None
 
     def start(self) -> SimHost:
         """Bind an ephemeral port and serve."""
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        self.base_url = f"http://127.0.0.1:{port}"
-        self.world.base_url = self.base_url
         logging.getLogger("uvicorn.error").addFilter(_mute_filter)
-        config = uvicorn.Config(
-            _Counting(build_app(self.world), self),
-            loop="asyncio",
-            http="h11",
-            ws="none",
-            lifespan="off",
-            log_config=None,
-            log_level="critical",
-            access_log=False,
-            timeout_graceful_shutdown=1,
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True,
-                                        name="chaos-sim")
-        self._thread.start()
-        deadline = time.monotonic() + 15
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("sim did not start")
-            time.sleep(0.01)
+        self._server = ThreadedServer(_Counting(build_app(self.world), self), name="chaos-sim", grace_s=1,
+                                      log_level="critical").start()
+        self.base_url = self.world.base_url = self._server.url
         return self
 
     def stop(self) -> None:
         """Stop serving."""
         self.world.stop_traffic()
         if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(10)
+            self._server.stop()
 
     def attempts(self) -> dict[str, int]:
         """Creates that reached the platform, per parent id."""

@@ -33,7 +33,6 @@ import hashlib
 import hmac
 import json
 import secrets
-import socket
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -53,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
-from replyd import library
+from replyd import library, serve
 from replyd import log as rlog
 from replyd import store as st
 from replyd.clock import Clock, DatabaseClock, SystemClock
@@ -572,19 +571,11 @@ def serve_http(service: Service, *, host: str, port: int, path: str, token: str,
     app = make_server(service).streamable_http_app(
         streamable_http_path=path, host=host,
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
-    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host.strip("[]"), port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"mcp: cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock = serve.bind(host, port, what="mcp")
     sock.listen(128)  # connections made once the URL is printed wait in the backlog until uvicorn accepts
-    shown = f"[{host.strip('[]')}]" if family == socket.AF_INET6 else host
-    url = f"http://{shown}:{sock.getsockname()[1]}{path}"
+    url = serve.url_of(sock, host) + path
     log.info("replyd.mcp.listening", url=url)
     print(f"replyd mcp: listening on {url}", file=sys.stderr, flush=True)  # the line scripts and tests wait for
-    config = uvicorn.Config(Gate(app, token=token, hosts=hosts), lifespan="on", log_config=None,
-                            log_level="warning", access_log=False, timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[sock])
+    # In the main thread (signals stop it), with the lifespan the SDK's session manager needs.
+    uvicorn.Server(serve.uvicorn_config(Gate(app, token=token, hosts=hosts), grace_s=5, lifespan="on")).run(
+        sockets=[sock])

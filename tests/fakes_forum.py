@@ -26,10 +26,8 @@ import copy
 import json
 import re
 import shutil
-import socket
 import ssl
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -39,7 +37,6 @@ from urllib.parse import urlencode
 
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -88,45 +85,7 @@ class _LostResponse(Response):
         raise _Dropped("response lost on purpose")
 
 
-class FastFixtureServer(FixtureServer):
-    """``FixtureServer`` whose connections have ``TCP_NODELAY`` (about 1 ms a request instead of 45).
-
-    ``FixtureServer.start`` binds a socket made with protocol 0; asyncio only
-    sets ``TCP_NODELAY`` on accepted sockets whose protocol is ``IPPROTO_TCP``,
-    so uvicorn's separate header and body writes meet Nagle plus the client's
-    delayed ACK: 40 ms on every request after the first on a connection.
-    Accepted sockets inherit the option from the listening one.
-    """
-
-    def start(self) -> None:
-        """Bind an ephemeral port with TCP_NODELAY and serve until ``stop``."""
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            self._app,
-            http="h11",
-            lifespan="off",
-            log_config=None,
-            log_level="critical",
-            access_log=False,
-            timeout_graceful_shutdown=1,
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="fixture-server", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("fixture server did not start")
-            time.sleep(0.01)
-
-
-class AppServer(FastFixtureServer):
+class AppServer(FixtureServer):
     """``FixtureServer``'s uvicorn thread serving a given Starlette app instead of canned routes."""
 
     def __init__(self, app: Starlette) -> None:
@@ -986,9 +945,9 @@ class FakeHost:
 
 
 @pytest.fixture(scope="module", name="fixture_server_session")
-def nodelay_fixture_server_session() -> Iterator[FastFixtureServer]:
-    """Replaces ``fixtures_server.fixture_server_session`` in a module that imports it: same server, TCP_NODELAY."""
-    server = FastFixtureServer()
+def nodelay_fixture_server_session() -> Iterator[FixtureServer]:
+    """Replaces ``fixtures_server.fixture_server_session`` in a module that imports it: a server of its own."""
+    server = FixtureServer()
     server.start()
     yield server
     server.stop()

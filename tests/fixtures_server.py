@@ -18,7 +18,6 @@ import json
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +26,12 @@ from urllib.parse import parse_qsl
 
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+from replyd.serve import ThreadedServer
 
 
 _CANDIDATES = (
@@ -149,8 +149,7 @@ class FixtureServer:
         self.port = 0
         methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
         self._app = Starlette(routes=[Route("/{path:path}", self._endpoint, methods=methods)])
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._server: ThreadedServer | None = None
 
     @property
     def url(self) -> str:
@@ -159,37 +158,13 @@ class FixtureServer:
 
     def start(self) -> None:
         """Bind an ephemeral port and serve until ``stop``."""
-        # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on such sockets (else ~40 ms per request).
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            self._app,
-            http="h11",
-            lifespan="off",
-            log_config=None,
-            log_level="critical",
-            access_log=False,
-            timeout_graceful_shutdown=1,
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="fixture-server", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("fixture server did not start")
-            time.sleep(0.01)
+        self._server = ThreadedServer(self._app, name="fixture-server", grace_s=1, log_level="critical").start()
+        self.port = self._server.port
 
     def stop(self) -> None:
         """Stop serving and join the thread."""
         if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._server.stop()
 
     def reset(self) -> None:
         """Forget routes and recorded requests."""

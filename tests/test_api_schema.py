@@ -32,9 +32,10 @@ def test_openapi_document_is_valid_openapi_31():
     for auth in (False, True):
         doc = openapi_document(auth=auth, open_routes=["readyz"] if auth else [])
         assert doc["openapi"] == "3.1.0"
-        for name, schema in doc["components"]["schemas"].items():
-            resolved = json.loads(json.dumps(schema).replace("#/components/schemas/", "#/$defs/"))
-            jsonschema_rs.validator_for({**resolved, "$defs": doc["components"]["schemas"]})  # raises if invalid
+        # Components refer to components at any depth: every reference is resolved inside $defs.
+        defs = json.loads(json.dumps(doc["components"]["schemas"]).replace("#/components/schemas/", "#/$defs/"))
+        for name, schema in defs.items():
+            jsonschema_rs.validator_for({**schema, "$defs": defs})  # raises if invalid
         body = doc["paths"]["/v1/replies"]["post"]["requestBody"]["content"]["application/json"]["schema"]
         assert body["required"] == ["platform", "parent_id", "text"] and body["additionalProperties"] is False
 

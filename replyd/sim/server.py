@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -21,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
+from replyd.serve import ThreadedServer
 from replyd.sim.app import build_app
 from replyd.sim.world import World
 
@@ -65,8 +64,7 @@ class SimServer:
         self.args = list(args)
         self.start_timeout_s = start_timeout_s
         self.base_url = ""
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._server: ThreadedServer | None = None
         self._proc: subprocess.Popen[str] | None = None
         self._admin_http: httpx.Client | None = None
 
@@ -82,37 +80,12 @@ class SimServer:
 
     def _start_thread(self) -> None:
         assert self.world is not None
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        # Accepted sockets inherit this; without it uvicorn's separate header and body
-        # writes meet delayed ACKs and every request costs ~40 ms.
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((self.host, self.port))
-        self.port = sock.getsockname()[1]
-        self.base_url = f"http://{self.host}:{self.port}"
-        self.world.base_url = self.base_url
         logging.getLogger("uvicorn.error").addFilter(_mute_filter)
-        config = uvicorn.Config(
-            build_app(self.world),
-            loop="asyncio",
-            http="h11",  # the drop fault relies on h11 closing the transport mid-body
-            ws="none",
-            lifespan="off",
-            log_config=None,
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=2,
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="replyd-sim-server", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + self.start_timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("sim server did not start")
-            time.sleep(0.005)
+        self._server = ThreadedServer(build_app(self.world), host=self.host, port=self.port, name="sim",
+                                      grace_s=2, start_timeout_s=self.start_timeout_s).start()
+        self.port = self._server.port
+        self.base_url = self._server.url
+        self.world.base_url = self.base_url
 
     def _start_process(self) -> None:
         env = dict(os.environ)
@@ -155,12 +128,11 @@ class SimServer:
         if self._admin_http is not None:
             self._admin_http.close()
             self._admin_http = None
-        if self._server is not None and self._thread is not None:
+        if self._server is not None:
             if self.world is not None:
                 self.world.stop_traffic()
-            self._server.should_exit = True
-            self._thread.join(10)
-            self._server = self._thread = None
+            self._server.stop()
+            self._server = None
         if self._proc is not None:
             self._proc.terminate()
             try:

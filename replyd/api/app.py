@@ -1,0 +1,332 @@
+"""The API's ASGI app: one ``Api`` over the store and the daemon's guards, a handler per route of ``openapi.ROUTES``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from replyd import library, metrics, statuspage
+from replyd import store as st
+from replyd.api.answers import EXCEPTION_HANDLERS, body, error, outcome_response, retry_after, row_dict
+from replyd.api.gate import Gate, HostCheck, open_paths
+from replyd.api.models import (MAX_PARENT_ID, BotState, Event, Health, OpenRow, Ready, ReadyStore, Rearmed,
+                               ReplyHistory, ReplyIn, StateCount, StatusSummary, StoreInfo)
+from replyd.api.openapi import ROUTES, openapi_document
+from replyd.errors import PlatformError, RateLimited, Rejected, ReplydError
+from replyd.guard import Guard
+from replyd.liveness import Liveness
+from replyd.store import Reply, Store
+
+if TYPE_CHECKING:
+    from replyd.hooks import Receiver
+
+log = structlog.get_logger("replyd.api")
+
+
+class Api:
+    """The ASGI app over one store and the daemon's guards (a live mapping: bots log in after start)."""
+
+    def __init__(
+        self,
+        store: Store,
+        guards: Mapping[str, Guard],
+        *,
+        expected: Sequence[str] | None = None,
+        token: str | None = None,
+        host: str = "127.0.0.1",
+        hosts: Sequence[str] = (),
+        open_routes: Sequence[str] = (),
+        refresh_s: int = 5,
+        max_body_bytes: int = 65_536,
+        liveness: Liveness | None = None,
+        hooks: Receiver | None = None,
+    ) -> None:
+        self.store = store
+        self.liveness = liveness
+        self.hooks = hooks
+        self.guards = guards
+        self.expected = list(expected) if expected is not None else None
+        self.token = token or None
+        gate = {"token": self.token, "hosts": HostCheck(host, hosts), "open_paths": open_paths(open_routes)}
+        self.refresh_s = refresh_s
+        self.max_body_bytes = max_body_bytes
+        self.registry = metrics.registry(store, liveness)
+        self._openapi = openapi_document(auth=self.token is not None, open_routes=open_routes)
+        routes = [Route(op.path, getattr(self, op.handler), methods=[op.method]) for op in ROUTES]
+        self.app = Starlette(routes=routes, middleware=[Middleware(Gate, **gate)],
+                             exception_handlers=dict(EXCEPTION_HANDLERS))
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Serve one ASGI request."""
+        await self.app(scope, receive, send)
+
+    def _writes_disabled(self) -> Response | None:
+        """A 403 when no token is configured (writes need one), else None."""
+        if self.token is not None:
+            return None
+        return error(403, "writes_disabled",
+                     "writes need an API token and none is configured: set api.token_env to the name of an "
+                     "environment variable holding one, export it, and restart")
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _bot(self, ref: str) -> tuple[str, Guard] | Response:
+        """Find a bot by name, else by platform instance (unique); a refusal when neither."""
+        guard = self.guards.get(ref)
+        if guard is not None:
+            return ref, guard
+        hits = [(n, g) for n, g in list(self.guards.items()) if g.platform.instance == ref]
+        if len(hits) == 1:
+            return hits[0]
+        if hits:
+            return error(409, "ambiguous_platform",
+                         f"{len(hits)} bots post on this platform instance: name the bot instead", field="platform")
+        known = ", ".join(sorted(self.guards)) or "none logged in yet"
+        return error(404, "unknown_platform", f"no bot or platform instance named {ref!r} (bots: {known})",
+                     field="platform")
+
+    def _key_of(self, request: Request) -> tuple[str, Guard, st.Key] | Response:
+        """The bot and key a ``/v1/replies/{platform}/{parent_id}`` path names; a refusal when it names none."""
+        found = self._bot(request.path_params["platform"])
+        if isinstance(found, Response):
+            return found
+        name, guard = found
+        parent_id = request.path_params["parent_id"]
+        if not _storable(parent_id):
+            return error(404, "no_row", "no row for this parent", field="parent_id")
+        return name, guard, guard.key(parent_id)
+
+    async def _body(self, request: Request, limit: int | None = None) -> bytes | Response:
+        """The request body up to ``limit`` bytes (default ``max_body_bytes``); a refusal past it or on a cut."""
+        limit = self.max_body_bytes if limit is None else limit
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            return error(413, "body_too_large", f"body larger than {limit} bytes", field="body")
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    return error(413, "body_too_large", f"body larger than {limit} bytes", field="body")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            # The client left mid-body: nothing was claimed or sent, and nobody reads this answer.
+            return error(400, "client_disconnected", "the client closed the connection before the body ended",
+                         field="body")
+        return b"".join(chunks)
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    async def post_reply(self, request: Request) -> Response:
+        """POST /v1/replies: resolve the parent and post through Guard.post, at most once."""
+        if (deny := self._writes_disabled()) is not None:
+            return deny
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            return error(415, "unsupported_media_type", "send the body as application/json", field="body")
+        raw = await self._body(request)
+        if isinstance(raw, Response):
+            return raw
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return error(400, "invalid_json", f"body: not valid JSON ({exc})", field="body")
+        except RecursionError:
+            return error(400, "invalid_json", "body: JSON nested too deeply", field="body")
+        if not isinstance(data, dict):
+            return error(422, "invalid_body", "body: must be a JSON object with platform, parent_id and text",
+                         field="body")
+        try:
+            req = ReplyIn.model_validate(data)
+        except ValidationError as exc:
+            errs = exc.errors(include_url=False, include_input=False)
+            first = ".".join(str(x) for x in errs[0]["loc"]) or "body"
+            detail = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'body'}: {e['msg']}" for e in errs)
+            return error(422, "invalid_body", detail, field=first)
+        found = self._bot(req.platform)
+        if isinstance(found, Response):
+            return found
+        name, guard = found
+        try:
+            out = await run_in_threadpool(library.submit, guard, req.parent_id, req.text, path=req.path)
+        except RateLimited as exc:
+            return error(429, "platform_rate_limited", f"resolving the parent: {exc.detail}; nothing sent",
+                         field="parent_id", headers=retry_after(exc.retry_after_s))
+        except Rejected as exc:
+            return error(404, "unknown_parent", f"the platform refused the parent: {exc.detail}; nothing sent",
+                         field="parent_id")
+        except PlatformError as exc:
+            return error(502, "resolve_failed", f"could not resolve the parent: {exc.detail or type(exc).__name__}; "
+                         "nothing sent", field="parent_id")
+        log.info("replyd.api.replied", bot=name, parent_id=out.key.parent_id, status=out.status.value)
+        return outcome_response(out, name)
+
+    async def hook(self, request: Request) -> Response:
+        """POST /v1/hooks/{bot}: a signed webhook delivery; parents are offered in the background."""
+        if self.hooks is None:
+            return error(404, "unknown_hook", "no webhooks are configured (bots.push)", field="bot")
+        bot = request.path_params["bot"]
+        raw = await self._body(request, self.hooks.max_body_bytes)
+        if isinstance(raw, Response):
+            return raw
+        answer = self.hooks.receive(bot, request.headers, raw)
+        return JSONResponse(answer.body, status_code=answer.status)
+
+    async def rearm(self, request: Request) -> Response:
+        """POST /v1/replies/{platform}/{parent_id}/rearm: an operator sends a terminal key back."""
+        if (deny := self._writes_disabled()) is not None:
+            return deny
+        found = self._key_of(request)
+        if isinstance(found, Response):
+            return found
+        name, guard, key = found
+        res = await run_in_threadpool(library.rearm, self.store, key, by="api", owner=guard.owner)
+        if res.row is None:
+            return error(404, "no_row", f"no row for parent {key.parent_id!r} of bot {name!r} (ids are exact)",
+                         field="parent_id")
+        if not res.rearmed:
+            return error(409, "not_rearmable",
+                         f"the key is {res.previous}; only {', '.join(library.REARMABLE)} can be rearmed",
+                         state=res.row.state)
+        log.info("replyd.api.rearmed", bot=name, parent_id=key.parent_id, previous=res.previous)
+        return body(Rearmed(rearmed=True, bot=name, previous_state=res.previous, row=row_dict(res.row)))
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    async def get_reply(self, request: Request) -> Response:
+        """GET /v1/replies/{platform}/{parent_id}: the key's row and its events in order."""
+        found = self._key_of(request)
+        if isinstance(found, Response):
+            return found
+        name, _, key = found
+
+        def read() -> tuple[Reply | None, list[st.Event]]:
+            """Read the row, and its history when there is one."""
+            row = self.store.get(key)
+            return row, (self.store.history(key) if row else [])
+
+        row, history = await run_in_threadpool(read)
+        if row is None:
+            return error(404, "no_row", f"no row for parent {key.parent_id!r} of bot {name!r} (ids are exact)",
+                         field="parent_id")
+        try:
+            parent = json.loads(row.snapshot or "{}")
+        except (ValueError, RecursionError):
+            parent = {}
+        return body(ReplyHistory(
+            bot=name, platform=key.platform, sender_id=key.sender_id, parent_id=key.parent_id, row=row_dict(row),
+            parent=parent if isinstance(parent, dict) else {},
+            events=[Event.model_validate({**e.model_dump(), "detail": _detail(e.detail), "path": row.path})
+                    for e in history],
+        ))
+
+    def summary(self) -> dict[str, Any]:
+        """Collect what the status page and ``/v1/status`` show (blocking: run in a thread)."""
+        now = self.store.clock.now()
+        store_info: dict[str, Any] = {"url": self.store.url, "up": True, "error": None}
+        counts: list[StateCount] = []
+        oldest: list[OpenRow] = []
+        recent: list[Event] = []
+        try:
+            raw = self.store.counts()
+            counts = [StateCount(platform=p, state=s, rows=n) for (p, s), n in sorted(raw.items())]
+            oldest = [OpenRow(platform=r.platform, sender_id=r.sender_id, parent_id=r.parent_id,
+                              opened_at=r.opened_at, age_s=round(max(0.0, now - (r.opened_at or r.created_at)), 1),
+                              attempt=r.attempt) for r in self.store.oldest_open(10)]
+            recent = [Event.model_validate(e) for e in library.events(self.store, limit=30)]
+        except ReplydError as exc:
+            store_info.update(up=False, error=str(exc))
+        try:
+            live = self.liveness.snapshot(self.store if store_info["up"] else None) if self.liveness else {}
+        except ReplydError:
+            live = self.liveness.snapshot() if self.liveness else {}
+        return StatusSummary(
+            generated_at=now,
+            store=StoreInfo(**store_info),
+            counts=counts,
+            open_rows=sum(c.rows for c in counts if c.state == st.OPEN),
+            oldest_open_age_s=oldest[0].age_s if oldest else 0.0,
+            oldest_open=oldest,
+            recent_events=recent,
+            bots=self._bots_state(),
+            liveness=live,
+        ).model_dump(mode="json")
+
+    def _bots_state(self) -> dict[str, BotState]:
+        """Every configured bot (then any other logged in): ready, platform instance and sender."""
+        guards = dict(self.guards)
+        names = self.expected if self.expected is not None else sorted(guards)
+        out: dict[str, BotState] = {}
+        for n in list(names) + [g for g in guards if g not in names]:
+            g = guards.get(n)
+            out[n] = BotState(ready=g is not None and g.claiming, platform=g.platform.instance if g else None,
+                              sender_id=g.identity.sender_id if g else None)
+        return out
+
+    async def status(self, request: Request) -> Response:
+        """GET /v1/status: counts, open rows, recent events, bots."""
+        data = await run_in_threadpool(self.summary)
+        return JSONResponse(data, status_code=200 if data["store"]["up"] else 503)
+
+    async def page(self, request: Request) -> Response:
+        """GET /: the read-only status page."""
+        data = await run_in_threadpool(self.summary)
+        return HTMLResponse(statuspage.render(data, refresh_s=self.refresh_s),
+                            status_code=200 if data["store"]["up"] else 503)
+
+    async def healthz(self, request: Request) -> Response:
+        """GET /healthz: the process serves requests."""
+        return body(Health(status="ok"))
+
+    async def readyz(self, request: Request) -> Response:
+        """GET /readyz: the store answers, every configured bot is logged in (and still claiming) and no path is stale."""
+
+        def check() -> Ready:
+            """Ask the store one real query and look at every expected bot."""
+            store_info: dict[str, Any] = {"up": True, "error": None}
+            try:
+                with self.store.tx(write=False, doing="checking readiness") as conn:
+                    conn.execute(st.REPLIES.select().limit(1)).first()
+            except ReplydError as exc:
+                store_info = {"up": False, "error": str(exc)}
+            bots = {n: b.ready for n, b in self._bots_state().items()}
+            reasons = [] if store_info["up"] else [f"store: {store_info['error']}"]
+            reasons += [f"bot {n}: not logged in" for n, ok in bots.items() if not ok]
+            reasons += self.liveness.problems() if self.liveness else []
+            return Ready(ready=not reasons, reasons=reasons, store=ReadyStore(**store_info), bots=bots)
+
+        data = await run_in_threadpool(check)
+        return body(data, 200 if data.ready else 503)
+
+    async def metrics(self, request: Request) -> Response:
+        """GET /metrics: Prometheus text exposition."""
+        text = await run_in_threadpool(generate_latest, self.registry)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+    async def openapi(self, request: Request) -> Response:
+        """GET /openapi.json: this API's contract."""
+        return JSONResponse(self._openapi)
+
+
+def _storable(parent_id: str) -> bool:
+    """Whether an id could be stored at all (a NUL or an over-long id has no row by construction)."""
+    return "\x00" not in parent_id and len(parent_id) <= MAX_PARENT_ID
+
+
+def _detail(raw: str) -> Any:
+    """An event's detail as JSON when it parses, else as stored."""
+    try:
+        return json.loads(raw or "{}")
+    except (ValueError, RecursionError):
+        return raw

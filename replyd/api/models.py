@@ -1,0 +1,242 @@
+"""The API's request and response bodies as pydantic models: handlers build them, the OpenAPI document shows them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel
+
+from replyd import library
+from replyd import store as st
+from replyd import guard
+from replyd.guard import Status
+
+NO_NUL = r"^[^\u0000]*$"  # PostgreSQL text cannot hold NUL; refuse it at the door, not as a 503
+MAX_PARENT_ID = 1024  # the replies.parent_id column
+
+
+def _enum(values: tuple[str, ...], description: str | None = None) -> Any:
+    """A string field documented as one of ``values`` (not validated: the store is the authority on its states)."""
+    return Field(description=description, json_schema_extra={"enum": list(values)})
+
+
+class ReplyIn(BaseModel):
+    """The body of ``POST /v1/replies``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, title="ReplyRequest")
+
+    platform: str = Field(min_length=1, max_length=255, pattern=NO_NUL,
+                          description="A configured bot's name, or its platform instance (the first part of the key).")
+    parent_id: str = Field(min_length=1, max_length=MAX_PARENT_ID, pattern=NO_NUL,
+                           description="The parent's id as the platform serves it, or a URL the adapter resolves.")
+    text: str = Field(min_length=1, max_length=10_000, pattern=r"\S",
+                      description="The reply. Never part of the key and never compared.")
+    path: str = Field("api", min_length=1, max_length=64, pattern=NO_NUL,
+                      description="The discovery path recorded on the row (default: api).")
+
+
+class Body(BaseModel):
+    """A response body built by a handler: a key the model does not name is a bug, refused loudly."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Error(Body):
+    """Every refusal: a stable code, words for people, and the field at fault."""
+
+    model_config = ConfigDict(extra="allow")  # a few refusals add context (rearm's ``state``)
+
+    error: str = Field(description="A stable code, e.g. invalid_body, unknown_parent.")
+    detail: str = Field(description="What went wrong, for people.")
+    field: str | None = Field(description="The request field at fault, when one is.")
+
+
+class PostOutcome(Body):
+    """What ``POST /v1/replies`` did: the guard's outcome for the key."""
+
+    status: Status
+    bot: str
+    platform: str = Field(description="The platform instance (first part of the key).")
+    sender_id: str
+    parent_id: str = Field(description="The parent id as served (after resolving).")
+    state: str | None
+    attempt: int
+    reply_id: str | None
+    detail: str
+    retry_after_s: float | None
+
+    @classmethod
+    def of(cls, out: guard.Outcome, bot: str) -> PostOutcome:
+        """The body for one guard outcome."""
+        return cls(status=out.status, bot=bot, platform=out.key.platform, sender_id=out.key.sender_id,
+                   parent_id=out.key.parent_id, state=out.state, attempt=out.attempt, reply_id=out.reply_id,
+                   detail=out.detail, retry_after_s=out.retry_after_s)
+
+
+class Outcome(RootModel[PostOutcome | Error]):
+    """A status whose body is either the guard's outcome or a refusal."""
+
+
+class Row(BaseModel):
+    """A key's row of the answered-log, without the parent snapshot (served separately as ``parent``)."""
+
+    model_config = ConfigDict(extra="ignore")  # read from the store's row: its other columns are not the API's
+
+    platform: str
+    sender_id: str
+    parent_id: str
+    state: str = _enum(st.STATES)
+    attempt: int
+    created_at: float
+    updated_at: float
+    opened_at: float | None = None
+    deadline_at: float | None = None
+    closed_at: float | None = None
+    not_before: float | None = None
+    reply_id: str | None = None
+    provider_key: str | None = None
+    text_hash: str | None = None
+    path: str = ""
+    owner: str | None = None
+    lease_owner: str | None = None
+    lease_until: float | None = None
+    error: str | None = None
+    author_id: str | None = None
+
+
+class Event(BaseModel):
+    """One transition of one key, with the discovery path stored on its row."""
+
+    model_config = ConfigDict(extra="ignore")  # read from the store's event: only these keys are served
+
+    id: int
+    at: float
+    platform: str
+    sender_id: str
+    parent_id: str
+    kind: str
+    state: str | None = None
+    attempt: int | None = None
+    owner: str | None = None
+    detail: Any = Field(None, description="What the transition recorded (usually an object).")
+    path: str | None = Field(None, description="The discovery path stored on the key's row.")
+
+
+class ReplyHistory(Body):
+    """``GET /v1/replies/{platform}/{parent_id}``: the row and its events, oldest first."""
+
+    bot: str
+    platform: str
+    sender_id: str
+    parent_id: str
+    row: Row
+    parent: dict[str, Any] = Field(description="The parent snapshot stored when claimed.")
+    events: list[Event]
+
+
+class Rearmed(Body):
+    """A rearm that happened."""
+
+    rearmed: Literal[True]
+    bot: str
+    previous_state: str = _enum(library.REARMABLE)
+    row: Row
+
+
+class StoreInfo(Body):
+    """Where the store is and whether it answered."""
+
+    url: str
+    up: bool
+    error: str | None
+
+
+class StateCount(Body):
+    """How many rows of one platform instance are in one state."""
+
+    platform: str
+    state: str
+    rows: int
+
+
+class OpenRow(Body):
+    """An open row, by age."""
+
+    platform: str
+    sender_id: str
+    parent_id: str
+    opened_at: float | None
+    age_s: float
+    attempt: int
+
+
+class PathHealth(Body):
+    """One discovery path of one bot: last success, failures, staleness."""
+
+    interval_s: float
+    last_ok: float | None
+    age_s: float
+    failures: int
+    last_error: str | None
+    last_error_at: float | None
+    runs: int
+    stale_after_s: float
+    stale: bool
+    words: str = Field(description="inbox: last ok 3 min ago, 7 failures in a row: HTTP 503")
+
+
+class BotLiveness(Body):
+    """A bot's paths and whether any is stale."""
+
+    paths: dict[str, PathHealth] = Field(description="inbox, search, refind and sweep, as scheduled.")
+    stale: list[str]
+    oldest_due_open_age_s: float | None
+
+
+class BotState(Body):
+    """A configured bot: logged in and claiming, and as whom."""
+
+    ready: bool
+    platform: str | None
+    sender_id: str | None
+
+
+class StatusSummary(Body):
+    """``GET /v1/status`` and the status page: counts, oldest open rows, recent events, bots."""
+
+    generated_at: float
+    store: StoreInfo
+    counts: list[StateCount]
+    open_rows: int
+    oldest_open_age_s: float
+    oldest_open: list[OpenRow]
+    recent_events: list[Event]
+    bots: dict[str, BotState]
+    liveness: dict[str, BotLiveness] = {}
+
+
+class Health(Body):
+    """``GET /healthz``."""
+
+    status: Literal["ok"]
+
+
+class ReadyStore(Body):
+    """Whether the store answered the readiness query."""
+
+    up: bool
+    error: str | None
+
+
+class Ready(Body):
+    """``GET /readyz``: ready, or the reasons it is not."""
+
+    ready: bool
+    reasons: list[str]
+    store: ReadyStore
+    bots: dict[str, bool]
+
+
+# Every body the document names, in the order its components list them.
+RESPONSES: tuple[type[BaseModel], ...] = (Error, Outcome, PostOutcome, Row, Event, ReplyHistory, Rearmed,
+                                          StatusSummary, BotState, BotLiveness, Health, Ready)
