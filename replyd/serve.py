@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Self
 
 import structlog
@@ -48,22 +49,21 @@ def uvicorn_config(app: Callable[..., Any], *, grace_s: float, log_level: str = 
                           timeout_graceful_shutdown=max(1, int(grace_s)))
 
 
+@dataclass(eq=False)
 class ThreadedServer:
     """Serves an ASGI app with uvicorn from a daemon thread; ``url`` and ``port`` are set once it listens."""
 
-    def __init__(self, app: Callable[..., Any], *, host: str = "127.0.0.1", port: int = 0, name: str = "http",
-                 grace_s: float = 10.0, start_timeout_s: float = 15.0, log_level: str = "warning") -> None:
-        self.app = app
-        self.host = host
-        self.port = port
-        self.name = name
-        self.grace_s = grace_s
-        self.start_timeout_s = start_timeout_s
-        self.log_level = log_level
-        self.url = ""
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._failure: BaseException | None = None
+    app: Callable[..., Any]
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: any free port (``port`` holds the bound one after ``start``)
+    name: str = "http"  # names the thread, the log events and the errors
+    grace_s: float = 10.0
+    start_timeout_s: float = 15.0
+    log_level: str = "warning"
+    url: str = field(default="", init=False)
+    _server: uvicorn.Server | None = field(default=None, init=False, repr=False)
+    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
+    _failure: BaseException | None = field(default=None, init=False, repr=False)
 
     def start(self) -> Self:
         """Bind (ConfigError naming the address if it cannot), start serving, and wait until requests are accepted."""

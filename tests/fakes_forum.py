@@ -44,7 +44,7 @@ from starlette.routing import Route
 
 from replyd.clock import FakeClock
 from replyd.store import Store
-from tests.fixtures_server import FixtureServer, load_fixture
+from tests.fixtures_server import DropResponse, FixtureServer, load_fixture
 
 
 def _fx(platform: str, name: str) -> Any:
@@ -64,25 +64,6 @@ def iso_s(t: float) -> str:
 def parse_iso(text: str) -> float:
     """Parse Z-terminated ISO times back to epoch seconds."""
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-class _Dropped(Exception):
-    """Raised inside the app so uvicorn closes the connection mid-response."""
-
-
-class _LostResponse(Response):
-    """Status line and headers, half a body, then the connection goes away."""
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": self.status_code,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", b"1000")],
-            }
-        )
-        await send({"type": "http.response.body", "body": b'{"id":', "more_body": True})
-        raise _Dropped("response lost on purpose")
 
 
 class AppServer(FixtureServer):
@@ -531,7 +512,7 @@ class FakeDiscourse:
             return self._error(403, "You are not permitted to view the requested resource.", "invalid_access")
         post = self._add_post(me, topic, str(data.get("raw", "")), data.get("reply_to_post_number"))
         if fault == "lost":
-            return _LostResponse(status_code=200)
+            return DropResponse(status_code=200)
         if fault == "error_after":
             return Response("<html><body><h1>502 Bad Gateway</h1></body></html>", status_code=502, media_type="text/html")
         return JSONResponse(self._post_json(post, raw=True))
@@ -910,7 +891,7 @@ class FakeGitHub:
             )
         c = self._add_comment(self.bot, issue, str(data.get("body", "")))
         if fault == "lost":
-            return _LostResponse(status_code=201)
+            return DropResponse(status_code=201)
         if fault == "error_after":
             return JSONResponse({"message": "Server Error"}, status_code=502)
         return JSONResponse(

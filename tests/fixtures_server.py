@@ -126,7 +126,9 @@ class _Dropped(Exception):
     """Raised inside the app so uvicorn closes the connection mid-response."""
 
 
-class _DropResponse(Response):
+class DropResponse(Response):
+    """Status line and headers, half a body, then the connection goes away (a response lost after acting)."""
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await send(
             {
@@ -206,7 +208,7 @@ class FixtureServer:
         if reply.delay_s:
             await asyncio.sleep(reply.delay_s)
         if reply.fault == "drop":
-            return _DropResponse(status_code=reply.status)
+            return DropResponse(status_code=reply.status)
         headers = {"content-type": reply.content_type, **reply.headers}
         return Response(content=reply.encoded(), status_code=reply.status, headers=headers)
 

@@ -14,7 +14,7 @@ from replyd import store as st
 from replyd.api import Api, ApiServer, check_bind, is_loopback
 from replyd.config import Config
 from replyd.daemon import Daemon
-from replyd.errors import ConfigError
+from replyd.errors import ConfigError, ContentionError
 from replyd.store import Store
 from tests.api_harness import TOKEN, TOKEN_ENV, Harness, replyd_cli, running, sim_world, write_config
 
@@ -97,10 +97,21 @@ def test_shutting_down_503_sends_nothing(h):
     assert h.world.creates_attempted == 0 and h.bot_statuses() == 0
 
 
-def test_broken_store_503_and_nothing_sent(h):
-    """With the store unreadable, POST answers 503 store_unavailable and the sim counts zero creates."""
+def _busy(*args: object, **kwargs: object) -> None:
+    """What the store raises once another writer held the lock past its busy timeout (30 s on SQLite)."""
+    raise ContentionError("store busy: held")
+
+
+def test_broken_store_503_and_nothing_sent(h, monkeypatch):
+    """A store error is 503 on every route that reads a row (busy: store_busy, Retry-After 1; unreadable:
+    store_unavailable, Retry-After 5), never a 500; with the store unreadable the sim counts zero creates."""
     pid = h.parent()
     store = h.daemon.store
+    with monkeypatch.context() as m, h.client() as c:
+        m.setattr(store, "get", _busy)
+        for r in (c.get(f"/v1/replies/sim/{pid}"), c.post(f"/v1/replies/sim/{pid}/rearm")):
+            assert r.status_code == 503 and r.json()["error"] == "store_busy", r.text
+            assert r.headers["Retry-After"] == "1" and r.json()["detail"].startswith("store busy: held")
     store.engine.dispose()
     h.db.write_bytes(b"not a database " * 1000)
     for suffix in ("-wal", "-shm"):
@@ -110,6 +121,9 @@ def test_broken_store_503_and_nothing_sent(h):
     assert r.json()["error"] == "store_unavailable" and "nothing sent" in r.json()["detail"]
     assert h.world.creates_attempted == 0 and h.bot_statuses() == 0
     with h.client() as c:
+        for r in (c.get(f"/v1/replies/sim/{pid}"), c.post(f"/v1/replies/sim/{pid}/rearm")):
+            assert r.status_code == 503 and r.json()["error"] == "store_unavailable", r.text
+            assert r.headers["Retry-After"] == "5"
         ready = c.get("/readyz")
         assert ready.status_code == 503 and ready.json()["store"]["up"] is False
         assert c.get("/v1/status").status_code == 503

@@ -31,8 +31,7 @@ which resolves the parent through the adapter and calls ``Guard.post``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 from replyd.api.answers import outcome_response, row_dict
 from replyd.api.app import Api
@@ -46,9 +45,8 @@ __all__ = ["MIN_PUBLIC_TOKEN", "OPENABLE_ROUTES", "Api", "ApiServer", "HostCheck
            "host_name", "is_loopback", "openapi_document", "outcome_response", "row_dict"]
 
 
+@dataclass(eq=False)
 class ApiServer(ThreadedServer):
     """The API's server: ``serve.ThreadedServer`` named ``api`` (errors read ``api: cannot listen on ...``)."""
 
-    def __init__(self, app: Callable[..., Any], *, host: str = "127.0.0.1", port: int = 0,
-                 grace_s: float = 10.0, start_timeout_s: float = 15.0) -> None:
-        super().__init__(app, host=host, port=port, name="api", grace_s=grace_s, start_timeout_s=start_timeout_s)
+    name: str = "api"

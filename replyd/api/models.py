@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 
 from replyd import library
 from replyd import store as st
@@ -77,49 +77,21 @@ class Outcome(RootModel[PostOutcome | Error]):
     """A status whose body is either the guard's outcome or a refusal."""
 
 
-class Row(BaseModel):
-    """A key's row of the answered-log, without the parent snapshot (served separately as ``parent``)."""
-
-    model_config = ConfigDict(extra="ignore")  # read from the store's row: its other columns are not the API's
-
-    platform: str
-    sender_id: str
-    parent_id: str
-    state: str = _enum(st.STATES)
-    attempt: int
-    created_at: float
-    updated_at: float
-    opened_at: float | None = None
-    deadline_at: float | None = None
-    closed_at: float | None = None
-    not_before: float | None = None
-    reply_id: str | None = None
-    provider_key: str | None = None
-    text_hash: str | None = None
-    path: str = ""
-    owner: str | None = None
-    lease_owner: str | None = None
-    lease_until: float | None = None
-    error: str | None = None
-    author_id: str | None = None
+def _columns(table: type[BaseModel], name: str, doc: str, *, skip: frozenset[str] = frozenset(),
+             **override: Any) -> type[BaseModel]:
+    """A model serving a store table's columns (but ``skip``; ``override`` retypes or adds), other keys ignored."""
+    fields: dict[str, Any] = {n: (f.annotation, ... if f.is_required() else f.default)
+                              for n, f in table.model_fields.items() if n not in skip}
+    return create_model(name, __doc__=doc, __config__=ConfigDict(extra="ignore"), **{**fields, **override})
 
 
-class Event(BaseModel):
-    """One transition of one key, with the discovery path stored on its row."""
-
-    model_config = ConfigDict(extra="ignore")  # read from the store's event: only these keys are served
-
-    id: int
-    at: float
-    platform: str
-    sender_id: str
-    parent_id: str
-    kind: str
-    state: str | None = None
-    attempt: int | None = None
-    owner: str | None = None
-    detail: Any = Field(None, description="What the transition recorded (usually an object).")
-    path: str | None = Field(None, description="The discovery path stored on the key's row.")
+Row = _columns(st.Reply, "Row", "A key's row of the answered-log, without the parent snapshot (served as ``parent``).",
+               skip=frozenset({"snapshot"}), state=(str, _enum(st.STATES)),
+               attempt=(int, ...))  # required in the contract: every stored row has one (the column default is 1)
+Event = _columns(st.Event, "Event", "One transition of one key, with the discovery path stored on its row.",
+                 id=(int, ...),
+                 detail=(Any, Field(None, description="What the transition recorded (usually an object).")),
+                 path=(str | None, Field(None, description="The discovery path stored on the key's row.")))
 
 
 class ReplyHistory(Body):
