@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from replyd import store as st
-from replyd.cli.common import (ConfigOpt, JsonOpt, StoreOpt, _bot_config, _emit_json, _existing_store, _instance_of,
-                               _load, _require_file, _store, err, out)
+from replyd.cli.common import (ConfigOpt, JsonOpt, ParentArg, StoreOpt, _bot_config, _emit_json, _existing_store,
+                               _instance_of, _load, _require_file, _store, err, out)
 from replyd.config import Config
 from replyd.errors import ConfigError, StoreError
 from replyd.store import Key, Store
@@ -44,7 +44,7 @@ def sweep(
 
 def rearm(
     platform: Annotated[str, typer.Argument(help="A bot name from the config, or the platform instance as stored.")],
-    parent: Annotated[str, typer.Argument(help="Parent id exactly as the platform serves it.")],
+    parent: ParentArg,
     sender: Annotated[str | None, typer.Option(help="Own sender id, when several accounts share the instance.")] = None,
     reason: Annotated[str, typer.Option(help="Why, recorded on the rearmed event.")] = "",
     config: ConfigOpt = None,

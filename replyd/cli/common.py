@@ -41,6 +41,7 @@ ConfigOpt = Annotated[
     Path | None, typer.Option("--config", "-c", envvar="REPLYD_CONFIG", help="TOML config file (default: built-in defaults).")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+ParentArg = Annotated[str, typer.Argument(help="Parent id exactly as the platform serves it.")]
 StoreOpt = Annotated[
     str | None,
     typer.Option("--store", help="The store: a SQLAlchemy URL or a SQLite file path (default: store.url, "

@@ -16,7 +16,8 @@ from rich.text import Text
 
 from replyd import lag
 from replyd import store as st
-from replyd.cli.common import ConfigOpt, JsonOpt, StoreOpt, _emit_json, _existing_store, _load, _ts, err, out, parse_time
+from replyd.cli.common import (ConfigOpt, JsonOpt, ParentArg, StoreOpt, _emit_json, _existing_store, _load, _ts, err, out,
+                               parse_time)
 from replyd.config import Config
 from replyd.errors import ConfigError
 from replyd.guard import Status, _classify
@@ -111,29 +112,27 @@ def _print_liveness(daemon: dict[str, Any]) -> None:
                            style="yellow"))
 
 
-def _rows_for(s: Store, parent: str, platform: str | None) -> list[st.Reply]:
-    rows = s.find(parent, platform)
-    if not rows:
-        err.print(f"no row for parent id {parent!r}" + (f" on {platform}" if platform else "") + " (ids are exact: case and leading zeros matter)")
-    return rows
+def _parent_rows(parent: str, platform: str | None, config: Path | None, store: str | None) -> tuple[Store, list[st.Reply]]:
+    """Open the existing store (no secrets resolved) and return it with the rows of ``parent``."""
+    cfg = _load(config, secrets=False, store=store)
+    s = _existing_store(cfg)
+    return s, s.find(parent, platform)
 
 
 def explain(
-    parent: Annotated[str, typer.Argument(help="Parent id exactly as the platform serves it.")],
+    parent: ParentArg,
     platform: Annotated[str | None, typer.Option(help="Platform instance, when several have this id.")] = None,
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
     store: StoreOpt = None,
 ) -> None:
     """Show the whole history of one parent's key."""
-    cfg = _load(config, secrets=False, store=store)
-    s = _existing_store(cfg)
-    rows = s.find(parent, platform)
+    s, rows = _parent_rows(parent, platform, config, store)
     if not rows:
         # A parent the policy skipped (or a dry run showed) has events but no row.
         events = s.find_events(parent, platform)
         if not events:
-            _rows_for(s, parent, platform)
+            err.print(f"no row for parent id {parent!r}" + (f" on {platform}" if platform else "") + " (ids are exact: case and leading zeros matter)")
             raise typer.Exit(1)
         _explain_unclaimed(parent, events, as_json)
         return
@@ -173,17 +172,10 @@ def _explain_unclaimed(parent: str, events: list[st.Event], as_json: bool) -> No
         _emit_json(docs)
 
 
-def check(
-    parent: Annotated[str, typer.Argument(help="Parent id exactly as the platform serves it.")],
-    platform: Annotated[str | None, typer.Option(help="Platform instance.")] = None,
-    config: ConfigOpt = None,
-    as_json: JsonOpt = False,
-    store: StoreOpt = None,
-) -> None:
+def check(parent: ParentArg, platform: Annotated[str | None, typer.Option(help="Platform instance.")] = None,
+          config: ConfigOpt = None, as_json: JsonOpt = False, store: StoreOpt = None) -> None:
     """The card's verify step on the live log: an answered parent prints 'already answered'; nothing is sent."""
-    cfg = _load(config, secrets=False, store=store)
-    s = _existing_store(cfg)
-    rows = s.find(parent, platform)
+    s, rows = _parent_rows(parent, platform, config, store)
     results = []
     for r in rows:
         o = _classify(r, Key(r.platform, r.sender_id, r.parent_id), s.clock.now())
