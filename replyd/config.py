@@ -288,6 +288,7 @@ class Config(BaseSettings):
     @field_validator("bots")
     @classmethod
     def _unique_names(cls, bots: list[BotConfig]) -> list[BotConfig]:
+        """Refuse two bots with one name (the name keys metrics, logs and the CLI's --bot)."""
         names = [b.name for b in bots]
         dup = {n for n in names if names.count(n) > 1}
         if dup:

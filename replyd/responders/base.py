@@ -21,7 +21,7 @@ import asyncio
 import json
 import threading
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, ClassVar, Protocol, Self, runtime_checkable
 
 import structlog
@@ -29,10 +29,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, Va
 
 from replyd import log as rlog
 from replyd.errors import ConfigError, ResponderError
-from replyd.platform import Parent
-from replyd.platforms._http import redact
-
-__all__ = ["Parent"]  # re-exported: the kind modules take the value type from here
+from replyd.platform import Parent  # the kind modules take it from here: one import line to move with it
 
 log = structlog.get_logger("replyd.responder")
 
@@ -193,6 +190,7 @@ def responder_loop() -> asyncio.AbstractEventLoop:
 
 
 def _checked(value: object) -> str | None:
+    """Return the responder's result if it is text or None; raise ResponderError for anything else."""
     if value is None or isinstance(value, str):
         return value
     raise ResponderError(f"responder returned {type(value).__name__}, expected text or None")
@@ -235,11 +233,6 @@ class ResponderRunner:
 # -- helpers for the kinds ---------------------------------------------------------------------
 
 
-def _safe(text: str, secrets: Sequence[str], limit: int = 300) -> str:
-    """``text`` with the given and every registered secret masked, cut to ``limit`` characters."""
-    return rlog.mask(redact(text, secrets))[:limit]
-
-
 PAYLOAD_VERSION = 1
 
 
@@ -249,6 +242,6 @@ def responder_payload(parent: Parent) -> bytes:
     return json.dumps(doc, ensure_ascii=False, default=str).encode("utf-8")
 
 
-def _declined(text: str) -> str | None:
+def declined(text: str) -> str | None:
     """Return None for an empty or whitespace-only reply (a decline), else ``text``."""
     return text if text.strip() else None

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from replyd import log as rlog
 from replyd.errors import ResponderError
-from replyd.responders.base import (Parent, Responder, ResponderSettings, TimeoutS, _declined, log, register_responder,
+from replyd.responders.base import (Parent, Responder, ResponderSettings, TimeoutS, declined, log, register_responder,
                                     responder_payload)
 
 # The child's whole environment is these (when set) plus its ``env_pass``: never replyd's tokens.
@@ -168,7 +168,7 @@ class CommandResponder:
             text = out.stdout.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ResponderError(f"{self.name}: stdout is not valid UTF-8 (at byte {exc.start})") from None
-        return _declined(text.rstrip("\r\n"))
+        return declined(text.rstrip("\r\n"))
 
 
 def _env_name(name: str) -> str:

@@ -1,5 +1,8 @@
-"""HTTP plumbing shared by the ``webhook`` and ``openai`` kinds: one JSON POST with capped reads, connect-only
-retries and errors that show a URL's origin only, secrets masked; and the settings both kinds share."""
+"""The HTTP plumbing and settings the ``webhook`` and ``openai`` kinds share.
+
+``JsonPost`` makes one JSON POST: a capped read, retries only after a failed connect,
+errors that show a URL's origin only, with secrets masked.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +16,11 @@ import httpx
 import stamina
 from pydantic import AfterValidator, Field
 
+from replyd import log as rlog
 from replyd.errors import ResponderError
-from replyd.platforms._http import server_error_text
-from replyd.responders.base import NonBlank, ResponderSettings, _safe
+from replyd.platforms._http import redact, server_error_text
+from replyd.responders.base import NonBlank, ResponderSettings
+
 
 def _origin(url: str) -> str:
     """``scheme://host[:port]`` of ``url``: what errors and logs may show (paths and queries may hold tokens)."""
@@ -39,6 +44,11 @@ def _http_url(url: str) -> str:
     return url
 
 
+def _safe(text: str, secrets: Sequence[str], limit: int = 300) -> str:
+    """``text`` with the given and every registered secret masked, cut to ``limit`` characters."""
+    return rlog.mask(redact(text, secrets))[:limit]
+
+
 HttpUrlText = Annotated[NonBlank, AfterValidator(_http_url)]
 
 
@@ -55,7 +65,7 @@ _MISSING = object()
 _HOP_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 
 
-class _JsonPost:
+class JsonPost:
     """POSTs JSON to one URL for a responder: a lazy AsyncClient, retries only on failed connects,
     a capped body, and errors that show the origin only, with secrets masked."""
 

@@ -15,7 +15,7 @@ from replyd import __version__
 from replyd import log as rlog
 from replyd.platforms._http import BearerAuth, require_https, retry_after_s
 from replyd.responders.base import NonBlank, Parent, Responder, TimeoutS, log, register_responder, secret_value
-from replyd.responders.jsonpost import HttpSettings, HttpUrlText, _JsonPost
+from replyd.responders.jsonpost import HttpSettings, HttpUrlText, JsonPost
 from replyd.responders.template import TemplateResponder, TemplateText
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -47,7 +47,7 @@ class OpenAIResponder:
         self.timeout_s = timeout_s
         self.decline_marker = decline_marker.strip() if decline_marker else None
         self._prompt = TemplateResponder(prompt_template, key="prompt_template")
-        self._post = _JsonPost("openai", base_url.rstrip("/") + "/chat/completions", timeout_s=timeout_s,
+        self._post = JsonPost("openai", base_url.rstrip("/") + "/chat/completions", timeout_s=timeout_s,
                                retries=retries, auth=BearerAuth(api_key) if api_key else None,
                                secrets=[api_key] if api_key else [])
 
@@ -140,6 +140,7 @@ class OpenAISettings(HttpSettings):
 
     @model_validator(mode="after")
     def _key_for_openai(self) -> OpenAISettings:
+        """api.openai.com needs a key (other servers may run without one)."""
         if self.api_key is None and urlsplit(self.base_url).hostname == "api.openai.com":
             raise ValueError("api_key_env: required for api.openai.com (name the variable holding the key)")
         return self

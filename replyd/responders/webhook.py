@@ -13,9 +13,9 @@ from pydantic import Field, SecretStr, field_validator
 
 from replyd import __version__
 from replyd import log as rlog
-from replyd.responders.base import (Parent, Responder, TimeoutS, _declined, register_responder, responder_payload,
+from replyd.responders.base import (Parent, Responder, TimeoutS, declined, register_responder, responder_payload,
                                     secret_value)
-from replyd.responders.jsonpost import HttpSettings, HttpUrlText, _JsonPost
+from replyd.responders.jsonpost import HttpSettings, HttpUrlText, JsonPost
 
 _SENSITIVE_HEADER = re.compile(r"auth|cookie|token|secret|key|signature|session", re.IGNORECASE)
 _RESERVED_HEADERS = {"x-replyd-signature", "x-replyd-timestamp", "content-type", "content-length", "host"}
@@ -51,7 +51,7 @@ class WebhookResponder:
             **{k: SecretStr(v) if _SENSITIVE_HEADER.search(k) else v for k, v in extra.items()},
             "content-type": "application/json",
         }
-        self._post = _JsonPost("webhook", url, timeout_s=timeout_s, retries=retries, secrets=secrets)
+        self._post = JsonPost("webhook", url, timeout_s=timeout_s, retries=retries, secrets=secrets)
 
     def __repr__(self) -> str:
         return f"WebhookResponder(url={self._post.origin!r}, signed={self._hmac_secret is not None})"
@@ -70,7 +70,7 @@ class WebhookResponder:
         if resp.status_code != 200:
             raise self._post.status_error(resp)
         text = self._post.field(self._post.json_object(resp), "text", "text", (str, type(None)))
-        return None if text is None else _declined(text)
+        return None if text is None else declined(text)
 
     async def aclose(self) -> None:
         """Close the HTTP client."""
@@ -90,6 +90,7 @@ class WebhookSettings(HttpSettings):
     @field_validator("hmac_secret")
     @classmethod
     def _long_enough(cls, v: SecretStr | None) -> SecretStr | None:
+        """A signing secret of at least 16 characters (the error never shows it)."""
         if v is not None and len(v.get_secret_value()) < 16:
             raise ValueError("too short (use at least 16 characters, e.g. `openssl rand -hex 32`)")
         return v
@@ -97,6 +98,7 @@ class WebhookSettings(HttpSettings):
     @field_validator("headers")
     @classmethod
     def _headers(cls, headers: dict[str, str]) -> dict[str, str]:
+        """Headers on one printable ASCII line each (no header injection), none of those replyd sets."""
         if not all(k.isascii() and k.isprintable() and v.isascii() and v.isprintable() and k.strip()
                    for k, v in headers.items()):
             raise ValueError("names and values must be printable ASCII on one line")
