@@ -27,8 +27,10 @@ from replyd.errors import ConfigError, ResponderError
 from replyd.platform import Parent
 from replyd.responders import (
     CommandResponder,
+    FunctionResponder,
     ResponderRunner,
     make_responder,
+    runner_bound_s,
     webhook_signature,
 )
 from tests.fixtures_server import (  # noqa: F401  (pytest fixtures by name)
@@ -81,6 +83,17 @@ def pid_state(pid: int) -> str | None:
     except FileNotFoundError:
         return None
     return stat.rsplit(")", 1)[1].split()[0]
+
+
+def test_runner_bound_is_the_responders_own_timeout_plus_a_backstop():
+    """The daemon's runner bound: a kind's own timeout_s, else the settings' (default 60 s), plus 5 s."""
+    command = {"command": [sys.executable], "timeout_s": 7}
+    assert runner_bound_s(make_responder("command", command), command) == 12.0
+    assert runner_bound_s(make_responder("webhook", {"url": "https://example.com/h"}), {}) == 35.0
+    assert runner_bound_s(make_responder("template", {"timeout_s": 9}), {"timeout_s": 9}) == 14.0
+    assert runner_bound_s(FunctionResponder(lambda p: "x"), {}) == 65.0
+    with pytest.raises(ConfigError, match="responder.timeout_s"):
+        runner_bound_s(FunctionResponder(lambda p: "x"), {"timeout_s": "soon"})
 
 
 # -- command ---------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from replyd.responders.base import (
     PAYLOAD_VERSION,
+    Bounded,
     Closable,
     Factory,
     Responder,
@@ -21,6 +22,7 @@ from replyd.responders.base import (
     responder_kinds,
     responder_loop,
     responder_payload,
+    runner_bound_s,
     timeout_setting,
 )
 from replyd.responders.command import CHILD_ENV, CommandResponder, CommandSettings
@@ -43,6 +45,7 @@ __all__ = [
     "MAX_RESPONSE_BYTES",
     "OPENAI_BASE_URL",
     "PAYLOAD_VERSION",
+    "Bounded",
     "Closable",
     "CommandResponder",
     "CommandSettings",
@@ -62,6 +65,7 @@ __all__ = [
     "responder_kinds",
     "responder_loop",
     "responder_payload",
+    "runner_bound_s",
     "timeout_setting",
     "webhook_signature",
 ]

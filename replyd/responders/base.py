@@ -52,6 +52,13 @@ class Closable(Protocol):
         ...
 
 
+@runtime_checkable
+class Bounded(Protocol):
+    """A responder that bounds each call itself (``timeout_s``; a command's also kills its child)."""
+
+    timeout_s: float
+
+
 Factory = Callable[[Mapping[str, Any]], Responder]
 _REGISTRY: dict[str, Factory] = {}
 
@@ -170,6 +177,12 @@ def timeout_setting(settings: Mapping[str, Any], default_s: float = 60.0) -> flo
         return ResponderSettings.model_validate({"timeout_s": settings.get("timeout_s", default_s)}).timeout_s
     except ValidationError as exc:
         raise settings_error(ResponderSettings, exc) from None
+
+
+def runner_bound_s(responder: Responder, settings: Mapping[str, Any]) -> float:
+    """The runner's bound for ``responder``: its own ``timeout_s`` (else its settings') plus 5 s, a backstop."""
+    own_s = responder.timeout_s if isinstance(responder, Bounded) else timeout_setting(settings)
+    return float(own_s) + 5.0
 
 
 # -- running async responders from worker threads ----------------------------------------
