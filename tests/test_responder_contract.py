@@ -273,9 +273,10 @@ def test_secrets_never_in_errors_or_logs(kind: str, built_for: Callable[[str, st
 
 @pytest.mark.parametrize("kind", CONFIGURABLE)
 def test_unknown_setting_is_one_line_naming_kind_and_key(kind: str):
-    """An unknown key names itself and the kind, and lists the known keys."""
+    """An unknown key names itself and the kind, and lists the known keys (or the one it is a misspelling of)."""
     msg = setting_error(kind, {**CASES[kind].valid, "bogus_key": 1})
-    assert f"unknown setting(s) ['bogus_key'] for kind '{kind}'" in msg and "timeout_s" in msg
+    assert f"unknown setting(s) ['bogus_key'] for kind '{kind}' (known: " in msg and "timeout_s" in msg
+    assert setting_error(kind, {**CASES[kind].valid, "timeout": 5}).endswith("(did you mean timeout_s?)")
 
 
 @pytest.mark.parametrize(("kind", "key"), [(k, f) for k in CONFIGURABLE for f in CASES[k].model.model_fields])

@@ -18,6 +18,7 @@ becomes one ``ConfigError`` line naming ``responder.<key>`` (never a secret's va
 from __future__ import annotations
 
 import asyncio
+import difflib
 import json
 import threading
 import typing
@@ -134,8 +135,11 @@ def settings_error(model: type[ResponderSettings], exc: ValidationError) -> Conf
     errors = exc.errors()
     unknown = sorted(str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden")
     if unknown:
-        known = ", ".join(model.model_fields)
-        return ConfigError(f"responder: unknown setting(s) {unknown} for kind {model.kind!r} (known: {known})")
+        # A secret is written as <key>_env (the loader reads the variable), so that is the name to suggest.
+        known = [f"{k}_env" if _is_secret(f.annotation) else k for k, f in model.model_fields.items()]
+        close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.7)
+        hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(known)}"
+        return ConfigError(f"responder: unknown setting(s) {unknown} for kind {model.kind!r} ({hint})")
     return ConfigError("; ".join(_problem(model, e) for e in errors))
 
 
