@@ -285,6 +285,16 @@ class Config(BaseSettings):
     bots: list[BotConfig] = []
     source: str = Field("", exclude=True)
 
+    @field_validator("bots")
+    @classmethod
+    def _unique_names(cls, bots: list[BotConfig]) -> list[BotConfig]:
+        """Refuse two bots with one name (the name keys metrics, logs and the CLI's --bot)."""
+        names = [b.name for b in bots]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"duplicate bot name(s) {sorted(dup)}")
+        return bots
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -328,10 +338,6 @@ class Config(BaseSettings):
             problems = "; ".join(_problem(err, where, data) for err in exc.errors())
             raise ConfigError(problems) from None
         cfg.source = where
-        names = [b.name for b in cfg.bots]
-        dup = {n for n in names if names.count(n) > 1}
-        if dup:
-            raise ConfigError(f"{where}: bots: duplicate bot name(s) {sorted(dup)}")
         literal = False
         for b in cfg.bots:
             raw = list(b.settings.items()) + list((b.responder.model_extra or {}).items())
@@ -377,7 +383,7 @@ def _problem(err: Any, where: str, data: dict[str, Any]) -> str:
     dotted = ".".join(parts) or "(top)"
     var = _env_source(loc)
     origin = f"environment variable {var} (overrides {where})" if var else where
-    msg = err["msg"]
+    msg = err["msg"].removeprefix("Value error, ")  # a validator's own words need no pydantic prefix
     if err.get("type") == "extra_forbidden" and loc:
         hint = suggest(str(loc[-1]), fields_at(Config, loc[:-1]))
         msg += f" (did you mean {hint}?)" if hint else f" (known: {', '.join(fields_at(Config, loc[:-1]))})"

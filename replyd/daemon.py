@@ -36,7 +36,7 @@ from replyd.platform import Identity, Platform, make_platform
 from replyd.platforms._http import make_client
 from replyd.policy import Policy
 from replyd.pollers import Pollers
-from replyd.responders import make_responder, timeout_setting
+from replyd.responders import make_responder, runner_bound_s
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
 
@@ -126,7 +126,7 @@ def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cloc
     rsettings = bc.responder.model_dump(exclude={"kind"})
     responder = make_responder(bc.responder.kind, rsettings)
     # The runner's bound is a backstop: a responder's own timeout (which also kills a child) fires first.
-    responder_timeout_s = float(getattr(responder, "timeout_s", None) or timeout_setting(rsettings)) + 5.0
+    responder_timeout_s = runner_bound_s(responder, rsettings)
     if responder_timeout_s >= cfg.guard.compose_lease_s:
         # The composing lease would expire mid-call: another replica could call the responder too
         # (never send twice: opening checks the lease owner), wasting a call.

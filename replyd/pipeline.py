@@ -43,7 +43,7 @@ class Pipeline:
         self.policy = policy
         self.clock = clock
         # An async Responder runs on the shared responder loop; a plain function is called as is.
-        if hasattr(responder, "respond"):
+        if isinstance(responder, Responder):
             self.compose: Callable[[Parent], str | None] = ResponderRunner(responder, timeout_s=responder_timeout_s)  # type: ignore[arg-type]
         else:
             self.compose = responder  # type: ignore[assignment]

@@ -6,7 +6,7 @@ Stdlib only (it runs with a stripped environment). Modes:
 - ``echo-stdin``: write stdin back byte for byte (the payload as received)
 - ``write S``: write ``S`` (Python escapes decoded) to stdout, read nothing
 - ``bad-utf8``: write bytes that are not UTF-8
-- ``fail CODE``: write 50 noise lines then ``fatal: quota exhausted`` to stderr, exit CODE
+- ``fail CODE [LAST]``: write 50 noise lines then ``fatal: quota exhausted`` (or LAST) to stderr, exit CODE
 - ``stderr-ok S``: write ``S`` to stderr, print ``ok``
 - ``sleep PIDFILE``: start a grandchild, write both pids to PIDFILE, sleep 60 s
 - ``flood``: write to stdout for ever
@@ -38,7 +38,7 @@ def main() -> int:
     elif mode == "fail":
         for i in range(50):
             print(f"noise line {i}", file=sys.stderr)
-        print("fatal: quota exhausted", file=sys.stderr)
+        print(args[1] if len(args) > 1 else "fatal: quota exhausted", file=sys.stderr)
         out.write(b"partial reply that must not be sent\n")
         return int(args[0])
     elif mode == "stderr-ok":

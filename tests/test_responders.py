@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import logging
 import os
 import signal
 import socket
@@ -28,15 +27,15 @@ from replyd.errors import ConfigError, ResponderError
 from replyd.platform import Parent
 from replyd.responders import (
     CommandResponder,
+    FunctionResponder,
     ResponderRunner,
     make_responder,
-    responder_kinds,
+    runner_bound_s,
     webhook_signature,
 )
 from tests.fixtures_server import (  # noqa: F401  (pytest fixtures by name)
     DroppingServer,
     FixtureServer,
-    Recorded,
     Reply,
     closed_port_url,
     dropping_server,
@@ -86,9 +85,15 @@ def pid_state(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[0]
 
 
-def test_the_three_kinds_are_registered():
-    """command, webhook and openai are registered next to template."""
-    assert {"command", "webhook", "openai", "template"} <= set(responder_kinds())
+def test_runner_bound_is_the_responders_own_timeout_plus_a_backstop():
+    """The daemon's runner bound: a kind's own timeout_s, else the settings' (default 60 s), plus 5 s."""
+    command = {"command": [sys.executable], "timeout_s": 7}
+    assert runner_bound_s(make_responder("command", command), command) == 12.0
+    assert runner_bound_s(make_responder("webhook", {"url": "https://example.com/h"}), {}) == 35.0
+    assert runner_bound_s(make_responder("template", {"timeout_s": 9}), {"timeout_s": 9}) == 14.0
+    assert runner_bound_s(FunctionResponder(lambda p: "x"), {}) == 65.0
+    with pytest.raises(ConfigError, match="responder.timeout_s"):
+        runner_bound_s(FunctionResponder(lambda p: "x"), {"timeout_s": "soon"})
 
 
 # -- command ---------------------------------------------------------------------------------------
@@ -356,16 +361,6 @@ def test_webhook_bad_answers_are_errors_and_not_retried(fixture_server: FixtureS
     assert "/hook" not in msg  # only the origin is named: a path may hold a token
 
 
-def test_webhook_slow_server_times_out_without_retry(fixture_server: FixtureServer):
-    """A server slower than timeout_s is a ResponderError after ~timeout_s, hit exactly once."""
-    fixture_server.route("POST", "/hook", Reply(body={"text": "late"}, delay_s=3))
-    started = time.monotonic()
-    msg = fails("webhook", hook(fixture_server, timeout_s=0.5))
-    assert time.monotonic() - started < 2.5
-    assert "no answer from" in msg and "within 0.5 s" in msg and "not retried" in msg
-    assert len(fixture_server.requests_to("POST", "/hook")) == 1
-
-
 def test_webhook_response_size_is_capped(fixture_server: FixtureServer):
     """A body over 1 MiB is a ResponderError, not read into memory."""
     fixture_server.route("POST", "/hook", Reply(body=b'{"text": "' + b"x" * (1024 * 1024) + b'"}'))
@@ -539,30 +534,6 @@ def test_webhook_connect_retry_reaches_a_server_that_came_up(transport_calls: li
     assert json.loads(hits[0])["id"] == PARENT.id
 
 
-def test_webhook_secrets_stay_out_of_errors_and_logs(fixture_server: FixtureServer,
-                                                     caplog: pytest.LogCaptureFixture):
-    """A server echoing the HMAC secret and an auth header in its error: neither reaches errors or logs."""
-    bearer = "hook-bearer-LEAKCHECK-99f0e1"
-
-    def echo(rec: Recorded) -> Reply:
-        """A 500 whose error text repeats the secret and the Authorization header."""
-        return Reply(status=500, body={"error": f"bad signature, expected key {HMAC_SECRET} "
-                                                f"for {rec.headers.get('authorization')}"})
-
-    fixture_server.route("POST", "/hook", echo)
-    for name in ("", "httpx", "httpcore", "stamina"):
-        caplog.set_level(logging.DEBUG, logger=name or None)
-    settings = hook(fixture_server, hmac_secret=HMAC_SECRET, headers={"Authorization": f"Bearer {bearer}"})
-    with capture_logs() as logs:
-        r = make_responder("webhook", settings)
-        msg = fails("webhook", settings)
-    assert "answered HTTP 500: bad signature" in msg
-    [req] = fixture_server.requests_to("POST", "/hook")
-    assert req.headers["authorization"] == f"Bearer {bearer}"  # it was sent...
-    for blob in (msg, repr(r), json.dumps(logs, default=str), caplog.text):
-        assert HMAC_SECRET not in blob and bearer not in blob  # ...but never shown
-
-
 @pytest.mark.parametrize(
     ("settings", "needle"),
     [
@@ -716,40 +687,12 @@ def test_openai_errors_name_the_problem(fixture_server: FixtureServer, reply: Re
     assert len(fixture_server.requests_to("POST", COMPLETIONS)) == 1
 
 
-def test_openai_slow_server_times_out(fixture_server: FixtureServer):
-    """A model slower than timeout_s is a ResponderError after ~timeout_s, not retried."""
-    fixture_server.route("POST", COMPLETIONS, Reply(body=completion("late"), delay_s=3))
-    started = time.monotonic()
-    msg = fails("openai", llm(fixture_server, timeout_s=0.5))
-    assert time.monotonic() - started < 2.5 and "within 0.5 s" in msg
-    assert len(fixture_server.requests_to("POST", COMPLETIONS)) == 1
-
-
 def test_openai_truncated_reply_is_kept_and_logged(fixture_server: FixtureServer):
     """finish_reason=length still answers, with a warning to raise max_tokens."""
     fixture_server.route("POST", COMPLETIONS, Reply(body=completion("The ferry runs at", finish_reason="length")))
     with capture_logs() as logs:
         assert run("openai", llm(fixture_server)) == "The ferry runs at"
     assert [e["model"] for e in logs if e["event"] == "replyd.responder.truncated"] == ["gpt-test"]
-
-
-def test_openai_key_never_leaks(fixture_server: FixtureServer, caplog: pytest.LogCaptureFixture):
-    """A server echoing the API key in its 401 body: the key is in no error, repr or log line."""
-
-    def echo(rec: Recorded) -> Reply:
-        """A 401 whose error text repeats the Authorization header, key included."""
-        return Reply(status=401, body={"error": {"message": f"Incorrect API key provided: {rec.headers['authorization']}"}})
-
-    fixture_server.route("POST", COMPLETIONS, echo)
-    for name in ("", "httpx", "httpcore", "stamina"):
-        caplog.set_level(logging.DEBUG, logger=name or None)
-    with capture_logs() as logs:
-        r = make_responder("openai", llm(fixture_server))
-        msg = fails("openai", llm(fixture_server))
-    assert "unauthorized (HTTP 401; check api_key_env): Incorrect API key provided: Bearer" in msg
-    assert fixture_server.requests_to("POST", COMPLETIONS)[0].headers["authorization"] == f"Bearer {API_KEY}"
-    for blob in (msg, repr(r), repr(r.__dict__), json.dumps(logs, default=str), caplog.text):
-        assert API_KEY not in blob
 
 
 def test_openai_api_key_env_is_resolved(monkeypatch: pytest.MonkeyPatch, fixture_server: FixtureServer):

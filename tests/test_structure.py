@@ -22,7 +22,7 @@ DYNAMIC_GETATTR_OK = {
     ("__init__.py", "getattr(importlib.import_module(module), name)"): "lazy re-export of replyd's own names",
     ("log.py", "getattr(logging, level.upper())"): "a logging level constant",
     ("metrics.py", "getattr(res, name, 0)"): "a SweepResult counter",
-    ("responders.py", "getattr(parent, f)"): "template fields of a Parent (_FIELDS)",
+    ("responders/template.py", "getattr(parent, f)"): "template fields of a Parent (_FIELDS)",
     ("demo.py", "getattr(self.pollers, p)"): "the demo's poller method names (inbox, search, refind)",
     ("sweep.py", "getattr(self, name)"): "SweepResult counters",
     ("sweep.py", "getattr(other, name)"): "SweepResult counters",

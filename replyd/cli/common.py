@@ -1,0 +1,172 @@
+"""What every ``replyd`` command shares: the typer apps, the consoles, the common options, config and store opening."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from replyd import log as rlog
+from replyd import store as st
+from replyd.clock import DatabaseClock
+from replyd.config import Config
+from replyd.errors import ConfigError, StoreError
+from replyd.store import Store
+
+EXIT_CODES = """Exit codes: 0 done; 1 a negative answer (check: not answered; explain, rearm: no such row;
+adopt: not every parent read back); 2 an error (config, store, platform, usage), one line on stderr;
+130 interrupted."""
+
+_CTX = {"help_option_names": ["-h", "--help"]}
+# rich_markup_mode=None: plain click help and usage errors, never boxes or markup off a terminal.
+app = typer.Typer(add_completion=False, no_args_is_help=True, context_settings=_CTX, rich_markup_mode=None,
+                  pretty_exceptions_enable=False,
+                  help="Answer each post, thread or ticket exactly once.\n\n" + EXIT_CODES)
+db_app = typer.Typer(no_args_is_help=True, context_settings=_CTX, rich_markup_mode=None, help="The answered-log's schema.")
+config_app = typer.Typer(no_args_is_help=True, context_settings=_CTX, rich_markup_mode=None, help="Config files.")
+app.add_typer(db_app, name="db")
+app.add_typer(config_app, name="config")
+# Off a terminal: no wrapping at 80 columns (tables keep their width) and never markup (text from posts has brackets).
+out = Console(markup=False, highlight=False, width=None if sys.stdout.isatty() else 10_000)
+err = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
+_VERBOSE = {"on": False}
+
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", envvar="REPLYD_CONFIG", help="TOML config file (default: built-in defaults).")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+ParentArg = Annotated[str, typer.Argument(help="Parent id exactly as the platform serves it.")]
+StoreOpt = Annotated[
+    str | None,
+    typer.Option("--store", help="The store: a SQLAlchemy URL or a SQLite file path (default: store.url, "
+                                 "REPLYD_STORE__URL, else $XDG_STATE_HOME/replyd/replyd.sqlite3)."),
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from replyd import __version__
+
+        print(f"replyd {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", "-V", is_eager=True, callback=_version,
+                                          help="Print the version and exit.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logs, migrations included.")] = False,
+) -> None:
+    """Answer each post, thread or ticket exactly once."""
+    _VERBOSE["on"] = verbose
+
+
+def _load(config: Path | None, *, secrets: bool = True, store: str | None = None) -> Config:
+    """Load the config (``secrets=False``: leave ``*_env`` unresolved) and configure logging."""
+    cfg = Config.load(config, secrets=secrets)
+    if store:
+        cfg.store.url = store if "://" in store else f"sqlite:///{Path(store).expanduser().resolve()}"
+    rlog.configure(cfg.log.format, "debug" if _VERBOSE["on"] else cfg.log.level)
+    if _VERBOSE["on"]:
+        import logging
+
+        logging.getLogger("alembic").setLevel(logging.INFO)
+    return cfg
+
+
+def _store(cfg: Config) -> Store:
+    """Open the store for a command that may write (adopt): never migrate a server database from here."""
+    url = cfg.store.url or st.default_url()
+    embedded = url.startswith("sqlite")
+    s = Store.open(url, migrate=embedded and cfg.store.auto_migrate)
+    if not embedded and cfg.store.db_clock:
+        s.clock = DatabaseClock(s.db_epoch)  # `sweep --once` from another machine decides on the daemons' time
+    return s
+
+
+def _existing_store(cfg: Config) -> Store:
+    """Open a store that must already exist, for read commands: never create a file, never migrate.
+
+    Under the systemd unit the daemon's store lives in its own state directory; an admin's shell
+    would otherwise get a fresh empty store and the false answer "nothing answered".
+    """
+    url = cfg.store.url or st.default_url()
+    _require_file(url)
+    s = Store.open(url, migrate=False)
+    if not s.is_sqlite and cfg.store.db_clock:
+        s.clock = DatabaseClock(s.db_epoch)
+    return s
+
+
+def _emit_json(data: Any) -> None:
+    """Print JSON on stdout, unwrapped, whatever the terminal."""
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def parse_time(text: str, now: float) -> float:
+    """Read a point in time: epoch seconds, ISO 8601 (a date, or a date and time; UTC unless it says), or a
+    duration back from ``now`` (``90s``, ``15m``, ``2h``, ``7d``, ``1h30m``)."""
+    t = text.strip()
+    try:
+        return float(t)
+    except ValueError:
+        pass
+    m = _DURATION.fullmatch(t.lower())
+    if m and any(m.groups()):
+        d, h, mi, sec = (float(g) if g else 0.0 for g in m.groups())
+        return now - (d * 86_400 + h * 3600 + mi * 60 + sec)
+    try:
+        dt = datetime.fromisoformat(t.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"--since: {text!r} is not a time: use ISO 8601 (2026-12-01, 2026-12-01T08:00Z), "
+                          "a duration back from now (90s, 15m, 2h, 7d) or epoch seconds") from None
+    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
+
+
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
+
+
+def _ts(t: float | None) -> str:
+    return "" if t is None else datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _require_file(url: str) -> None:
+    """Raise StoreError when a SQLite store's file does not exist (read commands never create one)."""
+    if url.startswith("sqlite"):
+        path = st.sqlite_file(url)
+        if path is not None and not path.is_file():
+            raise StoreError(f"no store at {path}: nothing was ever recorded there (a daemon creates it on its "
+                             f"first start); name the store with --store or REPLYD_STORE__URL")
+
+
+def _bot_config(cfg: Config, name: str | None) -> list:
+    """Return the configured bots, or the one named ``name``."""
+    if not cfg.bots:
+        raise ConfigError(f"{cfg.source}: no [[bots]] configured; this command needs a config with bots")
+    if name is None:
+        return list(cfg.bots)
+    hits = [b for b in cfg.bots if b.name == name]
+    if not hits:
+        raise ConfigError(f"{cfg.source}: no bot named {name!r} (bots: {', '.join(b.name for b in cfg.bots)})")
+    return hits
+
+
+def _instance_of(cfg: Config, name: str) -> str | None:
+    """Return the platform instance of bot ``name`` without any request, or None if no such bot."""
+    import httpx
+
+    from replyd.clock import SystemClock
+    from replyd.platform import make_platform
+
+    for b in cfg.bots:
+        if b.name == name:
+            with httpx.Client() as http:  # building an adapter makes no request
+                return make_platform(b.platform, {"listing_delay_s": 10.0, **b.settings}, http=http,
+                                     clock=SystemClock()).instance
+    return None

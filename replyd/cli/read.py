@@ -1,0 +1,278 @@
+"""The read commands: status, explain, check, log, export. They open only an existing store and never migrate."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from replyd import lag
+from replyd import store as st
+from replyd.cli.common import (ConfigOpt, JsonOpt, ParentArg, StoreOpt, _emit_json, _existing_store, _load, _ts, err, out,
+                               parse_time)
+from replyd.config import Config
+from replyd.errors import ConfigError
+from replyd.guard import Status, _classify
+from replyd.store import Key, Store
+
+
+def status(
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    overdue_after_s: Annotated[float, typer.Option(
+        "--overdue-after-s", help="List waiting rows this many seconds past their bound.")] = 600.0,
+    store: StoreOpt = None,
+) -> None:
+    """Show row counts by platform and state, the oldest open rows, rows that waited past their bound, and (from
+    the daemon) each path's liveness."""
+    cfg = _load(config, secrets=False, store=store)
+    s = _existing_store(cfg)
+    counts = s.counts()
+    oldest = s.oldest_open(5)
+    now = s.clock.now()
+    # Every non-terminal state has a job that moves it on (sweep, re-find): a row listed here is one they did not.
+    overdue = s.overdue(now, overdue_after_s)
+    daemon = _daemon_liveness(cfg)
+    if as_json:
+        data = {
+            "store": s.url,
+            "counts": [{"platform": p, "state": state, "rows": n} for (p, state), n in sorted(counts.items())],
+            "oldest_open": [{"platform": r.platform, "parent_id": r.parent_id, "age_s": round(now - (r.opened_at or now), 1)} for r in oldest],
+            "overdue": [{"platform": r.platform, "parent_id": r.parent_id, "state": r.state, "attempt": r.attempt,
+                         "over_s": round(over, 1)} for r, over in overdue],
+            "daemon": daemon,
+            "listing": lag.summaries(s),  # per platform instance: configured and in-use delay, observed lag
+        }
+        _emit_json(data)
+        return
+    out.print(f"store: {s.url}")
+    _print_liveness(daemon)
+    t = Table("platform", *st.STATES, title="rows by state")
+    for plat in sorted({p for p, _ in counts}):
+        t.add_row(plat, *[str(counts.get((plat, state), 0)) for state in st.STATES])
+    out.print(t if counts else "no rows yet: nothing answered")
+    if oldest:
+        o = Table("platform", "parent id", "opened", "age (s)", title="oldest open rows")
+        for r in oldest:
+            o.add_row(r.platform, r.parent_id, _ts(r.opened_at), f"{now - (r.opened_at or now):.0f}")
+        out.print(o)
+    if overdue:
+        t = Table("platform", "parent id", "state", "attempt", "past its bound (s)",
+                  title=f"rows waiting more than {overdue_after_s:.0f} s past their bound")
+        for r, over in overdue:
+            t.add_row(r.platform, r.parent_id, r.state, str(r.attempt), f"{over:.0f}")
+        out.print(t)
+
+
+def _daemon_liveness(cfg: Config) -> dict[str, Any]:
+    """Ask the running daemon's API (when the config enables it) how every bot's paths are doing.
+
+    Only the daemon knows when a poll last worked; the store does not record it.
+    """
+    import httpx
+
+    ac = cfg.api
+    if not ac.enabled:
+        return {"reachable": False, "url": None, "error": "the config does not enable [api]; liveness needs it",
+                "liveness": {}}
+    host = "127.0.0.1" if ac.host in ("0.0.0.0", "", "::") else ac.host
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{ac.port}"
+    token = os.environ.get(ac.token_env) if ac.token_env else None
+    try:
+        r = httpx.get(url + "/v1/status", timeout=3.0, headers={"Authorization": f"Bearer {token}"} if token else {})
+        live = r.json().get("liveness", {}) if r.status_code in (200, 503) else None
+        problem = None if live is not None else f"HTTP {r.status_code}"
+    except (httpx.HTTPError, ValueError) as exc:
+        live, problem = None, str(exc) or "no answer"
+    if live is None:
+        return {"reachable": False, "url": url, "error": f"daemon not reachable at {url}: {problem}", "liveness": {}}
+    return {"reachable": True, "url": url, "error": None, "liveness": live}
+
+
+def _print_liveness(daemon: dict[str, Any]) -> None:
+    """Each bot's paths in words; a stale path red and marked STALE."""
+    if not daemon["reachable"]:
+        out.print(Text(f"daemon: {daemon['error']}", style="yellow"))
+        return
+    out.print(f"daemon: {daemon['url']}")
+    for bot, b in sorted(daemon["liveness"].items()):
+        for path, p in sorted(b["paths"].items()):
+            style = "bold red" if p["stale"] else ("yellow" if p["failures"] else "green")
+            out.print(Text(f"  {bot} {p['words']}", style=style))
+        if b.get("oldest_due_open_age_s") is not None:
+            out.print(Text(f"  {bot} oldest due open row: {b['oldest_due_open_age_s']:.0f} s past its deadline",
+                           style="yellow"))
+
+
+def _parent_rows(parent: str, platform: str | None, config: Path | None, store: str | None) -> tuple[Store, list[st.Reply]]:
+    """Open the existing store (no secrets resolved) and return it with the rows of ``parent``."""
+    cfg = _load(config, secrets=False, store=store)
+    s = _existing_store(cfg)
+    return s, s.find(parent, platform)
+
+
+def explain(
+    parent: ParentArg,
+    platform: Annotated[str | None, typer.Option(help="Platform instance, when several have this id.")] = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    store: StoreOpt = None,
+) -> None:
+    """Show the whole history of one parent's key."""
+    s, rows = _parent_rows(parent, platform, config, store)
+    if not rows:
+        # A parent the policy skipped (or a dry run showed) has events but no row.
+        events = s.find_events(parent, platform)
+        if not events:
+            err.print(f"no row for parent id {parent!r}" + (f" on {platform}" if platform else "") + " (ids are exact: case and leading zeros matter)")
+            raise typer.Exit(1)
+        _explain_unclaimed(parent, events, as_json)
+        return
+    docs: list[dict[str, Any]] = []
+    for r in rows:
+        events = s.history(Key(r.platform, r.sender_id, r.parent_id))
+        doc = {"row": {k: v for k, v in r.model_dump().items() if k != "snapshot"},
+               "events": [{**e.model_dump(exclude={"detail"}), "detail": json.loads(e.detail)} for e in events]}
+        docs.append(doc)
+        if not as_json:
+            out.print(f"{r.platform} sender {r.sender_id} parent {r.parent_id}: "
+                      f"{r.state} attempt {r.attempt} reply {r.reply_id or '-'} (found by {r.path or '-'})")
+            t = Table("at", "event", "state", "attempt", "owner", "detail")
+            for e in events:
+                t.add_row(_ts(e.at), e.kind, e.state or "", str(e.attempt or ""), e.owner or "", e.detail)
+            out.print(t)
+    if as_json:
+        _emit_json(docs)
+
+
+def _explain_unclaimed(parent: str, events: list[st.Event], as_json: bool) -> None:
+    """Print the events of a parent that has no row: why it was skipped, what a dry run would have sent."""
+    docs = []
+    for (platform, sender), group in itertools.groupby(events, key=lambda e: (e.platform, e.sender_id)):
+        evs = list(group)
+        reasons = sorted({json.loads(e.detail).get("reason", "") for e in evs if e.kind == "skipped"} - {""})
+        docs.append({"row": None, "platform": platform, "sender_id": sender, "skip_reasons": reasons,
+                     "events": [{**e.model_dump(exclude={"detail"}), "detail": json.loads(e.detail)} for e in evs]})
+        if not as_json:
+            why = f"skipped by policy ({', '.join(reasons)})" if reasons else "never claimed"
+            out.print(f"{platform} sender {sender} parent {parent}: no row, {why}")
+            t = Table("at", "event", "detail")
+            for e in evs:
+                t.add_row(_ts(e.at), e.kind, e.detail)
+            out.print(t)
+    if as_json:
+        _emit_json(docs)
+
+
+def check(parent: ParentArg, platform: Annotated[str | None, typer.Option(help="Platform instance.")] = None,
+          config: ConfigOpt = None, as_json: JsonOpt = False, store: StoreOpt = None) -> None:
+    """The card's verify step on the live log: an answered parent prints 'already answered'; nothing is sent."""
+    s, rows = _parent_rows(parent, platform, config, store)
+    results = []
+    for r in rows:
+        o = _classify(r, Key(r.platform, r.sender_id, r.parent_id), s.clock.now())
+        results.append({"platform": r.platform, "sender_id": r.sender_id, "parent_id": r.parent_id,
+                        "status": o.status.value, "reply_id": o.reply_id})
+    code = 0 if any(x["status"] == Status.ALREADY_ANSWERED.value for x in results) else 1
+    if as_json:
+        _emit_json({"parent_id": parent, "answered": code == 0, "keys": results})
+    elif not rows:
+        out.print(f"not answered: no row for {parent!r}; a post would claim it")
+    for x in [] if as_json else results:
+        extra = f" (reply {x['reply_id']})" if x["reply_id"] else ""
+        out.print(f"{x['status'].replace('_', ' ')}{extra}: {x['platform']} sender {x['sender_id']}; nothing sent")
+    raise typer.Exit(code)
+
+
+def log_cmd(
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    state: Annotated[str | None, typer.Option(help="Only events that recorded this state.")] = None,
+    platform: Annotated[str | None, typer.Option(help="Only platform instances containing this text.")] = None,
+    path: Annotated[str | None, typer.Option(help="Only keys found by this path (inbox, search, refind, api, ...).")] = None,
+    kind: Annotated[str | None, typer.Option(help="Only this event kind (claimed, closed, rejected, rearmed, adopted, ...).")] = None,
+    parent: Annotated[str | None, typer.Option(help="Only this parent id (exact).")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=100_000, help="How many events, newest first.")] = 50,
+    since: Annotated[str | None, typer.Option(help="Only events at or after: ISO 8601, a duration back (2h), epoch.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events as they are recorded "
+                                                                "(oldest first; Ctrl-C stops).")] = False,
+    every_s: Annotated[float, typer.Option("--every", min=0.1, help="With --follow: seconds between looks.")] = 1.0,
+    store: StoreOpt = None,
+) -> None:
+    """Show recent events of the answered-log, newest first (with --follow: then every new one, as it comes)."""
+    from replyd import library
+
+    cfg = _load(config, secrets=False, store=store)
+    if state is not None and state not in st.STATES:
+        raise ConfigError(f"--state: unknown state {state!r} (known: {', '.join(st.STATES)})")
+    s = _existing_store(cfg)
+    filters = {"kind": kind, "state": state, "platform": platform, "path": path, "parent_id": parent}
+    start = parse_time(since, s.clock.now()) if since is not None else None
+    evs = library.events(s, limit=limit, since=start, **filters)
+    if not follow:
+        if as_json:
+            _emit_json(evs)
+        elif not evs:
+            out.print("no events match")
+        else:
+            t = Table("at (UTC)", "platform", "parent id", "event", "state", "attempt", "path", "detail", title="recent events")
+            for e in evs:
+                t.add_row(*_event_cells(e))
+            out.print(t)
+        return
+    # Follow: oldest first, one line (or one JSON object) per event, by increasing event id.
+    last = max((e["id"] for e in evs), default=0)
+    try:
+        while True:
+            for e in sorted(evs, key=lambda e: e["id"]):
+                if as_json:
+                    sys.stdout.write(json.dumps(e, default=str) + "\n")
+                else:
+                    sys.stdout.write("  ".join(c for c in _event_cells(e) if c) + "\n")
+                last = max(last, e["id"])
+            sys.stdout.flush()
+            time.sleep(every_s)
+            evs = [e for e in library.events(s, limit=1000, since=start, **filters) if e["id"] > last]
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+def _event_cells(e: dict[str, Any]) -> tuple[str, ...]:
+    detail = e["detail"] if isinstance(e["detail"], str) else json.dumps(e["detail"], sort_keys=True)
+    return (_ts(e["at"]), e["platform"], e["parent_id"], e["kind"], e["state"] or "", str(e["attempt"] or ""),
+            e["path"] or "", detail)
+
+
+def export(
+    config: ConfigOpt = None,
+    table: Annotated[str, typer.Option(help="replies (one row per key) or events (the audit log).")] = "replies",
+    fmt: Annotated[str, typer.Option("--format", help="csv or json.")] = "csv",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write (default: stdout).")] = None,
+    since: Annotated[str | None, typer.Option(help="Only rows updated (events recorded) at or after: ISO 8601, "
+                                                   "a duration back (2h, 7d) or epoch seconds.")] = None,
+    store: StoreOpt = None,
+) -> None:
+    """Write the answered-log (or its events) as CSV or JSON; times in ISO 8601 (UTC)."""
+    from replyd import library
+
+    cfg = _load(config, secrets=False, store=store)
+    if table not in library.TABLES:
+        raise ConfigError(f"--table: unknown table {table!r} (known: {', '.join(library.TABLES)})")
+    if fmt not in ("csv", "json"):
+        raise ConfigError(f"--format: unknown format {fmt!r} (use csv or json)")
+    s = _existing_store(cfg)
+    start = parse_time(since, s.clock.now()) if since is not None else None
+    if output is None:
+        n = library.export(s, sys.stdout, table=table, fmt=fmt, since=start)
+    else:
+        with output.open("w", newline="", encoding="utf-8") as fh:
+            n = library.export(s, fh, table=table, fmt=fmt, since=start)
+        err.print(f"wrote {n} {table} row(s) to {output}")

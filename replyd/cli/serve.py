@@ -1,0 +1,58 @@
+"""The commands that run something until stopped: the daemon, the demo, the MCP server."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from replyd.cli.common import ConfigOpt, JsonOpt, _load
+from replyd.errors import ConfigError
+
+
+def run(config: ConfigOpt = None, grace_s: Annotated[float, typer.Option(help="Seconds to finish in-flight sends on stop.")] = 30.0) -> None:
+    """Run the daemon: pollers, guard and sweep, until SIGTERM/SIGINT."""
+    from replyd.daemon import Daemon
+
+    cfg = _load(config)
+    if not cfg.bots:
+        raise ConfigError(f"{cfg.source}: no [[bots]] configured; see config/ for examples, or try `replyd demo`")
+    raise typer.Exit(Daemon(cfg).run_forever(grace_s))
+
+
+def demo(
+    as_json: JsonOpt = False,
+    quick: Annotated[bool, typer.Option(help="Fewer parents per scenario.")] = False,
+) -> None:
+    """Run the simulated platform and show naive bots against replyd, scenario by scenario."""
+    from replyd import demo as demo_mod
+
+    raise typer.Exit(demo_mod.main(as_json=as_json, quick=quick))
+
+
+def mcp(
+    config: ConfigOpt = None,
+    transport: Annotated[str, typer.Option(help="stdio (an agent host starts this process) or http (streamable HTTP).")] = "stdio",
+    host: Annotated[str | None, typer.Option(help="HTTP: address to bind (default: mcp.host).")] = None,
+    port: Annotated[int | None, typer.Option(min=0, max=65535, help="HTTP: port (default: mcp.port; 0: any free port).")] = None,
+) -> None:
+    """Serve the MCP tools (check_parent, begin_reply, finish_reply, reply_once, explain) for LLM agents."""
+    try:
+        from replyd import mcp as mcp_mod
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"replyd mcp needs the MCP SDK ({exc.name} is missing): pip install 'replyd[mcp]'") from None
+    if transport not in ("stdio", "http"):
+        raise ConfigError(f"--transport: unknown transport {transport!r} (use stdio or http)")
+    cfg = _load(config)
+    mc = cfg.mcp
+    # Checked first: a missing token fails before any bot logs in.
+    token = mc.http_token(host) if transport == "http" else ""
+    service, close = mcp_mod.open_service(cfg)
+    try:
+        if transport == "stdio":
+            mcp_mod.serve_stdio(service)
+        else:
+            mcp_mod.serve_http(service, host=host or mc.host, port=mc.port if port is None else port, path=mc.path,
+                               token=token, names=mc.hosts)
+    finally:
+        close()
