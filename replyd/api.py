@@ -518,7 +518,8 @@ class Api:
             g = guards.get(n)
             out[n] = {"ready": g is not None and g.claiming,
                       "platform": g.platform.instance if g else None,
-                      "sender_id": g.identity.sender_id if g else None}
+                      "sender_id": g.identity.sender_id if g else None,
+                      "listing": g.lag.view() if g else None}  # the listing delay: configured, in use, observed
         return out
 
     async def status(self, request: Request) -> Response:
@@ -716,7 +717,8 @@ _BOT_LIVENESS = {
 _BOT_STATE = {
     "type": "object",
     "required": ["ready", "platform", "sender_id"],
-    "properties": {"ready": {"type": "boolean"}, "platform": _nullable("string"), "sender_id": _nullable("string")},
+    "properties": {"ready": {"type": "boolean"}, "platform": _nullable("string"), "sender_id": _nullable("string"),
+                   "listing": {"type": ["object", "null"]}},  # replyd.lag.ListingLag.view()
 }
 
 
