@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 
 from bench.bsky_lag import cli, poll_all  # noqa: E402
+from replyd import log as rlog  # noqa: E402
 from replyd.clock import SystemClock  # noqa: E402
 from replyd.platform import Pending  # noqa: E402
 from replyd.platforms.bluesky import BlueskyPlatform, tid_encode  # noqa: E402
@@ -75,7 +76,8 @@ def measure(net: BskyNetwork, n: int, interval_s: float, timeout_s: float = 60.0
 
 
 def main() -> int:
-    """Start the network, measure, print the table and a JSON line."""
+    """Start the network, measure, print the table and a JSON line (replyd's own log: warnings, on stderr)."""
+    rlog.configure("console", "warning")
     return cli(measure, __doc__)
 
 

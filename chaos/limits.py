@@ -122,13 +122,14 @@ WARM_UP_PARENTS = 20  # the target: no duplicate among the parents after these
 
 
 def learned_plan(name: str, index: int, seed: int, parents: int = 100, traffic_s: float = 40.0) -> Plan:
-    """One learned-delay row's plan: no provider idempotency, parents over ``traffic_s``, 20 % of responses lost."""
+    """One learned-delay row's plan: no provider idempotency, parents over ``traffic_s``, 20 % of responses lost,
+    replyd's default two attempts (so a row whose both responses are lost can end gave_up while answered)."""
     factor, auto = LEARNED[name]
     # Defaults but for the reconciling looks' cap: 10x / 100x a learned 8 s would outlast the run.
     sweep = {"listing_delay_auto": auto, "reconcile_max_s": 30.0}
     return Plan(index=index, seed=seed, db="sqlite", replicas=1, parents=parents, traffic_s=traffic_s,
                 idempotency=False, ld_real=factor * LEARNED_CONF_S, ld_conf=LEARNED_CONF_S,
-                send_timeout=LEARNED_SEND_TIMEOUT_S, max_attempts=3, families=["lost_drop", "lost_504", "listing_delay"],
+                send_timeout=LEARNED_SEND_TIMEOUT_S, max_attempts=2, families=["lost_drop", "lost_504", "listing_delay"],
                 rates={"lost_drop_rate": 0.1, "lost_504_rate": 0.1}, events=[], chaos_s=traffic_s, sweep=sweep)
 
 

@@ -6,7 +6,9 @@ own-feed read covers many rows) and decides by the row's state:
 
 open
     found -> closed with the (oldest) own reply id; checked, none -> ``not_landed`` (one more attempt
-    allowed) or ``gave_up``; not checked -> still open, swept again after a back-off.
+    allowed) or ``gave_up``, but only once the delay in use *now* has passed since the send (it may have
+    grown since the deadline was set: then only the deadline moves); not checked -> still open, swept again
+    after a back-off. Closed rows are decided first, so their looks count for the open rows of the pass.
 closed (every close keeps a deadline)
     from the configured delay on, the reply the row closed with is looked for until a read-back lists it:
     its age then is a listing-lag sample (``replyd.lag``). Once the delay in use has passed since the close,
