@@ -107,7 +107,7 @@ SCENARIOS = [
              create_faults=lambda n: ["lost_drop"] * n, idempotency=True, learned_delay=False),
     # The same limit with the learned delay: every other response arrives, so replyd sees its replies listed late
     # (the lag is measured from the sends it knows) and waits that long before it calls a lost one not landed.
-    Scenario("listing delay > configured, no Idempotency-Key, learned delay", real_delay_s=3.0,
+    Scenario("listing delay > configured, no key, learned", real_delay_s=3.0,
              configured_delay_s=0.3, create_faults=lambda n: ["ok", "lost_drop"] * n, idempotency=False),
 ]
 

@@ -16,7 +16,8 @@ Before that (the warm-up) the delay in use is ``factor x`` the longest lag prove
 replies still unlisted, as soon as a look proves it (no refresh, no store read): a reply replyd knows landed
 and saw unlisted at age A proves the platform can take A, and without it every lost response of the first
 minutes is judged at the configured delay. After the warm-up the percentile rules, so that one reply the
-platform never lists (deleted at once) cannot hold the delay at the cap.
+platform never lists (deleted at once) cannot hold the delay at the cap. The proofs are this process's own
+looks; other replicas learn the lag at their next refresh, once the samples are complete in the store.
 """
 
 from __future__ import annotations
