@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -97,35 +98,36 @@ def measure(net: BskyNetwork, n: int, interval_s: float = 0.01, timeout_s: float
             "getPostThread": lambda: _seen_in_thread(net, token, root["uri"], uri),
             "getRecord": lambda: _seen_as_record(net, token, rkey),
         }
-        seen: dict[str, float] = {}
-
-        def poll(name: str, check) -> None:  # noqa: ANN001
-            while time.monotonic() - t0 < timeout_s:
-                if check():
-                    seen[name] = time.monotonic() - t0
-                    return
-                time.sleep(interval_s)
-
-        threads = [threading.Thread(target=poll, args=(k, c)) for k, c in checks.items()]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for name in checks:
-            if name not in seen:
-                raise RuntimeError(f"{uri} not seen in {name} within {timeout_s}s")
-            lags[name].append(seen[name])
+        for name, lag in poll_all(checks, t0, interval_s, timeout_s, what=uri).items():
+            lags[name].append(lag)
     return lags
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-n", type=int, default=100, help="number of posts (default 100)")
-    ap.add_argument("--interval-ms", type=float, default=10.0, help="poll interval per listing (default 10)")
-    args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, start_network(Path(tmp)) as net:
-        print(f"network up in {net.startup_ms} ms: pds {net.pds}, appview {net.bsky}", file=sys.stderr)
-        lags = measure(net, args.n, interval_s=args.interval_ms / 1000)
+def poll_all(checks: dict[str, Callable[[], bool]], t0: float, interval_s: float, timeout_s: float,
+             what: str) -> dict[str, float]:
+    """Poll every check in its own thread until it holds; return seconds since ``t0`` per check."""
+    seen: dict[str, float] = {}
+
+    def poll(name: str, check: Callable[[], bool]) -> None:
+        while time.monotonic() - t0 < timeout_s:
+            if check():
+                seen[name] = time.monotonic() - t0
+                return
+            time.sleep(interval_s)
+
+    threads = [threading.Thread(target=poll, args=(k, c)) for k, c in checks.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    missing = [name for name in checks if name not in seen]
+    if missing:
+        raise RuntimeError(f"{what} not seen in {', '.join(missing)} within {timeout_s}s")
+    return seen
+
+
+def report(lags: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Print p50 / p90 / p99 / max per listing and the JSON line; return the summary."""
     summary = {}
     for name, xs in lags.items():
         ms = [x * 1000 for x in xs]
@@ -141,7 +143,25 @@ def main() -> int:
         print(f"{name:14s} n={s['n']}  p50 {s['p50_ms']:7.1f} ms  p90 {s['p90_ms']:7.1f} ms  "
               f"p99 {s['p99_ms']:7.1f} ms  max {s['max_ms']:7.1f} ms")
     print(json.dumps(summary))
+    return summary
+
+
+def cli(measure: Callable[..., dict[str, list[float]]], doc: str) -> int:
+    """The command line both Bluesky lag scripts share: start a network, ``measure(net, n, interval_s)``, report."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("-n", type=int, default=100, help="number of posts (default 100)")
+    ap.add_argument("--interval-ms", type=float, default=10.0, help="poll interval per listing (default 10)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, start_network(Path(tmp)) as net:
+        print(f"network up in {net.startup_ms} ms: pds {net.pds}, appview {net.bsky}", file=sys.stderr)
+        lags = measure(net, args.n, interval_s=args.interval_ms / 1000)
+    report(lags)
     return 0
+
+
+def main() -> int:
+    """Measure the raw listings."""
+    return cli(measure, __doc__)
 
 
 if __name__ == "__main__":

@@ -97,11 +97,12 @@ def _one(world: World, base_url: str, counts: Counter[str], d: Any, k: int, name
     before = Counter(counts)
     sweeper = Sweeper(store, [Bot(plat, identity)], clock=clock, batch=batch)
     t0 = time.monotonic()
-    closed = passes = 0
+    closed = passes = verified = 0
     for _ in range(20):
         r = sweeper.run_once()
         passes += 1
         closed += r.closed
+        verified += r.verified
         if not store.counts().get((plat.instance, st.OPEN)):
             break
     sweep_s = time.monotonic() - t0
@@ -111,7 +112,7 @@ def _one(world: World, base_url: str, counts: Counter[str], d: Any, k: int, name
     store.dispose()
     http.close()
     return {"name": name, "batch": batch, "rows": n, "opened": outcomes.get(Status.UNCERTAIN.value, 0),
-            "closed": closed, "still_open": still_open, "requests": sum(used.values()), "by_endpoint": dict(used),
+            "closed": closed, "verified": verified, "still_open": still_open, "requests": sum(used.values()), "by_endpoint": dict(used),
             "sweep_s": sweep_s, "open_s": open_s, "runs": passes, "duplicates": dup}
 
 
@@ -128,12 +129,13 @@ def measure(n: int = 1000) -> dict[str, Any]:
 def tables(res: dict[str, Any], cmd: str) -> list[Table]:
     """The read-back table."""
     t = Table(f"4. Read-back cost: {res['n']:,} due open rows on the sim",
-              ["read-back", "sweep batch", "rows opened", "closed by the sweep", "requests (sim count)",
+              ["read-back", "sweep batch", "rows opened", "closed by the sweep", "closes verified", "requests (sim count)",
                "requests per swept row", "by endpoint", "sweep s"])
     for v in res["variants"]:
         per = v["requests"] / max(1, v["closed"] + v["still_open"])
         eps = ", ".join(f"{k.split(' ', 1)[1].replace('/api/v1', '')} {c}" for k, c in sorted(v["by_endpoint"].items()))
-        t.rows.append([v["name"], f"{v['batch']:,}", f"{v['opened']:,}", f"{v['closed']:,}", f"{v['requests']:,}",
+        t.rows.append([v["name"], f"{v['batch']:,}", f"{v['opened']:,}", f"{v['closed']:,}", f"{v['verified']:,}",
+                       f"{v['requests']:,}",
                        f"{per:.3f}", eps, f"{v['sweep_s']:.1f}"])
     shipped = res["variants"][0]
     per = shipped["requests"] / max(1, shipped["rows"])

@@ -116,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --limits: only this scenario (repeatable; names in chaos/limits.py SCENARIOS)")
     p.add_argument("--limit-idempotency", choices=("on", "off", "both"), default="both",
                    help="with --limits: only runs with provider idempotency on, off, or both (default)")
+    p.add_argument("--learned", action="store_true",
+                   help="with --limits: the learned listing delay rows instead (no idempotency, real delay 2x and 4x "
+                        "the configured one, learned delay off and on); prints the RELIABILITY.md table")
+    p.add_argument("--learned-parents", type=int, default=100, help="with --learned: parents per run (default 100)")
+    p.add_argument("--learned-traffic-s", type=float, default=40.0,
+                   help="with --learned: seconds the parents arrive over (default 40)")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     if a.jobs < 1:
@@ -125,6 +131,19 @@ def main(argv: list[str] | None = None) -> int:
         a.workdir.mkdir(parents=True, exist_ok=True)
     configure_logging(a.verbose)
     runs = a.runs if a.runs is not None else (4 if a.short else 20)
+    if a.limits and a.learned:
+        from chaos.limits import LEARNED, learned_table, measure_learned
+
+        unknown = sorted(set(a.limit_scenario or ()) - set(LEARNED))
+        if unknown:
+            p.error(f"unknown --limit-scenario {', '.join(unknown)} (known: {', '.join(LEARNED)})")
+        rows = measure_learned(a.seed, repeats=a.runs or 1, workdir=a.workdir, verbose=a.verbose,
+                               only=a.limit_scenario, parents=a.learned_parents, traffic_s=a.learned_traffic_s)
+        if a.json_out:
+            a.json_out.write_text(json.dumps(rows, indent=1))
+        print(learned_table(rows), flush=True)
+        print(json.dumps({"learned": rows}), flush=True)
+        return 0
     if a.limits:
         from chaos.limits import SCENARIOS, measure
 

@@ -68,6 +68,7 @@ class Plan:
     events: list[Event]
     chaos_s: float
     db_clock: bool = True  # PostgreSQL: replicas take their time from the database (store.db_clock); off = wall clocks
+    sweep: dict[str, Any] = field(default_factory=dict)  # further [sweep] settings (chaos.limits' learned delay)
 
     @property
     def slack(self) -> float:

@@ -134,7 +134,7 @@ interval_s = 0.4
 batch = 50
 lease_s = 3.0
 retry_s = 0.5
-
+{''.join(f'{k} = {json.dumps(v)}{chr(10)}' for k, v in plan.sweep.items())}
 [[bots]]
 name = "sim"
 platform = "mastodon"

@@ -11,6 +11,13 @@ The delay in use is ``max(configured, factor x percentile(lower_s))``, at most `
 the lower bounds on purpose: a look at a delay the estimate itself chose always lists the reply, so an
 estimate built on upper bounds would feed on itself and grow to the cap; a lower bound is only ever raised
 by a reply that really was not listed yet.
+
+Before that (the warm-up) the delay in use is ``factor x`` the longest lag proven so far, counting the
+replies still unlisted, as soon as a look proves it (no refresh, no store read): a reply replyd knows landed
+and saw unlisted at age A proves the platform can take A, and without it every lost response of the first
+minutes is judged at the configured delay. After the warm-up the percentile rules, so that one reply the
+platform never lists (deleted at once) cannot hold the delay at the cap. The proofs are this process's own
+looks; other replicas learn the lag at their next refresh, once the samples are complete in the store.
 """
 
 from __future__ import annotations
@@ -46,12 +53,17 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def effective_delay(configured_s: float, lower: Sequence[float], cfg: SweepConfig) -> float:
-    """The listing delay to use: the configured one until enough samples, then the learned one, capped."""
-    if not cfg.listing_delay_auto or len(lower) < cfg.listing_delay_min_samples:
+def effective_delay(configured_s: float, lower: Sequence[float], cfg: SweepConfig,
+                    proven: Sequence[float] = ()) -> float:
+    """The listing delay to use: until enough samples, factor x the longest proven lag (``lower`` and the
+    still unlisted ``proven``); then factor x the percentile of ``lower``; capped, never below configured."""
+    if not cfg.listing_delay_auto:
         return configured_s
-    learned = min(cfg.listing_delay_max_s, cfg.listing_delay_factor * percentile(lower, cfg.listing_delay_percentile))
-    return max(configured_s, learned)
+    if len(lower) < cfg.listing_delay_min_samples:
+        learned = cfg.listing_delay_factor * max([*lower, *proven], default=0.0)
+    else:
+        learned = cfg.listing_delay_factor * percentile(lower, cfg.listing_delay_percentile)
+    return max(configured_s, min(cfg.listing_delay_max_s, learned))
 
 
 @dataclass(frozen=True)
@@ -83,16 +95,27 @@ class ListingLag:
         self.cfg = cfg or SweepConfig()
         self.clock = clock or store.clock or SystemClock()
         self.bot = bot
-        self._in_use = self.configured_s
+        self._in_use = self._published = self.configured_s
         self._next_refresh = float("-inf")
         self._refreshes = 0
         self._warned = False
         self._lock = threading.Lock()
+        # Warm-up: reply id -> (sent_at, longest proven lag) of this process's looks; _samples: the store's lower_s.
+        self._proven: dict[str, tuple[float, float]] = {}
+        self._samples: list[float] = []
+        self._proven_lock = threading.Lock()
         self.summary = LagSummary(platform, 0, 0.0, 0.0, 0.0)
 
     def delay_s(self) -> float:
         """The listing delay in use now, as last refreshed (no I/O: the guard reads it on its hot path)."""
         return self._in_use
+
+    def view(self) -> dict[str, Any]:
+        """This process's view for the API and status page: configured, in use, observed (as last refreshed)."""
+        s = self.summary
+        return {"platform": self.platform, "configured_s": self.configured_s, "in_use_s": round(self._in_use, 3),
+                "auto": self.cfg.listing_delay_auto, "samples": s.samples, "observed_p50_s": s.p50_s,
+                "observed_p99_s": s.p99_s, "listed_p99_s": s.upper_p99_s}
 
     def refresh_if_due(self) -> float:
         """Refresh from the store when the last refresh is older than ``listing_lag_refresh_s`` (the sweep's job)."""
@@ -130,11 +153,14 @@ class ListingLag:
                 return self._in_use
             self._refreshes += 1
             self.summary = LagSummary.of(self.platform, samples)
-            new = effective_delay(self.configured_s, [lo for lo, _ in samples], self.cfg)
+            self._samples = [lo for lo, _ in samples]
+            new = effective_delay(self.configured_s, self._samples, self.cfg, self._proven_now(now))
             self._warn_if_short(len(samples))
-            old, self._in_use = self._in_use, new
+            # Compared with what was last published: the warm-up raises _in_use between refreshes.
+            old, self._in_use = self._published, new
             if abs(new - old) > 0.05 * max(old, 1e-9) or self._refreshes == 1:
                 self._publish(old, new)
+                self._published = new
             return new
         finally:
             self._lock.release()
@@ -168,6 +194,27 @@ class ListingLag:
         if self.store.lag_look(conn, self.platform, sender_id, reply_id, sent_at=sent_at, age_s=age, listed=listed,
                                now=now):
             metrics.listing_lag(self.platform, age)
+        if not listed:
+            self._prove(reply_id, sent_at, age, now)
+
+    def _prove(self, reply_id: str, sent_at: float, age_s: float, now: float) -> None:
+        """Warm-up: a known reply unlisted at ``age_s`` raises the delay in use at once (no store read)."""
+        if not self.cfg.listing_delay_auto or len(self._samples) >= self.cfg.listing_delay_min_samples:
+            return
+        with self._proven_lock:
+            _, before = self._proven.get(reply_id, (sent_at, 0.0))
+            self._proven[reply_id] = (sent_at, max(before, age_s))
+        new = effective_delay(self.configured_s, self._samples, self.cfg, self._proven_now(now))
+        if new > self._in_use:
+            # Only up between refreshes: the refresh publishes it (and logs the change) from the sweep's thread.
+            self._in_use = new
+
+    def _proven_now(self, now: float) -> list[float]:
+        """The warm-up's proven lags of replies sent within ``listing_delay_max_s`` (older ones are dropped)."""
+        with self._proven_lock:
+            horizon = now - self.cfg.listing_delay_max_s
+            self._proven = {k: v for k, v in self._proven.items() if v[0] >= horizon}
+            return [lo for _, lo in self._proven.values()]
 
 
 def summaries(store: Store) -> list[dict[str, Any]]:

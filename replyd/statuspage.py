@@ -103,6 +103,27 @@ def _paths_cell(bot: str, live: dict[str, Any] | None) -> str:
     return "".join(spans)
 
 
+def _listing_table(bots: dict[str, dict[str, Any]]) -> str:
+    """Per bot: the configured listing delay, the delay in use, and the observed lag it was learned from."""
+    rows = [(name, b["listing"]) for name, b in sorted(bots.items()) if b.get("listing")]
+    if not rows:
+        return '<p class="empty" id="listing-empty">no bot running yet</p>'
+
+    def cls(v: dict[str, Any]) -> str:  # in use above configured: the configured delay is too short
+        return ' class="n failing"' if v["in_use_s"] > v["configured_s"] else ' class="n"'
+
+    body = "".join(
+        f'<tr id="listing-{_e(name)}"><td>{_e(name)}</td><td><code>{_e(v["platform"])}</code></td>'
+        f'<td class="n">{v["configured_s"]:g}</td><td{cls(v)} data-in-use="{v["in_use_s"]:g}">{v["in_use_s"]:g}</td>'
+        f'<td>{"learned" if v["auto"] else "configured (listing_delay_auto = false)"}</td>'
+        f'<td class="n">{v["samples"]}</td><td class="n">{v["observed_p50_s"]:g}</td>'
+        f'<td class="n">{v["observed_p99_s"]:g}</td></tr>'
+        for name, v in rows
+    )
+    return (f'<table id="listing"><tr><th>bot</th><th>platform</th><th>configured (s)</th><th>in use (s)</th>'
+            f'<th>delay</th><th>samples</th><th>observed p50 (s)</th><th>observed p99 (s)</th></tr>{body}</table>')
+
+
 def render(summary: dict[str, Any], *, refresh_s: int = 5) -> str:
     """Render the status page from a ``/v1/status`` summary."""
     totals: dict[str, int] = {}
@@ -142,6 +163,7 @@ def render(summary: dict[str, Any], *, refresh_s: int = 5) -> str:
 {store_note}
 <div class="cards">{"".join(cards)}</div>
 <h2>bots</h2>{bots_html}
+<h2>listing delay (the sweep looks for own replies this long after a send)</h2>{_listing_table(bots)}
 <h2>rows by state</h2>{_counts_table(summary["counts"])}
 <h2>oldest open rows</h2>{_open_table(summary["oldest_open"])}
 <h2>recent events</h2>{_events_table(summary["recent_events"])}

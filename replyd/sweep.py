@@ -6,7 +6,9 @@ own-feed read covers many rows) and decides by the row's state:
 
 open
     found -> closed with the (oldest) own reply id; checked, none -> ``not_landed`` (one more attempt
-    allowed) or ``gave_up``; not checked -> still open, swept again after a back-off.
+    allowed) or ``gave_up``, but only once the delay in use *now* has passed since the send (it may have
+    grown since the deadline was set: then only the deadline moves); not checked -> still open, swept again
+    after a back-off. Closed rows are decided first, so their looks count for the open rows of the pass.
 closed (every close keeps a deadline)
     from the configured delay on, the reply the row closed with is looked for until a read-back lists it:
     its age then is a listing-lag sample (``replyd.lag``). Once the delay in use has passed since the close,
@@ -148,7 +150,8 @@ class Sweeper:
         # Read once per pass, outside the rows' transactions (a refresh reads and writes the store).
         delay_s = bot.lag.refresh_if_due() if bot.lag is not None else bot.platform.listing_delay_s
         verify_s = bot.lag.verify_delay_s() if bot.lag is not None else delay_s
-        for r in rows:
+        # Closed rows first: their looks may prove a longer lag (the warm-up) before an open row is judged.
+        for r in sorted(rows, key=lambda r: r.state != st.CLOSED):
             self._decide(bot, r, rb, now, delay_s, verify_s, res)
         res.by_platform[bot.platform.instance] += len(rows)
         metrics.sweep_pass(bot.platform.instance, res)
@@ -227,6 +230,12 @@ class Sweeper:
             res.waiting += 1  # a later look for an unaccounted attempt's reply
         return self._duplicates(conn, key, r, kept or "", newer, res)
 
+    @staticmethod
+    def _judge_at(bot: Bot, r: Reply, delay_s: float) -> float:
+        """The earliest an open row may be judged not found: the delay in use now after its send last moved."""
+        now_s = max(delay_s, bot.lag.delay_s()) if bot.lag is not None else delay_s
+        return max(r.opened_at or r.created_at, r.updated_at or 0.0) + now_s
+
     def _next_look(self, judged_at: float, now: float, delay_s: float) -> float | None:
         """When a ``not_landed`` / ``gave_up`` row judged at ``judged_at`` is looked at next (None: never)."""
         for m in self.cfg.reconcile_after:
@@ -286,6 +295,11 @@ class Sweeper:
                                           basis=r.opened_at or r.created_at)
                     res.waiting = waiting  # counted as closed
                     res.verified_on_close += res.verified - verified
+            elif r.parent_id in rb.checked and now < (judge_at := self._judge_at(bot, r, delay_s)):
+                # The delay in use grew since this row's deadline was set: not found yet proves nothing.
+                values = {"deadline_at": judge_at, "lease_owner": None, "lease_until": None}
+                if self.store.cas(conn, key, states=[st.OPEN], attempt=r.attempt, values=values, extra_where=lease):
+                    res.waiting += 1
             elif r.parent_id in rb.checked:
                 to = st.NOT_LANDED if r.attempt < self.max_attempts else st.GAVE_UP
                 values = {"state": to, "updated_at": now, "lease_owner": None, "lease_until": None,

@@ -20,7 +20,7 @@ def test_demo_json_replyd_zero_duplicates_where_delay_is_right(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(ROOT), "XDG_STATE_HOME": str(tmp_path)}, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {s["name"]: s for s in json.loads(r.stdout)["scenarios"]}
-    assert len(rows) == 8
+    assert len(rows) == 9
     for s in rows.values():
         assert set(s) >= {"name", "listing_delay_ok", "naive", "replyd"}
         assert set(s["replyd"]) >= {"duplicates", "lost", "retries"}
@@ -33,6 +33,12 @@ def test_demo_json_replyd_zero_duplicates_where_delay_is_right(tmp_path):
     limit = rows["listing delay > configured, no Idempotency-Key"]
     assert not limit["listing_delay_ok"] and limit["replyd"]["duplicates"] > 0  # the measured limit, shown honestly
     assert rows["listing delay > configured, Idempotency-Key"]["replyd"]["duplicates"] == 0
+    assert not limit["learned_delay"] and limit["replyd"]["delay_in_use_s"] == limit["replyd"]["configured_delay_s"]
+    # The same limit with the learned delay on (half the responses arrive): the lag is learned, no duplicate.
+    learned = rows["listing delay > configured, no key, learned"]
+    assert learned["learned_delay"] and not learned["listing_delay_ok"]
+    assert learned["replyd"]["delay_in_use_s"] >= 3.0 > learned["replyd"]["configured_delay_s"]
+    assert learned["replyd"]["duplicates"] == 0 and learned["replyd"]["lost"] == 0
 
 
 def test_piped_demo_prints_a_line_per_scenario_as_it_finishes(monkeypatch, capsys):

@@ -11,6 +11,7 @@ import pytest
 from replyd import store as st
 from replyd.config import SweepConfig
 from replyd.guard import Guard, Status
+from replyd.lag import ListingLag
 from replyd.platforms.memory import MemoryPlatform
 from replyd.sweep import Bot, Sweeper, SweepResult
 
@@ -48,8 +49,9 @@ def plat(clock):
 
 @pytest.fixture
 def guard(store, plat, clock):
-    """A guard with a 1 s send budget."""
-    return Guard(store, plat, plat.whoami(), clock=clock, send_timeout_s=1.0, watch_interval_s=None)
+    """A guard with a 1 s send budget, its listing delay on the sweep's settings (as the daemon shares one)."""
+    lag = ListingLag(store, plat.instance, plat.listing_delay_s, CFG, clock=clock)
+    return Guard(store, plat, plat.whoami(), clock=clock, send_timeout_s=1.0, lag=lag, watch_interval_s=None)
 
 
 def sweeper(store, plat, guard, clock, **kw) -> Sweeper:

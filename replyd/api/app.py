@@ -271,7 +271,8 @@ class Api:
         for n in list(names) + [g for g in guards if g not in names]:
             g = guards.get(n)
             out[n] = BotState(ready=g is not None and g.claiming, platform=g.platform.instance if g else None,
-                              sender_id=g.identity.sender_id if g else None)
+                              sender_id=g.identity.sender_id if g else None,
+                              listing=g.lag.view() if g else None)
         return out
 
     async def status(self, request: Request) -> Response:

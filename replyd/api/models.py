@@ -171,6 +171,8 @@ class BotState(Body):
     ready: bool
     platform: str | None
     sender_id: str | None
+    listing: dict[str, Any] | None = Field(
+        default=None, description="The listing delay: configured, in use (learned), observed lag (replyd.lag).")
 
 
 class StatusSummary(Body):

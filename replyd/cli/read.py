@@ -64,12 +64,27 @@ def status(
         for r in oldest:
             o.add_row(r.platform, r.parent_id, _ts(r.opened_at), f"{now - (r.opened_at or now):.0f}")
         out.print(o)
+    _print_listing(lag.summaries(s))
     if overdue:
         t = Table("platform", "parent id", "state", "attempt", "past its bound (s)",
                   title=f"rows waiting more than {overdue_after_s:.0f} s past their bound")
         for r, over in overdue:
             t.add_row(r.platform, r.parent_id, r.state, str(r.attempt), f"{over:.0f}")
         out.print(t)
+
+
+def _print_listing(rows: list[dict[str, Any]]) -> None:
+    """The listing delay per platform instance: configured, in use (learned), observed lag."""
+    if not rows:
+        return
+    t = Table("platform", "configured (s)", "in use (s)", "samples", "observed p50 (s)", "observed p99 (s)",
+              title="listing delay")
+    for r in rows:
+        used = "—" if r["in_use_s"] is None else f"{r['in_use_s']:g}"
+        t.add_row(r["platform"], "—" if r["configured_s"] is None else f"{r['configured_s']:g}",
+                  Text(used, style="yellow") if r["in_use_s"] and r["in_use_s"] > (r["configured_s"] or 0) else used,
+                  str(r["samples"]), f"{r['observed_p50_s']:g}", f"{r['observed_p99_s']:g}")
+    out.print(t)
 
 
 def _daemon_liveness(cfg: Config) -> dict[str, Any]:
