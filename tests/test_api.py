@@ -101,7 +101,7 @@ def test_broken_store_503_and_nothing_sent(h):
     """With the store unreadable, POST answers 503 store_unavailable and the sim counts zero creates."""
     pid = h.parent()
     store = h.daemon.store
-    store.engine.dispose()
+    store.dispose()
     h.db.write_bytes(b"not a database " * 1000)
     for suffix in ("-wal", "-shm"):
         Path(f"{h.db}{suffix}").unlink(missing_ok=True)
