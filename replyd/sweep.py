@@ -162,7 +162,7 @@ class Sweeper:
         if not newer:
             return []
         tx.append_event(key, "duplicate_detected", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
-                             detail={"kept": kept, "newer": newer, "action": self.on_duplicate})
+                        detail={"kept": kept, "newer": newer, "action": self.on_duplicate})
         res.duplicates += len(newer)
         log.error("replyd.sweep.duplicate_detected", platform=key.platform, parent_id=r.parent_id, kept=kept,
                   newer=newer)
@@ -219,7 +219,7 @@ class Sweeper:
             return []
         if not any(k == "verified" and a == r.attempt for k, a, _ in events):
             tx.append_event(key, "verified", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
-                                 detail={"own_replies": len(listed), "known": len(every)})
+                            detail={"own_replies": len(listed), "known": len(every)})
             res.verified += 1
         else:
             res.waiting += 1  # a later look for an unaccounted attempt's reply
@@ -244,7 +244,7 @@ class Sweeper:
             if not tx.cas_event(key, states=[r.state], attempt=r.attempt, values=values, lease_owner=self.owner):
                 return []
             tx.append_event(key, "reconciled", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
-                                 detail={"reply_id": first, "from": r.state, "judged_s": round(now - r.updated_at, 3)})
+                            detail={"reply_id": first, "from": r.state, "judged_s": round(now - r.updated_at, 3)})
             res.reconciled += 1
             log.warning("replyd.sweep.reconciled", platform=key.platform, parent_id=r.parent_id, reply_id=first,
                         previous=r.state)
@@ -274,7 +274,7 @@ class Sweeper:
                           "deadline_at": now + verify_s}
                 if tx.cas_event(key, states=[st.OPEN], attempt=r.attempt, values=values, lease_owner=self.owner):
                     tx.append_event(key, "swept_found", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
-                                         detail={"reply_id": first.reply_id})
+                                    detail={"reply_id": first.reply_id})
                     res.closed += 1
                     closed = r.model_copy(update={k: v for k, v in values.items() if k != "deadline_at"})
                     waiting, verified = res.waiting, res.verified

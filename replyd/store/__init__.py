@@ -44,9 +44,9 @@ from replyd.store.sqlite import SQLITE_BUSY_TIMEOUT_MS, SQLiteStore
 from replyd.store.unit import Tx
 
 __all__ = [
-    "CLAIM_COMMIT_LEVELS", "CLOSED", "COMPOSING", "DECLINED", "DURABILITIES", "EXPORT_TABLES", "GAVE_UP", "NOT_LANDED", "OPEN",
-    "REJECTED", "RELEASED", "REOFFERED", "REPLY_ID_EVENTS", "SKIPPED", "SQLITE_BUSY_TIMEOUT_MS", "STATES", "SWEPT",
-    "TERMINAL", "AnsweredLog", "Claim", "Durability", "Event", "Key", "ListingDelay", "PostgresStore", "Reply",
-    "Row", "SQLiteStore", "Store", "Tx", "default_sqlite_path", "default_url", "hot_sql", "lease_holder",
-    "make_owner", "redact_url", "sqlite_file",
+    "CLAIM_COMMIT_LEVELS", "CLOSED", "COMPOSING", "DECLINED", "DURABILITIES", "EXPORT_TABLES", "GAVE_UP",
+    "NOT_LANDED", "OPEN", "REJECTED", "RELEASED", "REOFFERED", "REPLY_ID_EVENTS", "SKIPPED",
+    "SQLITE_BUSY_TIMEOUT_MS", "STATES", "SWEPT", "TERMINAL", "AnsweredLog", "Claim", "Durability", "Event", "Key",
+    "ListingDelay", "PostgresStore", "Reply", "Row", "SQLiteStore", "Store", "Tx", "default_sqlite_path",
+    "default_url", "hot_sql", "lease_holder", "make_owner", "redact_url", "sqlite_file",
 ]

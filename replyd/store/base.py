@@ -154,7 +154,7 @@ class Store(Reads):
 
     def ping(self) -> None:
         """Ask the store one real query (a row of ``replies``); StoreError when it cannot answer."""
-        with self.tx(write=False, doing="checking readiness") as conn:
+        with self._tx(write=False, doing="checking readiness") as conn:
             conn.execute(REPLIES.select().limit(1)).first()
 
     # -- transactions ------------------------------------------------------------
@@ -166,8 +166,8 @@ class Store(Reads):
         return self.durability == "relaxed"
 
     @contextmanager
-    def tx(self, *, write: bool = True, relaxed: bool = False, doing: str = "writing") -> Iterator[Connection]:
-        """A transaction on a SQLAlchemy connection (inside the package only); errors mapped."""
+    def _tx(self, *, write: bool = True, relaxed: bool = False, doing: str = "writing") -> Iterator[Connection]:
+        """A transaction on a SQLAlchemy connection (for the package itself: callers use ``transaction()``); errors mapped."""
         relaxed = self.commit_relaxed(relaxed)
         try:
             with self.engine.connect() as conn:
@@ -182,7 +182,7 @@ class Store(Reads):
     @contextmanager
     def transaction(self, *, relaxed: bool = False, doing: str = "writing") -> Iterator[Tx]:
         """A write transaction for several steps that must commit together (the sweep's, a rearm, an adopt)."""
-        with self.tx(relaxed=relaxed, doing=doing) as conn:
+        with self._tx(relaxed=relaxed, doing=doing) as conn:
             yield Tx(self, conn)
 
     def _begun(self, conn: Connection, write: bool, relaxed: bool) -> None:

@@ -22,6 +22,7 @@ class AnsweredLog(Protocol):
 
     clock: Clock
     is_sqlite: bool
+    claim_commit: str | None  # PostgreSQL's synchronous_commit level for claims (None: the server's; SQLite: None)
 
     # lifecycle and schema
     @property

@@ -93,7 +93,7 @@ class PostgresStore(Store):
     def sync_standbys(self) -> tuple[str, int | None]:
         """``synchronous_standby_names`` and how many synchronous standbys are connected now
         (None when this role may not see ``pg_stat_replication``)."""
-        with self.tx(write=False, doing="reading the replication settings") as conn:
+        with self._tx(write=False, doing="reading the replication settings") as conn:
             names = conn.exec_driver_sql("SHOW synchronous_standby_names").scalar_one() or ""
             rows = conn.exec_driver_sql("SELECT sync_state FROM pg_stat_replication").scalars().all()
         if rows and all(r is None for r in rows):
@@ -115,7 +115,7 @@ class PostgresStore(Store):
 
     def db_epoch(self) -> float:
         """Return the database server's clock in epoch seconds."""
-        with self.tx(write=False, doing="reading the database clock") as conn:
+        with self._tx(write=False, doing="reading the database clock") as conn:
             return float(conn.exec_driver_sql("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8").scalar_one())
 
     def _begun(self, conn: Connection, write: bool, relaxed: bool) -> None:

@@ -19,13 +19,17 @@ class Reads:
 
     clock: Any
 
-    def tx(self, *, write: bool = True, relaxed: bool = False, doing: str = "writing") -> AbstractContextManager[Connection]:
+    def _tx(self, *, write: bool = True, relaxed: bool = False,
+            doing: str = "writing") -> AbstractContextManager[Connection]:
+        """A transaction (``Store._tx``)."""
         raise NotImplementedError
 
     def _insert(self, table: sa.Table) -> Any:
+        """This dialect's INSERT (``Store._insert``)."""
         raise NotImplementedError
 
     def _lock_due(self, q: sa.Select) -> sa.Select:
+        """How the lease select skips rows other replicas hold (``Store._lock_due``)."""
         raise NotImplementedError
 
     def count_opened_since(self, platform: str, sender_id: str, since: float, author_id: str | None = None) -> int:
@@ -38,7 +42,7 @@ class Reads:
         )
         if author_id is not None:
             q = q.where(REPLIES.c.author_id == author_id)
-        with self.tx(write=False, doing="counting recent replies") as conn:
+        with self._tx(write=False, doing="counting recent replies") as conn:
             return int(conn.execute(q).scalar_one())
 
     def last_event(self, key: Key, kinds: Sequence[str] | None = None) -> Event | None:
@@ -50,7 +54,7 @@ class Reads:
         )
         if kinds:
             q = q.where(EVENTS.c.kind.in_(list(kinds)))
-        with self.tx(write=False, doing="reading the last event") as conn:
+        with self._tx(write=False, doing="reading the last event") as conn:
             m = conn.execute(q.order_by(EVENTS.c.id.desc()).limit(1)).mappings().first()
         return Event(**dict(m)) if m else None
 
@@ -63,7 +67,7 @@ class Reads:
             last = sa.select(sa.func.coalesce(sa.func.max(EVENTS.c.id), 0)).where(
                 *where, EVENTS.c.kind.in_(list(after_kinds))).scalar_subquery()
             q = q.where(EVENTS.c.id > last)
-        with self.tx(write=False, doing="counting events") as conn:
+        with self._tx(write=False, doing="counting events") as conn:
             return int(conn.execute(q).scalar_one())
 
     def find_events(self, parent_id: str, platform: str | None = None) -> list[Event]:
@@ -71,7 +75,7 @@ class Reads:
         q = sa.select(EVENTS).where(EVENTS.c.parent_id == parent_id)
         if platform:
             q = q.where(EVENTS.c.platform == platform)
-        with self.tx(write=False, doing="finding events") as conn:
+        with self._tx(write=False, doing="finding events") as conn:
             return [Event(**dict(m)) for m in conn.execute(q.order_by(EVENTS.c.id)).mappings()]
 
     def history(self, key: Key) -> list[Event]:
@@ -85,7 +89,7 @@ class Reads:
             )
             .order_by(EVENTS.c.id)
         )
-        with self.tx(write=False, doing="reading history") as conn:
+        with self._tx(write=False, doing="reading history") as conn:
             return [Event(**dict(m)) for m in conn.execute(q).mappings()]
 
     def find(self, parent_id: str, platform: str | None = None) -> list[Row]:
@@ -93,13 +97,13 @@ class Reads:
         q = sa.select(REPLIES).where(REPLIES.c.parent_id == parent_id)
         if platform:
             q = q.where(REPLIES.c.platform == platform)
-        with self.tx(write=False, doing="finding a parent") as conn:
+        with self._tx(write=False, doing="finding a parent") as conn:
             return [Row(**dict(m)) for m in conn.execute(q).mappings()]
 
     def recent_events(self, limit: int = 50) -> list[Event]:
         """Return the newest events, newest first."""
         q = sa.select(EVENTS).order_by(EVENTS.c.id.desc()).limit(limit)
-        with self.tx(write=False, doing="reading events") as conn:
+        with self._tx(write=False, doing="reading events") as conn:
             return [Event(**dict(m)) for m in conn.execute(q).mappings()]
 
     def counts(self) -> dict[tuple[str, str], int]:
@@ -107,13 +111,13 @@ class Reads:
         q = sa.select(REPLIES.c.platform, REPLIES.c.state, sa.func.count()).group_by(
             REPLIES.c.platform, REPLIES.c.state
         )
-        with self.tx(write=False, doing="counting rows") as conn:
+        with self._tx(write=False, doing="counting rows") as conn:
             return {(p, s): n for p, s, n in conn.execute(q)}
 
     def oldest_open(self, limit: int = 10) -> list[Row]:
         """Return the oldest open rows."""
         q = sa.select(REPLIES).where(REPLIES.c.state == OPEN).order_by(REPLIES.c.opened_at).limit(limit)
-        with self.tx(write=False, doing="reading open rows") as conn:
+        with self._tx(write=False, doing="reading open rows") as conn:
             return [Row(**dict(m)) for m in conn.execute(q).mappings()]
 
     def reoffer_due(self, platform: str, sender_id: str, *, now: float, after: tuple[float, str] | None,
@@ -132,7 +136,7 @@ class Reads:
         if after is not None:
             q = q.where(sa.tuple_(c.updated_at, c.parent_id) > sa.tuple_(sa.literal(after[0]), sa.literal(after[1])))
         q = q.order_by(c.updated_at, c.parent_id).limit(limit)
-        with self.tx(write=False, doing="reading rows to offer again") as conn:
+        with self._tx(write=False, doing="reading rows to offer again") as conn:
             return [Row(**dict(m)) for m in conn.execute(q).mappings()]
 
     def overdue(self, now: float, grace_s: float, limit: int = 50) -> list[tuple[Row, float]]:
@@ -152,7 +156,7 @@ class Reads:
         q = (sa.select(REPLIES, bound.label("bound_at"))
              .where(c.state.in_([COMPOSING, OPEN, RELEASED, NOT_LANDED]), bound < now - grace_s)
              .order_by(bound).limit(limit))
-        with self.tx(write=False, doing="reading overdue rows") as conn:
+        with self._tx(write=False, doing="reading overdue rows") as conn:
             out = []
             for m in conn.execute(q).mappings():
                 d = dict(m)
@@ -172,7 +176,7 @@ class Reads:
             .order_by(REPLIES.c.updated_at)
             .limit(limit)
         )
-        with self.tx(write=False, doing="reading rows") as conn:
+        with self._tx(write=False, doing="reading rows") as conn:
             return [Row(**dict(m)) for m in conn.execute(q).mappings()]
 
     # -- sweep leases --------------------------------------------------------------
@@ -200,7 +204,7 @@ class Reads:
             .limit(limit)
         )
         q = self._lock_due(q)
-        with self.tx(relaxed=True, doing="leasing due rows") as conn:
+        with self._tx(relaxed=True, doing="leasing due rows") as conn:
             rows = [Row(**dict(m)) for m in conn.execute(q).mappings()]
             leased = []
             for r in rows:
@@ -220,7 +224,7 @@ class Reads:
         q = sa.select(CURSORS.c.value).where(
             CURSORS.c.platform == platform, CURSORS.c.sender_id == sender_id, CURSORS.c.name == name
         )
-        with self.tx(write=False, doing="reading a cursor") as conn:
+        with self._tx(write=False, doing="reading a cursor") as conn:
             return conn.execute(q).scalar_one_or_none()
 
     def set_cursor(self, platform: str, sender_id: str, name: str, value: str) -> None:
@@ -230,7 +234,7 @@ class Reads:
         stmt = stmt.on_conflict_do_update(
             index_elements=["platform", "sender_id", "name"], set_={"value": value, "updated_at": now}
         )
-        with self.tx(relaxed=True, doing="saving a cursor") as conn:
+        with self._tx(relaxed=True, doing="saving a cursor") as conn:
             conn.execute(stmt)
 
     # -- listing lag (replyd.lag) ----------------------------------------------------
@@ -241,13 +245,13 @@ class Reads:
         c = LISTING_LAG.c
         q = (sa.select(c.lower_s, c.upper_s).where(c.platform == platform, c.upper_s.is_not(None))
              .order_by(c.seen_at.desc()).limit(limit))
-        with self.tx(write=False, doing="reading listing lag") as conn:
+        with self._tx(write=False, doing="reading listing lag") as conn:
             return [(float(lo), float(hi)) for lo, hi in conn.execute(q)]
 
     def lag_prune(self, platform: str, before: float) -> None:
         """Forget ``platform``'s samples sent before ``before`` (complete or not)."""
         c = LISTING_LAG.c
-        with self.tx(relaxed=True, doing="pruning listing lag") as conn:
+        with self._tx(relaxed=True, doing="pruning listing lag") as conn:
             conn.execute(sa.delete(LISTING_LAG).where(c.platform == platform, c.sent_at < before))
 
     def set_listing_delay(self, platform: str, configured_s: float, in_use_s: float) -> None:
@@ -256,17 +260,17 @@ class Reads:
         vals = {"configured_s": configured_s, "in_use_s": in_use_s, "updated_at": now}
         stmt = self._insert(LISTING_DELAY).values(platform=platform, **vals)
         stmt = stmt.on_conflict_do_update(index_elements=["platform"], set_=vals)
-        with self.tx(relaxed=True, doing="saving the listing delay") as conn:
+        with self._tx(relaxed=True, doing="saving the listing delay") as conn:
             conn.execute(stmt)
 
     def listing_delays(self) -> dict[str, ListingDelay]:
         """Return the recorded listing delay of every platform instance."""
-        with self.tx(write=False, doing="reading listing delays") as conn:
+        with self._tx(write=False, doing="reading listing delays") as conn:
             return {m["platform"]: ListingDelay(**dict(m)) for m in conn.execute(sa.select(LISTING_DELAY)).mappings()}
 
     def lag_platforms(self) -> list[str]:
         """Return the platform instances with lag samples."""
-        with self.tx(write=False, doing="reading listing lag") as conn:
+        with self._tx(write=False, doing="reading listing lag") as conn:
             return [p for (p,) in conn.execute(sa.select(LISTING_LAG.c.platform).distinct())]
 
 
@@ -297,7 +301,7 @@ class Reads:
         if since is not None:
             q = q.where(e.c.at >= since)
         q = q.order_by(e.c.id.desc()).limit(limit)
-        with self.tx(write=False, doing="reading events") as conn:
+        with self._tx(write=False, doing="reading events") as conn:
             return [dict(m) for m in conn.execute(q).mappings()]
 
     def path_counts(self) -> list[tuple[str, str, str, int, float | None]]:
@@ -305,7 +309,7 @@ class Reads:
         r = REPLIES.c
         q = (sa.select(r.platform, r.sender_id, r.path, sa.func.count(), sa.func.max(r.created_at))
              .group_by(r.platform, r.sender_id, r.path).order_by(r.platform, r.sender_id, r.path))
-        with self.tx(write=False, doing="reading paths") as conn:
+        with self._tx(write=False, doing="reading paths") as conn:
             return [(p, s, path, int(n), last) for p, s, path, n, last in conn.execute(q)]
 
     def export_rows(self, table: str, *, since: float | None = None) -> Iterator[dict[str, Any]]:
@@ -320,7 +324,7 @@ class Reads:
             q = q.order_by(t.c.created_at, t.c.platform, t.c.sender_id, t.c.parent_id)
             if since is not None:
                 q = q.where(t.c.updated_at >= since)
-        with self.tx(write=False, doing=f"exporting {table}") as conn:
+        with self._tx(write=False, doing=f"exporting {table}") as conn:
             for m in conn.execute(q).mappings():
                 yield dict(m)
 
@@ -329,5 +333,5 @@ class Reads:
         r = REPLIES.c
         q = sa.select(sa.func.min(r.deadline_at)).where(
             r.state == OPEN, r.platform == platform, r.sender_id == sender_id, r.deadline_at <= now)
-        with self.tx(write=False, doing="reading the oldest due open row") as conn:
+        with self._tx(write=False, doing="reading the oldest due open row") as conn:
             return conn.execute(q).scalar()

@@ -102,7 +102,7 @@ class SQLiteStore(Store):
 
     def db_epoch(self) -> float:
         """Return this machine's clock in epoch seconds, read through SQLite (one machine: no other clock)."""
-        with self.tx(write=False, doing="reading the database clock") as conn:
+        with self._tx(write=False, doing="reading the database clock") as conn:
             return float(conn.exec_driver_sql(
                 "SELECT CAST((julianday('now') - 2440587.5) * 86400.0 AS REAL)").scalar_one())
 
@@ -122,7 +122,7 @@ class SQLiteStore(Store):
 
     def _driver_failed(self, fairy: Any, exc: Exception) -> None:
         if "readonly database" in str(exc).lower():
-            # As in tx(): never keep a connection SQLite opened read-only.
+            # As in _tx(): never keep a connection SQLite opened read-only.
             fairy.invalidate(exc)
             self._reset_pool()
 
