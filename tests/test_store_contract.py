@@ -64,6 +64,8 @@ def test_open_picks_the_backend_the_url_names(store, store_url):
     current, head = store.schema_revision()
     assert current == head
     store.ping()
+    with pytest.raises(ValueError, match="claim_commit must be one of"):
+        store.claim_commit = "sometimes"
 
 
 def test_no_sqlalchemy_outside_the_store_package():

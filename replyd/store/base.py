@@ -24,7 +24,7 @@ from replyd.clock import Clock, SystemClock
 from replyd.errors import SchemaError, StoreError
 from replyd.store.engine import default_url, is_sqlite_url, map_db_error, parse_url, redact_url
 from replyd.store.hotsql import HotSQL
-from replyd.store.model import DURABILITIES, Claim, Durability, Key, Row, lease_holder
+from replyd.store.model import CLAIM_COMMIT_LEVELS, DURABILITIES, Claim, Durability, Key, Row, lease_holder
 from replyd.store.queries import Reads
 from replyd.store.schema import REPLIES, REPLY_COLUMNS, REPLY_DEFAULTS, REPLY_SET
 from replyd.store.unit import Tx
@@ -111,7 +111,9 @@ class Store(Reads):
 
     @claim_commit.setter
     def claim_commit(self, level: str | None) -> None:
-        self._sql = HotSQL(self.engine.dialect, None)  # only PostgreSQL has levels
+        if level is not None and level not in CLAIM_COMMIT_LEVELS:
+            raise ValueError(f"claim_commit must be one of {', '.join(CLAIM_COMMIT_LEVELS)}, not {level!r}")
+        self._sql = HotSQL(self.engine.dialect, None)  # only PostgreSQL has levels: one machine's disk here
 
     def claim_commit_problem(self) -> str | None:
         """Why the configured claim commit level cannot hold, on this server now; None when it can (or is local)."""

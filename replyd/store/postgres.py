@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 from replyd.errors import StoreError
 from replyd.store.base import Store
 from replyd.store.hotsql import HotSQL
-from replyd.store.model import CLAIM_COMMIT_LEVELS, Claim, Key, Row
+from replyd.store.model import Claim, Key, Row
 
 
 def _pg_idle_dead(dbapi_conn: Any) -> str | None:
@@ -86,8 +86,7 @@ class PostgresStore(Store):
 
     @claim_commit.setter
     def claim_commit(self, level: str | None) -> None:
-        if level is not None and level not in CLAIM_COMMIT_LEVELS:
-            raise ValueError(f"claim_commit must be one of {', '.join(CLAIM_COMMIT_LEVELS)}, not {level!r}")
+        Store.claim_commit.fset(self, level)  # type: ignore[attr-defined]  # the same check
         self._sql = HotSQL(self.engine.dialect, level)
 
     def sync_standbys(self) -> tuple[str, int | None]:
