@@ -110,15 +110,10 @@ def measure(n: int = 200, *, rate_per_s: float = 25.0, poll_s: float = 0.5, resp
         paths: Counter[str] = Counter()
         found_by: dict[str, set[str]] = {}
         for store, *_ in replicas[:1]:
-            import sqlalchemy as sa
-
-            from replyd.store import EVENTS, REPLIES
-
-            with store.engine.connect() as c:
-                for path, k in c.execute(sa.select(REPLIES.c.path, sa.func.count()).group_by(REPLIES.c.path)):
-                    paths[path] = k
-                for pid, detail in c.execute(sa.select(EVENTS.c.parent_id, EVENTS.c.detail).where(EVENTS.c.kind == "claimed")):
-                    found_by.setdefault(pid, set()).add(detail)
+            for _p, _s, path, k, _last in store.path_counts():
+                paths[path] += k
+            for e in store.events_with_path(kind="claimed", limit=10**9):
+                found_by.setdefault(e["parent_id"], set()).add(e["detail"])
         outcomes: Counter[str] = Counter()
         for _store, _http, pollers, _sw in replicas:
             outcomes.update(pollers.outcomes)

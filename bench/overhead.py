@@ -45,21 +45,7 @@ from bench.common import (
 )
 from replyd.guard import Guard, Status
 from replyd.platform import Parent, default_provider_key
-from replyd.store import SQLITE_BUSY_TIMEOUT_MS, Store
-
-
-class RelaxedStore(Store):
-    """Every transaction relaxed (SQLite NORMAL / PostgreSQL synchronous_commit off): the claim too."""
-
-    def commit_relaxed(self, relaxed: bool) -> bool:
-        return True
-
-
-class DurableStore(Store):
-    """Every transaction durable (SQLite FULL / PostgreSQL synchronous commit): the close too."""
-
-    def commit_relaxed(self, relaxed: bool) -> bool:
-        return False
+from replyd.store import SQLITE_BUSY_TIMEOUT_MS, Durability, Store
 
 
 # ----- variants --------------------------------------------------------------------------------------
@@ -143,12 +129,10 @@ def _sqlite_floor(path: Path, claim_sync: str, close_sync: str) -> tuple[Callabl
 
 
 def _hot(dialect_name: str) -> Any:
-    """replyd's own prebuilt hot-path SQL (``replyd.store._HotSQL``), so the raw replay cannot drift from it."""
-    from sqlalchemy.dialects import postgresql, sqlite
+    """replyd's own prebuilt hot-path SQL (``replyd.store.hot_sql``), so the raw replay cannot drift from it."""
+    from replyd.store import hot_sql
 
-    from replyd.store import _HotSQL
-
-    return _HotSQL((sqlite if dialect_name == "sqlite" else postgresql).dialect())
+    return hot_sql(dialect_name)
 
 
 _CLOSE_COLS = ("state", "reply_id", "closed_at", "updated_at", "error", "deadline_at")  # what Guard._close writes
@@ -156,7 +140,7 @@ _CLOSE_COLS = ("state", "reply_id", "closed_at", "updated_at", "error", "deadlin
 
 def _same_sql_params(h: Any, p: Parent, i: int, now: float) -> tuple[dict, dict, dict, dict, dict]:
     """Key, row, claimed-event, close-values and closed-event parameters, named as replyd's statements name them."""
-    from replyd.store import REPLY_DEFAULTS
+    from replyd.store.schema import REPLY_DEFAULTS
 
     k = {"k_platform": INSTANCE, "k_sender_id": SENDER_ID, "k_parent_id": p.id}
     row = {**REPLY_DEFAULTS, **dict(zip(_INSERT_COLS, _row_values(p, now), strict=True))}
@@ -299,8 +283,8 @@ def measure(n: int, rounds: int, *, warmup: int = 50, seed: int = 1, budget_s: f
         def add(name: str, group: str, post: Callable[[int], None], close: Callable[[], None] = lambda: None) -> None:
             variants.append(Variant(name, post, group, close=close))
 
-        def store_at(cls: type[Store], url: str) -> Store:
-            s = cls.open(url)
+        def store_at(durability: Durability, url: str) -> Store:
+            s = Store.open(url, durability=durability)
             stack.callback(s.dispose)
             return s
 
@@ -310,9 +294,9 @@ def measure(n: int, rounds: int, *, warmup: int = 50, seed: int = 1, budget_s: f
             Store.open(sqlite_url(p)).dispose()  # the schema, by replyd's own migration
             return p
 
-        add("replyd SQLite (claim FULL, close NORMAL)", "sqlite", _replyd(store_at(Store, sqlite_url(sq("replyd")))))
-        add("replyd SQLite, close FULL too", "sqlite", _replyd(store_at(DurableStore, sqlite_url(sq("replyd_durable")))))
-        add("replyd SQLite, all NORMAL", "sqlite", _replyd(store_at(RelaxedStore, sqlite_url(sq("replyd_relaxed")))))
+        add("replyd SQLite (claim FULL, close NORMAL)", "sqlite", _replyd(store_at("as_asked", sqlite_url(sq("replyd")))))
+        add("replyd SQLite, close FULL too", "sqlite", _replyd(store_at("durable", sqlite_url(sq("replyd_durable")))))
+        add("replyd SQLite, all NORMAL", "sqlite", _replyd(store_at("relaxed", sqlite_url(sq("replyd_relaxed")))))
         add("floor sqlite3 FULL + FULL", "sqlite", *_sqlite_floor(sq("floor_ff"), "FULL", "FULL"))
         add("floor sqlite3 FULL + NORMAL", "sqlite", *_sqlite_floor(sq("floor_fn"), "FULL", "NORMAL"))
         add("floor sqlite3 NORMAL + NORMAL", "sqlite", *_sqlite_floor(sq("floor_nn"), "NORMAL", "NORMAL"))
@@ -321,9 +305,9 @@ def measure(n: int, rounds: int, *, warmup: int = 50, seed: int = 1, budget_s: f
         have_pg = pg_available()
         if have_pg:
             urls = stack.enter_context(pg_databases(6, "ovh"))
-            add("replyd PostgreSQL (claim sync, close async)", "pg", _replyd(store_at(Store, urls[0])))
-            add("replyd PostgreSQL, close sync too", "pg", _replyd(store_at(DurableStore, urls[1])))
-            add("replyd PostgreSQL, all async", "pg", _replyd(store_at(RelaxedStore, urls[2])))
+            add("replyd PostgreSQL (claim sync, close async)", "pg", _replyd(store_at("as_asked", urls[0])))
+            add("replyd PostgreSQL, close sync too", "pg", _replyd(store_at("durable", urls[1])))
+            add("replyd PostgreSQL, all async", "pg", _replyd(store_at("relaxed", urls[2])))
             add("floor psycopg sync + sync", "pg", *_pg_floor(urls[3], split=False))
             add("floor psycopg sync + async", "pg", *_pg_floor(urls[4], split=True))
             add("psycopg, replyd's exact SQL", "pg", *_pg_same_sql(urls[5]))
@@ -599,7 +583,7 @@ def tables(res: dict[str, Any], scen: dict[str, Any], cmd: str) -> list[Table]:
         "`synchronous_commit = off` (DESIGN.md, \"Where the cost is\": a lost close leaves the row open and the sweep "
         "closes it). The fair floor is therefore \"FULL + NORMAL\" (two raw autocommit statements on two connections, "
         "one per durability); the all-FULL floor and a replyd with a durable close are shown too. \"replyd's exact SQL\" "
-        "replays replyd's own prebuilt statements (the same SQL text, from `replyd.store._HotSQL`) straight through the "
+        "replays replyd's own prebuilt statements (the same SQL text, from `replyd.store.hot_sql`) straight through the "
         "driver — SQLite: the read before the lock, `PRAGMA synchronous` when it changes, `BEGIN IMMEDIATE`, the row "
         "`INSERT … ON CONFLICT DO NOTHING` and its event `INSERT`, `COMMIT`; then the compare-and-set `UPDATE` and its "
         "event in a second transaction. PostgreSQL: two autocommit statements, each a data-modifying CTE that writes "

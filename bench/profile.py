@@ -90,10 +90,7 @@ def _count_statements(store: Store, guard: Guard, n: int) -> dict[str, float]:
     SQLite counts every statement its trace callback reports (PRAGMA, BEGIN, COMMIT included), PostgreSQL every
     statement psycopg sends and waits for: ``Cursor.execute`` plus its own commands (BEGIN, COMMIT, ROLLBACK).
     """
-    import sqlalchemy as sa
-
     cnt: Counter[str] = Counter()
-    eng = store.engine
     if store.is_sqlite:
         conns: list[Any] = []
 
@@ -102,12 +99,12 @@ def _count_statements(store: Store, guard: Guard, n: int) -> dict[str, float]:
             if sql.strip().upper() == "COMMIT":
                 cnt["commits"] += 1
 
-        def on_connect(dbapi_conn: Any, _rec: Any) -> None:
+        def on_connect(dbapi_conn: Any) -> None:
             dbapi_conn.set_trace_callback(trace)
             conns.append(dbapi_conn)
 
         store.dispose()  # the connections from here on are traced
-        sa.event.listen(eng.pool, "connect", on_connect)
+        stop_tracing = store.on_connect(on_connect)
         try:
             for i in range(20):  # open the connections, then count
                 guard.post(make_parent(59_000_000 + i), REPLY_TEXT)
@@ -115,7 +112,7 @@ def _count_statements(store: Store, guard: Guard, n: int) -> dict[str, float]:
             for i in range(n):
                 guard.post(make_parent(60_000_000 + i), REPLY_TEXT)
         finally:
-            sa.event.remove(eng.pool, "connect", on_connect)
+            stop_tracing()
             for c in conns:
                 c.set_trace_callback(None)
     else:
@@ -141,13 +138,11 @@ def _count_statements(store: Store, guard: Guard, n: int) -> dict[str, float]:
             psycopg.Cursor.execute = orig_exec  # type: ignore[method-assign]
             BaseConnection._exec_command = orig_cmd  # type: ignore[method-assign]
     per = {k: v / n for k, v in cnt.items()}
-    pre_ping = bool(getattr(eng.pool, "_pre_ping", False))
     if store.is_sqlite:
         # Every statement (PRAGMA, BEGIN and COMMIT included) is one call into SQLite; nothing crosses a socket.
         per["database calls"] = per.get("statements", 0)
     else:
         per["statements"] = per.get("round trips", 0)
-    per["pre_ping"] = float(pre_ping)
     return per
 
 
@@ -190,7 +185,7 @@ def tables(res: dict[str, Any], cmd: str) -> list[Table]:
     if "PostgreSQL" in dbs:
         pp = res["PostgreSQL"]["per_post"]
         t.rows.append(["PostgreSQL round trips per post (the floor: 2)"] + [
-            f"{pp.get('round trips', 0):.1f}" + (" (incl. pre-pings)" if pp.get("pre_ping") else "")
+            f"{pp.get('round trips', 0):.1f}"
             if db == "PostgreSQL" else "–" for db in dbs])
     for db in dbs:
         hot = "; ".join(f"`{k}` {v * 100:.0f}%" for k, v in res[db]["hot"][:8])

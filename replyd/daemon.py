@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import httpx
-import sqlalchemy as sa
 import stamina
 import structlog
 from apscheduler.executors.pool import ThreadPoolExecutor
@@ -266,7 +265,7 @@ class Daemon:
             return  # one machine's clock (SQLite), or a clock a test injected
         self.clock = DatabaseClock(self.store.db_epoch)
         self.store.clock = self.clock
-        sa.event.listen(self.store.engine, "connect", self._on_db_connect)
+        self.store.on_connect(self._on_db_connect)
         skew_s = round(self.clock.skew_s, 3)
         log.info("replyd.clock.synced", source="database", skew_s=skew_s)
         if abs(skew_s) > 1.0:

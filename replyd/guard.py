@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any
 
-import sqlalchemy as sa
 import structlog
 
 from replyd import deadline, metrics
@@ -456,16 +455,15 @@ class Guard:
         now = self.clock.now()
         moved = 0
         for token, key, attempt, started in self.sends.overdue(now, self.send_timeout_s / 2):
-            values = {"updated_at": now,
-                      "deadline_at": self.store.greatest(st.REPLIES.c.deadline_at,
-                                                         now + self.send_timeout_s + self.lag.delay_s())}
+            values = {"updated_at": now}
             try:
-                with self.store.tx(relaxed=True, doing="extending a running send") as conn:
-                    if self.store.cas(conn, key, states=[st.OPEN], attempt=attempt, values=values):
+                with self.store.transaction(relaxed=True, doing="extending a running send") as tx:
+                    if tx.cas_event(key, states=[st.OPEN], attempt=attempt, values=values,
+                                    deadline_at_least=now + self.send_timeout_s + self.lag.delay_s()):
                         moved += 1
                         if self.sends.first_note(token):  # one note per send, not per tick
-                            self.store.add_event(conn, key, "send_overdue", state=st.OPEN, attempt=attempt,
-                                                 owner=self.owner, detail={"running_s": round(now - started, 3)})
+                            tx.append_event(key, "send_overdue", state=st.OPEN, attempt=attempt,
+                                            owner=self.owner, detail={"running_s": round(now - started, 3)})
             except StoreError as exc:
                 log.warning("replyd.guard.watch_failed", parent_id=key.parent_id, error=str(exc))
                 continue
@@ -566,22 +564,19 @@ class Guard:
         # The send has returned: whatever it did is done, so one listing delay from now is enough to look.
         # An open row keeps a later deadline (a running send's); a judged one's is its next reconciling look.
         look_at = now + self.lag.delay_s()
-        values = {"state": st.OPEN, "error": detail, "updated_at": now,
-                  "deadline_at": sa.case((st.REPLIES.c.state == st.OPEN,
-                                          self.store.greatest(st.REPLIES.c.deadline_at, look_at)), else_=look_at)}
+        values = {"state": st.OPEN, "error": detail, "updated_at": now}
         reopened = None
         try:
-            with self.store.tx(relaxed=True, doing="recording an ambiguous send") as conn:
-                before = self.store.get(key, conn)
-                if self.store.cas(conn, key, states=[st.OPEN, st.NOT_LANDED, st.GAVE_UP], attempt=attempt,
-                                  values=values):
+            with self.store.transaction(relaxed=True, doing="recording an ambiguous send") as tx:
+                before = tx.get(key)
+                if tx.cas_event(key, states=[st.OPEN, st.NOT_LANDED, st.GAVE_UP], attempt=attempt, values=values,
+                                deadline_at_least=look_at):
                     reopened = before.state if before is not None and before.state != st.OPEN else None
                     note = {"error": detail, **({"reopened_from": reopened} if reopened else {})}
-                    self.store.add_event(conn, key, "maybe_sent", state=st.OPEN, attempt=attempt, owner=self.owner,
-                                         detail=note)
+                    tx.append_event(key, "maybe_sent", state=st.OPEN, attempt=attempt, owner=self.owner, detail=note)
                 else:  # the row moved on: a note for explain, no state (it would contradict the row)
-                    self.store.add_event(conn, key, "late_maybe_sent", state=None, attempt=attempt, owner=self.owner,
-                                         detail={"error": detail, "row_state": before.state if before else None})
+                    tx.append_event(key, "late_maybe_sent", state=None, attempt=attempt, owner=self.owner,
+                                    detail={"error": detail, "row_state": before.state if before else None})
         except StoreError:
             pass  # the open row itself is durable; this note is only for explain
         log.warning("replyd.guard.maybe_sent", parent_id=key.parent_id, attempt=attempt, error=detail,

@@ -29,13 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from sqlalchemy.engine import Connection
 
 from replyd import metrics
 from replyd.clock import Clock, SystemClock
 from replyd.config import SweepConfig
 from replyd.errors import ReplydError
-from replyd.store import Store
+from replyd.store import Store, Tx
 
 log = structlog.get_logger("replyd.lag")
 
@@ -187,12 +186,11 @@ class ListingLag:
                     hint="the platform lists replies much later than configured: raise the key"
                     + ("" if self.cfg.listing_delay_auto else " (or set sweep.listing_delay_auto = true)"))
 
-    def look(self, conn: Connection, sender_id: str, reply_id: str, *, sent_at: float, now: float,
+    def look(self, tx: Tx, sender_id: str, reply_id: str, *, sent_at: float, now: float,
              listed: bool) -> None:
         """Record one read-back's look for an own reply sent at ``sent_at`` (inside the sweep's transaction)."""
         age = max(0.0, now - sent_at)
-        if self.store.lag_look(conn, self.platform, sender_id, reply_id, sent_at=sent_at, age_s=age, listed=listed,
-                               now=now):
+        if tx.lag_look(self.platform, sender_id, reply_id, sent_at=sent_at, age_s=age, listed=listed, now=now):
             metrics.listing_lag(self.platform, age)
         if not listed:
             self._prove(reply_id, sent_at, age, now)

@@ -22,7 +22,6 @@ from datetime import datetime, timezone
 from typing import Any, TextIO
 
 import httpx
-import sqlalchemy as sa
 import structlog
 
 from replyd import metrics
@@ -296,19 +295,19 @@ def rearm(store: Store, key: Key, *, by: str, reason: str = "", owner: str | Non
     can give up again; a key in any other state is left alone.
     """
     now = store.clock.now()
-    with store.tx(doing="rearming") as conn:
-        row = store.get(key, conn)
+    with store.transaction(doing="rearming") as tx:
+        row = tx.get(key)
         if row is None:
             return RearmResult(key, False, None, None)
         if row.state not in REARMABLE:
             return RearmResult(key, False, row.state, row)
         values = {"state": st.RELEASED, "updated_at": now, "error": None, "not_before": None,
                   "lease_owner": None, "lease_until": None}
-        ok = store.cas(conn, key, states=[row.state], attempt=row.attempt, values=values)
+        ok = tx.cas_event(key, states=[row.state], attempt=row.attempt, values=values)
         if ok:
-            store.add_event(conn, key, "rearmed", state=st.RELEASED, attempt=row.attempt, owner=owner,
+            tx.append_event(key, "rearmed", state=st.RELEASED, attempt=row.attempt, owner=owner,
                             detail={"from": row.state, "by": by, **({"reason": reason} if reason else {})})
-        current = store.get(key, conn)
+        current = tx.get(key)
     log.info("replyd.library.rearmed" if ok else "replyd.library.rearm_refused", platform=key.platform,
              parent_id=key.parent_id, previous=row.state, by=by)
     return RearmResult(key, ok, row.state, current)
@@ -387,13 +386,13 @@ def adopt(
             "reply_id": first.reply_id, "path": "adopt", "owner": owner,
             "snapshot": json.dumps(parent.snapshot(), default=str),
         }
-        with store.tx(doing="adopting") as conn:
-            won = store.insert_new(conn, key, values)
+        with store.transaction(doing="adopting") as tx:
+            won = tx.insert_new(key, values)
             if won:
-                store.add_event(conn, key, "adopted", state=st.CLOSED, attempt=1, owner=owner,
+                tx.append_event(key, "adopted", state=st.CLOSED, attempt=1, owner=owner,
                                 detail={"reply_id": first.reply_id, "replies": len(mine)})
                 if len(mine) > 1:
-                    store.add_event(conn, key, "duplicate_detected", state=st.CLOSED, attempt=1, owner=owner,
+                    tx.append_event(key, "duplicate_detected", state=st.CLOSED, attempt=1, owner=owner,
                                     detail={"kept": first.reply_id, "newer": result.duplicates[pid], "action": "report"})
         if won:
             result.adopted[pid] = first.reply_id
@@ -432,25 +431,8 @@ def events(
     ``platform`` matches any instance containing it; ``state`` is the state the
     event recorded; ``path`` is the discovery path stored on the key's row.
     """
-    e, r = st.EVENTS, st.REPLIES
-    join = e.outerjoin(r, sa.and_(e.c.platform == r.c.platform, e.c.sender_id == r.c.sender_id,
-                                  e.c.parent_id == r.c.parent_id))
-    q = sa.select(*e.c, r.c.path.label("path")).select_from(join)
-    if kind:
-        q = q.where(e.c.kind == kind)
-    if state:
-        q = q.where(e.c.state == state)
-    if platform:
-        q = q.where(e.c.platform.contains(platform, autoescape=True))
-    if path:
-        q = q.where(r.c.path == path)
-    if parent_id is not None:
-        q = q.where(e.c.parent_id == parent_id)
-    if since is not None:
-        q = q.where(e.c.at >= since)
-    q = q.order_by(e.c.id.desc()).limit(limit)
-    with store.tx(write=False, doing="reading events") as conn:
-        return [_event_dict(m) for m in conn.execute(q).mappings()]
+    return [_event_dict(m) for m in store.events_with_path(limit=limit, kind=kind, state=state, platform=platform,
+                                                          path=path, parent_id=parent_id, since=since)]
 
 
 def paths(store: Store) -> list[dict[str, Any]]:
@@ -459,34 +441,19 @@ def paths(store: Store) -> list[dict[str, Any]]:
     A path whose newest find is old has stopped finding (a poller down, a
     search that matches nothing); the keys themselves are not listed.
     """
-    r = st.REPLIES
-    q = (sa.select(r.c.platform, r.c.sender_id, r.c.path, sa.func.count(), sa.func.max(r.c.created_at))
-         .group_by(r.c.platform, r.c.sender_id, r.c.path).order_by(r.c.platform, r.c.sender_id, r.c.path))
-    with store.tx(write=False, doing="reading paths") as conn:
-        return [{"platform": p, "sender_id": s, "path": path, "rows": n, "last_found_at": last}
-                for p, s, path, n, last in conn.execute(q)]
+    return [{"platform": p, "sender_id": s, "path": path, "rows": n, "last_found_at": last}
+            for p, s, path, n, last in store.path_counts()]
 
 
-TABLES = {"replies": st.REPLIES, "events": st.EVENTS}
+TABLES = st.EXPORT_TABLES
 
 
 def iter_table(store: Store, table: str, *, since: float | None = None) -> Iterator[dict[str, Any]]:
     """Yield every row of ``replies`` or ``events`` (oldest first), optionally updated/at since ``since``."""
-    t = TABLES.get(table)
-    if t is None:
+    if table not in TABLES:
         raise ConfigError(f"export: unknown table {table!r} (known: {', '.join(TABLES)})")
-    q = sa.select(t)
-    if table == "events":
-        q = q.order_by(t.c.id)
-        if since is not None:
-            q = q.where(t.c.at >= since)
-    else:
-        q = q.order_by(t.c.created_at, t.c.platform, t.c.sender_id, t.c.parent_id)
-        if since is not None:
-            q = q.where(t.c.updated_at >= since)
-    with store.tx(write=False, doing=f"exporting {table}") as conn:
-        for m in conn.execute(q).mappings():
-            yield _event_dict(m) if table == "events" else dict(m)
+    for m in store.export_rows(table, since=since):
+        yield _event_dict(m) if table == "events" else m
 
 
 # Columns holding an epoch; exports write them as ISO 8601 (UTC), as every other tool reads times.
@@ -505,7 +472,7 @@ def export(store: Store, out: TextIO, *, table: str = "replies", fmt: str = "csv
         raise ConfigError(f"export: unknown format {fmt!r} (use csv or json)")
     if table not in TABLES:
         raise ConfigError(f"export: unknown table {table!r} (known: {', '.join(TABLES)})")
-    columns = [c.name for c in TABLES[table].columns]
+    columns = list(TABLES[table])
     n = 0
     rows = ({k: iso(v) if k in TIME_COLUMNS and isinstance(v, (int, float)) else v for k, v in r.items()}
             for r in iter_table(store, table, since=since))

@@ -16,7 +16,6 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import sqlalchemy as sa
 
 from replyd import metrics
 from replyd import store as st
@@ -148,7 +147,7 @@ class Liveness:
             for bot, b in out.items():
                 key = self._keys.get(bot)
                 if key is not None:
-                    due = oldest_due_open(store, *key, now)
+                    due = store.oldest_due_open(*key, now)
                     b["oldest_due_open_age_s"] = None if due is None else round(now - due, 1)
         return out
 
@@ -189,11 +188,3 @@ def error_words(exc: BaseException) -> str:
         detail = f"HTTP {status}: {detail}"
     return detail or "failed without a message"
 
-
-def oldest_due_open(store: st.Store, platform: str, sender_id: str, now: float) -> float | None:
-    """Return the deadline of the bot's oldest open row past its deadline (None when none is due)."""
-    r = st.REPLIES.c
-    q = sa.select(sa.func.min(r.deadline_at)).where(
-        r.state == st.OPEN, r.platform == platform, r.sender_id == sender_id, r.deadline_at <= now)
-    with store.tx(write=False, doing="reading the oldest due open row") as conn:
-        return conn.execute(q).scalar()

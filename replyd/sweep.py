@@ -29,7 +29,6 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-import sqlalchemy as sa
 import structlog
 
 from replyd import metrics
@@ -38,7 +37,7 @@ from replyd.clock import Clock, SystemClock
 from replyd.config import SweepConfig
 from replyd.lag import ListingLag
 from replyd.platform import Identity, Parent, Pending, Platform, ReadBack
-from replyd.store import Key, Reply, Store
+from replyd.store import Key, Reply, Store, Tx
 
 log = structlog.get_logger("replyd.sweep")
 
@@ -161,38 +160,37 @@ class Sweeper:
                  verified_on_close=res.verified_on_close)
         return res
 
-    def _duplicates(self, conn, key: Key, r: Reply, kept: str, newer: list[str], res: SweepResult) -> list[str]:  # noqa: ANN001
+    def _duplicates(self, tx: Tx, key: Key, r: Reply, kept: str, newer: list[str], res: SweepResult) -> list[str]:
         """Record own replies beyond the first to one parent; return the ids to delete (if configured)."""
         if not newer:
             return []
-        self.store.add_event(conn, key, "duplicate_detected", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
-                             detail={"kept": kept, "newer": newer, "action": self.on_duplicate})
+        tx.append_event(key, "duplicate_detected", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
+                        detail={"kept": kept, "newer": newer, "action": self.on_duplicate})
         res.duplicates += len(newer)
         log.error("replyd.sweep.duplicate_detected", platform=key.platform, parent_id=r.parent_id, kept=kept,
                   newer=newer)
         return newer if self.on_duplicate == "delete_newer" else []
 
-    def _verify(self, conn, bot: Bot, key: Key, r: Reply, mine: list, rb: ReadBack, now: float,  # noqa: ANN001
+    def _verify(self, tx: Tx, bot: Bot, key: Key, r: Reply, mine: list, rb: ReadBack, now: float,
                 delay_s: float, res: SweepResult, basis: float | None = None) -> list[str]:
         """A closed row: measure its reply's listing lag, then (once, after the delay in use) count duplicates.
 
         ``basis``: when the last send that can have made an unseen reply started (default: the close).
         """
         assert bot.lag is not None
-        lease = st.REPLIES.c.lease_owner == self.owner
         checked = r.parent_id in rb.checked
         if not checked and not mine:
             values = {"deadline_at": now + self.retry_s, "lease_owner": None, "lease_until": None}
-            self.store.cas(conn, key, states=[st.CLOSED], attempt=r.attempt, values=values, extra_where=lease)
+            tx.cas_event(key, states=[st.CLOSED], attempt=r.attempt, values=values, lease_owner=self.owner)
             res.left_open += 1
             return []
-        events = self.store.reply_id_events(conn, key)
+        events = tx.reply_id_events(key)
         listed = [m.reply_id for m in mine]
         own, closed_at = r.reply_id, r.closed_at if r.closed_at is not None else now
         own_listed = own in listed
         # A lag sample needs the send time: only a reply the guard closed the row with from the send's response.
         if own and any(k == "closed" and d.get("reply_id") == own for k, _, d in events):
-            bot.lag.look(conn, r.sender_id, own, sent_at=closed_at, now=now, listed=own_listed)
+            bot.lag.look(tx, r.sender_id, own, sent_at=closed_at, now=now, listed=own_listed)
         known = _known_ids(events, own)
         deleted = {d.get("reply_id") for k, _, d in events if k == "duplicate_deleted"}
         every = [i for i in dict.fromkeys([*listed, *known]) if i and i not in deleted]
@@ -206,7 +204,7 @@ class Sweeper:
             # Not yet: at the delay in use, and meanwhile every step until our own reply is listed (its lag).
             nxt = (min(due, now + bot.lag.step_s()) if now < due else now + bot.lag.step_s()) if waiting_own else due
             values = {"deadline_at": nxt, "lease_owner": None, "lease_until": None}
-            if self.store.cas(conn, key, states=[st.CLOSED], attempt=r.attempt, values=values, extra_where=lease):
+            if tx.cas_event(key, states=[st.CLOSED], attempt=r.attempt, values=values, lease_owner=self.owner):
                 res.waiting += 1
             return []
         reported = {i for k, _, d in events if k == "duplicate_detected" for i in [d.get("kept"), *d.get("newer", [])]}
@@ -220,15 +218,15 @@ class Sweeper:
         values = {"deadline_at": nxt, "lease_owner": None, "lease_until": None}
         if newer and self.on_duplicate == "delete_newer" and kept and kept != own:
             values["reply_id"] = kept  # the newer ones are about to be deleted
-        if not self.store.cas(conn, key, states=[st.CLOSED], attempt=r.attempt, values=values, extra_where=lease):
+        if not tx.cas_event(key, states=[st.CLOSED], attempt=r.attempt, values=values, lease_owner=self.owner):
             return []
         if not any(k == "verified" and a == r.attempt for k, a, _ in events):
-            self.store.add_event(conn, key, "verified", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
-                                 detail={"own_replies": len(listed), "known": len(every)})
+            tx.append_event(key, "verified", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
+                            detail={"own_replies": len(listed), "known": len(every)})
             res.verified += 1
         else:
             res.waiting += 1  # a later look for an unaccounted attempt's reply
-        return self._duplicates(conn, key, r, kept or "", newer, res)
+        return self._duplicates(tx, key, r, kept or "", newer, res)
 
     @staticmethod
     def _judge_at(bot: Bot, r: Reply, delay_s: float) -> float:
@@ -244,26 +242,25 @@ class Sweeper:
                 return at
         return None
 
-    def _reconcile(self, conn, key: Key, r: Reply, mine: list, rb: ReadBack, now: float,  # noqa: ANN001
+    def _reconcile(self, tx: Tx, key: Key, r: Reply, mine: list, rb: ReadBack, now: float,
                    delay_s: float, res: SweepResult) -> list[str]:
         """A judged row's later look: an own reply found now closes it as ``reconciled``."""
-        lease = st.REPLIES.c.lease_owner == self.owner
         if mine:
             first = mine[0].reply_id
             values = {"state": st.CLOSED, "reply_id": first, "closed_at": now, "updated_at": now, "error": None,
                       "deadline_at": now + delay_s, "lease_owner": None, "lease_until": None}
             # Re-find may have claimed a not_landed row meanwhile: then the state or attempt differs, nothing moves.
-            if not self.store.cas(conn, key, states=[r.state], attempt=r.attempt, values=values, extra_where=lease):
+            if not tx.cas_event(key, states=[r.state], attempt=r.attempt, values=values, lease_owner=self.owner):
                 return []
-            self.store.add_event(conn, key, "reconciled", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
-                                 detail={"reply_id": first, "from": r.state, "judged_s": round(now - r.updated_at, 3)})
+            tx.append_event(key, "reconciled", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
+                            detail={"reply_id": first, "from": r.state, "judged_s": round(now - r.updated_at, 3)})
             res.reconciled += 1
             log.warning("replyd.sweep.reconciled", platform=key.platform, parent_id=r.parent_id, reply_id=first,
                         previous=r.state)
-            return self._duplicates(conn, key, r, first, [m.reply_id for m in mine[1:]], res)
+            return self._duplicates(tx, key, r, first, [m.reply_id for m in mine[1:]], res)
         nxt = self._next_look(r.updated_at, now, delay_s) if r.parent_id in rb.checked else now + self.retry_s
         values = {"deadline_at": nxt, "lease_owner": None, "lease_until": None}
-        if self.store.cas(conn, key, states=[r.state], attempt=r.attempt, values=values, extra_where=lease):
+        if tx.cas_event(key, states=[r.state], attempt=r.attempt, values=values, lease_owner=self.owner):
             res.waiting += 1
         return []
 
@@ -271,13 +268,12 @@ class Sweeper:
                 res: SweepResult) -> None:
         key = Key(r.platform, r.sender_id, r.parent_id)
         mine = rb.found.get(r.parent_id) or []
-        lease = st.REPLIES.c.lease_owner == self.owner
         delete: list[str] = []
-        with self.store.tx(relaxed=True, doing="sweeping") as conn:
+        with self.store.transaction(relaxed=True, doing="sweeping") as tx:
             if r.state == st.CLOSED:
-                delete = self._verify(conn, bot, key, r, mine, rb, now, verify_s, res)
+                delete = self._verify(tx, bot, key, r, mine, rb, now, verify_s, res)
             elif r.state in (st.NOT_LANDED, st.GAVE_UP):
-                delete = self._reconcile(conn, key, r, mine, rb, now, delay_s, res)
+                delete = self._reconcile(tx, key, r, mine, rb, now, delay_s, res)
             elif mine:
                 first = mine[0]
                 # Closed under our lease, which the verification below releases: this read-back came after the
@@ -285,20 +281,20 @@ class Sweeper:
                 # unaccounted for (the same batched read, no second look).
                 values = {"state": st.CLOSED, "reply_id": first.reply_id, "closed_at": now, "updated_at": now,
                           "deadline_at": now + verify_s}
-                if self.store.cas(conn, key, states=[st.OPEN], attempt=r.attempt, values=values, extra_where=lease):
-                    self.store.add_event(conn, key, "swept_found", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
-                                         detail={"reply_id": first.reply_id})
+                if tx.cas_event(key, states=[st.OPEN], attempt=r.attempt, values=values, lease_owner=self.owner):
+                    tx.append_event(key, "swept_found", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
+                                    detail={"reply_id": first.reply_id})
                     res.closed += 1
                     closed = r.model_copy(update={k: v for k, v in values.items() if k != "deadline_at"})
                     waiting, verified = res.waiting, res.verified
-                    delete = self._verify(conn, bot, key, closed, mine, rb, now, verify_s, res,
+                    delete = self._verify(tx, bot, key, closed, mine, rb, now, verify_s, res,
                                           basis=r.opened_at or r.created_at)
                     res.waiting = waiting  # counted as closed
                     res.verified_on_close += res.verified - verified
             elif r.parent_id in rb.checked and now < (judge_at := self._judge_at(bot, r, delay_s)):
                 # The delay in use grew since this row's deadline was set: not found yet proves nothing.
                 values = {"deadline_at": judge_at, "lease_owner": None, "lease_until": None}
-                if self.store.cas(conn, key, states=[st.OPEN], attempt=r.attempt, values=values, extra_where=lease):
+                if tx.cas_event(key, states=[st.OPEN], attempt=r.attempt, values=values, lease_owner=self.owner):
                     res.waiting += 1
             elif r.parent_id in rb.checked:
                 to = st.NOT_LANDED if r.attempt < self.max_attempts else st.GAVE_UP
@@ -307,9 +303,9 @@ class Sweeper:
                           "deadline_at": self._next_look(now, now, delay_s)}
                 # Still past its deadline: a send still running (Guard.watch_sends) pushes it on meanwhile,
                 # and a row whose send may still land must not be judged.
-                still_due = sa.and_(lease, st.REPLIES.c.deadline_at <= now)
-                if self.store.cas(conn, key, states=[st.OPEN], attempt=r.attempt, values=values, extra_where=still_due):
-                    self.store.add_event(conn, key, to, state=to, attempt=r.attempt, owner=self.owner)
+                if tx.cas_event(key, states=[st.OPEN], attempt=r.attempt, values=values, lease_owner=self.owner,
+                                due_by=now):
+                    tx.append_event(key, to, state=to, attempt=r.attempt, owner=self.owner)
                     if to == st.GAVE_UP:
                         res.gave_up += 1
                         log.error("replyd.sweep.gave_up", parent_id=r.parent_id, attempt=r.attempt)
@@ -318,8 +314,8 @@ class Sweeper:
             else:
                 # Not looked at conclusively: keep it open and look again later.
                 values = {"deadline_at": now + self.retry_s, "lease_owner": None, "lease_until": None, "updated_at": now}
-                if self.store.cas(conn, key, states=[st.OPEN], attempt=r.attempt, values=values, extra_where=lease):
-                    self.store.add_event(conn, key, "swept_unknown", state=st.OPEN, attempt=r.attempt, owner=self.owner)
+                if tx.cas_event(key, states=[st.OPEN], attempt=r.attempt, values=values, lease_owner=self.owner):
+                    tx.append_event(key, "swept_unknown", state=st.OPEN, attempt=r.attempt, owner=self.owner)
                 res.left_open += 1
         for extra in delete:
             try:

@@ -108,11 +108,12 @@ def test_broken_store_503_and_nothing_sent(h, monkeypatch):
     pid = h.parent()
     store = h.daemon.store
     with monkeypatch.context() as m, h.client() as c:
-        m.setattr(store, "get", _busy)
+        m.setattr(store, "get", _busy)  # the read of GET
+        m.setattr(store, "transaction", _busy)  # rearm reads and writes in one transaction
         for r in (c.get(f"/v1/replies/sim/{pid}"), c.post(f"/v1/replies/sim/{pid}/rearm")):
             assert r.status_code == 503 and r.json()["error"] == "store_busy", r.text
             assert r.headers["Retry-After"] == "1" and r.json()["detail"].startswith("store busy: held")
-    store.engine.dispose()
+    store.dispose()
     h.db.write_bytes(b"not a database " * 1000)
     for suffix in ("-wal", "-shm"):
         Path(f"{h.db}{suffix}").unlink(missing_ok=True)

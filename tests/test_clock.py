@@ -76,8 +76,8 @@ def test_a_fast_replica_sweeps_early_only_on_its_own_clock(pg_url):
     guard = Guard(store_a, plat, plat.whoami(), clock=DatabaseClock(store_a.db_epoch), send_timeout_s=5.0)
     out = guard.post(plat.add_parent("p-skew"), "hello")
     assert out.status is Status.POSTED
-    with store_a.tx() as conn:  # as if the response was lost: open, due in 10 s of database time
-        assert store_a.cas(conn, guard.key("p-skew"), states=["closed"], attempt=1,
+    with store_a.transaction() as tx:  # as if the response was lost: open, due in 10 s of database time
+        assert tx.cas_event(guard.key("p-skew"), states=["closed"], attempt=1,
                            values={"state": "open", "reply_id": None, "deadline_at": store_a.db_epoch() + 10.0})
     fast = Sweeper(Store.open(pg_url, clock=Ahead(30.0)), [Bot(plat, plat.whoami())], clock=Ahead(30.0), owner="b")
     synced_store = Store.open(pg_url)
@@ -125,7 +125,7 @@ def test_daemon_re_anchors_the_database_clock_after_a_reconnect(pg_url, monkeypa
         monkeypatch.setattr(d.clock, "sync", lambda: (syncs.append(1), real_sync())[1])
         d.sweep_once()
         assert syncs == []  # no reconnect yet: the scheduled re-sync is enough
-        d.store.engine.dispose()  # every pooled connection gone, as after the primary died
+        d.store.dispose()  # every pooled connection gone, as after the primary died
         d.store.dispose()
         d.store.counts()  # the next query connects anew
         d.sweep_once()

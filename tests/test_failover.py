@@ -21,7 +21,7 @@ from replyd.guard import Guard, Status
 from replyd.platforms.memory import MemoryPlatform
 from replyd.store import Store
 from tests.conftest import IN_CI
-from tests.test_claim import commit_modes
+from tests.test_store_contract import commit_modes
 
 
 def test_claim_commit_level_reaches_the_claim_and_the_open_only(pg_url, clock):

@@ -192,8 +192,8 @@ def test_already_landed_closes_with_existing_reply(guard, plat, store):
     guard.post(plat.add_parent("p1"), "x")
     existing = plat.replies()[0]["reply_id"]
     # Simulate a second process retrying a released row at the same provider key.
-    with store.tx() as conn:
-        store.cas(conn, guard.key("p1"), states=[st.OPEN], attempt=1, values={"state": st.RELEASED})
+    with store.transaction() as tx:
+        tx.cas_event(guard.key("p1"), states=[st.OPEN], attempt=1, values={"state": st.RELEASED})
     plat.script = ["already_landed"]
     out = guard.post(plat.parents["p1"], "x")
     assert out.status is Status.ALREADY_ANSWERED and out.reply_id == existing and not out.sent
@@ -242,8 +242,8 @@ def test_decline_is_recorded(guard, plat, store):
 
 def test_expired_composing_lease_is_claimable(guard, plat, store, clock):
     """A composing row whose lease expired (its process died) is claimable, same attempt."""
-    with store.tx() as conn:
-        store.insert_new(conn, guard.key("p1"), {"state": st.COMPOSING, "attempt": 1, "created_at": clock.now(),
+    with store.transaction() as tx:
+        tx.insert_new(guard.key("p1"), {"state": st.COMPOSING, "attempt": 1, "created_at": clock.now(),
                                                   "updated_at": clock.now(), "lease_owner": "dead", "lease_until": clock.now() + 60})
     plat.add_parent("p1")
     assert guard.post(plat.parents["p1"], "x").status is Status.IN_FLIGHT

@@ -129,11 +129,11 @@ class DyingStore:
             raise Crash()
 
     @contextmanager
-    def tx(self, **kwargs):  # noqa: ANN003, ANN201
+    def transaction(self, **kwargs):  # noqa: ANN003, ANN201
         """The store's transaction, with death before it begins or after it commits."""
         self._before()
-        with self._inner.tx(**kwargs) as conn:
-            yield conn
+        with self._inner.transaction(**kwargs) as tx:
+            yield tx
         self._after()
 PARENTS = ["p1", "p2", "p3"]
 MAX_ATTEMPTS = 3

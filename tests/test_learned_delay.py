@@ -15,7 +15,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from replyd import store as st
 from replyd.clock import SystemClock
@@ -75,9 +74,8 @@ def detected(db: Path) -> int:
     """Duplicates replyd recorded (the ``newer`` ids of its duplicate_detected events)."""
     s = Store.open(f"sqlite:///{db}")
     try:
-        with s.tx(write=False) as conn:
-            rows = conn.execute(sa.select(st.EVENTS.c.detail).where(st.EVENTS.c.kind == "duplicate_detected"))
-            return sum(len(json.loads(d)["newer"]) for (d,) in rows)
+        rows = s.events_with_path(kind="duplicate_detected", limit=1_000_000)
+        return sum(len(json.loads(e["detail"])["newer"]) for e in rows)
     finally:
         s.dispose()
 

@@ -70,11 +70,11 @@ def test_api_status_reports_the_live_delay_in_use(tmp_path, monkeypatch):
         assert before["auto"] is True and before["samples"] == 0
         lag = h.daemon.guards["sim"].lag
         # Six replies proven unlisted at 3 s and listed at 3.5 s, as the sweep records them, then a refresh.
-        with h.daemon.store.tx() as conn:
+        with h.daemon.store.transaction() as tx:
             for i in range(6):
                 sent = h.daemon.store.clock.now() - 10
-                lag.look(conn, h.bot.id, f"r{i}", sent_at=sent, now=sent + 3.0, listed=False)
-                lag.look(conn, h.bot.id, f"r{i}", sent_at=sent, now=sent + 3.5, listed=True)
+                lag.look(tx, h.bot.id, f"r{i}", sent_at=sent, now=sent + 3.0, listed=False)
+                lag.look(tx, h.bot.id, f"r{i}", sent_at=sent, now=sent + 3.5, listed=True)
         lag.refresh()
         with h.client() as c:
             after = c.get("/v1/status").json()["bots"]["sim"]["listing"]

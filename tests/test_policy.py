@@ -149,8 +149,8 @@ def test_precheck_spares_the_responder_for_every_blocked_state(world):
                "declined": st.DECLINED, "composing": st.COMPOSING}
     for pid, state in blocked.items():
         p = plat.add_parent(pid)
-        with store.tx() as conn:
-            store.insert_new(conn, guard.key(pid), {
+        with store.transaction() as tx:
+            tx.insert_new(guard.key(pid), {
                 "state": state, "attempt": 2 if state == st.GAVE_UP else 1, "created_at": clock.now(),
                 "updated_at": clock.now(), "path": "inbox", "snapshot": "{}", "reply_id": "r" if state == st.CLOSED else None,
                 "lease_owner": "other", "lease_until": clock.now() + 100})

@@ -11,7 +11,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 import replyd
-from replyd.store import SQLModel, Store
+from replyd.store import Store
+from replyd.store.schema import METADATA
 
 PKG = Path(replyd.__file__).parent
 THE_GUARD = PKG / "guard.py"
@@ -101,10 +102,12 @@ def test_adapters_do_not_post_through_the_guard():
 
 def test_migrations_match_models(tmp_path):
     """The alembic migrations create exactly the schema the SQLModel tables describe."""
-    store = Store.open(f"sqlite:///{tmp_path / 'm.sqlite3'}")
-    with store.engine.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
-    store.dispose()
+    url = f"sqlite:///{tmp_path / 'm.sqlite3'}"
+    Store.open(url).dispose()
+    eng = sa.create_engine(url)
+    with eng.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), METADATA)
+    eng.dispose()
     assert diff == [], diff
 
 
@@ -112,6 +115,6 @@ def test_migrations_match_models_on_postgres(pg_url):
     """Same check on PostgreSQL, whose types differ from SQLite's."""
     eng = sa.create_engine(pg_url)
     with eng.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
+        diff = compare_metadata(MigrationContext.configure(conn), METADATA)
     eng.dispose()
     assert diff == [], diff

@@ -297,8 +297,7 @@ class Api:
             """Ask the store one real query and look at every expected bot."""
             store_info: dict[str, Any] = {"up": True, "error": None}
             try:
-                with self.store.tx(write=False, doing="checking readiness") as conn:
-                    conn.execute(st.REPLIES.select().limit(1)).first()
+                self.store.ping()
             except ReplydError as exc:
                 store_info = {"up": False, "error": str(exc)}
             bots = {n: b.ready for n, b in self._bots_state().items()}

@@ -77,18 +77,17 @@ class Outcome(RootModel[PostOutcome | Error]):
     """A status whose body is either the guard's outcome or a refusal."""
 
 
-def _columns(table: type[BaseModel], name: str, doc: str, *, skip: frozenset[str] = frozenset(),
+def _columns(table: str, name: str, doc: str, *, skip: frozenset[str] = frozenset(),
              **override: Any) -> type[BaseModel]:
     """A model serving a store table's columns (but ``skip``; ``override`` retypes or adds), other keys ignored."""
-    fields: dict[str, Any] = {n: (f.annotation, ... if f.is_required() else f.default)
-                              for n, f in table.model_fields.items() if n not in skip}
+    fields: dict[str, Any] = {n: f for n, f in st.record_fields(table).items() if n not in skip}
     return create_model(name, __doc__=doc, __config__=ConfigDict(extra="ignore"), **{**fields, **override})
 
 
-Row = _columns(st.Reply, "Row", "A key's row of the answered-log, without the parent snapshot (served as ``parent``).",
+Row = _columns("replies", "Row", "A key's row of the answered-log, without the parent snapshot (served as ``parent``).",
                skip=frozenset({"snapshot"}), state=(str, _enum(st.STATES)),
                attempt=(int, ...))  # required in the contract: every stored row has one (the column default is 1)
-Event = _columns(st.Event, "Event", "One transition of one key, with the discovery path stored on its row.",
+Event = _columns("events", "Event", "One transition of one key, with the discovery path stored on its row.",
                  id=(int, ...),
                  detail=(Any, Field(None, description="What the transition recorded (usually an object).")),
                  path=(str | None, Field(None, description="The discovery path stored on the key's row.")))

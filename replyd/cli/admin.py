@@ -140,22 +140,20 @@ def adopt(
 def db_upgrade(config: ConfigOpt = None, revision: str = "head", store: StoreOpt = None) -> None:
     """Apply schema migrations (run by one replica before the others start); creates a SQLite store."""
     cfg = _load(config, secrets=False, store=store)
-    s = Store(st.make_engine(cfg.store.url or st.default_url()))
+    s = Store.open(cfg.store.url or st.default_url(), migrate=None)
     s.upgrade(revision)
     out.print(f"store {s.url} is at revision {revision}")
 
 
 def db_current(config: ConfigOpt = None, as_json: JsonOpt = False, store: StoreOpt = None) -> None:
     """Print the schema revision of the store and the newest known one (never creates a store)."""
-    from replyd import migrate
-
     cfg = _load(config, secrets=False, store=store)
     _require_file(cfg.store.url or st.default_url())
-    s = Store(st.make_engine(cfg.store.url or st.default_url()))
+    s = Store.open(cfg.store.url or st.default_url(), migrate=None)
     try:
-        current, head = migrate.revisions(s.engine)
-    except Exception as exc:  # the driver's error, mapped here as the store's own methods do
-        raise StoreError(f"store {s.url}: cannot read the schema revision: {str(exc).splitlines()[0][:200]}") from None
+        current, head = s.schema_revision()
+    except StoreError as exc:  # mapped by the store; say which store
+        raise type(exc)(f"store {s.url}: {exc}") from None
     if as_json:
         _emit_json({"store": s.url, "revision": current, "head": head, "current": current == head})
     else:

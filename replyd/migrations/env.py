@@ -2,9 +2,9 @@
 
 from alembic import context
 
-from replyd.store import SQLModel
+from replyd.store.schema import METADATA
 
-target_metadata = SQLModel.metadata
+target_metadata = METADATA
 connection = context.config.attributes.get("connection")
 if connection is None:  # pragma: no cover - replyd always passes a connection
     raise RuntimeError("replyd migrations run through `replyd db upgrade`, not the alembic CLI")

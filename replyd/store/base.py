@@ -1,0 +1,380 @@
+"""What every backend shares: opening, the schema, transactions, the hot path's connection handling, the reads.
+
+A backend (``sqlite.py``, ``postgres.py``) adds its engine settings and its write path: the claim and the
+compare-and-set of the hot path, where the two databases differ most (BEGIN IMMEDIATE vs one CTE statement).
+
+Durability is chosen per transaction: the claim that opens a row commits with full durability (it is the only
+thing that must survive a crash before the send leaves); closes may commit relaxed, because a lost close leaves
+the row open and the sweep closes it from the read-back. ``durability`` overrides that for every commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from replyd.clock import Clock, SystemClock
+from replyd.errors import SchemaError, StoreError
+from replyd.store.engine import default_url, is_sqlite_url, map_db_error, parse_url, redact_url
+from replyd.store.hotsql import HotSQL
+from replyd.store.model import CLAIM_COMMIT_LEVELS, DURABILITIES, Claim, Durability, Key, Row, lease_holder
+from replyd.store.queries import Reads
+from replyd.store.schema import REPLIES, REPLY_COLUMNS, REPLY_DEFAULTS, REPLY_SET
+from replyd.store.unit import Tx
+
+# An event's detail column: json.dumps(detail, sort_keys=True, default=str), one encoder made once.
+detail_json = json.JSONEncoder(sort_keys=True, default=str).encode
+_IDLE_MAX = 2  # connections a Store's hot path keeps checked out between calls
+
+_STORES: weakref.WeakSet[Store] = weakref.WeakSet()
+_INHERITED: list[Any] = []  # a forked child's copies of its parent's kept connections: never used, never closed
+
+
+def _after_fork_in_child() -> None:
+    # The parent owns those sockets: the child must neither use nor close them (as dispose(close=False)).
+    for store in list(_STORES):
+        _INHERITED.extend(store._idle)
+        store._idle = []
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Store(Reads):
+    """The answered-log over one database; safe to share between threads. ``Store.open`` picks the backend."""
+
+    backend = ""  # "sqlite" / "postgresql", set by each backend
+    is_sqlite = False
+
+    def __init__(self, engine: Engine, *, clock: Clock | None = None, durability: Durability = "as_asked") -> None:
+        if durability not in DURABILITIES:
+            raise ValueError(f"durability must be one of {', '.join(DURABILITIES)}, not {durability!r}")
+        self.engine = engine
+        self.clock = clock or SystemClock()
+        self.durability = durability
+        self._sql = HotSQL(engine.dialect)
+        self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
+        self._idle: list[tuple[Any, Any]] = []  # (pool, connection) the hot path keeps checked out; see _driver
+        _STORES.add(self)
+
+    # -- opening ----------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, url: str | None = None, *, clock: Clock | None = None, migrate: bool | None = True,
+             claim_commit: str | None = None, durability: Durability = "as_asked") -> Store:
+        """Open the store at ``url`` (default: the embedded SQLite file) on its backend, migrating if asked.
+
+        ``migrate``: True upgrades the schema, False requires it current, None leaves it alone (``replyd db``).
+        """
+        from replyd.store.postgres import PostgresStore
+        from replyd.store.sqlite import SQLiteStore
+
+        parsed = parse_url(url or default_url())
+        backend: type[Store] = SQLiteStore if is_sqlite_url(parsed) else PostgresStore
+        store = backend(backend.make_engine(parsed), clock=clock, durability=durability)
+        store.claim_commit = claim_commit
+        try:
+            if migrate:
+                store.upgrade()
+            elif migrate is False:
+                store.require_schema()
+        except StoreError as exc:  # say which store: several may be configured, and the default is implicit
+            store.dispose()
+            raise type(exc)(f"store {store.url}: {exc}") from None
+        return store
+
+    @classmethod
+    def make_engine(cls, url: sa.URL) -> Engine:
+        """Create this backend's engine for ``url`` with replyd's connection settings."""
+        raise NotImplementedError
+
+    def dispose(self) -> None:
+        """Close all pooled connections."""
+        self._reset_pool()
+
+    @property
+    def url(self) -> str:
+        """The store URL with any password (user info or query parameter) hidden."""
+        return redact_url(self.engine.url)
+
+    @property
+    def claim_commit(self) -> str | None:
+        """The ``synchronous_commit`` level of durable writes on PostgreSQL (None: the server's default)."""
+        return self._sql.durable
+
+    @claim_commit.setter
+    def claim_commit(self, level: str | None) -> None:
+        if level is not None and level not in CLAIM_COMMIT_LEVELS:
+            raise ValueError(f"claim_commit must be one of {', '.join(CLAIM_COMMIT_LEVELS)}, not {level!r}")
+        self._sql = HotSQL(self.engine.dialect, None)  # only PostgreSQL has levels: one machine's disk here
+
+    def claim_commit_problem(self) -> str | None:
+        """Why the configured claim commit level cannot hold, on this server now; None when it can (or is local)."""
+        return None
+
+    def on_connect(self, callback: Callable[[Any], None]) -> Callable[[], None]:
+        """Call ``callback(driver connection)`` whenever the store opens a new database connection (e.g. to
+        re-read a clock); return the function that stops it."""
+        def listener(dbapi_conn: Any, _record: Any) -> None:
+            callback(dbapi_conn)
+
+        sa.event.listen(self.engine, "connect", listener)
+        return lambda: sa.event.remove(self.engine, "connect", listener)
+
+    # -- schema -----------------------------------------------------------------
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Apply schema migrations up to ``revision`` (serialised across replicas)."""
+        from replyd import migrate
+
+        try:
+            migrate.upgrade(self.engine, revision)
+        except sa.exc.DBAPIError as exc:
+            raise map_db_error(exc, "migrating the schema") from None
+
+    def schema_revision(self) -> tuple[str | None, str]:
+        """Return (the database's schema revision, the newest this replyd knows)."""
+        from replyd import migrate
+
+        try:
+            return migrate.revisions(self.engine)
+        except sa.exc.DBAPIError as exc:
+            raise map_db_error(exc, "reading the schema revision") from None
+
+    def require_schema(self) -> None:
+        """Raise SchemaError unless the schema is at the newest revision."""
+        current, head = self.schema_revision()
+        if current != head:
+            raise SchemaError(f"store schema is at {current or 'nothing'}, replyd needs {head}: run `replyd db upgrade`")
+
+    def ping(self) -> None:
+        """Ask the store one real query (a row of ``replies``); StoreError when it cannot answer."""
+        with self._tx(write=False, doing="checking readiness") as conn:
+            conn.execute(REPLIES.select().limit(1)).first()
+
+    # -- transactions ------------------------------------------------------------
+
+    def commit_relaxed(self, relaxed: bool) -> bool:
+        """Whether a commit that asks for ``relaxed`` durability gets it (one place, for every write path)."""
+        if self.durability == "as_asked":
+            return relaxed
+        return self.durability == "relaxed"
+
+    @contextmanager
+    def _tx(self, *, write: bool = True, relaxed: bool = False, doing: str = "writing") -> Iterator[Connection]:
+        """A transaction on a SQLAlchemy connection (for the package itself: callers use ``transaction()``); errors mapped."""
+        relaxed = self.commit_relaxed(relaxed)
+        try:
+            with self.engine.connect() as conn:
+                conn = conn.execution_options(write=write, relaxed=relaxed)
+                with conn.begin():
+                    self._begun(conn, write, relaxed)
+                    yield conn
+        except sa.exc.DBAPIError as exc:
+            self._tx_failed(exc)
+            raise map_db_error(exc, doing) from None
+
+    @contextmanager
+    def transaction(self, *, relaxed: bool = False, doing: str = "writing") -> Iterator[Tx]:
+        """A write transaction for several steps that must commit together (the sweep's, a rearm, an adopt)."""
+        with self._tx(relaxed=relaxed, doing=doing) as conn:
+            yield Tx(self, conn)
+
+    def _begun(self, conn: Connection, write: bool, relaxed: bool) -> None:
+        """Backend hook: first statements of a transaction (PostgreSQL's commit level)."""
+
+    def _tx_failed(self, exc: sa.exc.DBAPIError) -> None:
+        """Backend hook: a transaction failed with ``exc`` (before it is mapped)."""
+
+    def _greatest(self, column: sa.ColumnElement[Any], value: float) -> sa.ColumnElement[Any]:
+        """SQL for the larger of a column and a value."""
+        raise NotImplementedError
+
+    def _insert(self, table: sa.Table) -> Any:
+        """This dialect's INSERT (with ON CONFLICT)."""
+        raise NotImplementedError
+
+    def _lock_due(self, q: sa.Select) -> sa.Select:
+        """Backend hook: how the lease select skips rows other replicas hold."""
+        return q
+
+    # -- the hot path: prebuilt SQL straight through the driver ---------------------------
+    #
+    # Same guarantees as transaction(): every write and its event commit together, the claim with full
+    # durability unless asked otherwise, CAS on (key, state, attempt), errors mapped to StoreError /
+    # ContentionError. Reads run without an explicit transaction (one statement, one snapshot).
+
+    @contextmanager
+    def _driver(self, doing: str) -> Iterator[Any]:
+        """A connection of SQLAlchemy's pool (its connect/checkout handling applies) used at driver level.
+
+        The last ``_IDLE_MAX`` are kept checked out between calls: taking one is a list pop, not a trip through
+        the pool (a third of the hot path's Python time). Only a connection whose call ended cleanly, outside
+        any transaction, is kept; one of a replaced pool, or one the backend finds dead, is dropped.
+        """
+        pool = self.engine.pool
+        fairy = None
+        while self._idle:
+            try:
+                owner, f = self._idle.pop()
+            except IndexError:  # another thread took the last one
+                break
+            if owner is pool and f.is_valid and self._alive(f):
+                fairy = f
+                break
+            f.invalidate()
+            f.close()
+        fresh = fairy is None
+        if fairy is None:
+            try:
+                fairy = self.engine.raw_connection()
+            except (sa.exc.DBAPIError, sa.exc.DisconnectionError, self._dbapi_error) as exc:
+                raise map_db_error(exc, doing) from None
+        clean = False
+        try:
+            if fresh:
+                self._fresh(fairy)
+            yield fairy
+            clean = True
+        except self._dbapi_error as exc:
+            self._driver_failed(fairy, exc)
+            raise map_db_error(exc, doing) from None
+        finally:
+            if clean and fairy.is_valid and len(self._idle) < _IDLE_MAX and self._keepable(fairy):
+                self._idle.append((pool, fairy))
+            else:
+                self._give_back(fairy)
+
+    def _alive(self, fairy: Any) -> bool:
+        """Backend hook: whether a kept connection may be used again (without a round trip)."""
+        return True
+
+    def _fresh(self, fairy: Any) -> None:
+        """Backend hook: prepare a connection just taken from the pool for the hot path."""
+
+    def _driver_failed(self, fairy: Any, exc: Exception) -> None:
+        """Backend hook: the driver raised ``exc`` on ``fairy`` (drop what must not be reused)."""
+
+    def _keepable(self, fairy: Any) -> bool:
+        """Backend hook: whether a connection whose call ended cleanly may be kept checked out."""
+        return True
+
+    def _give_back(self, fairy: Any) -> None:
+        """Return a hot-path connection to the pool as the pool's other users expect it."""
+        fairy.close()
+
+    def _reset_pool(self) -> None:
+        """Close every pooled connection, the hot path's kept ones too (the next use opens fresh ones)."""
+        while self._idle:
+            try:
+                _, f = self._idle.pop()
+            except IndexError:
+                break
+            self._give_back(f)
+        self.engine.dispose()
+
+    def _fetch(self, fairy: Any, sql: str, params: Mapping[str, Any]) -> list[Any]:
+        """Run one statement on a hot-path connection and return its rows."""
+        raise NotImplementedError
+
+    def _key_params(self, key: Key) -> dict[str, Any]:
+        return {"k_platform": key.platform, "k_sender_id": key.sender_id, "k_parent_id": key.parent_id}
+
+    def _event_params(self, key: Key, event: Mapping[str, Any], state: str | None,
+                      attempt: int | None) -> dict[str, Any]:
+        at = event.get("at")
+        return dict(zip(self._sql.event_names["e_"], (
+            self.clock.now() if at is None else at, key.platform, key.sender_id, key.parent_id, event["kind"],
+            event.get("state", state), event.get("attempt", attempt), event.get("owner"),
+            detail_json(dict(event.get("detail") or {})),
+        ), strict=True))
+
+    def _cas_params(self, key: Key, states: Sequence[str], attempt: int | None, lease_owner: str | None,
+                    names: tuple[str, ...], values: Mapping[str, Any]) -> dict[str, Any]:
+        params = self._key_params(key)
+        params.update(zip(names, values.values(), strict=True))
+        for i, s in enumerate(states):
+            params[f"s{i}"] = s
+        if attempt is not None:
+            params["k_attempt"] = attempt
+        if lease_owner is not None:
+            params["k_lease_owner"] = lease_owner
+        return params
+
+    def _peek_with(self, fairy: Any, key: Key) -> Row | None:
+        rows = self._fetch(fairy, self._sql.peek, self._key_params(key))
+        return Row(**dict(zip(REPLY_COLUMNS, rows[0], strict=True))) if rows else None
+
+    def peek(self, key: Key) -> Row | None:
+        """Return ``key``'s row (one statement, no explicit transaction, no lock), or None."""
+        with self._driver("reading a row") as fairy:
+            return self._peek_with(fairy, key)
+
+    def get(self, key: Key) -> Row | None:
+        """Return the row for ``key``, or None (the same read as ``peek``)."""
+        return self.peek(key)
+
+    def claim(self, key: Key, new: Mapping[str, Any], reclaim: Callable[[Row], Mapping[str, Any] | None],
+              event: Mapping[str, Any], *, relaxed: bool = False, doing: str = "claiming") -> Claim:
+        """Take ``key``: insert the row ``new`` if the key has none, else compare-and-set the values
+        ``reclaim(row)`` returns on that row's (state, attempt, composing lease holder), or leave the row when
+        it returns None. ``event`` (kind, owner, detail; state and attempt default to the written row's)
+        commits in the same transaction as the row, durably unless ``relaxed``."""
+        raise NotImplementedError
+
+    def _claim_params(self, key: Key, new: Mapping[str, Any],
+                      event: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The new row's values (every column) and its event's, named as the hot-path statements name them."""
+        bad = set(new) - REPLY_SET
+        if bad:
+            raise ValueError(f"not columns of {REPLIES.name}: {sorted(bad)}")
+        ins = {**REPLY_DEFAULTS, **new, "platform": key.platform, "sender_id": key.sender_id,
+               "parent_id": key.parent_id}
+        return ins, self._event_params(key, event, ins["state"], ins["attempt"])
+
+    def _reclaim(self, fairy: Any, key: Key, row: Row, reclaim: Callable[[Row], Mapping[str, Any] | None],
+                 event: Mapping[str, Any], relaxed: bool) -> Claim:
+        """Decide on the row that stands: compare-and-set ``reclaim(row)`` in its own transaction, or leave it."""
+        vals = reclaim(row)
+        if vals is None:
+            return Claim(False, row, None)
+        # On the row as read, its lease holder included: two replicas that both saw an expired composing
+        # lease must not both take it (the second would compose for nothing).
+        won = self._cas_with(fairy, key, [row.state], row.attempt, vals, lease_holder(row),
+                             {**event, "state": vals.get("state"), "attempt": vals.get("attempt")}, None, relaxed)
+        return Claim(True, None, vals) if won else Claim(False, self._peek_with(fairy, key), None)
+
+    def cas_event(self, key: Key, *, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
+                  event: Mapping[str, Any] | None = None, otherwise: Mapping[str, Any] | None = None,
+                  lease_owner: str | None = None, due_by: float | None = None,
+                  deadline_at_least: float | None = None, relaxed: bool = False, doing: str = "writing") -> bool:
+        """Compare-and-set in its own transaction: update the row only if its state is in ``states`` (and its
+        attempt and lease owner match, when given), with ``event`` in the same transaction if it did, else
+        the ``otherwise`` note. ``values`` are plain values; ``due_by`` / ``deadline_at_least`` as in
+        ``Tx.cas_event``. True if the row was updated."""
+        if due_by is not None or deadline_at_least is not None:  # not a hot-path shape: one SQL text for both
+            with self.transaction(relaxed=relaxed, doing=doing) as tx:
+                return tx.cas_event(key, states=states, attempt=attempt, values=values, event=event,
+                                    otherwise=otherwise, lease_owner=lease_owner, due_by=due_by,
+                                    deadline_at_least=deadline_at_least)
+        with self._driver(doing) as fairy:
+            return self._cas_with(fairy, key, states, attempt, values, lease_owner, event, otherwise, relaxed)
+
+    def _cas_with(self, fairy: Any, key: Key, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
+                  lease_owner: str | None, event: Mapping[str, Any] | None, otherwise: Mapping[str, Any] | None,
+                  relaxed: bool) -> bool:
+        raise NotImplementedError
+
+    def record(self, key: Key, kind: str, *, owner: str | None = None, detail: Mapping[str, Any] | None = None) -> None:
+        """Append one event with the row's current state and attempt, in its own relaxed transaction (notes)."""
+        with self.transaction(relaxed=True, doing="recording an event") as tx:
+            row = tx.get(key)
+            tx.append_event(key, kind, state=row.state if row else None, attempt=row.attempt if row else None,
+                            owner=owner, detail=detail)

@@ -1,0 +1,101 @@
+"""The hot path's SQL: written once per dialect from the table definitions, run straight through the driver."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from replyd.store.schema import EVENT_COLUMNS, EVENTS, KEY_COLUMNS, REPLIES, REPLY_COLUMNS, REPLY_SET
+
+
+class HotSQL:
+    """The hot path's statements for one dialect, written once from the table definitions and cached by shape.
+
+    They run straight through the driver (sqlite3 / psycopg) with named parameters: no statement is built,
+    no compiled-cache key computed and no result object made per call. Column lists come from ``REPLIES`` /
+    ``EVENTS``, so a column added to the models is in every statement. On PostgreSQL a write and its
+    event are ONE statement (a data-modifying CTE) run in autocommit: one round trip, one transaction;
+    a relaxed one sets ``synchronous_commit`` off for its own transaction with ``set_config(…, true)``.
+    """
+
+    def __init__(self, dialect: sa.engine.Dialect, durable: str | None = None) -> None:
+        self.pg = dialect.name == "postgresql"
+        self.durable = durable  # synchronous_commit for the durable writes (claim, open); None: the server's
+        q = dialect.identifier_preparer.quote
+        self.q = q
+        self.R, self.E = q(REPLIES.name), q(EVENTS.name)
+        # Strings cast to unbounded TEXT: an explicit CAST to VARCHAR(n) would truncate where the column errors.
+        self.cast = {c.name: "TEXT" if isinstance(c.type, sa.String) else c.type.compile(dialect=dialect)
+                     for c in EVENTS.columns}
+        self.cols = ", ".join(q(c) for c in REPLY_COLUMNS)
+        self.key = " AND ".join(f"{q(c)} = {self.p('k_' + c)}" for c in KEY_COLUMNS)
+        self.peek = f"SELECT {self.cols} FROM {self.R} WHERE {self.key}"
+        self.insert = (f"INSERT INTO {self.R} ({self.cols}) VALUES ({', '.join(self.p(c) for c in REPLY_COLUMNS)}) "
+                       f"ON CONFLICT ({', '.join(q(c) for c in KEY_COLUMNS)}) DO NOTHING")
+        self.event = (f"INSERT INTO {self.E} ({', '.join(q(c) for c in EVENT_COLUMNS)}) "
+                      f"VALUES ({', '.join(self.p('e_' + c) for c in EVENT_COLUMNS)})")
+        self.event_names = {"e_": tuple("e_" + c for c in EVENT_COLUMNS)}
+        self._claim: dict[bool, str] = {}
+        self._cas: dict[tuple[Any, ...], tuple[str, tuple[str, ...]]] = {}
+
+    def p(self, name: str) -> str:
+        """A named placeholder in the driver's style."""
+        return f"%({name})s" if self.pg else f":{name}"
+
+    def _event_select(self, pre: str) -> str:
+        # Typed, so PostgreSQL never has to guess a parameter's type in INSERT … SELECT / UNION ALL.
+        return "SELECT " + ", ".join(f"CAST({self.p(pre + c)} AS {self.cast[c]})" for c in EVENT_COLUMNS)
+
+    def _tail(self, relaxed: bool) -> str:
+        if relaxed:
+            return ", set_config('synchronous_commit', 'off', true)"
+        # The level is one of CLAIM_COMMIT_LEVELS (checked by the config), never user text in SQL.
+        return f", set_config('synchronous_commit', '{self.durable}', true)" if self.durable else ""
+
+    def claim(self, relaxed: bool) -> str:
+        """PostgreSQL: insert the row unless the key has one, with its event, in one statement; return 1 if it did."""
+        sql = self._claim.get(relaxed)
+        if sql is None:
+            ev_cols = ", ".join(self.q(c) for c in EVENT_COLUMNS)
+            sql = self._claim[relaxed] = (
+                f"WITH w AS ({self.insert} RETURNING 1), "
+                f"e AS (INSERT INTO {self.E} ({ev_cols}) {self._event_select('e_')} FROM w RETURNING 1) "
+                f"SELECT count(*){self._tail(relaxed)} FROM e"
+            )
+        return sql
+
+    def event_only(self, relaxed: bool) -> str:
+        """PostgreSQL: one event on its own (a note of a write that did not happen), as one statement."""
+        return (f"WITH e AS ({self.event} RETURNING 1) SELECT count(*){self._tail(relaxed)} FROM e")
+
+    def cas(self, cols: tuple[str, ...], n_states: int, attempt: bool, lease: bool, event: bool,
+            relaxed: bool) -> tuple[str, tuple[str, ...]]:
+        """The compare-and-set UPDATE (on PostgreSQL with its event in the same statement) and its value names."""
+        shape = (cols, n_states, attempt, lease, event, relaxed)
+        hit = self._cas.get(shape)
+        if hit is not None:
+            return hit
+        bad = set(cols) - REPLY_SET
+        if bad:
+            raise ValueError(f"not columns of {REPLIES.name}: {sorted(bad)}")
+        names = tuple("v_" + c for c in cols)
+        where = [self.key, f"{self.q('state')} IN ({', '.join(self.p(f's{i}') for i in range(n_states))})"]
+        if attempt:
+            where.append(f"{self.q('attempt')} = {self.p('k_attempt')}")
+        if lease:
+            where.append(f"{self.q('lease_owner')} = {self.p('k_lease_owner')}")
+        sets = ", ".join(f"{self.q(c)} = {self.p(n)}" for c, n in zip(cols, names, strict=True))
+        sql = f"UPDATE {self.R} SET {sets} WHERE {' AND '.join(where)}"
+        if self.pg:
+            ev = (f", e AS (INSERT INTO {self.E} ({', '.join(self.q(c) for c in EVENT_COLUMNS)}) "
+                  f"{self._event_select('e_')} FROM w RETURNING 1)") if event else ""
+            sql = f"WITH w AS ({sql} RETURNING 1){ev} SELECT count(*){self._tail(relaxed)} FROM w"
+        self._cas[shape] = (sql, names)
+        return sql, names
+
+
+def hot_sql(backend: str, durable: str | None = None) -> HotSQL:
+    """The hot-path statements of ``backend`` ("sqlite" or "postgresql"), e.g. for a benchmark's raw replay."""
+    return HotSQL((sqlite if backend == "sqlite" else postgresql).dialect(), durable)

@@ -1,0 +1,106 @@
+"""The answered-log's vocabulary: row states, the key, and the plain records every store method returns."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Literal, NamedTuple
+
+# States of a row. Terminal ones are only left by an operator's rearm.
+COMPOSING = "composing"
+OPEN = "open"
+CLOSED = "closed"
+RELEASED = "released"
+REJECTED = "rejected"
+NOT_LANDED = "not_landed"
+GAVE_UP = "gave_up"
+DECLINED = "declined"
+SKIPPED = "skipped"  # re-offered, and the policy now rules it out for good (too old, denied ...): reason in error
+STATES = (COMPOSING, OPEN, CLOSED, RELEASED, REJECTED, NOT_LANDED, GAVE_UP, DECLINED, SKIPPED)
+TERMINAL = (CLOSED, REJECTED, GAVE_UP, DECLINED, SKIPPED)
+# Rows that wait for a path to move them on: re-find re-offers them (see ``reoffer_due``).
+REOFFERED = (NOT_LANDED, RELEASED, COMPOSING)
+# Rows the sweep leases once their deadline has passed (the deadline says what it is for; see Store.lease_due).
+SWEPT = (OPEN, CLOSED, NOT_LANDED, GAVE_UP)
+
+# Events whose detail names own reply ids (how a row closed, late answers, duplicates found and deleted), sends
+# that may have landed without one (maybe_sent), and verifications done: what the sweep's verification reads.
+REPLY_ID_EVENTS = ("closed", "already_landed", "late_landing", "swept_found", "reconciled", "duplicate_detected",
+                   "duplicate_deleted", "maybe_sent", "late_maybe_sent", "verified")
+
+# PostgreSQL ``synchronous_commit`` levels a durable write (the claim, the open) may ask for: "local" waits for
+# the primary's disk, "on" / "remote_write" / "remote_apply" also for a synchronous standby (when
+# ``synchronous_standby_names`` names one), so a claim survives a failover. Closes stay relaxed.
+CLAIM_COMMIT_LEVELS = ("local", "on", "remote_write", "remote_apply")
+
+# How commits wait for the disk. "as_asked": the claim and the open durable, closes and notes relaxed (a lost
+# close leaves the row open for the sweep). "durable" / "relaxed": every commit so (the benchmarks' variants).
+Durability = Literal["as_asked", "durable", "relaxed"]
+DURABILITIES: tuple[str, ...] = ("as_asked", "durable", "relaxed")
+
+
+@dataclass(frozen=True)
+class Key:
+    """The answered-log key: platform instance, own sender id, parent id as served."""
+
+    platform: str
+    sender_id: str
+    parent_id: str
+
+
+class Record(SimpleNamespace):
+    """A row read from the store as plain attributes: no ORM state, no connection behind it."""
+
+    def model_dump(self, *, exclude: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
+        """The record as a dict (column order), without the names in ``exclude``."""
+        return {k: v for k, v in self.__dict__.items() if k not in exclude}
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None) -> Any:
+        """A copy with ``update`` applied."""
+        return type(self)(**{**self.__dict__, **(update or {})})
+
+
+class Row(Record):
+    """One ``replies`` row: where one key's answer stands (the only row type the store returns)."""
+
+    @classmethod
+    def of(cls, key: Key, values: Mapping[str, Any]) -> Row:
+        """The row ``values`` describe for ``key``, every column the values leave out at its default."""
+        from replyd.store.schema import REPLY_DEFAULTS
+
+        return cls(**{**REPLY_DEFAULTS, **values, "platform": key.platform, "sender_id": key.sender_id,
+                      "parent_id": key.parent_id})
+
+
+# The name callers knew the row by (it was the ORM class): the same type, not a second one.
+Reply = Row
+
+
+class Event(Record):
+    """One ``events`` entry: a transition (or note) of one key; ``detail`` is its JSON text."""
+
+
+class ListingDelay(Record):
+    """The listing delay one platform instance uses now: ``configured_s``, ``in_use_s``, ``updated_at``."""
+
+
+class Claim(NamedTuple):
+    """What ``Store.claim`` did: ``won`` with the ``values`` written, else the ``row`` that stands (None if unseen)."""
+
+    won: bool
+    row: Row | None
+    values: Mapping[str, Any] | None
+
+
+def lease_holder(row: Any) -> str | None:
+    """The lease holder a reclaim must still find: a composing row's, none for other states."""
+    return row.lease_owner if row.state == COMPOSING and row.lease_owner else None
+
+
+def make_owner() -> str:
+    """Return an id for this process, used as row owner and lease holder."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"

@@ -1,0 +1,188 @@
+"""The PostgreSQL backend: several replicas on several machines.
+
+The hot path's write and its event are ONE statement (a data-modifying CTE) in autocommit: one round trip, one
+transaction. The claim tries the insert first and reads the row only when it lost (callers ``check`` first, so
+new keys are the common case). Durable writes may ask a ``synchronous_commit`` level (``claim_commit``) so a
+claim survives a failover; relaxed ones set it off for their own transaction only.
+"""
+
+from __future__ import annotations
+
+import select
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.engine import Connection, Engine
+
+from replyd.errors import StoreError
+from replyd.store.base import Store
+from replyd.store.hotsql import HotSQL
+from replyd.store.model import Claim, Key, Row
+
+
+def _pg_idle_dead(dbapi_conn: Any) -> str | None:
+    """Why an idle PostgreSQL connection is unusable (None if it is alive), without a round trip.
+
+    An idle connection normally has nothing to read: one poll(2) says so, no network traffic. When the socket
+    is readable, libpq reads what is there: a server that closed the connection (restart,
+    ``pg_terminate_backend``, a cut proxy) shows as end of file or a bad status; a notice or a TLS record
+    the server sent unasked is simply consumed and the connection kept.
+    """
+    if dbapi_conn.closed or getattr(dbapi_conn, "broken", False):
+        return "connection closed"
+    pgconn = getattr(dbapi_conn, "pgconn", None)
+    try:
+        fd = dbapi_conn.fileno()
+        for _ in range(4):
+            poller = select.poll()
+            poller.register(fd, select.POLLIN | select.POLLPRI)
+            if not poller.poll(0):
+                return None
+            if pgconn is None:
+                return "the server sent data while the connection was idle"
+            pgconn.consume_input()  # raises at end of file
+            if pgconn.status != 0:  # CONNECTION_OK
+                return "the connection is lost"
+    except Exception as exc:  # no socket any more, or the server closed it  # noqa: BLE001
+        return str(exc).strip() or type(exc).__name__
+    return "the server keeps sending data while the connection is idle"
+
+
+def _pg_on_checkout(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+    """Drop a pooled PostgreSQL connection the server has closed (instead of pool_pre_ping's round trip).
+
+    Raising DisconnectionError makes the pool discard it and check out (or open) another.
+    """
+    why = _pg_idle_dead(dbapi_conn)
+    if why:
+        raise sa.exc.DisconnectionError(why)
+
+
+class PostgresStore(Store):
+    """The answered-log on a PostgreSQL server."""
+
+    backend = "postgresql"
+    is_sqlite = False
+
+    @classmethod
+    def make_engine(cls, url: sa.URL) -> Engine:
+        """A psycopg engine whose pool drops connections the server closed, seen on their socket."""
+        if url.drivername in ("postgresql", "postgres"):
+            url = url.set(drivername="postgresql+psycopg")
+        if not url.drivername.startswith("postgresql"):
+            raise StoreError(f"unsupported store URL scheme {url.drivername!r}: use sqlite:/// or postgresql+psycopg://")
+        engine = sa.create_engine(url, pool_size=5, max_overflow=5,
+                                  connect_args={"connect_timeout": 5, "application_name": "replyd"})
+        # Not pool_pre_ping (a round trip per checkout): a dead idle connection is seen on its socket instead.
+        sa.event.listen(engine.pool, "checkout", _pg_on_checkout)
+        return engine
+
+    @property
+    def claim_commit(self) -> str | None:
+        """The ``synchronous_commit`` level of durable writes (None: the server's default)."""
+        return self._sql.durable
+
+    @claim_commit.setter
+    def claim_commit(self, level: str | None) -> None:
+        Store.claim_commit.fset(self, level)  # type: ignore[attr-defined]  # the same check
+        self._sql = HotSQL(self.engine.dialect, level)
+
+    def sync_standbys(self) -> tuple[str, int | None]:
+        """``synchronous_standby_names`` and how many synchronous standbys are connected now
+        (None when this role may not see ``pg_stat_replication``)."""
+        with self._tx(write=False, doing="reading the replication settings") as conn:
+            names = conn.exec_driver_sql("SHOW synchronous_standby_names").scalar_one() or ""
+            rows = conn.exec_driver_sql("SELECT sync_state FROM pg_stat_replication").scalars().all()
+        if rows and all(r is None for r in rows):
+            return names, None  # not allowed to see the columns
+        return names, sum(1 for r in rows if r in ("sync", "quorum"))
+
+    def claim_commit_problem(self) -> str | None:
+        """Why the configured claim commit level cannot hold, on this server now; None when it can (or is local)."""
+        if self.claim_commit in (None, "local"):
+            return None
+        names, connected = self.sync_standbys()
+        if not names.strip():
+            return (f"store.claim_commit = {self.claim_commit!r} but the server has no synchronous_standby_names: "
+                    "claims commit on the primary only and a failover can lose them")
+        if connected == 0:
+            return (f"store.claim_commit = {self.claim_commit!r} and synchronous_standby_names = {names!r}, but no "
+                    "synchronous standby is connected: every claim waits until one is")
+        return None
+
+    def db_epoch(self) -> float:
+        """Return the database server's clock in epoch seconds."""
+        with self._tx(write=False, doing="reading the database clock") as conn:
+            return float(conn.exec_driver_sql("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8").scalar_one())
+
+    def _begun(self, conn: Connection, write: bool, relaxed: bool) -> None:
+        if relaxed:
+            conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+        elif write and self._sql.durable:
+            conn.exec_driver_sql(f"SET LOCAL synchronous_commit = {self._sql.durable}")
+
+    def _greatest(self, column: sa.ColumnElement[Any], value: float) -> sa.ColumnElement[Any]:
+        return sa.func.greatest(column, value)
+
+    def _insert(self, table: sa.Table) -> Any:
+        return pg_dialect.insert(table)
+
+    def _lock_due(self, q: sa.Select) -> sa.Select:
+        # Replicas sweeping at once each take rows the others have not locked.
+        return q.with_for_update(skip_locked=True)
+
+    # -- the hot path: autocommit while the hot path has a connection ------------------
+
+    def _alive(self, fairy: Any) -> bool:
+        return _pg_idle_dead(fairy.driver_connection) is None
+
+    def _fresh(self, fairy: Any) -> None:
+        fairy.driver_connection.autocommit = True
+
+    def _driver_failed(self, fairy: Any, exc: Exception) -> None:
+        if self.engine.dialect.is_disconnect(exc, fairy.driver_connection, None):
+            fairy.invalidate(exc)
+
+    def _give_back(self, fairy: Any) -> None:
+        """Back to the pool in transaction mode, as the pool's other users expect it."""
+        if fairy.is_valid:
+            try:
+                fairy.driver_connection.autocommit = False
+            except Exception:  # a broken connection refuses: never pool it again  # noqa: BLE001
+                fairy.invalidate()
+        fairy.close()
+
+    def _fetch(self, fairy: Any, sql: str, params: Mapping[str, Any]) -> list[Any]:
+        """Run one statement (autocommit: its own transaction, one round trip)."""
+        cur = fairy.driver_connection.cursor()
+        cur.execute(sql, params)
+        return cur.fetchall()
+
+    def claim(self, key: Key, new: Mapping[str, Any], reclaim: Callable[[Row], Mapping[str, Any] | None],
+              event: Mapping[str, Any], *, relaxed: bool = False, doing: str = "claiming") -> Claim:
+        """``Store.claim``: the insert and its event as one statement; the row is read only when it lost."""
+        ins, ev = self._claim_params(key, new, event)
+        with self._driver(doing) as fairy:
+            if self._fetch(fairy, self._sql.claim(self.commit_relaxed(relaxed)), {**ins, **ev})[0][0] == 1:
+                return Claim(True, None, new)
+            row = self._peek_with(fairy, key)  # the row that made the insert lose
+            if row is None:  # deleted since (an operator): report it in flight, as before
+                return Claim(False, None, None)
+            return self._reclaim(fairy, key, row, reclaim, event, relaxed)
+
+    def _cas_with(self, fairy: Any, key: Key, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
+                  lease_owner: str | None, event: Mapping[str, Any] | None, otherwise: Mapping[str, Any] | None,
+                  relaxed: bool) -> bool:
+        relaxed = self.commit_relaxed(relaxed)
+        sql, names = self._sql.cas(tuple(values), len(states), attempt is not None, lease_owner is not None,
+                                   event is not None, relaxed)
+        params = self._cas_params(key, states, attempt, lease_owner, names, values)
+        if event is not None:
+            params.update(self._event_params(key, event, None, None))
+        ok = self._fetch(fairy, sql, params)[0][0] == 1
+        if not ok and otherwise is not None:
+            # Nothing was changed, so there is nothing to be atomic with: the note is a statement of its own.
+            self._fetch(fairy, self._sql.event_only(relaxed), self._event_params(key, otherwise, None, None))
+        return ok

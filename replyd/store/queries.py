@@ -1,0 +1,337 @@
+"""The store's reads, leases, cursors and listing-lag records: one SQL text for both backends (SQLAlchemy core)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from replyd.store.model import COMPOSING, NOT_LANDED, OPEN, RELEASED, SWEPT, CLOSED, Event, Key, ListingDelay, Row
+from replyd.store.unit import key_where
+from replyd.store.schema import CURSORS, EVENTS, LISTING_DELAY, LISTING_LAG, REPLIES
+
+
+class Reads:
+    """The part of the shared base that needs no backend of its own (mixed into ``Store``)."""
+
+    clock: Any
+
+    def _tx(self, *, write: bool = True, relaxed: bool = False,
+            doing: str = "writing") -> AbstractContextManager[Connection]:
+        """A transaction (``Store._tx``)."""
+        raise NotImplementedError
+
+    def _insert(self, table: sa.Table) -> Any:
+        """This dialect's INSERT (``Store._insert``)."""
+        raise NotImplementedError
+
+    def _lock_due(self, q: sa.Select) -> sa.Select:
+        """How the lease select skips rows other replicas hold (``Store._lock_due``)."""
+        raise NotImplementedError
+
+    def count_opened_since(self, platform: str, sender_id: str, since: float, author_id: str | None = None) -> int:
+        """Count this bot's rows opened (sent or being sent) at or after ``since``, optionally for one author."""
+        q = sa.select(sa.func.count()).select_from(REPLIES).where(
+            REPLIES.c.platform == platform,
+            REPLIES.c.sender_id == sender_id,
+            REPLIES.c.opened_at >= since,
+            REPLIES.c.state.in_((OPEN, CLOSED)),
+        )
+        if author_id is not None:
+            q = q.where(REPLIES.c.author_id == author_id)
+        with self._tx(write=False, doing="counting recent replies") as conn:
+            return int(conn.execute(q).scalar_one())
+
+    def last_event(self, key: Key, kinds: Sequence[str] | None = None) -> Event | None:
+        """Return the newest event of ``key`` (of one of ``kinds`` when given), or None."""
+        q = sa.select(EVENTS).where(
+            EVENTS.c.platform == key.platform,
+            EVENTS.c.sender_id == key.sender_id,
+            EVENTS.c.parent_id == key.parent_id,
+        )
+        if kinds:
+            q = q.where(EVENTS.c.kind.in_(list(kinds)))
+        with self._tx(write=False, doing="reading the last event") as conn:
+            m = conn.execute(q.order_by(EVENTS.c.id.desc()).limit(1)).mappings().first()
+        return Event(**dict(m)) if m else None
+
+    def count_events(self, key: Key, kind: str, *, after_kinds: Sequence[str] = ()) -> int:
+        """Count events of ``kind`` for ``key``, only those newer than the last of ``after_kinds``."""
+        where = [EVENTS.c.platform == key.platform, EVENTS.c.sender_id == key.sender_id,
+                 EVENTS.c.parent_id == key.parent_id]
+        q = sa.select(sa.func.count()).select_from(EVENTS).where(*where, EVENTS.c.kind == kind)
+        if after_kinds:
+            last = sa.select(sa.func.coalesce(sa.func.max(EVENTS.c.id), 0)).where(
+                *where, EVENTS.c.kind.in_(list(after_kinds))).scalar_subquery()
+            q = q.where(EVENTS.c.id > last)
+        with self._tx(write=False, doing="counting events") as conn:
+            return int(conn.execute(q).scalar_one())
+
+    def find_events(self, parent_id: str, platform: str | None = None) -> list[Event]:
+        """Return every event for ``parent_id`` (any sender), oldest first: skips leave events but no row."""
+        q = sa.select(EVENTS).where(EVENTS.c.parent_id == parent_id)
+        if platform:
+            q = q.where(EVENTS.c.platform == platform)
+        with self._tx(write=False, doing="finding events") as conn:
+            return [Event(**dict(m)) for m in conn.execute(q.order_by(EVENTS.c.id)).mappings()]
+
+    def history(self, key: Key) -> list[Event]:
+        """Return every event of ``key`` in order."""
+        q = (
+            sa.select(EVENTS)
+            .where(
+                EVENTS.c.platform == key.platform,
+                EVENTS.c.sender_id == key.sender_id,
+                EVENTS.c.parent_id == key.parent_id,
+            )
+            .order_by(EVENTS.c.id)
+        )
+        with self._tx(write=False, doing="reading history") as conn:
+            return [Event(**dict(m)) for m in conn.execute(q).mappings()]
+
+    def find(self, parent_id: str, platform: str | None = None) -> list[Row]:
+        """Return every row whose parent id is exactly ``parent_id`` (any sender)."""
+        q = sa.select(REPLIES).where(REPLIES.c.parent_id == parent_id)
+        if platform:
+            q = q.where(REPLIES.c.platform == platform)
+        with self._tx(write=False, doing="finding a parent") as conn:
+            return [Row(**dict(m)) for m in conn.execute(q).mappings()]
+
+    def recent_events(self, limit: int = 50) -> list[Event]:
+        """Return the newest events, newest first."""
+        q = sa.select(EVENTS).order_by(EVENTS.c.id.desc()).limit(limit)
+        with self._tx(write=False, doing="reading events") as conn:
+            return [Event(**dict(m)) for m in conn.execute(q).mappings()]
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """Return row counts by (platform, state)."""
+        q = sa.select(REPLIES.c.platform, REPLIES.c.state, sa.func.count()).group_by(
+            REPLIES.c.platform, REPLIES.c.state
+        )
+        with self._tx(write=False, doing="counting rows") as conn:
+            return {(p, s): n for p, s, n in conn.execute(q)}
+
+    def oldest_open(self, limit: int = 10) -> list[Row]:
+        """Return the oldest open rows."""
+        q = sa.select(REPLIES).where(REPLIES.c.state == OPEN).order_by(REPLIES.c.opened_at).limit(limit)
+        with self._tx(write=False, doing="reading open rows") as conn:
+            return [Row(**dict(m)) for m in conn.execute(q).mappings()]
+
+    def reoffer_due(self, platform: str, sender_id: str, *, now: float, after: tuple[float, str] | None,
+                    limit: int) -> list[Row]:
+        """Return one page of a bot's rows that wait to be offered again, in (updated_at, parent_id) order.
+
+        ``not_landed`` and ``released`` rows, and ``composing`` rows whose lease has expired (their composer
+        died: nothing was sent). ``after`` is the last row of the previous page; re-find walks the whole set
+        page by page across its runs, so rows that stay where they are cannot hide the ones behind them.
+        """
+        c = REPLIES.c
+        q = sa.select(REPLIES).where(
+            c.platform == platform, c.sender_id == sender_id,
+            sa.or_(c.state.in_([NOT_LANDED, RELEASED]), sa.and_(c.state == COMPOSING, c.lease_until < now)),
+        )
+        if after is not None:
+            q = q.where(sa.tuple_(c.updated_at, c.parent_id) > sa.tuple_(sa.literal(after[0]), sa.literal(after[1])))
+        q = q.order_by(c.updated_at, c.parent_id).limit(limit)
+        with self._tx(write=False, doing="reading rows to offer again") as conn:
+            return [Row(**dict(m)) for m in conn.execute(q).mappings()]
+
+    def overdue(self, now: float, grace_s: float, limit: int = 50) -> list[tuple[Row, float]]:
+        """Return non-terminal rows past their bound by more than ``grace_s``, most overdue first, with seconds over.
+
+        The bound: a composing row's lease, an open row's sweep deadline, a released row's back-off (or its
+        last change), a not_landed row's last change. Each has a job that moves it on within ``grace_s``
+        (sweep, re-find); a row listed here is one they did not move.
+        """
+        c = REPLIES.c
+        bound = sa.case(
+            (c.state == COMPOSING, sa.func.coalesce(c.lease_until, c.updated_at)),
+            (c.state == OPEN, sa.func.coalesce(c.deadline_at, c.updated_at)),
+            (c.state == RELEASED, sa.func.coalesce(c.not_before, c.updated_at)),
+            else_=c.updated_at,
+        )
+        q = (sa.select(REPLIES, bound.label("bound_at"))
+             .where(c.state.in_([COMPOSING, OPEN, RELEASED, NOT_LANDED]), bound < now - grace_s)
+             .order_by(bound).limit(limit))
+        with self._tx(write=False, doing="reading overdue rows") as conn:
+            out = []
+            for m in conn.execute(q).mappings():
+                d = dict(m)
+                at = d.pop("bound_at")
+                out.append((Row(**d), now - at))
+            return out
+
+    def rows_in(self, platform: str, sender_id: str, states: Sequence[str], limit: int = 500) -> list[Row]:
+        """Return rows of one bot in the given states (oldest update first)."""
+        q = (
+            sa.select(REPLIES)
+            .where(
+                REPLIES.c.platform == platform,
+                REPLIES.c.sender_id == sender_id,
+                REPLIES.c.state.in_(list(states)),
+            )
+            .order_by(REPLIES.c.updated_at)
+            .limit(limit)
+        )
+        with self._tx(write=False, doing="reading rows") as conn:
+            return [Row(**dict(m)) for m in conn.execute(q).mappings()]
+
+    # -- sweep leases --------------------------------------------------------------
+
+    def lease_due(self, platform: str, sender_id: str, *, now: float, limit: int, lease_s: float, owner: str) -> list[Row]:
+        """Lease up to ``limit`` due rows that no live lease holds.
+
+        Due: open rows past their deadline, closed rows that still carry a
+        deadline (every close is verified once, and its reply's listing lag measured), and
+        ``not_landed`` / ``gave_up`` rows that carry one (a later look may reconcile them). PostgreSQL skips rows another replica has locked (``FOR UPDATE SKIP
+        LOCKED``); SQLite serialises writers, so the same select-then-update
+        inside ``BEGIN IMMEDIATE`` is already exclusive.
+        """
+        free = sa.or_(REPLIES.c.lease_until.is_(None), REPLIES.c.lease_until < now)
+        q = (
+            sa.select(REPLIES)
+            .where(
+                REPLIES.c.state.in_(SWEPT),
+                REPLIES.c.platform == platform,
+                REPLIES.c.sender_id == sender_id,
+                REPLIES.c.deadline_at <= now,
+                free,
+            )
+            .order_by(REPLIES.c.deadline_at)
+            .limit(limit)
+        )
+        q = self._lock_due(q)
+        with self._tx(relaxed=True, doing="leasing due rows") as conn:
+            rows = [Row(**dict(m)) for m in conn.execute(q).mappings()]
+            leased = []
+            for r in rows:
+                stmt = (sa.update(REPLIES)
+                        .where(key_where(Key(r.platform, r.sender_id, r.parent_id)), REPLIES.c.state == r.state,
+                               REPLIES.c.attempt == r.attempt, free)
+                        .values(lease_owner=owner, lease_until=now + lease_s))
+                if conn.execute(stmt).rowcount == 1:
+                    r.lease_owner, r.lease_until = owner, now + lease_s
+                    leased.append(r)
+            return leased
+
+    # -- cursors -------------------------------------------------------------------
+
+    def get_cursor(self, platform: str, sender_id: str, name: str) -> str | None:
+        """Return a poller's saved position, or None."""
+        q = sa.select(CURSORS.c.value).where(
+            CURSORS.c.platform == platform, CURSORS.c.sender_id == sender_id, CURSORS.c.name == name
+        )
+        with self._tx(write=False, doing="reading a cursor") as conn:
+            return conn.execute(q).scalar_one_or_none()
+
+    def set_cursor(self, platform: str, sender_id: str, name: str, value: str) -> None:
+        """Save a poller's position (insert or replace)."""
+        now = self.clock.now()
+        stmt = self._insert(CURSORS).values(platform=platform, sender_id=sender_id, name=name, value=value, updated_at=now)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["platform", "sender_id", "name"], set_={"value": value, "updated_at": now}
+        )
+        with self._tx(relaxed=True, doing="saving a cursor") as conn:
+            conn.execute(stmt)
+
+    # -- listing lag (replyd.lag) ----------------------------------------------------
+
+
+    def lag_samples(self, platform: str, limit: int) -> list[tuple[float, float]]:
+        """Return the newest ``limit`` complete samples of ``platform`` as (lower_s, upper_s), newest first."""
+        c = LISTING_LAG.c
+        q = (sa.select(c.lower_s, c.upper_s).where(c.platform == platform, c.upper_s.is_not(None))
+             .order_by(c.seen_at.desc()).limit(limit))
+        with self._tx(write=False, doing="reading listing lag") as conn:
+            return [(float(lo), float(hi)) for lo, hi in conn.execute(q)]
+
+    def lag_prune(self, platform: str, before: float) -> None:
+        """Forget ``platform``'s samples sent before ``before`` (complete or not)."""
+        c = LISTING_LAG.c
+        with self._tx(relaxed=True, doing="pruning listing lag") as conn:
+            conn.execute(sa.delete(LISTING_LAG).where(c.platform == platform, c.sent_at < before))
+
+    def set_listing_delay(self, platform: str, configured_s: float, in_use_s: float) -> None:
+        """Record the listing delay ``platform`` uses now (insert or replace)."""
+        now = self.clock.now()
+        vals = {"configured_s": configured_s, "in_use_s": in_use_s, "updated_at": now}
+        stmt = self._insert(LISTING_DELAY).values(platform=platform, **vals)
+        stmt = stmt.on_conflict_do_update(index_elements=["platform"], set_=vals)
+        with self._tx(relaxed=True, doing="saving the listing delay") as conn:
+            conn.execute(stmt)
+
+    def listing_delays(self) -> dict[str, ListingDelay]:
+        """Return the recorded listing delay of every platform instance."""
+        with self._tx(write=False, doing="reading listing delays") as conn:
+            return {m["platform"]: ListingDelay(**dict(m)) for m in conn.execute(sa.select(LISTING_DELAY)).mappings()}
+
+    def lag_platforms(self) -> list[str]:
+        """Return the platform instances with lag samples."""
+        with self._tx(write=False, doing="reading listing lag") as conn:
+            return [p for (p,) in conn.execute(sa.select(LISTING_LAG.c.platform).distinct())]
+
+
+    # -- reading the log (library, API, liveness) --------------------------------------
+
+    def events_with_path(self, *, limit: int = 50, kind: str | None = None, state: str | None = None,
+                         platform: str | None = None, path: str | None = None, parent_id: str | None = None,
+                         since: float | None = None) -> list[dict[str, Any]]:
+        """Return the newest events, newest first, each with the ``path`` of its key's row (None without one).
+
+        ``platform`` matches any instance containing it; ``state`` is the state the event recorded; ``path`` is
+        the discovery path stored on the key's row. ``detail`` stays the stored JSON text.
+        """
+        e, r = EVENTS, REPLIES
+        join = e.outerjoin(r, sa.and_(e.c.platform == r.c.platform, e.c.sender_id == r.c.sender_id,
+                                      e.c.parent_id == r.c.parent_id))
+        q = sa.select(*e.c, r.c.path.label("path")).select_from(join)
+        if kind:
+            q = q.where(e.c.kind == kind)
+        if state:
+            q = q.where(e.c.state == state)
+        if platform:
+            q = q.where(e.c.platform.contains(platform, autoescape=True))
+        if path:
+            q = q.where(r.c.path == path)
+        if parent_id is not None:
+            q = q.where(e.c.parent_id == parent_id)
+        if since is not None:
+            q = q.where(e.c.at >= since)
+        q = q.order_by(e.c.id.desc()).limit(limit)
+        with self._tx(write=False, doing="reading events") as conn:
+            return [dict(m) for m in conn.execute(q).mappings()]
+
+    def path_counts(self) -> list[tuple[str, str, str, int, float | None]]:
+        """Per bot and discovery path: (platform, sender_id, path, rows, newest created_at), in that order."""
+        r = REPLIES.c
+        q = (sa.select(r.platform, r.sender_id, r.path, sa.func.count(), sa.func.max(r.created_at))
+             .group_by(r.platform, r.sender_id, r.path).order_by(r.platform, r.sender_id, r.path))
+        with self._tx(write=False, doing="reading paths") as conn:
+            return [(p, s, path, int(n), last) for p, s, path, n, last in conn.execute(q)]
+
+    def export_rows(self, table: str, *, since: float | None = None) -> Iterator[dict[str, Any]]:
+        """Yield every row of ``replies`` (by creation) or ``events`` (by id) as a dict, changed at or after ``since``."""
+        t = {"replies": REPLIES, "events": EVENTS}[table]
+        q = sa.select(t)
+        if table == "events":
+            q = q.order_by(t.c.id)
+            if since is not None:
+                q = q.where(t.c.at >= since)
+        else:
+            q = q.order_by(t.c.created_at, t.c.platform, t.c.sender_id, t.c.parent_id)
+            if since is not None:
+                q = q.where(t.c.updated_at >= since)
+        with self._tx(write=False, doing=f"exporting {table}") as conn:
+            for m in conn.execute(q).mappings():
+                yield dict(m)
+
+    def oldest_due_open(self, platform: str, sender_id: str, now: float) -> float | None:
+        """Return the deadline of the bot's oldest open row past its deadline (None when none is due)."""
+        r = REPLIES.c
+        q = sa.select(sa.func.min(r.deadline_at)).where(
+            r.state == OPEN, r.platform == platform, r.sender_id == sender_id, r.deadline_at <= now)
+        with self._tx(write=False, doing="reading the oldest due open row") as conn:
+            return conn.execute(q).scalar()

@@ -1,0 +1,194 @@
+"""The SQLite backend: the embedded default (one machine).
+
+WAL, ``synchronous=FULL``, a busy timeout, and every write transaction ``BEGIN IMMEDIATE``, so a read-then-write
+never dead-ends on a stale snapshot. The claim reads the row before ``BEGIN IMMEDIATE``, so a taken key costs no
+write lock; durability is switched per commit (FULL / NORMAL) with a PRAGMA only when it changes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+import structlog
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.engine import Connection, Engine
+
+from replyd.errors import StoreError
+from replyd.store.base import Store
+from replyd.store.model import Claim, Key, Row, lease_holder
+
+log = structlog.get_logger("replyd.store")
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def _owner_only_sqlite(db: Path) -> None:
+    """Make a SQLite store owner-only: a new directory 0700, the database 0600 (created here, so SQLite
+    gives its WAL and SHM files the same mode), and existing files this user owns tightened to 0600."""
+    try:
+        db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(db, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        pass  # opened as it is (it may be read-only: SQLite then fails closed on the first write)
+    except OSError as exc:
+        raise StoreError(f"cannot create the store {db}: {exc.strerror}") from None
+    for path in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
+        try:
+            st_ = path.stat()
+            if st_.st_uid == os.geteuid() and st_.st_mode & 0o077:
+                path.chmod(0o600)
+                log.warning("replyd.store.permissions_tightened", path=str(path), was=oct(st_.st_mode & 0o777))
+        except FileNotFoundError:
+            continue
+        except OSError as exc:  # not ours to change (a read-only mount): say so, do not stop
+            log.warning("replyd.store.permissions_unchanged", path=str(path), error=exc.strerror)
+
+
+
+def _sqlite_on_connect(dbapi_conn: Any, record: Any) -> None:
+    # Take transaction control away from pysqlite so BEGIN IMMEDIATE is ours to emit.
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=FULL")
+    cur.close()
+    record.info["synchronous"] = "FULL"  # what this connection commits with now; see _sqlite_durability
+
+
+def _sqlite_durability(dbapi_conn: Any, info: dict[str, Any], relaxed: bool) -> None:
+    """Make the connection's next commit FULL (or NORMAL when ``relaxed``); no PRAGMA when it already is."""
+    want = "NORMAL" if relaxed else "FULL"
+    if info.get("synchronous") != want:
+        info.pop("synchronous", None)  # unknown until the PRAGMA has run
+        dbapi_conn.execute(f"PRAGMA synchronous={want}")
+        info["synchronous"] = want
+
+
+def _sqlite_on_begin(conn: Connection) -> None:
+    opts = conn.get_execution_options()
+    # Per-transaction durability: a claim is FULL, a close may be NORMAL (no PRAGMA when already so).
+    want = "NORMAL" if opts.get("relaxed") else "FULL"
+    if conn.info.get("synchronous") != want:
+        conn.info.pop("synchronous", None)
+        conn.exec_driver_sql(f"PRAGMA synchronous={want}")
+        conn.info["synchronous"] = want
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if opts.get("write") else "BEGIN")
+
+
+
+class SQLiteStore(Store):
+    """The answered-log in one SQLite file (or in memory)."""
+
+    backend = "sqlite"
+    is_sqlite = True
+
+    @classmethod
+    def make_engine(cls, url: sa.URL) -> Engine:
+        """A SQLite engine: the file owner-only, WAL, FULL commits, BEGIN IMMEDIATE for writes."""
+        db = url.database
+        if db and db != ":memory:" and not db.startswith("file:"):
+            _owner_only_sqlite(Path(db).expanduser())
+        engine = sa.create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+        )
+        sa.event.listen(engine, "connect", _sqlite_on_connect)
+        sa.event.listen(engine, "begin", _sqlite_on_begin)
+        return engine
+
+    def db_epoch(self) -> float:
+        """Return this machine's clock in epoch seconds, read through SQLite (one machine: no other clock)."""
+        with self._tx(write=False, doing="reading the database clock") as conn:
+            return float(conn.exec_driver_sql(
+                "SELECT CAST((julianday('now') - 2440587.5) * 86400.0 AS REAL)").scalar_one())
+
+    def _greatest(self, column: sa.ColumnElement[Any], value: float) -> sa.ColumnElement[Any]:
+        return sa.func.max(column, value)  # SQLite's scalar max of two arguments
+
+    def _insert(self, table: sa.Table) -> Any:
+        return sqlite_dialect.insert(table)
+
+    def _tx_failed(self, exc: sa.exc.DBAPIError) -> None:
+        if "readonly database" in str(exc.orig).lower():
+            # SQLite opens an unwritable file read-only and the pool would keep that connection
+            # for ever: drop it, so the first write after the file is writable again succeeds.
+            self._reset_pool()
+
+    # -- the hot path ---------------------------------------------------------------
+
+    def _driver_failed(self, fairy: Any, exc: Exception) -> None:
+        if "readonly database" in str(exc).lower():
+            # As in _tx(): never keep a connection SQLite opened read-only.
+            fairy.invalidate(exc)
+            self._reset_pool()
+
+    def _keepable(self, fairy: Any) -> bool:
+        return not fairy.driver_connection.in_transaction
+
+    def _fetch(self, fairy: Any, sql: str, params: Mapping[str, Any]) -> list[Any]:
+        return fairy.driver_connection.execute(sql, params).fetchall()
+
+    def _write(self, fairy: Any, relaxed: bool, body: Callable[[Any], Any]) -> Any:
+        """``body(conn)`` inside BEGIN IMMEDIATE … COMMIT, committed FULL (NORMAL when ``relaxed``)."""
+        dbc = fairy.driver_connection
+        _sqlite_durability(dbc, fairy.info, self.commit_relaxed(relaxed))
+        dbc.execute("BEGIN IMMEDIATE")
+        try:
+            out = body(dbc)
+            dbc.execute("COMMIT")
+        except BaseException:
+            if dbc.in_transaction:
+                try:
+                    dbc.execute("ROLLBACK")
+                except self._dbapi_error:
+                    fairy.invalidate()
+            raise
+        return out
+
+    def claim(self, key: Key, new: Mapping[str, Any], reclaim: Callable[[Row], Mapping[str, Any] | None],
+              event: Mapping[str, Any], *, relaxed: bool = False, doing: str = "claiming") -> Claim:
+        """``Store.claim``: read the row first (no write lock when the key is taken), then insert or
+        compare-and-set under ``BEGIN IMMEDIATE``, deciding again on a row inserted since the read."""
+        ins, ev = self._claim_params(key, new, event)
+        with self._driver(doing) as fairy:
+            row = self._peek_with(fairy, key)
+            if row is None:
+                def insert(dbc: Any) -> Claim:
+                    if dbc.execute(self._sql.insert, ins).rowcount == 1:
+                        dbc.execute(self._sql.event, ev)
+                        return Claim(True, None, new)
+                    # Inserted by someone since the read: decide on it under the lock, in this transaction.
+                    got = self._peek_with(fairy, key)
+                    vals = None if got is None else reclaim(got)
+                    if vals is None:
+                        return Claim(False, got, None)
+                    assert got is not None
+                    if self._cas_in(dbc, key, [got.state], got.attempt, vals, lease_holder(got),
+                                    {**event, "state": vals.get("state"), "attempt": vals.get("attempt")}, None):
+                        return Claim(True, None, vals)
+                    return Claim(False, got, None)
+
+                return self._write(fairy, relaxed, insert)
+            return self._reclaim(fairy, key, row, reclaim, event, relaxed)
+
+    def _cas_with(self, fairy: Any, key: Key, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
+                  lease_owner: str | None, event: Mapping[str, Any] | None, otherwise: Mapping[str, Any] | None,
+                  relaxed: bool) -> bool:
+        return self._write(fairy, relaxed, lambda dbc: self._cas_in(
+            dbc, key, states, attempt, values, lease_owner, event, otherwise))
+
+    def _cas_in(self, dbc: Any, key: Key, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
+                lease_owner: str | None, event: Mapping[str, Any] | None,
+                otherwise: Mapping[str, Any] | None) -> bool:
+        """The compare-and-set and its event (or the ``otherwise`` note) inside the caller's transaction."""
+        sql, names = self._sql.cas(tuple(values), len(states), attempt is not None, lease_owner is not None,
+                                   False, False)
+        ok = dbc.execute(sql, self._cas_params(key, states, attempt, lease_owner, names, values)).rowcount == 1
+        ev = event if ok else otherwise
+        if ev is not None:
+            dbc.execute(self._sql.event, self._event_params(key, ev, None, None))
+        return ok

@@ -1,0 +1,579 @@
+"""The store contract suite: every test runs on SQLite and on the real PostgreSQL (the ``store`` fixture).
+
+What a backend must do, through the public contract only: claim (atomic, durable), compare-and-set with its
+event, transactions, events and reads, sweep leases, cursors, overdue and re-offer pages, listing-lag samples and
+listing delays; concurrency with real OS processes. Backend-specific connection handling is in test_store_hot.py.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import random
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from replyd import store as st
+from replyd.clock import FakeClock
+from replyd.errors import SchemaError, StoreError
+from replyd.guard import Guard, Status
+from replyd.platforms.memory import MemoryPlatform
+from replyd.store import AnsweredLog, Key, PostgresStore, SQLiteStore, Store
+
+P, S = "memory:contract", "bot-1"
+
+
+def key(pid: str) -> Key:
+    """The key of parent ``pid`` of the suite's one bot."""
+    return Key(P, S, pid)
+
+
+def seed(store: Store, pid: str, **values) -> Key:  # noqa: ANN003
+    """Insert a row for ``pid`` with ``values`` (no event), as an earlier writer left it."""
+    now = store.clock.now()
+    k = key(pid)
+    with store.transaction() as tx:
+        assert tx.insert_new(k, {"state": st.OPEN, "attempt": 1, "created_at": now, "updated_at": now, **values})
+    return k
+
+
+def kinds(store: Store, k: Key) -> list[str]:
+    """The kinds of ``k``'s events, oldest first."""
+    return [e.kind for e in store.history(k)]
+
+
+def open_row(clock: FakeClock, owner: str = "me", **more) -> dict:  # noqa: ANN003
+    """The values of a freshly claimed open row."""
+    return {"state": st.OPEN, "attempt": 1, "created_at": clock.now(), "updated_at": clock.now(), "owner": owner,
+            **more}
+
+
+# -- the backend and the contract -----------------------------------------------------------------
+
+
+def test_open_picks_the_backend_the_url_names(store, store_url):
+    """Store.open returns SQLiteStore for sqlite:// and PostgresStore for postgresql://, both meeting the contract."""
+    assert isinstance(store, AnsweredLog)
+    assert type(store) is (SQLiteStore if store_url.startswith("sqlite") else PostgresStore)
+    assert store.is_sqlite == store_url.startswith("sqlite")
+    current, head = store.schema_revision()
+    assert current == head
+    store.ping()
+    with pytest.raises(ValueError, match="claim_commit must be one of"):
+        store.claim_commit = "sometimes"
+
+
+def test_no_sqlalchemy_outside_the_store_package():
+    """Only replyd/store/ (and the migrations it runs) import SQLAlchemy or SQLModel: callers see records only."""
+    root = Path(__file__).resolve().parents[1] / "replyd"
+    allowed = (root / "store", root / "migrations", root / "migrate.py")
+    leaks = []
+    for path in root.rglob("*.py"):
+        if any(path == a or a in path.parents for a in allowed):
+            continue
+        if re.search(r"^\s*(import|from)\s+(sqlalchemy|sqlmodel)\b", path.read_text(), re.M):
+            leaks.append(str(path.relative_to(root)))
+    assert leaks == []
+
+
+def test_missing_schema_is_a_schema_error(tmp_path):
+    """A store never migrated refuses to open without migrating, naming the fix; the URL's password is hidden."""
+    with pytest.raises(SchemaError, match="replyd db upgrade"):
+        Store.open(f"sqlite:///{tmp_path / 'empty.sqlite3'}", migrate=False)
+    with pytest.raises(StoreError, match="unsupported store URL scheme"):
+        Store.open("mysql://u:hunter2@h/db")
+    assert "hunter2" not in st.redact_url("postgresql://u:hunter2@h/db?sslpassword=x2")
+
+
+# -- claim ------------------------------------------------------------------------------------------
+
+
+def test_claim_writes_every_value_and_its_event(store, clock):
+    """A claim stores every column it is given with its claimed event; an unknown column is refused, not dropped."""
+    k = key("x1")
+    new = open_row(clock, author_id="a1", provider_key="pk", snapshot='{"id": "x1"}')
+    won, row, values = store.claim(k, new, lambda r: None, {"kind": "claimed", "owner": "me", "detail": {"path": "t"}})
+    assert won and row is None and values == new
+    got = store.get(k)
+    assert isinstance(got, st.Row)
+    assert (got.author_id, got.provider_key, got.path, got.state, got.owner) == ("a1", "pk", "", st.OPEN, "me")
+    ev = store.history(k)
+    assert [(e.kind, e.state, e.attempt, e.owner, e.detail) for e in ev] == [("claimed", st.OPEN, 1, "me", '{"path": "t"}')]
+    with pytest.raises(ValueError, match="not columns"):
+        store.claim(key("x2"), {**new, "bogus": 1}, lambda r: None, {"kind": "claimed"})
+    assert store.get(key("x2")) is None
+
+
+def test_claim_takes_a_claimable_row_and_reports_one_that_is_not(store, clock):
+    """An existing row is compared-and-set with reclaim's values, or returned untouched."""
+    k = key("x1")
+    base = {"state": st.RELEASED, "attempt": 1, "created_at": clock.now(), "updated_at": clock.now()}
+    assert store.claim(k, base, lambda r: None, {"kind": "adopted"}).won
+    won, _, values = store.claim(k, {**base, "state": st.OPEN}, lambda r: {"state": st.OPEN, "attempt": r.attempt},
+                                 {"kind": "claimed"})
+    assert won and values == {"state": st.OPEN, "attempt": 1} and store.get(k).state == st.OPEN
+    won, row, values = store.claim(k, base, lambda r: None, {"kind": "claimed"})
+    assert not won and values is None and row.state == st.OPEN and row.attempt == 1
+    assert kinds(store, k) == ["adopted", "claimed"]
+
+
+def test_claim_is_atomic_when_a_rival_commits_between_read_and_write(store_url, clock, monkeypatch):
+    """B reads the key as free, then A claims and commits it, then B writes: one winner, its row, one claimed event."""
+    a, b = Store.open(store_url, clock=clock), Store.open(store_url, clock=clock)
+    k = key("contested")
+    won: dict[str, bool] = {}
+    real_peek = b._peek_with  # the row read a claim decides on; the rival commits right after it
+
+    def read_then_rival_commits(fairy, kk):  # noqa: ANN001, ANN202
+        row = real_peek(fairy, kk)
+        if "A" not in won:
+            won["A"] = a.claim(k, open_row(clock, "A"), lambda r: None, {"kind": "claimed", "owner": "A"}).won
+        return row
+
+    monkeypatch.setattr(b, "_peek_with", read_then_rival_commits)
+    try:
+        won["B"] = b.claim(k, open_row(clock, "B"), lambda r: None, {"kind": "claimed", "owner": "B"}).won
+        if "A" not in won:  # B never read before writing (PostgreSQL inserts first): A comes second
+            won["A"] = a.claim(k, open_row(clock, "A"), lambda r: None, {"kind": "claimed", "owner": "A"}).won
+        winners = [who for who, w in won.items() if w]
+        assert len(winners) == 1, won
+        row = a.get(k)
+        assert row is not None and row.owner == winners[0] and row.state == st.OPEN
+        assert [e.owner for e in a.history(k) if e.kind == "claimed"] == winners
+    finally:
+        a.dispose()
+        b.dispose()
+
+
+def test_reclaim_of_an_expired_composing_lease_checks_its_holder(store_url, clock, monkeypatch):
+    """Two replicas saw the same expired composing lease: the one that reclaims second, on the stale row, loses."""
+    a, b = Store.open(store_url, clock=clock), Store.open(store_url, clock=clock)
+
+    def take(me: str) -> Callable[[st.Row], dict]:
+        return lambda r: {"state": st.COMPOSING, "attempt": r.attempt, "lease_owner": me,
+                          "lease_until": clock.now() + 60}
+
+    try:
+        k = seed(a, "c1", state=st.COMPOSING, lease_owner="dead", lease_until=clock.now() - 1)
+        stale = a.get(k)
+        assert a.claim(k, open_row(clock), take("r1"), {"kind": "claimed", "owner": "r1"}).won
+        monkeypatch.setattr(b, "_peek_with", lambda fairy, kk: stale)  # b decides on the row as it read it before
+        assert not b.claim(k, open_row(clock), take("r2"), {"kind": "claimed", "owner": "r2"}).won
+        assert a.get(k).lease_owner == "r1"
+        assert [e.owner for e in a.history(k) if e.kind == "claimed"] == ["r1"]
+    finally:
+        a.dispose()
+        b.dispose()
+
+
+def test_a_failing_event_write_undoes_the_row(store, store_url, clock):
+    """Row and event commit together: when the event cannot be written, neither is, and nothing is sent."""
+    plat = MemoryPlatform(clock=clock)
+    guard = Guard(store, plat, plat.whoami(), clock=clock, send_timeout_s=10.0)
+    eng = sa.create_engine(store_url)
+    with eng.begin() as c:
+        if store.is_sqlite:
+            c.exec_driver_sql("CREATE TRIGGER t_no_events BEFORE INSERT ON events BEGIN SELECT RAISE(ABORT, 'no events'); END")
+        else:
+            c.exec_driver_sql("CREATE FUNCTION f_no_events() RETURNS trigger LANGUAGE plpgsql AS "
+                              "$$ BEGIN RAISE EXCEPTION 'no events'; END $$")
+            c.exec_driver_sql("CREATE TRIGGER t_no_events BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION f_no_events()")
+    try:
+        with pytest.raises(StoreError, match="no events"):
+            guard.post(plat.add_parent("p1"), "x")
+        assert store.get(guard.key("p1")) is None and plat.send_calls == 0
+        k = seed(store, "t1")
+        with pytest.raises(StoreError, match="no events"):
+            store.cas_event(k, states=[st.OPEN], attempt=1, values={"state": st.CLOSED}, event={"kind": "closed"})
+        assert store.get(k).state == st.OPEN
+    finally:
+        with eng.begin() as c:
+            c.exec_driver_sql("DROP TRIGGER t_no_events" + ("" if store.is_sqlite else " ON events"))
+            if not store.is_sqlite:
+                c.exec_driver_sql("DROP FUNCTION f_no_events()")
+        eng.dispose()
+    assert guard.post(plat.parents["p1"], "x").status is Status.POSTED
+    assert kinds(store, guard.key("p1")) == ["claimed", "closed"]
+
+
+# -- compare-and-set, transactions, notes -----------------------------------------------------------
+
+
+def test_cas_event_is_a_compare_and_set_with_its_event(store, clock):
+    """Wrong state, attempt or lease owner: no update, only the 'otherwise' event; right ones: update and event."""
+    k = key("x1")
+    store.claim(k, open_row(clock, lease_owner="me"), lambda r: None, {"kind": "claimed"})
+    vals = {"state": st.CLOSED, "reply_id": "r1", "updated_at": 2.0}
+    ev = {"kind": "closed", "state": st.CLOSED, "attempt": 1, "detail": {"reply_id": "r1"}}
+    late = {"kind": "late_landing", "attempt": 2, "detail": {"reply_id": "r1"}}
+    assert not store.cas_event(k, states=[st.OPEN], attempt=2, values=vals, event=ev, otherwise=late)
+    assert not store.cas_event(k, states=[st.OPEN], attempt=1, values=vals, event=ev, lease_owner="other")
+    assert not store.cas_event(k, states=[st.CLOSED], attempt=1, values=vals, event=ev)
+    assert store.get(k).state == st.OPEN
+    assert store.cas_event(k, states=[st.OPEN, st.NOT_LANDED], attempt=1, values=vals, event=ev, otherwise=late,
+                           lease_owner="me", relaxed=True)
+    row = store.get(k)
+    assert (row.state, row.reply_id) == (st.CLOSED, "r1")
+    assert [(e.kind, e.state, e.attempt) for e in store.history(k)] == [
+        ("claimed", st.OPEN, 1), ("late_landing", None, 2), ("closed", st.CLOSED, 1)]
+    with pytest.raises(ValueError, match="not columns"):
+        store.cas_event(k, states=[st.CLOSED], attempt=1, values={"nope": 1})
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["own", "transaction"])
+def test_cas_lease_due_by_and_deadline_at_least(store, clock, inside):
+    """The lease owner must match; ``due_by`` needs the deadline passed; ``deadline_at_least`` keeps an open row's
+    later deadline and sets any other row's (on the store's own transaction and inside a shared one alike)."""
+    def cas(k: Key, **kw) -> bool:  # noqa: ANN003
+        if not inside:
+            return store.cas_event(k, attempt=1, **kw)
+        with store.transaction() as tx:
+            return tx.cas_event(k, attempt=1, **kw)
+
+    k = seed(store, "d1", deadline_at=100.0, lease_owner="sweep-1")
+    assert not cas(k, states=[st.OPEN], values={"state": st.NOT_LANDED}, lease_owner="sweep-2", due_by=100.0)
+    assert not cas(k, states=[st.OPEN], values={"state": st.NOT_LANDED}, lease_owner="sweep-1", due_by=99.0)
+    assert not cas(k, states=[st.CLOSED], values={"updated_at": 1.0}, deadline_at_least=10.0)
+    assert store.get(k).state == st.OPEN
+    assert cas(k, states=[st.OPEN], values={"updated_at": 1.0}, lease_owner="sweep-1", due_by=100.0)
+    assert cas(k, states=[st.OPEN], values={"updated_at": 2.0}, deadline_at_least=50.0)
+    assert store.get(k).deadline_at == 100.0  # open: the later deadline stays
+    assert cas(k, states=[st.OPEN], values={"updated_at": 3.0}, deadline_at_least=150.0)
+    assert store.get(k).deadline_at == 150.0
+    j = seed(store, "d2", state=st.NOT_LANDED, deadline_at=900.0)
+    assert cas(j, states=[st.NOT_LANDED], values={"state": st.OPEN}, deadline_at_least=60.0)
+    assert (store.get(j).state, store.get(j).deadline_at) == (st.OPEN, 60.0)  # judged: its next look, not the old one
+
+
+def test_a_transaction_commits_all_its_steps_or_none(store, clock):
+    """Steps of one transaction are seen together after it commits, and none of them when it raises."""
+    k = seed(store, "t1")
+    with pytest.raises(RuntimeError), store.transaction() as tx:
+        assert tx.cas_event(k, states=[st.OPEN], attempt=1, values={"state": st.CLOSED})
+        tx.append_event(k, "closed", state=st.CLOSED, attempt=1)
+        assert tx.get(k).state == st.CLOSED  # the transaction sees its own write
+        raise RuntimeError("dies before commit")
+    assert store.get(k).state == st.OPEN and kinds(store, k) == []
+    with store.transaction() as tx:
+        assert tx.cas_event(k, states=[st.OPEN], attempt=1, values={"state": st.CLOSED},
+                            event={"kind": "closed", "state": st.CLOSED, "attempt": 1, "detail": {"reply_id": "r"}})
+        assert not tx.insert_new(k, {"state": st.OPEN, "attempt": 1, "created_at": 0.0, "updated_at": 0.0})
+        tx.append_event(k, "verified", state=st.CLOSED, attempt=1, detail={"n": 1})
+        tx.append_event(k, "skipped_note")
+        assert [kd for kd, _, _ in tx.reply_id_events(k)] == ["closed", "verified"]
+    assert store.get(k).state == st.CLOSED and kinds(store, k) == ["closed", "verified", "skipped_note"]
+
+
+def test_record_notes_the_rows_state_and_attempt(store, clock):
+    """A note carries the row's current state and attempt (none for a key without a row)."""
+    k = seed(store, "n1", state=st.CLOSED, attempt=2)
+    store.record(k, "duplicate_deleted", owner="sw", detail={"reply_id": "r9"})
+    store.record(key("none"), "skipped", detail={"why": "policy"})
+    e = store.last_event(k)
+    assert (e.kind, e.state, e.attempt, e.owner, json.loads(e.detail)) == (
+        "duplicate_deleted", st.CLOSED, 2, "sw", {"reply_id": "r9"})
+    assert [(e.state, e.attempt) for e in store.find_events("none")] == [(None, None)]
+
+
+# -- events and reads -------------------------------------------------------------------------------
+
+
+def test_event_reads(store, clock):
+    """history, last_event, count_events (after a kind), find_events, recent_events, events_with_path agree."""
+    k = seed(store, "e1", path="inbox")
+    other = Key("memory:other", S, "e1")
+    for kind in ("claimed", "maybe_sent", "released", "maybe_sent", "closed"):
+        clock.advance(1)
+        store.record(k, kind)
+    store.record(other, "skipped")
+    assert kinds(store, k) == ["claimed", "maybe_sent", "released", "maybe_sent", "closed"]
+    assert store.last_event(k).kind == "closed" and store.last_event(k, ["released"]).kind == "released"
+    assert store.last_event(key("nothing")) is None
+    assert store.count_events(k, "maybe_sent") == 2
+    assert store.count_events(k, "maybe_sent", after_kinds=["released"]) == 1
+    assert [e.platform for e in store.find_events("e1")] == [P] * 5 + ["memory:other"]
+    assert len(store.find_events("e1", platform="memory:other")) == 1
+    assert [e.kind for e in store.recent_events(2)] == ["skipped", "closed"]
+    rows = store.events_with_path(limit=10)
+    assert rows[0]["kind"] == "skipped" and rows[0]["path"] is None and rows[1]["path"] == "inbox"
+    assert [r["kind"] for r in store.events_with_path(kind="maybe_sent")] == ["maybe_sent"] * 2
+    assert len(store.events_with_path(path="inbox")) == 5
+    assert len(store.events_with_path(platform="other")) == 1
+    assert len(store.events_with_path(parent_id="e1", since=clock.now() - 1.5)) == 3  # two of e1's, the other's
+    assert store.events_with_path(platform="%") == []  # a LIKE wildcard is matched literally
+
+
+def test_row_reads(store, clock):
+    """find, counts, path_counts, rows_in, oldest_open, count_opened_since, oldest_due_open, export_rows."""
+    seed(store, "a", path="inbox", opened_at=10.0, deadline_at=50.0, author_id="u1", updated_at=1.0)
+    clock.advance(5)
+    seed(store, "b", path="inbox", opened_at=20.0, deadline_at=40.0, author_id="u2", updated_at=2.0)
+    seed(store, "c", path="search", state=st.CLOSED, opened_at=30.0, author_id="u1", updated_at=3.0)
+    seed(store, "d", state=st.RELEASED, updated_at=4.0)
+    with store.transaction() as tx:
+        tx.insert_new(Key("memory:x", S, "a"), {"state": st.OPEN, "attempt": 1, "created_at": 0.0, "updated_at": 0.0,
+                                                "opened_at": 50.0})
+    assert {r.platform for r in store.find("a")} == {P, "memory:x"} and len(store.find("a", platform=P)) == 1
+    assert store.counts()[(P, st.OPEN)] == 2 and store.counts()[(P, st.CLOSED)] == 1
+    by_path = {path: (n, last) for p, s, path, n, last in store.path_counts() if p == P}
+    assert by_path["inbox"] == (2, clock.now()) and by_path["search"][0] == 1
+    assert [r.parent_id for r in store.rows_in(P, S, [st.OPEN, st.RELEASED])] == ["a", "b", "d"]
+    assert [r.parent_id for r in store.oldest_open(2)][:1] == ["a"]
+    assert store.count_opened_since(P, S, 15.0) == 2  # b open, c closed; a opened before
+    assert store.count_opened_since(P, S, 0.0, author_id="u1") == 2
+    assert store.oldest_due_open(P, S, now=45.0) == 40.0 and store.oldest_due_open(P, S, now=39.0) is None
+    rows = list(store.export_rows("replies"))
+    assert [r["parent_id"] for r in rows][:1] == ["a"] and set(rows[0]) == set(st.EXPORT_TABLES["replies"])
+    assert len(list(store.export_rows("replies", since=2.0))) == 3
+    store.record(key("a"), "claimed")
+    ev = list(store.export_rows("events"))
+    assert [e["kind"] for e in ev] == ["claimed"] and set(ev[0]) == set(st.EXPORT_TABLES["events"])
+
+
+def test_overdue_lists_rows_past_their_bound(store, clock):
+    """Each waiting state's bound (lease, deadline, back-off, last change), most overdue first, terminal ones never."""
+    seed(store, "comp", state=st.COMPOSING, lease_until=100.0, updated_at=0.0)
+    seed(store, "open", deadline_at=200.0, updated_at=0.0)
+    seed(store, "rel", state=st.RELEASED, not_before=None, updated_at=50.0)
+    seed(store, "nl", state=st.NOT_LANDED, updated_at=300.0)
+    seed(store, "done", state=st.CLOSED, updated_at=0.0)
+    got = [(r.parent_id, over) for r, over in store.overdue(now=400.0, grace_s=10.0)]
+    assert got == [("rel", 350.0), ("comp", 300.0), ("open", 200.0), ("nl", 100.0)]
+    assert [r.parent_id for r, _ in store.overdue(now=400.0, grace_s=150.0, limit=2)] == ["rel", "comp"]
+
+
+def test_reoffer_due_pages_through_waiting_rows(store, clock):
+    """not_landed, released and lease-expired composing rows, page by page in (updated_at, parent_id) order."""
+    for i, state in enumerate([st.NOT_LANDED, st.RELEASED, st.COMPOSING, st.NOT_LANDED, st.OPEN]):
+        seed(store, f"r{i}", state=state, updated_at=float(i // 2), lease_until=5.0 if state == st.COMPOSING else None)
+    seed(store, "live", state=st.COMPOSING, updated_at=0.0, lease_until=50.0)
+    first = store.reoffer_due(P, S, now=10.0, after=None, limit=2)
+    assert [r.parent_id for r in first] == ["r0", "r1"]
+    last = first[-1]
+    rest = store.reoffer_due(P, S, now=10.0, after=(last.updated_at, last.parent_id), limit=10)
+    assert [r.parent_id for r in rest] == ["r2", "r3"]
+    assert [r.parent_id for r in store.reoffer_due(P, S, now=1.0, after=None, limit=10)] == ["r0", "r1", "r3"]
+
+
+# -- sweep leases -------------------------------------------------------------------------------------
+
+
+def test_lease_due_takes_due_rows_no_live_lease_holds(store, clock):
+    """Due rows of the swept states are leased once; a live lease is respected, an expired one taken over."""
+    seed(store, "o1", deadline_at=10.0)
+    seed(store, "c1", state=st.CLOSED, deadline_at=5.0)
+    seed(store, "later", deadline_at=500.0)
+    seed(store, "rel", state=st.RELEASED, deadline_at=1.0)
+    seed(store, "held", deadline_at=1.0, lease_owner="other", lease_until=200.0)
+    got = store.lease_due(P, S, now=100.0, limit=10, lease_s=30.0, owner="s1")
+    assert [r.parent_id for r in got] == ["c1", "o1"]
+    assert all((r.lease_owner, r.lease_until) == ("s1", 130.0) for r in got)
+    assert store.get(key("o1")).lease_owner == "s1"
+    assert store.lease_due(P, S, now=100.0, limit=10, lease_s=30.0, owner="s2") == []
+    assert [r.parent_id for r in store.lease_due(P, S, now=250.0, limit=1, lease_s=30.0, owner="s2")] == ["held"]
+
+
+# -- cursors, listing lag, listing delays -------------------------------------------------------------
+
+
+def test_cursors_are_saved_and_replaced(store, clock):
+    """A poller's position is per (platform, bot, name), replaced in place."""
+    assert store.get_cursor(P, S, "inbox") is None
+    store.set_cursor(P, S, "inbox", "10")
+    store.set_cursor(P, S, "inbox", "11")
+    store.set_cursor(P, S, "search", "a")
+    assert (store.get_cursor(P, S, "inbox"), store.get_cursor(P, S, "search"), store.get_cursor(P, "x", "inbox")) == (
+        "11", "a", None)
+
+
+def test_lag_samples(store, clock):
+    """Unlisted looks raise the proven lower bound; the first listing completes a sample, later ones change nothing."""
+    with store.transaction() as tx:
+        assert not tx.lag_look(P, S, "r1", sent_at=100.0, age_s=2.0, listed=False, now=102.0)
+        assert not tx.lag_look(P, S, "r1", sent_at=100.0, age_s=1.0, listed=False, now=101.0)
+        assert not tx.lag_look(P, S, "r1", sent_at=100.0, age_s=3.0, listed=False, now=103.0)
+        assert tx.lag_look(P, S, "r1", sent_at=100.0, age_s=5.0, listed=True, now=105.0)
+        assert not tx.lag_look(P, S, "r1", sent_at=100.0, age_s=9.0, listed=True, now=109.0)
+        assert tx.lag_look(P, S, "r2", sent_at=200.0, age_s=0.5, listed=True, now=200.5)
+        tx.lag_look("memory:other", S, "r3", sent_at=50.0, age_s=1.0, listed=False, now=51.0)
+    assert store.lag_samples(P, 10) == [(0.0, 0.5), (3.0, 5.0)]  # newest first
+    assert store.lag_samples(P, 1) == [(0.0, 0.5)]
+    assert store.lag_samples("memory:other", 10) == []  # not complete
+    assert sorted(store.lag_platforms()) == sorted([P, "memory:other"])
+    store.lag_prune(P, before=150.0)
+    assert store.lag_samples(P, 10) == [(0.0, 0.5)]
+
+
+def test_listing_delays_are_recorded_per_platform(store, clock):
+    """The delay in use per platform instance, replaced in place, stamped with the store's clock."""
+    store.set_listing_delay(P, 5.0, 5.0)
+    clock.advance(10)
+    store.set_listing_delay(P, 5.0, 12.5)
+    store.set_listing_delay("memory:x", 3.0, 3.0)
+    d = store.listing_delays()
+    assert set(d) == {P, "memory:x"}
+    assert (d[P].configured_s, d[P].in_use_s, d[P].updated_at) == (5.0, 12.5, clock.now())
+
+
+# -- durability ---------------------------------------------------------------------------------------
+
+
+def _sqlite_commits(store: Store, posts: int) -> list[tuple[str | None, str]]:
+    """Guard posts on ``store``; (the write, the synchronous level) of every COMMIT SQLite ran."""
+    trace: list[str] = []
+    store.dispose()  # connections opened from here on are traced
+    store.on_connect(lambda dbc: dbc.set_trace_callback(trace.append))
+    plat = MemoryPlatform(clock=store.clock)
+    g = Guard(store, plat, plat.whoami(), clock=store.clock)
+    for i in range(posts):
+        assert g.post(plat.add_parent(f"p{i}"), "x").status is Status.POSTED
+    sync, commits, last_write = "FULL", [], None  # a new connection starts FULL
+    for s in trace:
+        u = s.strip().upper()
+        if u.startswith("PRAGMA SYNCHRONOUS="):
+            sync = u.split("=")[1]
+        elif u.startswith(("INSERT INTO REPLIES", "UPDATE REPLIES")):
+            last_write = u.split()[0]
+        elif u == "COMMIT":
+            commits.append((last_write, sync))
+    return commits
+
+
+@pytest.mark.parametrize("durability,claim,close", [("as_asked", "FULL", "NORMAL"), ("durable", "FULL", "FULL"),
+                                                    ("relaxed", "NORMAL", "NORMAL")])
+def test_sqlite_durability(tmp_path, clock, durability, claim, close):
+    """SQLite: the claim commits FULL and the close NORMAL, unless the store's durability option pins both."""
+    store = Store.open(f"sqlite:///{tmp_path / 'd.sqlite3'}", clock=clock, durability=durability)
+    try:
+        assert _sqlite_commits(store, 2) == [("INSERT", claim), ("UPDATE", close)] * 2
+    finally:
+        store.dispose()
+
+
+COMMIT_MODES = """
+CREATE TABLE commit_modes (kind TEXT, state TEXT, mode TEXT);
+CREATE FUNCTION note_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO commit_modes VALUES (NEW.kind, NEW.state, current_setting('synchronous_commit'));
+  RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER note_commit_mode AFTER INSERT ON events
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION note_commit_mode();
+"""
+
+
+@contextmanager
+def commit_modes(pg_url: str) -> Iterator[Callable[[], list[tuple[str, str | None, str]]]]:
+    """An emptied log whose events record their transaction's synchronous_commit; yields a reader of them."""
+    eng = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.exec_driver_sql("TRUNCATE replies, events, cursors")
+        c.exec_driver_sql(COMMIT_MODES)
+
+    def modes() -> list[tuple[str, str | None, str]]:
+        with eng.connect() as c:
+            return [tuple(r) for r in c.exec_driver_sql("SELECT kind, state, mode FROM commit_modes")]
+
+    try:
+        yield modes
+    finally:
+        with eng.connect() as c:
+            c.exec_driver_sql("DROP TRIGGER IF EXISTS note_commit_mode ON events; DROP FUNCTION IF EXISTS "
+                              "note_commit_mode(); DROP TABLE IF EXISTS commit_modes")
+        eng.dispose()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("durability", ["as_asked", "durable", "relaxed"])
+def test_postgres_durability(pg_url, clock, durability):
+    """PostgreSQL: every open row commits synchronously and closes/notes with synchronous_commit off, as asked;
+    a relaxed close never leaks into the next claim on the same connection; the option pins every commit."""
+    with commit_modes(pg_url) as read_modes:
+        eng = sa.create_engine(pg_url)
+        with eng.connect() as c:
+            default = c.exec_driver_sql("SHOW synchronous_commit").scalar()
+        eng.dispose()
+        assert default != "off", "the server itself commits asynchronously: this test cannot tell"
+        store = Store.open(pg_url, clock=clock, durability=durability)
+        try:
+            plat = MemoryPlatform(clock=clock)
+            g = Guard(store, plat, plat.whoami(), clock=clock)
+            for pid in ("text", "again"):  # the second claim runs on the connection the first close used
+                assert g.post(plat.add_parent(pid), "a reply").status is Status.POSTED
+            assert g.post(plat.add_parent("composed"), lambda p: "composed reply").status is Status.POSTED
+            store.record(Key("p", "s", "probe"), "probe", owner="t")
+            modes = read_modes()
+            opened = [m for _, s, m in modes if s == st.OPEN]
+            relaxed = [m for k, _, m in modes if k in ("closed", "probe")]
+            assert len(opened) >= 3 and len(relaxed) == 4, modes
+            want_open = "off" if durability == "relaxed" else default
+            want_relaxed = default if durability == "durable" else "off"
+            assert set(opened) == {want_open}, f"open rows committed {opened}, want {want_open}: {modes}"
+            assert set(relaxed) == {want_relaxed}, f"closes committed {relaxed}, want {want_relaxed}: {modes}"
+        finally:
+            store.dispose()
+
+
+# -- concurrency with real OS processes ---------------------------------------------------------------
+
+KEYS = 40
+RACERS = 4
+
+
+def _racer(url: str, me: str, seed_: int, barrier, out) -> None:  # noqa: ANN001
+    """One replica process: claim every key (in its own order) and lease due rows; report what it won."""
+    store = Store.open(url, migrate=False)
+    order = [f"k{i}" for i in range(KEYS)]
+    random.Random(seed_).shuffle(order)
+
+    def reclaim(r: st.Row) -> dict | None:
+        return {"state": st.OPEN, "attempt": r.attempt + 1, "owner": me} if r.state == st.RELEASED else None
+
+    try:
+        barrier.wait(30)
+        won = [pid for pid in order if store.claim(
+            key(pid), {"state": st.OPEN, "attempt": 1, "created_at": 1.0, "updated_at": 1.0, "owner": me},
+            reclaim, {"kind": "claimed", "owner": me}).won]
+        barrier.wait(30)
+        leased = []
+        for _ in range(KEYS):  # small pages, so the replicas' leases interleave
+            got = store.lease_due("memory:lease", S, now=100.0, limit=3, lease_s=60.0, owner=me)
+            if not got:
+                break
+            leased += [r.parent_id for r in got]
+        out.put((me, won, leased))
+    finally:
+        store.dispose()
+
+
+def test_replica_processes_claim_and_lease_each_key_once(store, store_url):
+    """Real OS processes claim the same keys (new and released ones) and lease the same due rows: one winner each."""
+    for i in range(0, KEYS, 2):  # half the keys exist, released: reclaim races the compare-and-set
+        seed(store, f"k{i}", state=st.RELEASED)
+    for i in range(KEYS):
+        with store.transaction() as tx:
+            tx.insert_new(Key("memory:lease", S, f"l{i}"), {"state": st.OPEN, "attempt": 1, "created_at": 0.0,
+                                                             "updated_at": 0.0, "deadline_at": 1.0})
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(RACERS), ctx.Queue()
+    procs = [ctx.Process(target=_racer, args=(store_url, f"r{n}", n, barrier, out)) for n in range(RACERS)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    won = [pid for _, w, _ in results for pid in w]
+    assert sorted(won) == sorted(f"k{i}" for i in range(KEYS)), "a key claimed twice or not at all"
+    for me, w, _ in results:
+        for pid in w:
+            row = store.get(key(pid))
+            assert row.owner == me and row.state == st.OPEN
+            assert [e.owner for e in store.history(key(pid)) if e.kind == "claimed"] == [me]
+    leased = [pid for _, _, lz in results for pid in lz]
+    assert sorted(leased) == sorted(f"l{i}" for i in range(KEYS)), "a row leased twice or not at all"
