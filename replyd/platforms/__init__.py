@@ -5,3 +5,4 @@ from replyd.platforms import mastodon  # noqa: F401
 from replyd.platforms import discourse, github  # noqa: F401
 from replyd.platforms import bluesky  # noqa: F401
 from replyd.platforms import matrix  # noqa: F401
+from replyd.platforms import slack  # noqa: F401
