@@ -75,11 +75,13 @@ class Msg:
     bot_id: str | None = None
     metadata: dict[str, Any] | None = None
     token: str = ""  # which bot token posted it (the bot's messages only)
+    client_msg_id: str = field(default_factory=lambda: str(uuid.uuid4()))  # set by a person's client
 
     def json(self, *, metadata: bool) -> dict[str, Any]:
         """The message as conversations.history / replies serve it."""
         out = copy.deepcopy(fixture("message"))
         out.update({"ts": self.ts, "user": self.user, "text": self.text})
+        out["client_msg_id"] = self.client_msg_id
         if self.bot_id:  # a bot's message carries no client_msg_id (only people's clients set one)
             out.pop("client_msg_id", None)
         if self.thread_ts:
@@ -120,7 +122,7 @@ class SlackWorld:
         self.held = threading.Event()  # set while a "hold" answer is being held
         self.release_held = threading.Event()
         self.held_token = ""
-        self.on_user_message: list[Callable[[Channel, Msg], None]] = []  # the push senders
+        self.on_user_message: list[Callable[[Channel, Msg, list[dict[str, Any]]], None]] = []  # the push senders
         self._last_ts = Decimal(0)
         self._ids = itertools.count(1)
 
@@ -142,8 +144,9 @@ class SlackWorld:
             msg = Msg(self._ts(), user, text, thread_ts=thread_ts)
             ch.messages.append(msg)
         if push:
+            bodies = self.events_for(ch, msg)  # one event id per event, the same on every path
             for hear in self.on_user_message:
-                hear(ch, msg)
+                hear(ch, msg, bodies)
         return f"{cid}:{msg.ts}"
 
     def bot_replies(self, parent_id: str) -> list[Msg]:
@@ -171,7 +174,7 @@ class SlackWorld:
         body["authorizations"][0].update({"team_id": TEAM, "user_id": BOT_USER})
         ev = body["event"]
         ev.update({"user": msg.user, "text": msg.text, "ts": msg.ts, "event_ts": msg.ts, "channel": ch.id,
-                   "team": TEAM})
+                   "team": TEAM, "client_msg_id": msg.client_msg_id})
         if kind == "message":
             ev["channel_type"] = "im" if ch.is_im else "channel"
         if msg.thread_ts:
@@ -404,8 +407,8 @@ class EventsSender:
         for t in self._threads:
             t.start()
 
-    def _heard(self, ch: Channel, msg: Msg) -> None:
-        bodies = self.world.events_for(ch, msg)
+    def _heard(self, ch: Channel, msg: Msg, bodies: list[dict[str, Any]]) -> None:
+        bodies = list(bodies)
         for _ in range(self.extra_event_ids if bodies else 0):
             again = copy.deepcopy(bodies[0])
             again["event_id"] = f"Ev{uuid.uuid4().hex[:10].upper()}"
@@ -487,8 +490,8 @@ class SocketServer:
         """A fresh single-use connection URL, as apps.connections.open hands out."""
         return f"ws://127.0.0.1:{self.port}/link/?ticket={uuid.uuid4().hex}&app_id={APP_ID}"
 
-    def _heard(self, ch: Channel, msg: Msg) -> None:
-        for body in self.world.events_for(ch, msg):
+    def _heard(self, ch: Channel, msg: Msg, bodies: list[dict[str, Any]]) -> None:
+        for body in bodies:
             env = copy.deepcopy(fixture("socket_events_api"))
             env.update({"envelope_id": str(uuid.uuid4()), "payload": body, "retry_attempt": 0, "retry_reason": ""})
             with self._lock:
