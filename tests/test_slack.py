@@ -88,7 +88,7 @@ def test_identity_is_the_bot_user_id_and_the_token_never_shows(api) -> None:
             SlackPlatform.from_settings({"token": "xoxb-0000-not-a-known-token", "api_url": api.url},
                                         http=httpx.Client(), clock=SystemClock()).whoami()
     assert "invalid_auth" in bad.value.detail
-    text = json.dumps(logs, default=str) + repr(plat) + repr(plat.settings) + str(bad.value)
+    text = json.dumps(logs, default=str) + repr(plat) + repr(plat.s) + str(bad.value)
     assert BOT_TOKENS[0] not in text and APP_TOKEN not in text and "xoxb-0000" not in text
 
 

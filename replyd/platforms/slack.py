@@ -65,15 +65,13 @@ from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
-import structlog
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, field_validator
 
 from replyd.clock import Clock
-from replyd.errors import BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
-from replyd.platform import Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, register_platform
+from replyd.errors import BadResponse, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
 from replyd.platforms import _http
-
-log = structlog.get_logger("replyd.slack")
+from replyd.platforms._http import Found
+from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Token, register_platform
 
 METADATA_TYPE = "replyd_reply"
 # Requests per minute of each method's tier (Tier 2: 20, Tier 3: 50, Tier 4: 100; chat.postMessage is
@@ -115,98 +113,21 @@ def split_id(parent_id: str) -> tuple[str, str]:
     return channel, ts
 
 
-class SlackSettings(BaseModel):
-    """The Slack adapter's settings: unknown keys refused, each error one line naming the key."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: str | None = None
-    token: SecretStr
-    app_token: SecretStr | None = None
-    api_url: str = "https://slack.com/api"
-    allow_insecure_http: bool = False
-    channels: list[str] = []
-    inbox_lookback_s: float = Field(86_400.0, ge=0)
-    rate_per_minute: dict[str, int] = {}
-    listing_delay_s: float = Field(2.0, ge=0)
-    timeout_s: float = Field(15.0, gt=0)
-    page_limit: int = Field(200, ge=1, le=999)
-    max_pages: int = Field(10, ge=1, le=10_000)
-    team_id: str | None = None
-    instance: str | None = None
-    search_queries: list[str] = []
-
-    @field_validator("token")
-    @classmethod
-    def _bot_token(cls, v: SecretStr) -> SecretStr:
-        value = v.get_secret_value().strip()
-        if not value.startswith("xoxb-") or any(c.isspace() for c in value) or not value.isascii():
-            raise ValueError("must be a bot token (xoxb-…, no whitespace)")  # the value itself is never echoed
-        return SecretStr(value)
-
-    @field_validator("app_token")
-    @classmethod
-    def _app_token(cls, v: SecretStr | None) -> SecretStr | None:
-        if v is None:
-            return v
-        value = v.get_secret_value().strip()
-        if not value.startswith("xapp-") or any(c.isspace() for c in value) or not value.isascii():
-            raise ValueError("must be an app-level token (xapp-…, no whitespace)")
-        return SecretStr(value)
-
-    @field_validator("channels")
-    @classmethod
-    def _channel_ids(cls, v: list[str]) -> list[str]:
-        bad = [c for c in v if not isinstance(c, str) or not _ID.match(c)]
-        if bad:
-            raise ValueError("channel ids look like C0123ABCD (capital letters and digits)")
-        return v
-
-    @field_validator("rate_per_minute")
-    @classmethod
-    def _rates(cls, v: dict[str, int]) -> dict[str, int]:
-        if any(n < 1 for n in v.values()):
-            raise ValueError("every rate must be at least 1 request per minute")
-        return v
-
-    @field_validator("search_queries")
-    @classmethod
-    def _no_search(cls, v: list[str]) -> list[str]:
-        if v:
-            raise ValueError("Slack's search.messages needs a user token: a bot cannot search (leave it empty)")
-        return v
-
-    @classmethod
-    def load(cls, raw: Mapping[str, Any]) -> SlackSettings:
-        """Validate ``raw``; ``ConfigError("slack setting '<key>': …")`` names the first problem."""
-        if "token" not in raw:
-            raise ConfigError("slack setting 'token': required (token_env = the variable holding the xoxb- token)")
-        try:
-            s = cls.model_validate(dict(raw))
-        except ValidationError as exc:
-            err = exc.errors(include_url=False, include_input=False)[0]
-            key = str(err["loc"][0]) if err["loc"] else "?"
-            if err["type"] == "extra_forbidden":
-                known = ", ".join(sorted(set(cls.model_fields) - {"kind"}))
-                raise ConfigError(f"slack setting {key!r}: unknown key (known: {known})") from None
-            raise ConfigError(f"slack setting {key!r}: {str(err['msg']).removeprefix('Value error, ')}") from None
-        _http.setting_url({"api_url": s.api_url, "allow_insecure_http": s.allow_insecure_http}, "slack", "api_url")
-        return s
+def _archive(channel: str, ts: str) -> str:
+    return f"https://slack.com/archives/{channel}/p{ts.replace('.', '')}"
 
 
 class _Budget:
-    """Client-side method budgets (token buckets on the injected clock) plus Retry-After blocks."""
+    """Client-side method budgets: a token bucket per method (its tier) on the injected clock."""
 
     def __init__(self, clock: Clock, per_minute: Mapping[str, int]) -> None:
         self._clock = clock
         self._rate = dict(per_minute)
         self._tokens: dict[str, tuple[float, float]] = {}  # method -> (tokens, at)
-        self._blocks = _http.RateLimits(clock.now)
         self._lock = threading.Lock()
 
     def take(self, method: str) -> None:
         """Spend one request of ``method``'s budget, or raise ``RateLimited`` (nothing sent)."""
-        self._blocks.check([method], what=method)
         rate = self._rate.get(method)
         if rate is None:
             return
@@ -215,67 +136,106 @@ class _Budget:
             tokens, at = self._tokens.get(method, (float(rate), now))
             tokens = min(float(rate), tokens + (now - at) * rate / 60.0)
             if tokens < 1.0:
-                wait = (1.0 - tokens) * 60.0 / rate
                 self._tokens[method] = (tokens, now)
                 raise RateLimited(f"{method}: tier budget of {rate}/min spent (not sent)", status=None,
-                                  retry_after_s=wait)
+                                  retry_after_s=(1.0 - tokens) * 60.0 / rate)
             self._tokens[method] = (tokens - 1.0, now)
-
-    def blocked(self, method: str, wait_s: float) -> None:
-        """Refuse ``method`` for ``wait_s`` seconds (Slack's Retry-After)."""
-        self._blocks.block(method, wait_s)
 
 
 @register_platform("slack")
-class SlackPlatform:
+class SlackPlatform(_http.HttpPlatform):
     """A Slack bot user as a replyd platform: mentions and DMs in, replies in the parent's thread."""
 
     kind: ClassVar[str] = "slack"
 
-    def __init__(self, settings: SlackSettings, *, http: httpx.Client, clock: Clock) -> None:
-        self.settings = settings
-        self._http = http
-        self._clock = clock
-        self._root = settings.api_url.rstrip("/")
-        self._timeout = httpx.Timeout(settings.timeout_s)
-        self._budget = _Budget(clock, {**_TIERS, **settings.rate_per_minute})
-        self._me: Identity | None = None
-        self._team: str | None = settings.team_id
-        self.listing_delay_s = float(settings.listing_delay_s)
-        self.instance = settings.instance or (f"slack:{settings.team_id}" if settings.team_id else "slack")
+    class Settings(_http.HttpSettings):
+        """``[bots.settings]`` with ``platform = "slack"`` (the table in the module docstring)."""
 
-    def __repr__(self) -> str:
-        return f"SlackPlatform(instance={self.instance!r})"
+        URLS: ClassVar[tuple[str, ...]] = ("api_url",)
+        token: Token
+        app_token: Token | None = None
+        api_url: _http.Url = "https://slack.com/api"
+        channels: list[str] = []
+        inbox_lookback_s: float = Field(86_400.0, ge=0)
+        rate_per_minute: dict[str, int] = {}
+        listing_delay_s: float = Field(2.0, ge=0)
+        page_limit: int = Field(200, ge=1, le=999)
+        max_pages: int = Field(10, ge=1, le=10_000)
+        team_id: str | None = None
+        search_queries: list[str] = []
 
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock) -> SlackPlatform:
-        """Validate ``settings`` (``ConfigError`` names the key) and build the adapter."""
-        return cls(SlackSettings.load(settings), http=http, clock=clock)
+        @field_validator("token")
+        @classmethod
+        def _bot_token(cls, v: SecretStr) -> SecretStr:
+            if not v.get_secret_value().startswith("xoxb-"):
+                raise ValueError("must be a bot token (xoxb-…)")  # the value itself is never echoed
+            return v
+
+        @field_validator("app_token")
+        @classmethod
+        def _app_token(cls, v: SecretStr | None) -> SecretStr | None:
+            if v is not None and not v.get_secret_value().startswith("xapp-"):
+                raise ValueError("must be an app-level token (xapp-…)")
+            return v
+
+        @field_validator("channels")
+        @classmethod
+        def _channel_ids(cls, v: list[str]) -> list[str]:
+            if any(not _ID.match(c) for c in v):
+                raise ValueError("channel ids look like C0123ABCD (capital letters and digits)")
+            return v
+
+        @field_validator("rate_per_minute")
+        @classmethod
+        def _rates(cls, v: dict[str, int]) -> dict[str, int]:
+            if any(n < 1 for n in v.values()):
+                raise ValueError("every rate must be at least 1 request per minute")
+            return v
+
+        @field_validator("search_queries")
+        @classmethod
+        def _no_search(cls, v: list[str]) -> list[str]:
+            if v:
+                raise ValueError("Slack's search.messages needs a user token: a bot cannot search (leave it empty)")
+            return v
+
+    s: Settings
+
+    def __init__(self, settings: Settings | None = None, /, *, http: httpx.Client, clock: Clock, **kw: Any) -> None:
+        super().__init__(settings, http=http, clock=clock, **kw)
+        self._budget = _Budget(clock, {**_TIERS, **self.s.rate_per_minute})
+        self._team: str | None = self.s.team_id
+        self.instance = self.s.instance or (f"slack:{self.s.team_id}" if self.s.team_id else "slack")
+
+    @property
+    def root(self) -> str:
+        """The Web API root every method name is joined to."""
+        return self.s.api_url
+
+    def _buckets(self, bucket: str) -> tuple[str, ...]:
+        # Slack's limits are per method (and workspace): a 429 on one method blocks only that method.
+        return (bucket,)
 
     # --- transport ------------------------------------------------------------------
 
-    def _secrets(self) -> tuple[str, ...]:
-        s = self.settings
-        return (s.token.get_secret_value(), s.app_token.get_secret_value() if s.app_token else "")
-
-    def _call(self, method: str, *, params: Mapping[str, Any] | None = None, body: Any = None,
-              acts: bool = False, token: SecretStr | None = None) -> dict[str, Any]:
+    def _api(self, method: str, *, params: Mapping[str, Any] | None = None, body: Any = None,
+             acts: bool = False, token: SecretStr | None = None) -> dict[str, Any]:
         """One Web API call; the ``ok: true`` body, or the mapped error (see the module's table)."""
         self._budget.take(method)
-        auth = _http.BearerAuth((token or self.settings.token).get_secret_value())
-        resp = _http.request(self._http, "POST" if body is not None or acts else "GET", f"{self._root}/{method}",
-                             what=method, acts=acts, secrets=self._secrets(), auth=auth, timeout=self._timeout,
-                             params=params, json=body)
+        auth: httpx.Auth | bool = True
+        if token is not None:
+            auth = _http.SecretAuth({"Authorization": SecretStr(f"Bearer {token.get_secret_value()}")})
+        resp = self._request("POST" if body is not None or acts else "GET", f"/{method}", what=method, bucket=method,
+                             acts=acts, auth=auth, params=params, json=body)
         data = _http.error_json(resp)
         error = data.get("error") if isinstance(data, dict) and data.get("ok") is False else None
         if resp.status_code == 429 or error == "ratelimited":
             wait = _http.retry_after_s(resp, self._clock.now())
-            self._budget.blocked(method, wait if wait is not None else 60.0)
-            log.warning("replyd.slack.rate_limited", method=method, retry_after_s=wait)
+            self.limits.block(method, wait if wait is not None else 60.0)  # no request until then
             raise RateLimited(f"{method}: HTTP {resp.status_code} ratelimited", status=resp.status_code,
                               retry_after_s=wait)
-        if resp.status_code >= 300 or resp.status_code < 200:
-            _http.raise_for_status(resp, what=method, acts=acts, now=self._clock.now, secrets=self._secrets())
+        if not 200 <= resp.status_code < 300:
+            self._raise_for_status(resp, what=method, bucket=method, acts=acts)
         if not isinstance(data, dict):
             if acts:
                 raise MaybeSent(f"{method}: HTTP {resp.status_code} body is not a JSON object (after a 2xx)",
@@ -294,13 +254,12 @@ class SlackPlatform:
     def _pages(self, method: str, params: dict[str, Any], key: str) -> Iterator[tuple[list[Any], bool]]:
         """Yield (items, last) per page of a cursor-paged method, at most ``max_pages`` pages."""
         cursor = ""
-        for _ in range(self.settings.max_pages):
-            data = self._call(method, params={**params, "limit": self.settings.page_limit,
-                                              **({"cursor": cursor} if cursor else {})})
+        for _ in range(self.s.max_pages):
+            data = self._api(method, params={**params, "limit": self.s.page_limit,
+                                             **({"cursor": cursor} if cursor else {})})
             items = _http.field(data, key, method, list, default=[])
             cursor = _http.field(data, "response_metadata.next_cursor", method, str, default="")
-            last = not cursor and not data.get("has_more")
-            yield items, last
+            yield items, not cursor and not data.get("has_more")
             if not cursor:
                 return
 
@@ -308,16 +267,13 @@ class SlackPlatform:
 
     def whoami(self) -> Identity:
         """``auth.test``: the bot's user id (the sender half of the key) and name."""
-        data = self._call("auth.test", acts=False, body={})
+        data = self._api("auth.test", acts=False, body={})
         user_id = _http.field(data, "user_id", "auth.test")
         if self._team is None and isinstance(data.get("team_id"), str):
             self._team = data["team_id"]
         self._me = Identity(sender_id=user_id, handle=str(data.get("user") or user_id))
-        log.info("replyd.slack.identified", platform=self.instance, user_id=user_id, team_id=self._team)
+        self.log.info("replyd.slack.identified", platform=self.instance, user_id=user_id, team_id=self._team)
         return self._me
-
-    def _my_id(self) -> str:
-        return (self._me or self.whoami()).sender_id
 
     def _parent(self, msg: Any, channel: str, *, channel_type: str | None, mention: bool = True) -> Parent | str:
         """A message as a parent, or why it is none: not spoken by a person, the bot's own, or not for the bot."""
@@ -328,7 +284,7 @@ class SlackPlatform:
         ts, user = msg.get("ts"), msg.get("user")
         if not isinstance(ts, str) or not _TS.match(ts) or not isinstance(user, str) or not user:
             return "message without ts or user"
-        me = self._my_id()
+        me = self._identity().sender_id
         if user == me:
             return "own message"
         text = msg.get("text") if isinstance(msg.get("text"), str) else ""
@@ -342,7 +298,7 @@ class SlackPlatform:
             author_handle=user,
             author_is_bot=bool(msg.get("bot_id")),
             text=text,
-            url=f"https://slack.com/archives/{channel}/p{ts.replace('.', '')}",
+            url=_archive(channel, ts),
             created_at=float(ts),
             thread_depth=1 if thread_ts and thread_ts != ts else 0,
             extra={"channel": channel, "ts": ts, "thread_ts": thread_ts, "team": self._team},
@@ -380,16 +336,16 @@ class SlackPlatform:
         from websockets.exceptions import WebSocketException
         from websockets.sync.client import connect
 
-        if self.settings.app_token is None:
+        if self.s.app_token is None:
             raise DefinitelyNotSent("socket mode: no app_token (app_token_env = the variable holding the xapp- token)")
-        data = self._call("apps.connections.open", body={}, token=self.settings.app_token)
+        data = self._api("apps.connections.open", body={}, token=self.s.app_token)
         url = _http.field(data, "url", "apps.connections.open")
         parts = urlsplit(url)
         if parts.scheme != "wss" and not (parts.scheme == "ws" and _http.is_loopback(parts.hostname or "")):
             raise BadResponse("apps.connections.open: url is not a wss:// URL")
-        self._my_id()
+        self._identity().sender_id
         try:
-            with connect(url, open_timeout=self.settings.timeout_s, close_timeout=2,
+            with connect(url, open_timeout=self.s.timeout_s, close_timeout=2,
                          max_size=_http.MAX_RESPONSE_BYTES) as ws:
                 while not stop.is_set():
                     try:
@@ -399,7 +355,7 @@ class SlackPlatform:
                     try:
                         msg = json.loads(raw)
                     except (ValueError, RecursionError):
-                        log.warning("replyd.slack.socket_unreadable", platform=self.instance)
+                        self.log.warning("replyd.slack.socket_unreadable", platform=self.instance)
                         continue
                     if not isinstance(msg, dict):
                         continue
@@ -409,7 +365,7 @@ class SlackPlatform:
                         ws.send(json.dumps({"envelope_id": envelope}))
                     kind = msg.get("type")
                     if kind == "disconnect":
-                        log.info("replyd.slack.socket_disconnect", platform=self.instance,
+                        self.log.info("replyd.slack.socket_disconnect", platform=self.instance,
                                  reason=str(msg.get("reason"))[:40])
                         return
                     if kind != "events_api":
@@ -417,7 +373,7 @@ class SlackPlatform:
                     try:
                         found = self.parse_event(msg.get("payload"))
                     except BadResponse as exc:
-                        log.warning("replyd.slack.socket_unreadable", platform=self.instance, problem=exc.detail)
+                        self.log.warning("replyd.slack.socket_unreadable", platform=self.instance, problem=exc.detail)
                         continue
                     if not isinstance(found, str):
                         yield from found
@@ -427,8 +383,8 @@ class SlackPlatform:
     # --- polling --------------------------------------------------------------------
 
     def _channels(self) -> list[str]:
-        if self.settings.channels:
-            return list(self.settings.channels)
+        if self.s.channels:
+            return list(self.s.channels)
         out: list[str] = []
         for items, _last in self._pages("users.conversations",
                                         {"types": "public_channel,private_channel,im,mpim", "exclude_archived": "true"},
@@ -438,7 +394,7 @@ class SlackPlatform:
 
     def _read_channel(self, channel: str, oldest: str) -> tuple[list[Parent], str]:
         """Parents in ``channel`` after ``oldest`` (thread replies included) and the newest ts seen."""
-        me = self._my_id()
+        me = self._identity().sender_id
         found: dict[str, Parent] = {}
         newest = oldest
         threads: list[str] = []
@@ -472,7 +428,7 @@ class SlackPlatform:
         except ValueError:
             seen = {}
         seen = seen if isinstance(seen, dict) else {}
-        first = f"{max(0.0, self._clock.now() - self.settings.inbox_lookback_s):.6f}"
+        first = f"{max(0.0, self._clock.now() - self.s.inbox_lookback_s):.6f}"
         parents: list[Parent] = []
         for channel in self._channels():
             oldest = seen.get(channel) if isinstance(seen.get(channel), str) else first
@@ -504,7 +460,7 @@ class SlackPlatform:
         else:
             channel, ts = split_id(ref)
             thread = ts
-        data = self._call("conversations.replies", params={"channel": channel, "ts": thread, "oldest": ts,
+        data = self._api("conversations.replies", params={"channel": channel, "ts": thread, "oldest": ts,
                                                            "latest": ts, "inclusive": "true", "limit": 2})
         for msg in _http.field(data, "messages", "resolve", list, default=[]):
             if isinstance(msg, dict) and msg.get("ts") == ts:
@@ -524,17 +480,17 @@ class SlackPlatform:
         body = {"channel": channel, "text": text, "thread_ts": thread_ts or ts, "unfurl_links": False,
                 "metadata": {"event_type": METADATA_TYPE, "event_payload": {"parent": parent.id}}}
         try:
-            data = self._call("chat.postMessage", body=body, acts=True)
+            data = self._api("chat.postMessage", body=body, acts=True)
             reply_ts = data.get("ts")
             if not isinstance(reply_ts, str) or not _TS.match(reply_ts):
                 raise MaybeSent("chat.postMessage: ok without a ts (after a 2xx)")
         except PlatformError as exc:
-            log.info("replyd.slack.send_failed", platform=self.instance, parent_id=parent.id,
+            self.log.info("replyd.slack.send_failed", platform=self.instance, parent_id=parent.id,
                      error=type(exc).__name__, status=exc.status, detail=exc.detail)
             raise
         reply_id = f"{channel}:{reply_ts}"
-        log.info("replyd.slack.sent", platform=self.instance, parent_id=parent.id, reply_id=reply_id)
-        return Sent(reply_id=reply_id, url=f"https://slack.com/archives/{channel}/p{reply_ts.replace('.', '')}")
+        self.log.info("replyd.slack.sent", platform=self.instance, parent_id=parent.id, reply_id=reply_id)
+        return Sent(reply_id=reply_id, url=_archive(channel, reply_ts))
 
     def reply_url(self, reply_id: str, identity: Identity) -> str:
         """The archive link of one of the bot's replies."""
@@ -542,7 +498,7 @@ class SlackPlatform:
             channel, ts = split_id(reply_id)
         except Rejected:
             return ""
-        return f"https://slack.com/archives/{channel}/p{ts.replace('.', '')}"
+        return _archive(channel, ts)
 
     def read_back(self, pending: Sequence[Pending], *, sender_id: str) -> ReadBack:
         """Own replies to the pending parents: one ``conversations.replies`` walk per thread, grouped by channel.
@@ -550,40 +506,38 @@ class SlackPlatform:
         A thread's parents are ``checked`` only when its whole listing was read; a failed or
         truncated thread leaves them unchecked (their rows stay open).
         """
-        result = ReadBack()
-        threads: dict[tuple[str, str], set[str]] = {}
+        roots: dict[str, str] = {}  # parent id -> "<channel>:<thread root ts>"
         for p in pending:
             try:
                 channel, ts = split_id(p.parent.id)
             except Rejected:
-                log.warning("replyd.slack.read_back_failed", platform=self.instance, parent_id=p.parent.id[:80],
-                            problem="not a '<channel>:<ts>' id")
+                self.log.warning("replyd.slack.read_back_failed", parent_id=p.parent.id[:80], problem="not a slack id")
                 continue
             root = p.parent.extra.get("thread_ts") if isinstance(p.parent.extra.get("thread_ts"), str) else ts
-            threads.setdefault((channel, root), set()).add(p.parent.id)
-        for (channel, root), wanted in sorted(threads.items()):
-            found: dict[str, dict[str, OwnReply]] = {}
+            roots[p.parent.id] = f"{channel}:{root}"
+
+        def threads(opened: dict[str, float], checked: set[str]) -> Iterator[tuple[str, list[str]]]:
+            by_thread: dict[str, list[str]] = {}
+            for pid in opened:
+                if pid in roots and pid not in checked:
+                    by_thread.setdefault(roots[pid], []).append(pid)
+            return iter(sorted(by_thread.items()))  # sorted: one channel's threads one after another
+
+        def walk(thread: str, pids: list[str], found: Found) -> bool:
+            channel, _, root = thread.partition(":")
             complete = False
-            try:
-                for items, last in self._pages("conversations.replies", {"channel": channel, "ts": root,
-                                                                         "include_all_metadata": "true"}, "messages"):
-                    for msg in items:
-                        pid = self._own_reply_to(msg, sender_id)
-                        if pid in wanted:
-                            rid = f"{channel}:{msg['ts']}"
-                            found.setdefault(pid, {})[rid] = OwnReply(rid, pid, float(msg["ts"]))
-                    complete = last
-            except PlatformError as exc:
-                log.warning("replyd.slack.read_back_failed", platform=self.instance, channel=channel, thread_ts=root,
-                            problem=exc.detail)
-                continue
-            if complete:
-                result.checked.update(wanted)
-            for pid, replies in found.items():
-                result.found[pid] = sorted(replies.values(), key=lambda r: (ts_order(r.reply_id.partition(":")[2]),))
-        log.info("replyd.slack.read_back", platform=self.instance, threads=len(threads), checked=len(result.checked),
-                 found=sum(len(v) for v in result.found.values()))
-        return result
+            for items, last in self._pages("conversations.replies", {"channel": channel, "ts": root,
+                                                                     "include_all_metadata": "true"}, "messages"):
+                for msg in items:
+                    pid = self._own_reply_to(msg, sender_id)
+                    if pid in pids:
+                        rid = f"{channel}:{msg['ts']}"
+                        found.setdefault(pid, {})[rid] = OwnReply(rid, pid, float(msg["ts"]))
+                complete = last
+            return complete
+
+        return self._read_back(pending, feed=None, fallback=walk, units=threads,
+                               sort_key=lambda rid: ts_order(rid.partition(":")[2]))
 
     @staticmethod
     def _own_reply_to(msg: Any, sender_id: str) -> str | None:
@@ -601,16 +555,16 @@ class SlackPlatform:
         """``chat.delete`` one own reply; one already gone counts as done."""
         channel, ts = split_id(reply_id)
         try:
-            self._call("chat.delete", body={"channel": channel, "ts": ts}, acts=True)
+            self._api("chat.delete", body={"channel": channel, "ts": ts}, acts=True)
         except Rejected as exc:
             if not exc.detail.endswith("message_not_found"):
                 raise
-            log.info("replyd.slack.deleted", platform=self.instance, reply_id=reply_id, already_gone=True)
+            self.log.info("replyd.slack.deleted", platform=self.instance, reply_id=reply_id, already_gone=True)
             return
-        log.info("replyd.slack.deleted", platform=self.instance, reply_id=reply_id, already_gone=False)
+        self.log.info("replyd.slack.deleted", platform=self.instance, reply_id=reply_id, already_gone=False)
 
     def close(self) -> None:
         """Do nothing: the shared http client belongs to the caller."""
 
 
-__all__ = ["METADATA_TYPE", "SlackPlatform", "SlackSettings", "split_id", "ts_order"]
+__all__ = ["METADATA_TYPE", "SlackPlatform", "split_id", "ts_order"]
