@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from replyd.clock import FakeClock, SystemClock
 from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, RateLimited, Rejected
 from replyd.hooks import Hook, Receiver, slack_sign, slack_verify
-from replyd.platform import Parent, Pending
+from replyd.platforms.base import Parent, Pending
 from replyd.platforms.slack import SlackPlatform
 from tests.slack_fake import (
     APP_TOKEN,
