@@ -242,8 +242,8 @@ def run(kind: str, tmp: Path, *, store_url: str = "", redis_url: str = "redis://
         def killer() -> None:
             if world.held.wait(timeout_s):
                 rid = by_token[world.held_token]
-                killed_at.append((rid, time.time()))
                 replicas[rid].kill()
+                killed_at.append((rid, time.time()))  # after death: every event it wrote is older
                 killed.append(f"{rid}: mid-send")
                 world.release_held.set()
                 replicas[rid].start()
@@ -255,8 +255,8 @@ def run(kind: str, tmp: Path, *, store_url: str = "", redis_url: str = "redis://
                     pid_, _, pid = line.partition(" ")
                     if pid_ == parent:
                         rid = next(r for r, rep in replicas.items() if rep.proc and str(rep.proc.pid) == pid)
-                        killed_at.append((rid, time.time()))
                         replicas[rid].kill()
+                        killed_at.append((rid, time.time()))
                         killed.append(f"{rid}: mid-compose")
                         replicas[rid].start()
                         return

@@ -42,6 +42,7 @@ def test_two_replicas_every_path_every_retry_one_reply_one_call(pg_url, tmp_path
     logs = "\n".join((tmp_path / f"{r}.log").read_text(errors="replace")[-3000:] for r in ("a", "b"))
     assert res.killed and res.killed[0].endswith("mid-send"), logs
     assert res.deliveries >= 12 * 4, res  # every message came by several paths, several times
-    assert res.replies == {p: 1 for p in res.parents}, (res, logs)
+    assert res.replies == {p: 1 for p in res.parents}, ({p: n for p, n in res.replies.items() if n != 1}, logs)
     cut = cut_composes(pg_url, res.killed_at)
-    assert res.calls == {p: 1 + (p in cut) for p in res.parents}, (res, cut, logs)
+    wrong = {p: (res.calls[p], p in cut) for p in res.parents if res.calls[p] != 1 + (p in cut)}
+    assert not wrong, (wrong, res.killed_at, logs)
