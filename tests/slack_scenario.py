@@ -51,7 +51,7 @@ import json, os, sys, time
 p = json.load(sys.stdin)
 with open(sys.argv[1], "a") as f:
     f.write(p["id"] + " " + str(os.getppid()) + "\\n")
-time.sleep(float(sys.argv[2]) * (20 if "slow" in p.get("text", "") else 1))
+time.sleep(float(sys.argv[2]) * (10 if "slow" in p.get("text", "") else 1))
 print("thanks, we are on it")
 """
 
@@ -251,15 +251,17 @@ def run(kind: str, tmp: Path, *, store_url: str = "", redis_url: str = "redis://
         def compose_killer(parent: str) -> None:
             end = time.monotonic() + timeout_s
             while time.monotonic() < end:
-                for line in calls.read_text().splitlines():
-                    pid_, _, pid = line.partition(" ")
-                    if pid_ == parent:
-                        rid = next(r for r, rep in replicas.items() if rep.proc and str(rep.proc.pid) == pid)
-                        replicas[rid].kill()
-                        killed_at.append((rid, time.time()))
-                        killed.append(f"{rid}: mid-compose")
-                        replicas[rid].start()
-                        return
+                pids = [line.partition(" ")[2] for line in calls.read_text().splitlines()
+                        if line.partition(" ")[0] == parent]
+                if pids:
+                    live = [r for r, rep in replicas.items() if rep.proc and str(rep.proc.pid) in pids]
+                    if not live:
+                        return  # the composing process has died already (the mid-send kill)
+                    replicas[live[0]].kill()
+                    killed_at.append((live[0], time.time()))
+                    killed.append(f"{live[0]}: mid-compose")
+                    replicas[live[0]].start()
+                    return
                 time.sleep(0.05)
 
         watchers = [threading.Thread(target=killer, daemon=True)] if kill_mid_send else []
