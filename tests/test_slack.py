@@ -435,3 +435,77 @@ def test_socket_mode_without_an_app_token_or_with_a_refused_one_is_not_sent(api)
                                         http=httpx.Client(), clock=SystemClock())
     with pytest.raises(DefinitelyNotSent, match="invalid_auth"):
         next(iter(wrong.stream(threading.Event())))
+
+
+# -- the daemon: config check, the webhook route ----------------------------------------------------
+
+
+def test_config_check_names_a_wrong_slack_token_without_showing_it(tmp_path) -> None:
+    """`replyd config check config/slack.toml`: ok with Slack's token kinds; a user token in the bot slot is one
+    line naming the key, exit 2, the value not shown."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "SLACK_APP_TOKEN": "xapp-1-A0-secretvalue"}
+    run = [sys.executable, "-m", "replyd", "config", "check", str(root / "config" / "slack.toml")]
+    ok = subprocess.run(run, env={**env, "SLACK_BOT_TOKEN": "xoxb-1-secretvalue"}, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    bad = subprocess.run(run, env={**env, "SLACK_BOT_TOKEN": "xoxp-1-secretvalue"}, capture_output=True, text=True)
+    assert bad.returncode == 2 and "slack setting 'token': must be a bot token" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1 and "secretvalue" not in bad.stderr + bad.stdout
+
+
+def test_daemon_route_answers_url_verification_and_refuses_unsigned(api, world, tmp_path, monkeypatch) -> None:
+    """POST /v1/hooks/{bot} of a running daemon: Slack's signed url_verification gets the challenge, an
+    unsigned delivery 401, a signed mention 202 and one reply counted by the fake."""
+    from replyd.config import Config
+    from replyd.daemon import Daemon
+
+    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKENS[0])
+    monkeypatch.setenv("SLACK_SIGNING_SECRET", SIGNING_SECRET)
+    cfg = tmp_path / "slack.toml"
+    cfg.write_text(f"""
+[store]
+url = "sqlite:///{tmp_path / 'r.sqlite3'}"
+[api]
+enabled = true
+port = 0
+[sweep]
+interval_s = 0.5
+[[bots]]
+name = "s"
+platform = "slack"
+[bots.settings]
+api_url = "{api.url}"
+token_env = "SLACK_BOT_TOKEN"
+listing_delay_s = 0.5
+[bots.pollers]
+inbox_interval_s = 0
+refind_interval_s = 0
+[bots.push]
+kind = "slack"
+secret_env = "SLACK_SIGNING_SECRET"
+""")
+    cfg.chmod(0o600)
+    d = Daemon(Config.load(cfg))
+    d.start()
+    try:
+        url = f"{d.api.url}/v1/hooks/s"
+        now = int(time.time())
+        with httpx.Client(timeout=5.0) as http:
+            h, b = _signed(fixture("url_verification"), now)
+            r = http.post(url, headers=h, content=b)
+            assert r.status_code == 200 and r.json() == {"challenge": fixture("url_verification")["challenge"]}
+            assert http.post(url, content=b).status_code == 401
+            pid = mention(world)
+            ch = world.channels[GENERAL]
+            for ev in world.events_for(ch, ch.messages[-1]):
+                h, b = _signed(ev, now)
+                assert http.post(url, headers=h, content=b).status_code == 202
+        assert wait_until(lambda: world.bot_replies(pid), 10)
+    finally:
+        d.stop(grace_s=5)  # waits for the receiver's offers under way: both events have been offered
+    assert len(world.bot_replies(pid)) == 1
