@@ -237,6 +237,8 @@ class SlackWebApi:
         fault = self._read_fault(method)
         if fault == "ratelimited":
             return _err("ratelimited", 429, **{"Retry-After": "30"})
+        if fault == "ratelimited_bare":  # a 429 that names no wait
+            return _err("ratelimited", 429)
         if fault == "5xx":
             return JSONResponse({"ok": False, "error": "internal_error"}, status_code=503)
         handler = getattr(self, "_" + method.replace(".", "_"), None)

@@ -123,6 +123,8 @@ def test_published_events_parse_to_the_served_id_and_both_events_of_a_mention_ar
     ex["event"]["text"] = f"<@{BOT_USER}> what time is it?"
     [p] = plat.parse_webhook("", ex)
     assert p.id == f"{ex['event']['channel']}:{ex['event']['ts']}" and p.extra["thread_ts"] is None
+    trailing = {**ex, "event": {**ex["event"], "ts": "1700000000.000100"}}  # a float would drop the zeros
+    assert [x.id for x in plat.parse_webhook("", trailing)] == [f"{ex['event']['channel']}:1700000000.000100"]
     [d] = plat.parse_webhook("", fixture("event_message_im"))
     assert d.id == "D024BE91L:1355517523.000005" and d.author_id == "U2147483697"
     pid = mention(world)
@@ -238,6 +240,22 @@ def test_send_ratelimited_honours_retry_after_before_sending_again(api, world) -
     clock.advance(1.5)
     plat.send(parent, "on it", provider_key="k")
     assert world.post_requests == 2 and len(world.bot_replies(parent.id)) == 1
+
+
+def test_a_429_without_retry_after_blocks_the_method_for_a_minute(api, world) -> None:
+    """A 429 naming no wait still stops that method (60 s on the injected clock); other methods go on."""
+    clock = FakeClock(time.time())
+    plat = make(api, clock)
+    pid = mention(world)
+    world.read_faults["conversations.replies"] = ["ratelimited_bare"]
+    with pytest.raises(RateLimited):
+        plat.resolve(pid)
+    with pytest.raises(RateLimited, match="not sent"):
+        plat.resolve(pid)
+    assert api.calls["conversations.replies"] == 1
+    plat.inbox(None)  # conversations.history is another method's budget
+    clock.advance(61.0)
+    assert plat.resolve(pid).id == pid and api.calls["conversations.replies"] == 2
 
 
 def test_method_tier_budget_refuses_before_sending(api, world) -> None:
