@@ -126,7 +126,7 @@ api_url = "{api_url}"
 token_env = "SLACK_BOT_TOKEN"
 app_token_env = "SLACK_APP_TOKEN"
 team_id = "T0FAKE001"
-listing_delay_s = 0.5
+listing_delay_s = 2.0   # the adapter default: a send still in flight when its replica died lands well inside it
 inbox_lookback_s = 600
 
 [bots.pollers]
