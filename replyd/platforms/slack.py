@@ -343,7 +343,7 @@ class SlackPlatform(_http.HttpPlatform):
         parts = urlsplit(url)
         if parts.scheme != "wss" and not (parts.scheme == "ws" and _http.is_loopback(parts.hostname or "")):
             raise BadResponse("apps.connections.open: url is not a wss:// URL")
-        self._identity().sender_id
+        self._identity()  # parse_event needs the bot user id: asked before the first envelope
         try:
             with connect(url, open_timeout=self.s.timeout_s, close_timeout=2,
                          max_size=_http.MAX_RESPONSE_BYTES) as ws:
@@ -366,7 +366,7 @@ class SlackPlatform(_http.HttpPlatform):
                     kind = msg.get("type")
                     if kind == "disconnect":
                         self.log.info("replyd.slack.socket_disconnect", platform=self.instance,
-                                 reason=str(msg.get("reason"))[:40])
+                                      reason=str(msg.get("reason"))[:40])
                         return
                     if kind != "events_api":
                         continue
@@ -398,8 +398,10 @@ class SlackPlatform(_http.HttpPlatform):
         found: dict[str, Parent] = {}
         newest = oldest
         threads: list[str] = []
-        for items, _last in self._pages("conversations.history", {"channel": channel, "oldest": oldest,
-                                                                  "inclusive": "false"}, "messages"):
+        complete = False
+        for items, last in self._pages("conversations.history", {"channel": channel, "oldest": oldest,
+                                                                 "inclusive": "false"}, "messages"):
+            complete = last
             for msg in items:
                 if not isinstance(msg, dict) or not isinstance(msg.get("ts"), str):
                     continue
@@ -410,6 +412,10 @@ class SlackPlatform(_http.HttpPlatform):
                 latest = msg.get("latest_reply")
                 if msg.get("reply_count") and isinstance(latest, str) and ts_order(latest) > ts_order(oldest):
                     threads.append(msg["ts"])
+        if not complete:
+            # Newest first: more than max_pages pages since the cursor leaves older ones unread (Events API and
+            # Socket Mode still deliver them; raise max_pages or poll more often).
+            self.log.warning("replyd.slack.gap", platform=self.instance, channel=channel, pages=self.s.max_pages)
         for root in threads:
             for items, _last in self._pages("conversations.replies", {"channel": channel, "ts": root,
                                                                       "oldest": oldest}, "messages"):
