@@ -128,6 +128,7 @@ app_token_env = "SLACK_APP_TOKEN"
 team_id = "T0FAKE001"
 listing_delay_s = 2.0   # the adapter default: a send still in flight when its replica died lands well inside it
 inbox_lookback_s = 600
+timeout_s = 5.0
 
 [bots.pollers]
 inbox_interval_s = 2.0
