@@ -659,28 +659,7 @@ def html_to_text(html: str) -> str:
     return "".join(parser.parts).strip()
 
 
-# --- settings ------------------------------------------------------------------------------
-# Validation shared by adapters: each raises ConfigError naming ``<kind> setting '<key>'``
-# and never echoes a secret's value.
-
-
-def setting_url(settings: Mapping[str, Any], kind: str, key: str, default: str | None = None) -> str:
-    """An ``http(s)`` URL without credentials, query or fragment; returned without trailing slash."""
-    raw = settings.get(key, default)
-    if not isinstance(raw, str) or not raw.strip():
-        raise ConfigError(f"{kind} setting {key!r}: required, an http(s) URL")
-    parts = urlsplit(raw.strip())
-    if parts.scheme not in ("http", "https"):
-        raise ConfigError(f"{kind} setting {key!r}: scheme must be http or https")
-    if not parts.hostname:
-        raise ConfigError(f"{kind} setting {key!r}: no host")
-    if parts.username or parts.password:
-        raise ConfigError(f"{kind} setting {key!r}: must not carry credentials")
-    if parts.query or parts.fragment:
-        raise ConfigError(f"{kind} setting {key!r}: must not have a query or fragment")
-    require_https(raw.strip(), allowed=setting_flag(settings, kind, INSECURE_HTTP, False), where=f"{kind} setting {key!r}")
-    return raw.strip().rstrip("/")
-
+# --- plain http ----------------------------------------------------------------------------
 
 INSECURE_HTTP = "allow_insecure_http"  # the setting that lets a token travel over plain http:// to another host
 
@@ -701,73 +680,6 @@ def require_https(url: str, *, allowed: bool, where: str) -> None:
     if parts.scheme == "http" and not allowed and not is_loopback(parts.hostname or ""):
         raise ConfigError(f"{where}: http:// to {parts.hostname!r} would send credentials in clear text: "
                           f"use https://, or set {INSECURE_HTTP} = true if the network is trusted")
-
-
-def setting_secret(settings: Mapping[str, Any], kind: str, key: str) -> str | None:
-    """An optional token-like string (printable ASCII, no whitespace); ``None`` if absent."""
-    value = settings.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{kind} setting {key!r}: must be a non-empty string")
-    value = value.strip()
-    if any(c.isspace() for c in value) or not value.isprintable() or not value.isascii():
-        raise ConfigError(f"{kind} setting {key!r}: contains whitespace or non-ASCII characters")
-    return value
-
-
-def setting_number(
-    settings: Mapping[str, Any], kind: str, key: str, default: float, *, minimum: float, exclusive: bool = False
-) -> float:
-    """A finite number ``>= minimum`` (``>`` with ``exclusive``)."""
-    value = settings.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{kind} setting {key!r}: must be a number, got {type(value).__name__}")
-    if not math.isfinite(value):
-        raise ConfigError(f"{kind} setting {key!r}: must be finite")
-    if value < minimum or (exclusive and value == minimum):
-        op = ">" if exclusive else ">="
-        raise ConfigError(f"{kind} setting {key!r}: must be {op} {minimum:g}, got {value!r}")
-    return float(value)
-
-
-def setting_int(settings: Mapping[str, Any], kind: str, key: str, default: int, lo: int, hi: int) -> int:
-    """An integer in ``[lo, hi]``."""
-    value = settings.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{kind} setting {key!r}: must be an integer, got {type(value).__name__}")
-    if not lo <= value <= hi:
-        raise ConfigError(f"{kind} setting {key!r}: must be between {lo} and {hi}, got {value}")
-    return value
-
-
-def setting_flag(settings: Mapping[str, Any], kind: str, key: str, default: bool) -> bool:
-    """A boolean."""
-    value = settings.get(key, default)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{kind} setting {key!r}: must be true or false, got {value!r}")
-    return value
-
-
-def setting_strings(settings: Mapping[str, Any], kind: str, key: str, default: Iterable[str] = ()) -> tuple[str, ...]:
-    """A list of non-empty strings (whitespace trimmed)."""
-    value = settings.get(key, list(default))
-    if not isinstance(value, (list, tuple)) or any(not isinstance(q, str) or not q.strip() for q in value):
-        raise ConfigError(f"{kind} setting {key!r}: must be a list of non-empty strings")
-    return tuple(q.strip() for q in value)
-
-
-def setting_queries(settings: Mapping[str, Any], kind: str) -> tuple[str, ...]:
-    """``search_queries``: the queries the search poller runs."""
-    return setting_strings(settings, kind, "search_queries")
-
-
-def setting_instance(settings: Mapping[str, Any], kind: str) -> str | None:
-    """``instance``: an optional non-empty override of the answered-log's platform part."""
-    instance = settings.get("instance")
-    if instance is not None and (not isinstance(instance, str) or not instance.strip()):
-        raise ConfigError(f"{kind} setting 'instance': must be a non-empty string")
-    return instance.strip() if isinstance(instance, str) else None
 
 
 # --- ids and fields -------------------------------------------------------------------------
@@ -842,6 +754,7 @@ class HttpPlatform:
     kind: ClassVar[str]
     Settings: ClassVar[type[HttpSettings]]
     BUCKET: ClassVar[str] = "api"  # the budget a request draws on unless it names another
+    HEADERS: ClassVar[Mapping[str, str]] = {}  # sent with every request
     ITEM_ID: ClassVar[str] = "id"  # the field that names a skipped item in logs
     READ_BACK_MARGIN_S: ClassVar[float] = 60.0  # clock skew between our opened_at and the server's times
 
@@ -857,6 +770,7 @@ class HttpPlatform:
         self.log = structlog.get_logger(f"replyd.{self.kind}")
         self.listing_delay_s = float(self.s.listing_delay_s)
         self.instance = self.s.instance or f"{self.kind}:{self.root}"
+        self._setup()
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock) -> Self:
@@ -873,6 +787,9 @@ class HttpPlatform:
 
     # --- hooks ---------------------------------------------------------------------------
 
+    def _setup(self) -> None:
+        """Build the adapter's own state from ``self.s`` (runs last in ``__init__``)."""
+
     def _auth_headers(self) -> Mapping[str, SecretStr]:
         """The credential headers of the next request."""
         return {"Authorization": SecretStr(f"Bearer {self.s.token.get_secret_value()}")}  # type: ignore[attr-defined]
@@ -888,6 +805,8 @@ class HttpPlatform:
     def _raise_for_status(self, resp: httpx.Response, *, what: str, bucket: str = "", acts: bool | None = None,
                           text: str | None = None) -> None:
         """Map a non-2xx response into ``replyd.errors`` (the shared table of this module)."""
+        if resp.status_code == 429:
+            self.log.warning(f"replyd.{self.kind}.rate_limited", what=what, bucket=bucket)
         raise_for_status(resp, what=what, acts=acts, now=self._clock.now, secrets=self._secrets(), text=text)
 
     # --- the request template --------------------------------------------------------------
@@ -897,12 +816,11 @@ class HttpPlatform:
         """One request under the rate limits; returns the response whatever its status."""
         bucket = bucket or self.BUCKET
         self.limits.check(self._buckets(bucket), what=what)
+        kwargs["headers"] = {**self.HEADERS, **(kwargs.get("headers") or {})}
         resp = request(self._http, method, self.root + path, what=what, acts=acts, secrets=self._secrets(),
                        auth=self._auth if auth is True else (auth or None), timeout=self._timeout, **kwargs)
         # A platform that names the budget a response drew on is trusted over our guess.
         self.limits.note(resp.headers.get("x-ratelimit-resource") or bucket, resp)
-        if resp.status_code == 429:
-            self.log.warning(f"replyd.{self.kind}.rate_limited", what=what, bucket=bucket)
         return resp
 
     def _call(self, method: str, path: str, *, what: str, bucket: str | None = None, acts: bool | None = None,
@@ -962,6 +880,7 @@ class HttpPlatform:
         fallback: Callable[[str, list[str], Found], bool],
         units: Callable[[dict[str, float], set[str]], Iterable[tuple[str, list[str]]]] | None = None,
         sort_key: Callable[[str], Any] = id_order,
+        source: tuple[str, str] = ("parent", "parent_id"),
     ) -> ReadBack:
         """The read-back skeleton: rows by open time, one own-feed pass, then a fallback per unit.
 
@@ -969,7 +888,8 @@ class HttpPlatform:
         ``units(opened, checked)`` yields (default: every parent not yet checked) gets
         ``fallback(key, parent ids, found)``, True when it read them in full; a ``RateLimited`` stops the
         fallbacks (every further read would be refused the same way), another error skips the unit.
-        Found replies are sorted oldest first, ties by ``sort_key`` of the reply id.
+        Found replies are sorted oldest first, ties by ``sort_key`` of the reply id. ``source`` names the
+        fallback and its key in the logs.
         """
         result = ReadBack()
         if not pending:
@@ -989,7 +909,7 @@ class HttpPlatform:
             try:
                 complete = fallback(key, pids, found)
             except PlatformError as exc:
-                self.log.warning(event + "_failed", source="fallback", key=key, problem=exc.detail)
+                self.log.warning(event + "_failed", source=source[0], problem=exc.detail, **{source[1]: key})
                 if isinstance(exc, RateLimited):
                     break
                 continue

@@ -417,8 +417,7 @@ class MastodonPlatform(_http.HttpPlatform):
         A parent is ``checked`` only if the feed listed everything from before it
         was opened (minus a margin) up to now, or its context was read in full.
         """
-        return self._read_back(
-            pending,
+        return self._read_back(pending, source=("context", "parent_id"),
             feed=lambda opened, found: self._covered(opened, self._scan_own_feed(sender_id, opened, found)),
             fallback=lambda pid, _, found: self._context_replies(pid, sender_id, found),
         )
