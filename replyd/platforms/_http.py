@@ -48,7 +48,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from html.parser import HTMLParser
-from typing import Annotated, Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self, TypeVar
 from urllib.parse import parse_qs, quote, urlsplit
 
 import httpcore
@@ -861,6 +861,22 @@ class HttpPlatform:
                          problem=problem.detail if isinstance(problem, BadResponse) else problem,
                          item_id=str(item_id) if isinstance(item_id, (int, str)) and not isinstance(item_id, bool) else None)
 
+    def _read(self, what: str, item: Any, read: Callable[[dict[str, Any]], T]) -> T | None:
+        """``read(item)``; ``None`` (logged as skipped) when the item is no object or ``read`` finds it unreadable."""
+        try:
+            if not isinstance(item, dict):
+                raise BadResponse(f"{what}: item is not an object")
+            return read(item)
+        except BadResponse as exc:
+            self._skipped(what, exc, item)
+            return None
+
+    def _partial(self, what: str, page_no: int, exc: PlatformError) -> None:
+        """A listing's page failed: the first one raises ``exc``; after it, what was read is kept (logged)."""
+        if page_no == 0:
+            raise exc
+        self.log.warning(f"replyd.{self.kind}.partial", what=what, pages=page_no, problem=exc.detail)
+
     def close(self) -> None:
         """Do nothing: the shared http client belongs to the caller."""
 
@@ -871,6 +887,25 @@ class HttpPlatform:
         if covered_after is None:
             return set()
         return {pid for pid, at in opened.items() if covered_after < at - self.READ_BACK_MARGIN_S}
+
+    def _walk_feed(self, pages: Iterator[list[float]], horizon: float, source: str = "feed") -> float | None:
+        """Page back through an own feed; return the epoch after which its listing is complete (for ``_covered``).
+
+        ``pages`` notes each page's own replies and yields the page's item times, or ``[END]`` once the
+        listing ran out (complete for all time); it just stops where paging cannot go on. Nothing read:
+        ``None``. A page that fails ends the walk (logged): what the pages before covered stays.
+        """
+        covered_after: float | None = None
+        page_no = 0
+        try:
+            for page_no, times in enumerate(pages, start=1):
+                if times:
+                    covered_after = min(times if covered_after is None else [covered_after, *times])
+                    if covered_after < horizon:
+                        break
+        except PlatformError as exc:
+            self.log.warning(f"replyd.{self.kind}.read_back_failed", source=source, page=page_no, problem=exc.detail)
+        return covered_after
 
     def _read_back(
         self,
@@ -922,8 +957,11 @@ class HttpPlatform:
         return result
 
 
+T = TypeVar("T")
 # Own replies found so far: parent id -> reply id -> reply.
 Found = dict[str, dict[str, OwnReply]]
+# What an own-feed page yields once the listing ran out: it is complete for all time.
+END = float("-inf")
 
 
 def _each_parent(opened: Mapping[str, float], checked: set[str]) -> Iterator[tuple[str, list[str]]]:

@@ -25,14 +25,6 @@ from replyd.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class Identity:
-    """Who the bot is on one platform: the stable id is the sender half of the key."""
-
-    sender_id: str
-    handle: str = ""
-
-
-@dataclass(frozen=True)
 class Parent:
     """A post, thread or ticket the bot may answer; ``id`` is the served form."""
 
@@ -103,6 +95,14 @@ class ReadBack:
 
     found: dict[str, list[OwnReply]] = field(default_factory=dict)
     checked: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who the bot is on one platform: the stable id is the sender half of the key."""
+
+    sender_id: str
+    handle: str = ""
 
 
 @runtime_checkable

@@ -87,7 +87,7 @@ import hashlib
 import math
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar
@@ -527,24 +527,15 @@ class BlueskyPlatform(_http.HttpPlatform):
                 body = fetch(page_cursor)
                 items = _http.field(body, items_key, what, list)
             except PlatformError as exc:
-                if page_no == 0:
-                    raise
+                self._partial(what, page_no, exc)
                 # Pages so far do not reach the cursor: offer what was read, keep the old cursor.
-                self.log.warning("replyd.bluesky.partial", what=what, pages=page_no, problem=exc.detail)
                 return Page(parents=_oldest_first(found), cursor=cursor)
             reached = False
             for item in items:
-                try:
-                    if not isinstance(item, dict):
-                        raise BadResponse(f"{what}: item is not an object")
-                    uri = _http.field(item, "uri", what)
-                    t_raw = _http.field(item, "indexedAt", what)
-                    t = _epoch(t_raw)
-                    if t is None:
-                        raise BadResponse(f"{what}: field indexedAt is not an ISO-8601 time")
-                except BadResponse as exc:
-                    self._skipped(what, exc, item)
+                got = self._read(what, item, lambda it: (_http.field(it, "uri", what), _indexed(it, what)))
+                if got is None:
                     continue
+                uri, (t, t_raw) = got
                 if since is not None and since.covers(t, uri):
                     reached = True
                     continue
@@ -552,11 +543,7 @@ class BlueskyPlatform(_http.HttpPlatform):
                     newest = _Cursor(t, t_raw, frozenset({uri}))
                 elif t == newest.at:
                     newest = _Cursor(newest.at, newest.raw, newest.uris | {uri})
-                try:
-                    parent = parse(item, what)
-                except BadResponse as exc:
-                    self._skipped(what, exc, item)
-                    continue
+                parent = self._read(what, item, lambda it: parse(it, what))
                 if parent is not None:
                     prev = found.get(parent.id)
                     if prev is None or t < prev[0]:
@@ -581,19 +568,12 @@ class BlueskyPlatform(_http.HttpPlatform):
             items = _http.field(body, "notifications", what, list)
             oldest: float | None = None
             for item in items:
-                try:
-                    if not isinstance(item, dict):
-                        raise BadResponse(f"{what}: notification is not an object")
-                    t = _epoch(_http.field(item, "indexedAt", what))
-                    if t is None:
-                        raise BadResponse(f"{what}: field indexedAt is not an ISO-8601 time")
-                    oldest = t if oldest is None else min(oldest, t)
-                    if t < since:
-                        continue
-                    parent = self._notification_parent(item, what)
-                except BadResponse as exc:
-                    self._skipped(what, exc, item)
+                indexed = self._read(what, item, lambda it: _indexed(it, what))
+                if indexed is None:
                     continue
+                t = indexed[0]
+                oldest = t if oldest is None else min(oldest, t)
+                parent = self._read(what, item, lambda it: self._notification_parent(it, what)) if t >= since else None
                 if parent is not None and parent.id not in found:
                     found[parent.id] = (t, parent)
             nxt = body.get("cursor")
@@ -808,48 +788,31 @@ class BlueskyPlatform(_http.HttpPlatform):
                 settled.add(pid)
         return settled
 
-    def _scan_own_feed(
-        self, sender_id: str, opened: Mapping[str, float], found: dict[str, dict[str, OwnReply]]
-    ) -> float | None:
-        """Page back through the own posts; return the epoch after which the listing is complete.
+    def _scan_own_feed(self, sender_id: str, opened: Mapping[str, float], found: _http.Found) -> float | None:
+        """Page back through the own posts; return the epoch after which the listing is complete."""
+        return self._walk_feed(self._own_feed(sender_id, opened, found), min(opened.values()) - self.READ_BACK_MARGIN_S)
 
-        ``None``: nothing was read. ``-inf``: the feed ran out, so it is complete for all time.
-        """
+    def _own_feed(self, sender_id: str, opened: Mapping[str, float], found: _http.Found) -> Iterator[list[float]]:
         what = "read_back feed"
-        horizon = min(opened.values()) - self.READ_BACK_MARGIN_S
-        covered_after: float | None = None
         cursor: str | None = None
-        for page_no in range(self.s.max_pages):
+        for _ in range(self.s.max_pages):
             params = [("actor", sender_id), ("filter", "posts_with_replies"), ("limit", str(FEED_PAGE))]
-            if cursor:
-                params.append(("cursor", cursor))
-            try:
-                resp = self._xrpc("GET", "app.bsky.feed.getAuthorFeed", what=what, proxy=True, params=params)
-                body = _http.json_body(resp, what, dict)
-                feed = _http.field(body, "feed", what, list)
-                # One unreadable item could be the reply we look for: the page is not conclusive.
-                rows = [self._own_feed_item(item, what) for item in feed]
-            except PlatformError as exc:
-                self.log.warning("replyd.bluesky.read_back_failed", source="feed", page=page_no, problem=exc.detail)
-                return covered_after
+            resp = self._xrpc("GET", "app.bsky.feed.getAuthorFeed", what=what, proxy=True,
+                              params=params + ([("cursor", cursor)] if cursor else []))
+            body = _http.json_body(resp, what, dict)
+            feed = _http.field(body, "feed", what, list)
+            # One unreadable item could be the reply we look for: the page is not conclusive.
+            rows = [self._own_feed_item(item, what) for item in feed]
             for uri, author, in_reply_to, created, _ in rows:
                 if author == sender_id and in_reply_to in opened:
                     found.setdefault(in_reply_to, {}).setdefault(uri, OwnReply(uri, in_reply_to, created))
-            if not feed:
-                return float("-inf")
-            times = [sort_t for *_, sort_t in rows if sort_t is not None]
-            if times:
-                oldest = min(times)
-                covered_after = oldest if covered_after is None else min(covered_after, oldest)
-                if covered_after < horizon:
-                    return covered_after
+            yield [sort_t for *_, sort_t in rows if sort_t is not None] if feed else [_http.END]
             nxt = body.get("cursor")
             if not isinstance(nxt, str) or not nxt:
-                return float("-inf")
-            if nxt == cursor:
-                return covered_after
+                yield [_http.END]
+            if not isinstance(nxt, str) or not nxt or nxt == cursor:
+                return
             cursor = nxt
-        return covered_after
 
     @staticmethod
     def _own_feed_item(item: Any, what: str) -> tuple[str, str, str | None, float | None, float | None]:
@@ -966,6 +929,15 @@ class BlueskyPlatform(_http.HttpPlatform):
 
 def _oldest_first(found: Mapping[str, tuple[float, Parent]]) -> list[Parent]:
     return [p for _, p in sorted(found.values(), key=lambda tp: (tp[0], tp[1].id))]
+
+
+def _indexed(item: dict[str, Any], what: str) -> tuple[float, str]:
+    """An item's ``indexedAt`` as (epoch, the raw text a cursor keeps)."""
+    raw = _http.field(item, "indexedAt", what)
+    t = _epoch(raw)
+    if t is None:
+        raise BadResponse(f"{what}: field indexedAt is not an ISO-8601 time")
+    return t, raw
 
 
 def _reply_parent_uri(record: Any) -> str | None:

@@ -74,7 +74,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Annotated, Any, Literal, Self
 from urllib.parse import parse_qs, urlsplit
 
@@ -301,28 +301,29 @@ class DiscoursePlatform(_http.HttpPlatform):
             try:
                 items, nxt = self._notification_page(offset, what)
             except PlatformError as exc:
-                if page_no == 0:
-                    raise
-                self.log.warning("replyd.discourse.inbox_partial", pages=page_no, problem=exc.detail)
+                self._partial(what, page_no, exc)
                 return self._notifications_to_page(fresh, cursor, complete=False, what=what)
-            reached = False
-            for item in items:
-                if not isinstance(item, dict):
-                    self._skipped(what, "notification is not an object", item)
-                    continue
-                try:
-                    nid = _http.served_id(item, "id", what)
-                except BadResponse as exc:
-                    self._skipped(what, exc.detail, item)
-                    continue
-                if cursor is not None and id_order(nid) <= id_order(cursor):
-                    reached = True
-                    continue
-                fresh.append((nid, item))
+            new, reached = self._newer(items, cursor, what)
+            fresh += new
             if cursor is None or reached or nxt is None:
                 break
             offset = nxt
         return self._notifications_to_page(fresh, cursor, complete=True, what=what)
+
+    def _newer(self, items: list[Any], cursor: str | None, what: str) -> tuple[list[tuple[str, Any]], bool]:
+        """The items newer than ``cursor`` as (id, item), and whether one at or before it was met."""
+        fresh, reached = [], False
+        for item in items:
+            try:
+                iid = _http.served_id(item, "id", what)
+            except BadResponse as exc:
+                self._skipped(what, exc, item)
+                continue
+            if cursor is not None and id_order(iid) <= id_order(cursor):
+                reached = True
+            else:
+                fresh.append((iid, item))
+        return fresh, reached
 
     def _notifications_to_page(
         self, fresh: list[tuple[str, dict[str, Any]]], cursor: str | None, *, complete: bool, what: str
@@ -444,18 +445,12 @@ class DiscoursePlatform(_http.HttpPlatform):
             try:
                 items, nxt = self._notification_page(offset, what)
             except PlatformError as exc:
-                if page_no == 0:
-                    raise
-                self.log.warning("replyd.discourse.refind_partial", pages=page_no, problem=exc.detail)
+                self._partial(what, page_no, exc)
                 break
             older = False
             for item in items:
-                try:
-                    if not isinstance(item, dict):
-                        raise BadResponse(f"{what}: notification is not an object")
-                    created = _http.iso_field(item, "created_at", what)
-                except BadResponse as exc:
-                    self._skipped(what, exc.detail, item)
+                created = self._read(what, item, lambda it: _http.iso_field(it, "created_at", what))
+                if created is None:
                     continue
                 if created < since:
                     older = True
@@ -493,20 +488,10 @@ class DiscoursePlatform(_http.HttpPlatform):
                 body = _http.json_body(resp, what, dict)
                 posts = _http.field(body, "posts", what, list, default=[])
             except PlatformError as exc:
-                if page == 1:
-                    raise
-                self.log.warning("replyd.discourse.search_partial", pages=page - 1, problem=exc.detail)
+                self._partial(what, page - 1, exc)
                 break
-            older = False
-            for post in posts:
-                try:
-                    pid = _http.served_id(post, "id", what)
-                except BadResponse as exc:
-                    self._skipped(what, exc.detail, post)
-                    continue
-                if cursor is not None and id_order(pid) <= id_order(cursor):
-                    older = True
-                    continue
+            new, older = self._newer(posts, cursor, what)
+            for pid, post in new:
                 hits.setdefault(pid, post)
             more = _http.field(body, "grouped_search_result.more_full_page_results", what, bool, default=None)
             if more is None:
@@ -700,51 +685,35 @@ class DiscoursePlatform(_http.HttpPlatform):
                                                                                        sender_id, found))
 
     def _scan_user_actions(
-        self,
-        sender_id: str,
-        targets: Mapping[tuple[str, int], list[str]],
-        opened: Mapping[str, float],
-        found: dict[str, dict[str, OwnReply]],
+        self, sender_id: str, targets: Mapping[tuple[str, int], list[str]], opened: Mapping[str, float],
+        found: _http.Found,
     ) -> float | None:
-        """Page back through the own replies; return the epoch after which the listing is complete.
-
-        ``None``: nothing was read. ``-inf``: the feed ran out (complete for all time).
-        """
-        what = "read_back user_actions"
+        """Page back through the own replies; return the epoch after which the listing is complete."""
         if not targets:
             return None
         horizon = min(opened[pid] for pids in targets.values() for pid in pids) - self.READ_BACK_MARGIN_S
+        return self._walk_feed(self._user_actions(sender_id, targets, found), horizon, source="user_actions")
+
+    def _user_actions(
+        self, sender_id: str, targets: Mapping[tuple[str, int], list[str]], found: _http.Found
+    ) -> Iterator[list[float]]:
+        what = "read_back user_actions"
         username = self._username()
-        covered_after: float | None = None
         offset = 0
-        for page_no in range(self.s.max_pages):
-            params = [("username", username), ("filter", OWN_REPLY_ACTIONS)]
-            if offset:
-                params.append(("offset", str(offset)))
-            try:
-                resp = self._call("GET", "/user_actions.json", what=what, params=params)
-                body = _http.json_body(resp, what, dict)
-                items = _http.field(body, "user_actions", what, list, default=[])
-                # One unreadable item could be the reply we look for: the page is not conclusive.
-                page = [self._own_action(item, what) for item in items]
-            except PlatformError as exc:
-                self.log.warning("replyd.discourse.read_back_failed", source="user_actions", page=page_no, problem=exc.detail)
-                return covered_after
+        for _ in range(self.s.max_pages):
+            params = [("username", username), ("filter", OWN_REPLY_ACTIONS)] + ([("offset", str(offset))] if offset else [])
+            resp = self._call("GET", "/user_actions.json", what=what, params=params)
+            items = _http.field(_http.json_body(resp, what, dict), "user_actions", what, list, default=[])
+            # One unreadable item could be the reply we look for: the page is not conclusive.
+            page = [self._own_action(item, what) for item in items]
             for post_id, actor, topic_id, reply_to, created in page:
-                if actor != sender_id or reply_to is None:
-                    continue
-                for pid in targets.get((topic_id, reply_to), ()):
+                for pid in targets.get((topic_id, reply_to), ()) if actor == sender_id and reply_to is not None else ():
                     found.setdefault(pid, {})[post_id] = OwnReply(post_id, pid, created)
-            if not page:
-                return float("-inf")
-            oldest = min(created for *_, created in page)
-            covered_after = oldest if covered_after is None else min(covered_after, oldest)
-            if covered_after < horizon:
-                return covered_after
+            yield [created for *_, created in page] or [_http.END]
             if len(page) < USER_ACTIONS_PAGE:
-                return float("-inf")
+                yield [_http.END]
+                return
             offset += len(page)
-        return covered_after
 
     @staticmethod
     def _own_action(item: Any, what: str) -> tuple[str, str, str, int | None, float]:

@@ -423,14 +423,11 @@ class GitHubPlatform(_http.HttpPlatform):
         # read, so any listing failure fails the source and leaves its mark where it was.
         for page_no, resp in self._pages("/notifications", params, what=what, pages=pages):
             for item in _http.json_body(resp, what, list):
-                try:
-                    if not isinstance(item, dict):
-                        raise BadResponse(f"{what}: notification is not an object")
-                    tid = _http.served_id(item, "id", what)
-                    updated = _http.iso_field(item, "updated_at", what)
-                except BadResponse as exc:
-                    self._skipped(what, exc.detail, item)
+                got = self._read(what, item, lambda it: (_http.served_id(it, "id", what),
+                                                         _http.iso_field(it, "updated_at", what)))
+                if got is None:
                     continue
+                tid, updated = got
                 key = f"{tid}@{updated}"
                 if key in mark.seen:
                     continue
@@ -482,12 +479,10 @@ class GitHubPlatform(_http.HttpPlatform):
             items = _http.json_body(resp, what, list)
             batch = []
             for item in items:
-                try:
-                    parent = self._issue_parent(item, what)
-                    updated = _http.iso_field(item, "updated_at", what)
-                except BadResponse as exc:
-                    self._skipped(what, exc.detail, item)
+                got = self._read(what, item, lambda it: (self._issue_parent(it, what), _http.iso_field(it, "updated_at", what)))
+                if got is None:
                     continue
+                parent, updated = got
                 batch.append((updated, f"{parent.id}@{updated}", parent))
             for updated, key, parent in sorted(batch, key=lambda t: (t[0], t[1])):
                 if key in mark.seen:
@@ -522,10 +517,7 @@ class GitHubPlatform(_http.HttpPlatform):
                 if body.get("incomplete_results") is True:
                     self.log.warning("replyd.github.search_incomplete", query=query)
                 for item in _http.field(body, "items", what, list):
-                    try:
-                        parent = self._issue_parent(item, what)
-                    except BadResponse as exc:
-                        self._skipped(what, exc.detail, item)
+                    if (parent := self._read(what, item, lambda it: self._issue_parent(it, what))) is None:
                         continue
                     batch.append((parent.created_at or 0.0, parent.id, parent))
         except PlatformError as exc:

@@ -188,10 +188,7 @@ class MastodonPlatform(_http.HttpPlatform):
                 resp = self._call("GET", "/api/v1/notifications", what=what, params=params)
                 items = _http.json_body(resp, what, list)
             except PlatformError as exc:
-                if page_no == 0:
-                    raise
-                # The pages read so far are contiguous above the cursor: keep that progress.
-                self.log.warning("replyd.mastodon.inbox_partial", pages=page_no, problem=exc.detail)
+                self._partial(what, page_no, exc)  # the pages read so far are contiguous above the cursor
                 break
             for item in items:
                 nid = self._take_mention(item, what, found, after=cursor)
@@ -306,14 +303,10 @@ class MastodonPlatform(_http.HttpPlatform):
             items = _http.json_body(resp, what, list)
             oldest: float | None = None
             for item in items:
-                try:
-                    if not isinstance(item, dict):
-                        raise BadResponse(f"{what}: notification is not an object")
-                    nid = _http.field(item, "id", what)
-                    created = _http.iso_field(item, "created_at", what)
-                except BadResponse as exc:
-                    self._skipped(what, exc, item)
+                got = self._read(what, item, lambda it: (_http.field(it, "id", what), _http.iso_field(it, "created_at", what)))
+                if got is None:
                     continue
+                nid, created = got
                 oldest = created if oldest is None else min(oldest, created)
                 if created < since or item.get("type") != "mention":
                     continue
@@ -422,45 +415,29 @@ class MastodonPlatform(_http.HttpPlatform):
             fallback=lambda pid, _, found: self._context_replies(pid, sender_id, found),
         )
 
-    def _scan_own_feed(
-        self, sender_id: str, opened: Mapping[str, float], found: dict[str, dict[str, OwnReply]]
-    ) -> float | None:
-        """Page back through the own statuses; return the epoch after which the listing is complete.
+    def _scan_own_feed(self, sender_id: str, opened: Mapping[str, float], found: _http.Found) -> float | None:
+        """Page back through the own statuses; return the epoch after which the listing is complete."""
+        return self._walk_feed(self._own_feed(sender_id, opened, found), min(opened.values()) - self.READ_BACK_MARGIN_S)
 
-        ``None``: nothing was read. ``-inf``: the feed ran out, so it is complete
-        for all time.
-        """
+    def _own_feed(self, sender_id: str, opened: Mapping[str, float], found: _http.Found) -> Iterator[list[float]]:
         what = "read_back feed"
-        horizon = min(opened.values()) - self.READ_BACK_MARGIN_S
         path = f"/api/v1/accounts/{_http.seg(sender_id, what)}/statuses"
-        covered_after: float | None = None
         max_id: str | None = None
-        for page_no in range(self.s.readback_max_pages):
+        for _ in range(self.s.readback_max_pages):
             params = [("limit", str(READ_BACK_PAGE))] + ([("max_id", max_id)] if max_id else [])
-            try:
-                resp = self._call("GET", path, what=what, params=params)
-                items = _http.json_body(resp, what, list)
-                # One unreadable item could be the reply we look for: the page is not conclusive.
-                page = [self._own_status(item, what) for item in items]
-            except PlatformError as exc:
-                self.log.warning("replyd.mastodon.read_back_failed", source="feed", page=page_no, problem=exc.detail)
-                return covered_after
+            resp = self._call("GET", path, what=what, params=params)
+            # One unreadable item could be the reply we look for: the page is not conclusive.
+            page = [self._own_status(item, what) for item in _http.json_body(resp, what, list)]
             for sid, author, in_reply_to, created in page:
                 if author == sender_id and in_reply_to in opened:
                     found.setdefault(in_reply_to, {})[sid] = OwnReply(sid, in_reply_to, created)
-            if not page:
-                return float("-inf")
-            oldest = min(created for *_, created in page)
-            covered_after = oldest if covered_after is None else min(covered_after, oldest)
-            if covered_after < horizon:
-                return covered_after
+            yield [created for *_, created in page] or [_http.END]
             nxt = _http.link_param(resp, "next", "max_id")
             if nxt is None:
-                return float("-inf")
-            if max_id is not None and id_order(nxt) >= id_order(max_id):
-                return covered_after
+                yield [_http.END]
+            if nxt is None or (max_id is not None and id_order(nxt) >= id_order(max_id)):
+                return
             max_id = nxt
-        return covered_after
 
     def _context_replies(self, parent_id: str, sender_id: str, found: _http.Found) -> bool:
         """Add the own direct replies among the parent's descendants to ``found``; True if the list was complete."""
