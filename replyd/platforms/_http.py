@@ -59,7 +59,7 @@ from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, model_val
 from replyd import deadline
 from replyd.clock import Clock
 from replyd.errors import BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
-from replyd.platforms.base import Identity, OwnReply, Pending, PlatformSettings, ReadBack
+from replyd.platforms.base import Identity, OwnReply, Parent, Pending, PlatformSettings, ReadBack
 
 ACTING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -748,7 +748,8 @@ class HttpPlatform:
 
     A subclass names its ``Settings`` model and ``root`` (the URL its requests go to), and overrides the
     hooks where its platform differs: ``_auth_headers`` (credentials), ``_buckets`` (which rate-limit
-    budgets a request draws on) and ``_raise_for_status`` (error mapping beyond the shared table).
+    budgets a request draws on), ``_limited``/``_wait_s``/``_error_text`` (how it says "rate limited",
+    "wait" and "why") and ``_raise_for_status`` (error mapping beyond the shared table).
     """
 
     kind: ClassVar[str]
@@ -802,12 +803,29 @@ class HttpPlatform:
         """The rate-limit budgets a request named ``bucket`` draws on: its own and the account-wide one."""
         return (bucket,) if bucket == self.BUCKET else (self.BUCKET, bucket)
 
-    def _raise_for_status(self, resp: httpx.Response, *, what: str, bucket: str = "", acts: bool | None = None,
-                          text: str | None = None) -> None:
-        """Map a non-2xx response into ``replyd.errors`` (the shared table of this module)."""
-        if resp.status_code == 429:
-            self.log.warning(f"replyd.{self.kind}.rate_limited", what=what, bucket=bucket)
-        raise_for_status(resp, what=what, acts=acts, now=self._clock.now, secrets=self._secrets(), text=text)
+    def _limited(self, resp: httpx.Response) -> bool:
+        """Whether a non-2xx response is a rate limit (HTTP 429; some platforms say so otherwise too)."""
+        return resp.status_code == 429
+
+    def _wait_s(self, resp: httpx.Response) -> float | None:
+        """Seconds a rate limit asks to wait: ``Retry-After``, else the reset header (or what the body says)."""
+        return retry_after_s(resp, self._clock.now())
+
+    def _error_text(self, resp: httpx.Response) -> str:
+        """The server's short error text for a detail: logs only, nothing branches on it (platforms localise it)."""
+        return server_error_text(resp)
+
+    def _raise_for_status(self, resp: httpx.Response, *, what: str, bucket: str = "", acts: bool | None = None) -> None:
+        """Map a non-2xx response into ``replyd.errors``: a rate limit blocks ``bucket``, the rest the shared table."""
+        if not 200 <= resp.status_code < 300 and self._limited(resp):
+            wait = self._wait_s(resp)
+            if wait is not None:
+                self.limits.block(bucket or self.BUCKET, wait)
+            self.log.warning(f"replyd.{self.kind}.rate_limited", what=what, bucket=bucket, status=resp.status_code,
+                             wait_s=wait)
+            raise RateLimited(self._detail(resp, what), status=resp.status_code, retry_after_s=wait)
+        raise_for_status(resp, what=what, acts=acts, now=self._clock.now, secrets=self._secrets(),
+                         text=self._error_text(resp))
 
     # --- the request template --------------------------------------------------------------
 
@@ -831,8 +849,9 @@ class HttpPlatform:
         self._raise_for_status(resp, what=what, bucket=bucket, acts=acts)
         return resp
 
-    def _detail(self, resp: httpx.Response, what: str, text: str) -> str:
-        """``<what>: HTTP <status> (<text>)`` with every secret masked."""
+    def _detail(self, resp: httpx.Response, what: str) -> str:
+        """``<what>: HTTP <status> (<error text>)`` with every secret masked."""
+        text = self._error_text(resp)
         return redact(f"{what}: HTTP {resp.status_code}" + (f" ({text})" if text else ""), self._secrets())
 
     def _delete(self, method: str, path: str, reply_id: str, **kwargs: Any) -> None:
@@ -860,6 +879,31 @@ class HttpPlatform:
         self.log.warning(f"replyd.{self.kind}.skipped", what=what,
                          problem=problem.detail if isinstance(problem, BadResponse) else problem,
                          item_id=str(item_id) if isinstance(item_id, (int, str)) and not isinstance(item_id, bool) else None)
+
+    def _created(self, method: str, path: str, parent: Parent, *, what: str, read: Callable[[dict[str, Any]], T],
+                 **kwargs: Any) -> T:
+        """Send a reply (one request, a failure logged); ``read`` names it from the 2xx body.
+
+        A 2xx body ``read`` cannot read is ``MaybeSent``: the reply very likely exists, we just cannot name it.
+        """
+        try:
+            resp = self._call(method, path, what=what, **kwargs)
+        except PlatformError as exc:
+            raise self._send_failed(parent, self._refused(exc)) from None
+        try:
+            return read(json_body(resp, what, dict))
+        except BadResponse as exc:
+            raise MaybeSent(f"{exc.detail} (after HTTP {resp.status_code})", status=resp.status_code) from None
+
+    def _refused(self, exc: PlatformError) -> PlatformError:
+        """What a failed send means on this platform (the error as mapped, unless the platform knows better)."""
+        return exc
+
+    def _send_failed(self, parent: Parent, exc: PlatformError) -> PlatformError:
+        """Log a send that failed (the guard decides what it means) and hand the error back to raise."""
+        self.log.info(f"replyd.{self.kind}.send_failed", parent_id=parent.id, error=type(exc).__name__,
+                      status=exc.status, detail=exc.detail)
+        return exc
 
     def _read(self, what: str, item: Any, read: Callable[[dict[str, Any]], T]) -> T | None:
         """``read(item)``; ``None`` (logged as skipped) when the item is no object or ``read`` finds it unreadable."""

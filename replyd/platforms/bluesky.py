@@ -366,7 +366,7 @@ class BlueskyPlatform(_http.HttpPlatform):
                 self.log.info("replyd.bluesky.session_relogin", what=what, error=_xrpc_error(resp) or resp.status_code)
                 self._session = self._create_session(what)
             else:
-                self._raise_for_status(resp, what=f"{what}: refreshSession", acts=False)
+                self._raise_for_status(resp, what=f"{what}: refreshSession", bucket="com.atproto.server.refreshSession", acts=False)
                 self._session = self._parse_session(resp, f"{what}: refreshSession", stale.did)
             return self._session
 
@@ -377,7 +377,7 @@ class BlueskyPlatform(_http.HttpPlatform):
         if _auth_failure(resp):
             raise DefinitelyNotSent(f"{w}: HTTP {resp.status_code} ({_xrpc_error(resp) or 'refused'})",
                                     status=resp.status_code)
-        self._raise_for_status(resp, what=w, acts=False)
+        self._raise_for_status(resp, what=w, bucket="com.atproto.server.createSession", acts=False)
         session = self._parse_session(resp, w, None)
         self.log.info("replyd.bluesky.session", did=session.did, handle=session.handle)
         return session
@@ -640,20 +640,14 @@ class BlueskyPlatform(_http.HttpPlatform):
         body = {"repo": did, "collection": POST_NSID, "rkey": rkey, "record": record}
         try:
             resp = self._xrpc("POST", "com.atproto.repo.createRecord", what=what, body=body)
-        except (MaybeSent, Rejected) as exc:
+        except PlatformError as exc:
             # A taken rkey answers 500 here (other PDSes may say 400/409): look before deciding.
-            landed = self._probe(did, rkey, parent.id, what, exc)
+            landed = self._probe(did, rkey, parent.id, what, exc) if isinstance(exc, (MaybeSent, Rejected)) else None
             if landed is not None:
                 self.log.info("replyd.bluesky.already_landed", parent_id=parent.id, reply_id=landed, status=exc.status)
                 raise AlreadyLanded(f"{what}: our reply is already at rkey {rkey} ({exc.detail})",
                                     status=exc.status, reply_id=landed) from None
-            self.log.info("replyd.bluesky.send_failed", parent_id=parent.id, error=type(exc).__name__,
-                     status=exc.status, detail=exc.detail)
-            raise
-        except PlatformError as exc:
-            self.log.info("replyd.bluesky.send_failed", parent_id=parent.id, error=type(exc).__name__,
-                     status=exc.status, detail=exc.detail)
-            raise
+            raise self._send_failed(parent, exc)
         expected = str(AtUri(did, POST_NSID, rkey))
         try:
             uri = _http.field(_http.json_body(resp, what, dict), "uri", what)

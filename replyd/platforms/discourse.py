@@ -189,18 +189,14 @@ class DiscoursePlatform(_http.HttpPlatform):
             return {"User-Api-Key": self.s.user_api_key}
         return {"Api-Key": self.s.api_key, "Api-Username": SecretStr(self.s.api_username)}  # type: ignore[dict-item,arg-type]
 
-    def _raise_for_status(self, resp: httpx.Response, *, what: str, bucket: str = "", acts: bool | None = None,
-                          text: str | None = None) -> None:
-        """The shared mapping with Discourse's own error text, and a 429's wait from its body too."""
-        if resp.status_code == 429:
-            wait = _http.retry_after_s(resp, self._clock.now())
-            if wait is None:
-                wait = _wait_seconds(resp)
-            if wait is not None:
-                self.limits.block(bucket, wait)
-            self.log.warning("replyd.discourse.rate_limited", what=what, bucket=bucket, wait_s=wait)
-            raise RateLimited(self._detail(resp, what, _error_text(resp)), status=429, retry_after_s=wait)
-        super()._raise_for_status(resp, what=what, acts=acts, text=_error_text(resp))
+    def _wait_s(self, resp: httpx.Response) -> float | None:
+        """``Retry-After``, else the body's ``extras.wait_seconds``."""
+        wait = super()._wait_s(resp)
+        return _wait_seconds(resp) if wait is None else wait
+
+    def _error_text(self, resp: httpx.Response) -> str:
+        """Discourse's ``{"errors": [...]}`` text (or the generic one)."""
+        return _error_text(resp)
 
     # --- parsing --------------------------------------------------------------------
 
@@ -590,32 +586,19 @@ class DiscoursePlatform(_http.HttpPlatform):
         ):
             raise Rejected(f"{what}: parent {parent.id} lacks topic_id / post_number")
         payload = {"topic_id": topic_id, "reply_to_post_number": post_number, "raw": text}
+        body = self._created("POST", "/posts.json", parent, what=what, bucket="post", json=payload, read=lambda b: b)
+        if body.get("action") == "enqueued":
+            pending = body.get("pending_post")
+            pending_id = pending.get("id") if isinstance(pending, dict) else None
+            raise Rejected(f"{what}: held for moderator approval (pending post {pending_id}); not retried", status=200)
         try:
-            resp = self._call("POST", "/posts.json", what=what, bucket="post", json=payload)
-        except DefinitelyNotSent as exc:
-            if exc.status == 403:
-                raise self._classify_403(exc) from None
-            self.log.info("replyd.discourse.send_failed", parent_id=parent.id, error=type(exc).__name__, status=exc.status, detail=exc.detail)
-            raise
-        except PlatformError as exc:
-            self.log.info("replyd.discourse.send_failed", parent_id=parent.id, error=type(exc).__name__, status=exc.status, detail=exc.detail)
-            raise
-        try:
-            body = _http.json_body(resp, what, dict)
-            if body.get("action") == "enqueued":
-                pending = body.get("pending_post")
-                pending_id = pending.get("id") if isinstance(pending, dict) else None
-                raise Rejected(
-                    f"{what}: held for moderator approval (pending post {pending_id}); not retried",
-                    status=resp.status_code,
-                )
             reply_id = _http.served_id(body, "id", what)
             got_topic = _number(body, "topic_id", what, default=None)
             got_reply_to = _number(body, "reply_to_post_number", what, default=None)
             post_url = _http.field(body, "post_url", what, default=None)
         except BadResponse as exc:
             # 2xx: the post very likely exists, we just cannot name it.
-            raise MaybeSent(f"{exc.detail} (after HTTP {resp.status_code})", status=resp.status_code) from None
+            raise MaybeSent(f"{exc.detail} (after a 2xx)") from None
         if got_topic != topic_id or got_reply_to != post_number:
             # The post exists and is ours; the read-back matches on these fields, so say so loudly.
             self.log.warning(
@@ -629,8 +612,10 @@ class DiscoursePlatform(_http.HttpPlatform):
         self.log.info("replyd.discourse.sent", parent_id=parent.id, reply_id=reply_id)
         return Sent(reply_id=reply_id, url=url)
 
-    def _classify_403(self, exc: DefinitelyNotSent) -> PlatformError:
+    def _refused(self, exc: PlatformError) -> PlatformError:
         """A 403 to a POST: refused credentials (retry later) or a refused target (give up)?"""
+        if not isinstance(exc, DefinitelyNotSent) or exc.status != 403:
+            return exc
         try:
             self.whoami()
         except PlatformError as probe:

@@ -97,7 +97,7 @@ import structlog
 
 from pydantic import AfterValidator, Field
 
-from replyd.errors import BadResponse, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
+from replyd.errors import BadResponse, DefinitelyNotSent, PlatformError, RateLimited, Rejected
 from replyd.platforms.base import (
     Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Text, Texts, Token, register_platform,
 )
@@ -240,37 +240,29 @@ class GitHubPlatform(_http.HttpPlatform):
         """GitHub's budgets (core, search) are separate: a request draws on its own only."""
         return (bucket,)
 
-    def _raise_for_status(self, resp: httpx.Response, *, what: str, bucket: str = "", acts: bool | None = None,
-                          text: str | None = None) -> None:
-        """The shared mapping, but a 403 is a rate limit only when GitHub says so, else a refusal."""
-        status = resp.status_code
-        if status in (403, 429):
-            text = _http.server_error_text(resp)
-            detail = self._detail(resp, what, text)
-            remaining = resp.headers.get("x-ratelimit-remaining", "").strip()
-            limited = (
-                status == 429
-                or "retry-after" in resp.headers
-                or remaining == "0"
-                or "rate limit" in text.lower()
-            )
-            if not limited:
-                # Locked issue, archived repository, missing permission, SSO: a refusal, not auth.
-                raise Rejected(detail, status=status)
-            now = self._clock.now()
-            wait: float | None = None
-            if "retry-after" in resp.headers:
-                wait = _http.retry_after_s(resp, now)
-            if wait is None and remaining == "0":
-                reset = resp.headers.get("x-ratelimit-reset")
-                at = _http.parse_reset(reset, now) if reset else None
-                wait = max(0.0, at - now) if at is not None else None
-            if wait is None:
-                wait = DEFAULT_LIMIT_WAIT_S
-            self.limits.block(bucket, wait)
-            self.log.warning("replyd.github.rate_limited", what=what, bucket=bucket, status=status, wait_s=wait)
-            raise RateLimited(detail, status=status, retry_after_s=wait)
-        super()._raise_for_status(resp, what=what, acts=acts)
+    def _limited(self, resp: httpx.Response) -> bool:
+        """429; a 403 only with ``Retry-After``, a spent budget or a "rate limit" message (secondary limits)."""
+        if resp.status_code not in (403, 429):
+            return False
+        return (resp.status_code == 429 or "retry-after" in resp.headers
+                or resp.headers.get("x-ratelimit-remaining", "").strip() == "0"
+                or "rate limit" in self._error_text(resp).lower())
+
+    def _wait_s(self, resp: httpx.Response) -> float:
+        """``Retry-After``, else the reset of a spent budget, else the 60 s GitHub documents."""
+        now = self._clock.now()
+        wait = _http.retry_after_s(resp, now) if "retry-after" in resp.headers else None
+        if wait is None and resp.headers.get("x-ratelimit-remaining", "").strip() == "0":
+            at = _http.parse_reset(resp.headers.get("x-ratelimit-reset", ""), now)
+            wait = max(0.0, at - now) if at is not None else None
+        return DEFAULT_LIMIT_WAIT_S if wait is None else wait
+
+    def _raise_for_status(self, resp: httpx.Response, *, what: str, bucket: str = "", acts: bool | None = None) -> None:
+        """The shared mapping, but a 403 that is no rate limit is a refusal, not an auth failure."""
+        if resp.status_code == 403 and not self._limited(resp):
+            # Locked issue, archived repository, missing permission, SSO.
+            raise Rejected(self._detail(resp, what), status=403)
+        super()._raise_for_status(resp, what=what, bucket=bucket, acts=acts)
 
     def _pages(
         self, path: str, params: list[tuple[str, str]], *, what: str, bucket: str = "core", pages: int | None = None
@@ -632,20 +624,14 @@ class GitHubPlatform(_http.HttpPlatform):
         self.limits.check(("core",), what=what)
         slot = self._reserve_write(what)
         try:
-            resp = self._call("POST", path, what=what, json={"body": text})
-        except PlatformError as exc:
-            if isinstance(exc, DefinitelyNotSent) and exc.status is None:
+            reply_id, issue_url, html_url = self._created(
+                "POST", path, parent, what=what, json={"body": text},
+                read=lambda body: (_http.served_id(body, "id", what), _http.field(body, "issue_url", what, default=""),
+                                   _http.field(body, "html_url", what, default="")))
+        except DefinitelyNotSent as exc:
+            if exc.status is None:
                 self._release_write(slot)  # nothing reached GitHub: the slot is not spent
-            self.log.info("replyd.github.send_failed", parent_id=parent.id, error=type(exc).__name__, status=exc.status, detail=exc.detail)
             raise
-        try:
-            body = _http.json_body(resp, what, dict)
-            reply_id = _http.served_id(body, "id", what)
-            issue_url = _http.field(body, "issue_url", what, default="")
-            html_url = _http.field(body, "html_url", what, default="")
-        except BadResponse as exc:
-            # 2xx: the comment very likely exists, we just cannot name it.
-            raise MaybeSent(f"{exc.detail} (after HTTP {resp.status_code})", status=resp.status_code) from None
         got = _issue_ref(issue_url) if issue_url else None
         if got is None or _repo_key(got[0], got[1]) != _repo_key(owner, repo) or got[2] != number:
             # The comment is ours and exists (a transferred issue answers under its new name).

@@ -374,33 +374,13 @@ class MastodonPlatform(_http.HttpPlatform):
             if not (provider_key.isascii() and provider_key.isprintable()):
                 raise Rejected(f"{what}: provider_key is not a valid header value")
             headers["Idempotency-Key"] = provider_key
-        try:
-            resp = self._call(
-                "POST", _STATUSES_PATH, what=what, bucket="statuses", data=form, headers=headers
-            )
-        except PlatformError as exc:
-            self.log.info(
-                "replyd.mastodon.send_failed",
-                parent_id=parent.id,
-                error=type(exc).__name__,
-                status=exc.status,
-                detail=exc.detail,
-            )
-            raise
-        try:
-            body = _http.json_body(resp, what, dict)
-            reply_id = _http.field(body, "id", what)
-            in_reply_to = _http.field(body, "in_reply_to_id", what, default=None)
-            url = _http.field(body, "url", what, default="")
-        except BadResponse as exc:
-            # The server said 2xx: the status very likely exists, we just cannot name it.
-            raise MaybeSent(f"{exc.detail} (after HTTP {resp.status_code})", status=resp.status_code) from None
+        reply_id, in_reply_to, url = self._created(
+            "POST", _STATUSES_PATH, parent, what=what, bucket="statuses", data=form, headers=headers,
+            read=lambda body: (_http.field(body, "id", what), _http.field(body, "in_reply_to_id", what, default=None),
+                               _http.field(body, "url", what, default="")))
         if in_reply_to != parent.id:
             # E.g. an Idempotency-Key reused for another parent returns that older status.
-            raise MaybeSent(
-                f"{what}: created status {reply_id} answers {in_reply_to!r}, not {parent.id!r}",
-                status=resp.status_code,
-            )
+            raise MaybeSent(f"{what}: created status {reply_id} answers {in_reply_to!r}, not {parent.id!r}")
         self.log.info("replyd.mastodon.sent", parent_id=parent.id, reply_id=reply_id, visibility=visibility)
         return Sent(reply_id=reply_id, url=url)
 

@@ -61,7 +61,7 @@ from urllib.parse import unquote
 import httpx
 from pydantic import AfterValidator, Field, SecretStr, StringConstraints, model_validator
 
-from replyd.errors import BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
+from replyd.errors import BadResponse, ConfigError, DefinitelyNotSent, PlatformError, Rejected
 from replyd.platforms.base import (
     Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Text, Texts, Token, register_platform,
 )
@@ -165,28 +165,22 @@ class MatrixPlatform(_http.HttpPlatform):
         resp = self._call(method, path, what=what, params=params, json=body, acts=acts, auth=auth)
         return _http.json_body(resp, what, dict)
 
-    def _raise_for_status(self, resp: httpx.Response, *, what: str, bucket: str = "", acts: bool | None = None,
-                          text: str | None = None) -> None:
-        """The shared mapping, with Matrix's ``retry_after_ms`` and errcode in the detail."""
-        if 200 <= resp.status_code < 300:
-            return
-        errcode = _errcode(resp)
+    def _limited(self, resp: httpx.Response) -> bool:
+        """429, or Matrix's ``M_LIMIT_EXCEEDED`` whatever the status."""
+        return resp.status_code == 429 or _errcode(resp) == "M_LIMIT_EXCEEDED"
+
+    def _wait_s(self, resp: httpx.Response) -> float | None:
+        """The body's ``retry_after_ms``, else ``Retry-After``."""
         data = _http.error_json(resp)
-        if resp.status_code == 429 or errcode == "M_LIMIT_EXCEEDED":
-            wait_ms = data.get("retry_after_ms") if isinstance(data, dict) else None
-            wait = (wait_ms / 1000.0 if isinstance(wait_ms, (int, float)) and not isinstance(wait_ms, bool)
-                    and math.isfinite(wait_ms) and wait_ms >= 0
-                    else _http.retry_after_s(resp, self._clock.now()))
-            self.log.warning("replyd.matrix.rate_limited", what=what, retry_after_s=wait)
-            raise RateLimited(f"{what}: HTTP {resp.status_code} M_LIMIT_EXCEEDED", status=resp.status_code,
-                              retry_after_s=wait)
-        try:
-            super()._raise_for_status(resp, what=what, acts=acts)
-        except PlatformError as exc:
-            if errcode:
-                exc.detail = f"{exc.detail} [{errcode}]"
-                exc.args = (exc.detail,)
-            raise
+        wait_ms = data.get("retry_after_ms") if isinstance(data, dict) else None
+        if isinstance(wait_ms, (int, float)) and not isinstance(wait_ms, bool) and math.isfinite(wait_ms) and wait_ms >= 0:
+            return wait_ms / 1000.0
+        return super()._wait_s(resp)
+
+    def _error_text(self, resp: httpx.Response) -> str:
+        """The server's text and the ``errcode`` (the only part anything may branch on)."""
+        code = _errcode(resp)
+        return " ".join(t for t in (super()._error_text(resp), f"[{code}]" if code else "") if t)
 
     def _login(self) -> None:
         """Log in with the password on the fixed device (the same transaction-id scope every time)."""
@@ -453,16 +447,8 @@ class MatrixPlatform(_http.HttpPlatform):
         content = {"msgtype": self.s.msgtype, "body": text, "m.relates_to": relates,
                    "m.mentions": {"user_ids": [parent.author_id]}}
         path = f"/rooms/{_http.seg(room_id, what)}/send/m.room.message/{_http.seg(provider_key, what)}"
-        try:
-            try:
-                reply_id = _http.field(self._api("PUT", path, what=what, body=content), "event_id", what)
-            except BadResponse as exc:
-                # Only a 2xx body is parsed: the event very likely exists, we just cannot name it.
-                raise MaybeSent(f"{exc.detail} (after a 2xx)", status=exc.status) from None
-        except PlatformError as exc:
-            self.log.info("replyd.matrix.send_failed", parent_id=parent.id, error=type(exc).__name__, status=exc.status,
-                     detail=exc.detail)
-            raise
+        reply_id = self._created("PUT", path, parent, what=what, json=content,
+                                 read=lambda body: _http.field(body, "event_id", what))
         self._remember(reply_id, room_id)
         self.log.info("replyd.matrix.sent", parent_id=parent.id, reply_id=reply_id, room_id=room_id)
         return Sent(reply_id=reply_id, url=f"https://matrix.to/#/{room_id}/{reply_id}")
