@@ -731,8 +731,8 @@ class HttpSettings(PlatformSettings):
 
     URLS: ClassVar[tuple[str, ...]] = ("base_url",)  # the fields that carry credentials to a host
 
-    allow_insecure_http: bool = False
-    timeout_s: float = Field(15.0, gt=0)
+    allow_insecure_http: bool = False  # let credentials travel over http:// to a non-loopback host
+    timeout_s: float = Field(15.0, gt=0)  # per request
 
     @model_validator(mode="after")
     def _https(self, info: ValidationInfo) -> Self:

@@ -219,8 +219,9 @@ class PlatformSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
 
     kind: str | None = None  # the config's selector, passed along with the rest
+    # The first part of the answered-log key (default "<kind>:<the adapter's root URL>").
     instance: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)] | None = None
-    listing_delay_s: float = Field(0.0, ge=0)
+    listing_delay_s: float = Field(0.0, ge=0)  # seconds before a sweep may trust a read-back
 
     @classmethod
     def load(cls, kind: str, raw: Mapping[str, Any]) -> Self:

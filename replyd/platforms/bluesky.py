@@ -1,24 +1,7 @@
 """The Bluesky adapter: mentions, search, replies and read-back over XRPC (no atproto SDK).
 
-Settings (``[bots.settings]`` with ``platform = "bluesky"``):
-
-===================  ==========================================================
-``service``          required; the PDS (or entryway) base URL, ``https://…``
-``identifier``       required; the bot's handle or DID
-``app_password``     required; an app password (secret: never logged, never in
-                     errors or ``repr``). Use ``app_password_env = "VAR"``
-``appview_did``      the AppView the PDS proxies ``app.bsky.*`` reads to, sent
-                     as ``atproto-proxy`` (default ``did:web:api.bsky.app#bsky_appview``;
-                     ``#bsky_appview`` is appended when no ``#`` is given; ``""``
-                     sends no header and lets the PDS pick its default AppView)
-``listing_delay_s``  seconds before a sweep may trust a read-back (default 5)
-``timeout_s``        per-request timeout (default 15)
-``search_queries``   accepted for symmetry with the pollers' setting (a list of strings)
-``langs``            optional list of BCP-47 language tags put on every reply
-``page_limit``       items per listing page, 1–100 (default 50)
-``max_pages``        pages per poll / re-find / read-back (default 5)
-``instance``         first part of the answered-log key (default ``bluesky:<service>``)
-===================  ==========================================================
+Settings: ``[bots.settings]`` with ``platform = "bluesky"``; each key is a field of
+``BlueskyPlatform.Settings`` below, with its meaning beside it.
 
 Ids. The sender id is the account's DID (from ``createSession``). A parent id
 is the post's ``at://did:…/app.bsky.feed.post/<rkey>`` URI exactly as the
@@ -268,18 +251,20 @@ class BlueskyPlatform(_http.HttpPlatform):
     """A Bluesky account as a replyd platform: notifications in, replies out, own posts read back."""
 
     class Settings(_http.HttpSettings):
-        """``[bots.settings]`` with ``platform = "bluesky"`` (the table in the module docstring)."""
+        """``platform = "bluesky"``; ``instance`` defaults to ``bluesky:<service>``."""
 
         URLS: ClassVar[tuple[str, ...]] = ("service",)
-        service: _http.Url
-        identifier: Annotated[Text, AfterValidator(_identifier)]
-        app_password: Token
+        service: _http.Url  # the PDS (or entryway)
+        identifier: Annotated[Text, AfterValidator(_identifier)]  # the bot's handle or DID
+        app_password: Token  # an app password (app_password_env = "VAR")
+        # The AppView the PDS proxies app.bsky.* reads to (atproto-proxy); "#bsky_appview" is appended when
+        # no "#" is given; "" sends no header and lets the PDS pick.
         appview_did: Annotated[str, StringConstraints(pattern=r"^(did:[a-z]+:[^\s#]+(#[^\s#]+)?)?$")] = DEFAULT_APPVIEW
         listing_delay_s: float = Field(DEFAULT_LISTING_DELAY_S, ge=0)
-        search_queries: Texts = []
-        langs: Texts = []
-        page_limit: int = Field(50, ge=1, le=100)
-        max_pages: int = Field(5, ge=1, le=1000)
+        search_queries: Texts = []  # the queries the search poller runs
+        langs: Texts = []  # BCP-47 language tags put on every reply
+        page_limit: int = Field(50, ge=1, le=100)  # items per listing page
+        max_pages: int = Field(5, ge=1, le=1000)  # pages per poll / re-find / read-back
 
     s: Settings
     ITEM_ID = "uri"

@@ -1,25 +1,7 @@
 """The Discourse adapter: notifications, search, replies and read-back over the JSON API.
 
-Settings (``[platforms.<name>]`` with ``kind = "discourse"``):
-
-======================  ======================================================
-``base_url``            required; ``http://`` or ``https://`` forum root
-``api_key``             an admin/user API key (header ``Api-Key``), together
-                        with ``api_username`` (header ``Api-Username``): the
-                        account the bot posts as
-``user_api_key``        instead: a User API key (header ``User-Api-Key``)
-``listing_delay_s``     seconds before a sweep may trust a read-back (default 30:
-                        a POST the client gave up on can still finish inside the
-                        server's own request timeout, 30 s on a standard install)
-``timeout_s``           per-request timeout (default 15)
-``search_queries``      queries the search poller runs (default none)
-``notification_types``  which notifications are parents (default mentioned,
-                        replied, quoted, private_message; also allowed:
-                        group_mentioned, posted, watching_first_post)
-``max_pages``           pages per poll / re-find / read-back (default 5)
-``instance``            first part of the answered-log key
-                        (default ``discourse:<base_url without trailing slash>``)
-======================  ======================================================
+Settings: ``[platforms.<name>]`` with ``kind = "discourse"``; each key is a field of
+``DiscoursePlatform.Settings`` below, with its meaning beside it.
 
 Ids: a parent is a post, keyed by its post id as served (a JSON number, kept as
 its decimal string). A reply needs the post's *topic* and its *post number*
@@ -151,17 +133,19 @@ class DiscoursePlatform(_http.HttpPlatform):
     """A Discourse account as a replyd platform: notifications in, replies out, own posts read back."""
 
     class Settings(_http.HttpSettings):
-        """``[platforms.<name>]`` with ``kind = "discourse"`` (the table in the module docstring)."""
+        """``kind = "discourse"``; ``instance`` defaults to ``discourse:<base_url>``."""
 
-        base_url: _http.Url
-        api_key: Token | None = None
-        api_username: Text | None = None
-        user_api_key: Token | None = None
+        base_url: _http.Url  # the forum root
+        api_key: Token | None = None  # an admin/user API key (header Api-Key), with:
+        api_username: Text | None = None  # the account the bot posts as (header Api-Username)
+        user_api_key: Token | None = None  # instead of both: a User API key (header User-Api-Key)
+        # 30: a POST the client gave up on can still finish inside the server's own request timeout.
         listing_delay_s: float = Field(30.0, ge=0)
-        search_queries: Texts = []
-        notification_types: Annotated[list[Literal[tuple(NOTIFICATION_TYPES)]], Field(min_length=1, strict=False)] = (  # type: ignore[misc]
-            list(DEFAULT_NOTIFICATION_TYPES))
-        max_pages: int = Field(5, ge=1, le=1000)
+        search_queries: Texts = []  # the queries the search poller runs
+        # Which notifications are parents (NOTIFICATION_TYPES names).
+        notification_types: Annotated[list[Literal[tuple(NOTIFICATION_TYPES)]],  # type: ignore[misc]
+                                      Field(min_length=1, strict=False)] = list(DEFAULT_NOTIFICATION_TYPES)
+        max_pages: int = Field(5, ge=1, le=1000)  # pages per poll / re-find / read-back
 
         @model_validator(mode="after")
         def _one_key(self) -> Self:

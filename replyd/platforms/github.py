@@ -1,34 +1,7 @@
 """The GitHub adapter: issues and pull requests in, issue comments out, comments read back.
 
-Settings (``[platforms.<name>]`` with ``kind = "github"``):
-
-========================  ==================================================
-``token``                 required; a personal access token or an app
-                          installation token (sent as ``Bearer``)
-``api_url``               REST root (default ``https://api.github.com``;
-                          GitHub Enterprise: ``https://host/api/v3``)
-``repos``                 ``["owner/name", ...]`` whose open issues are
-                          parents (inbox, re-find); default none
-``notifications``         read ``/notifications`` for the inbox and re-find
-                          (default true; an installation token cannot, so
-                          set false for apps)
-``notification_reasons``  which threads are parents (default mention,
-                          assign, team_mention)
-``login``                 the bot's login; whoami then reads
-                          ``/users/{login}`` instead of ``/user`` (needed for
-                          installation tokens, e.g. ``my-app[bot]``)
-``search_queries``        queries the search poller runs (default none)
-``listing_delay_s``       seconds before a sweep may trust a read-back
-                          (default 60: GitHub ends API requests after 10 s
-                          but reads are served from replicas, and a POST the
-                          client gave up on may still land)
-``timeout_s``             per-request timeout (default 15)
-``writes_per_minute``     local pacing of comment creation (default 80)
-``writes_per_hour``       local pacing of comment creation (default 500)
-``max_pages``             pages per poll / re-find / read-back (default 5)
-``instance``              first part of the answered-log key
-                          (default ``github:<api_url without trailing slash>``)
-========================  ==================================================
+Settings: ``[platforms.<name>]`` with ``kind = "github"``; each key is a field of
+``GitHubPlatform.Settings`` below, with its meaning beside it.
 
 Ids: a parent is an issue or pull request, keyed by the issue's numeric ``id``
 as served (a JSON number above 2^31, kept as its decimal string; for a pull
@@ -202,20 +175,23 @@ class GitHubPlatform(_http.HttpPlatform):
     """A GitHub account (user or app) as a replyd platform: issues in, comments out, comments read back."""
 
     class Settings(_http.HttpSettings):
-        """``[platforms.<name>]`` with ``kind = "github"`` (the table in the module docstring)."""
+        """``kind = "github"``; ``instance`` defaults to ``github:<api_url>``."""
 
         URLS: ClassVar[tuple[str, ...]] = ("api_url",)
-        token: Token
-        api_url: _http.Url = DEFAULT_API_URL
-        repos: Annotated[Texts, AfterValidator(_repos)] = []
+        token: Token  # a personal access token or an app installation token (sent as Bearer)
+        api_url: _http.Url = DEFAULT_API_URL  # GitHub Enterprise: https://host/api/v3
+        repos: Annotated[Texts, AfterValidator(_repos)] = []  # "owner/name"s whose open issues are parents
+        # Read /notifications for the inbox and re-find (an installation token cannot: false for apps).
         notifications: bool = True
-        notification_reasons: Annotated[Texts, Field(min_length=1)] = list(DEFAULT_REASONS)
+        notification_reasons: Annotated[Texts, Field(min_length=1)] = list(DEFAULT_REASONS)  # which threads
+        # The bot's login: whoami reads /users/{login}, not /user (installation tokens, e.g. "my-app[bot]").
         login: Annotated[Text, AfterValidator(_login)] | None = None
-        search_queries: Texts = []
+        search_queries: Texts = []  # the queries the search poller runs
+        # 60: GitHub ends requests after 10 s but serves reads from replicas, and a POST given up on may land.
         listing_delay_s: float = Field(60.0, ge=0)
-        writes_per_minute: int = Field(80, ge=1, le=100_000)
+        writes_per_minute: int = Field(80, ge=1, le=100_000)  # local pacing of comment creation
         writes_per_hour: int = Field(500, ge=1, le=1_000_000)
-        max_pages: int = Field(5, ge=1, le=1000)
+        max_pages: int = Field(5, ge=1, le=1000)  # pages per poll / re-find / read-back
 
     s: Settings
     BUCKET = "core"

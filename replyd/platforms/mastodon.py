@@ -1,24 +1,7 @@
 """The Mastodon adapter: mentions, search, replies and read-back over the REST API.
 
-Settings (``[platforms.<name>]`` with ``kind = "mastodon"``):
-
-==================  =========================================================
-``base_url``        required; ``http://`` or ``https://`` server root
-``token``           required; an access token with read + write:statuses
-``listing_delay_s`` seconds before a sweep may trust a read-back (default 10)
-``timeout_s``       per-request timeout (default 15)
-``idempotency``     send ``Idempotency-Key`` with every reply (default true)
-``visibility``      reply visibility; default: the parent's. Never wider than
-                    the parent's, so a ``direct`` parent gets a ``direct`` reply
-``mention_author``  prefix ``@acct `` unless the text mentions them (default true)
-``page_limit``      items per listing page, 1–80 (default 40)
-``max_pages``       pages per poll / re-find (default 5)
-``readback_max_pages`` own-feed pages one read-back may read back to its horizon (default 100):
-                   one feed page covers up to 40 of the bot's statuses, so a sweep of many rows
-                   costs a few pages instead of one ``/context`` read per row
-``instance``        first part of the answered-log key
-                    (default ``mastodon:<base_url without trailing slash>``)
-==================  =========================================================
+Settings: ``[platforms.<name>]`` with ``kind = "mastodon"``; each key is a field of
+``MastodonPlatform.Settings`` below, with its meaning beside it.
 
 Error mapping at this boundary (the shared table is in ``_http.py``)::
 
@@ -89,18 +72,21 @@ class MastodonPlatform(_http.HttpPlatform):
     """A Mastodon account as a replyd platform: mentions in, replies out, own posts read back."""
 
     class Settings(_http.HttpSettings):
-        """``[platforms.<name>]`` with ``kind = "mastodon"`` (the table in the module docstring)."""
+        """``kind = "mastodon"``; ``instance`` defaults to ``mastodon:<base_url>``."""
 
         URLS: ClassVar[tuple[str, ...]] = ("base_url", "streaming_url")
-        base_url: _http.Url
-        streaming_url: _http.Url | None = None
-        token: Token
+        base_url: _http.Url  # the server root
+        streaming_url: _http.Url | None = None  # where the notification stream is served (default: base_url)
+        token: Token  # an access token with read + write:statuses
         listing_delay_s: float = Field(10.0, ge=0)
-        idempotency: bool = True
+        idempotency: bool = True  # send Idempotency-Key with every reply
+        # Default: the parent's. Never wider than the parent's: a direct parent gets a direct reply.
         visibility: Literal["public", "unlisted", "private", "direct"] | None = None
-        mention_author: bool = True
-        page_limit: int = Field(40, ge=1, le=80)
-        max_pages: int = Field(5, ge=1, le=1000)
+        mention_author: bool = True  # prefix "@acct " unless the text mentions them
+        page_limit: int = Field(40, ge=1, le=80)  # items per listing page
+        max_pages: int = Field(5, ge=1, le=1000)  # pages per poll / re-find
+        # Own-feed pages one read-back may read back to its horizon: a page covers up to 40 of the bot's
+        # statuses, so a sweep of many rows costs a few pages instead of one /context read per row.
         readback_max_pages: int = Field(100, ge=1, le=10_000)
 
     s: Settings

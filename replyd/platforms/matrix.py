@@ -1,23 +1,7 @@
 """The Matrix adapter: mentions from ``/sync``, replies by transaction id, own events read back per room.
 
-Settings (``[bots.settings]`` with ``platform = "matrix"``):
-
-===================  ========================================================
-``base_url``         required; the homeserver's client-server API root
-``token``            an access token (``token_env = "MATRIX_TOKEN"``), or:
-``user`` +           log in with a password (``password_env``) on the fixed
-``password``         ``device_id``, so transaction ids stay in one scope
-``device_id``        the device a password login uses (default ``replyd``)
-``listing_delay_s``  seconds before a sweep may trust a read-back (default 2)
-``timeout_s``        per-request timeout (default 15)
-``page_limit``       events per page, 1-1000 (default 100)
-``max_pages``        pages per poll, re-find and read-back room (default 10)
-``msgtype``          ``m.text`` (default) or ``m.notice``
-``join_invites``     join rooms the bot is invited to (default false: rooms
-                     are joined only by this policy, never silently)
-``instance``         first part of the answered-log key (default
-                     ``matrix:<base_url>``)
-===================  ========================================================
+Settings: ``[bots.settings]`` with ``platform = "matrix"``; each key is a field of
+``MatrixPlatform.Settings`` below, with its meaning beside it.
 
 Ids: the sender id is the bot's user id (``/account/whoami``); a parent id is
 the event id exactly as served, its room id rides in ``Parent.extra["room_id"]``
@@ -107,18 +91,18 @@ class MatrixPlatform(_http.HttpPlatform):
     """A Matrix account as a replyd platform: mentions in, replies by transaction id, own events read back."""
 
     class Settings(_http.HttpSettings):
-        """``[bots.settings]`` with ``platform = "matrix"`` (the table in the module docstring)."""
+        """``platform = "matrix"``; ``instance`` defaults to ``matrix:<base_url>``."""
 
-        base_url: _http.Url
-        token: Token | None = None
-        user: Annotated[Text, AfterValidator(_user)] | None = None
-        password: Token | None = None
+        base_url: _http.Url  # the homeserver (its client-server API root)
+        token: Token | None = None  # an access token (token_env), or:
+        user: Annotated[Text, AfterValidator(_user)] | None = None  # log in as user with password (password_env)
+        password: Token | None = None  # on the fixed device_id, so transaction ids stay in one scope
         device_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._=-]{1,64}$")] = "replyd"
         listing_delay_s: float = Field(2.0, ge=0)
-        page_limit: int = Field(100, ge=1, le=1000)
-        max_pages: int = Field(10, ge=1, le=10_000)
+        page_limit: int = Field(100, ge=1, le=1000)  # events per page
+        max_pages: int = Field(10, ge=1, le=10_000)  # pages per poll, re-find and read-back room
         msgtype: Literal["m.text", "m.notice"] = "m.text"
-        join_invites: bool = False
+        join_invites: bool = False  # join rooms the bot is invited to (else only by policy, never silently)
         search_queries: Texts = []
 
         @model_validator(mode="after")
