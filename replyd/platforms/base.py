@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import pkgutil
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -260,7 +261,6 @@ Texts = Annotated[list[Text], Field(strict=False)]
 # --- registry ----------------------------------------------------------------------------
 
 _REGISTRY: dict[str, type] = {}
-_BUILTIN = ("memory", "mastodon", "discourse", "github", "bluesky", "matrix")
 
 
 def register_platform(kind: str) -> Callable[[type], type]:
@@ -280,8 +280,12 @@ def register_platform(kind: str) -> Callable[[type], type]:
 
 
 def _load_builtin() -> None:
-    for name in _BUILTIN:
-        importlib.import_module(f"replyd.platforms.{name}")
+    """Import every adapter module of this package (each registers itself): a new platform is one module."""
+    import replyd.platforms as package
+
+    for mod in pkgutil.iter_modules(package.__path__):
+        if not mod.name.startswith("_") and mod.name != "base":
+            importlib.import_module(f"{package.__name__}.{mod.name}")
 
 
 def make_platform(
