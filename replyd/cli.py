@@ -417,7 +417,7 @@ def _instance_of(cfg: Config, name: str) -> str | None:
     import httpx
 
     from replyd.clock import SystemClock
-    from replyd.platform import make_platform
+    from replyd.platforms.base import make_platform
 
     for b in cfg.bots:
         if b.name == name:
@@ -541,7 +541,7 @@ def adopt(
     from replyd.clock import SystemClock
     from replyd.daemon import login
     from replyd.errors import PlatformError
-    from replyd.platform import make_platform
+    from replyd.platforms.base import make_platform
 
     cfg = _load(config, store=store)
     bots = _bot_config(cfg, bot)
@@ -649,7 +649,7 @@ def config_check(
     import httpx
 
     from replyd.clock import SystemClock
-    from replyd.platform import make_platform, registered_kinds
+    from replyd.platforms.base import make_platform, registered_kinds
     from replyd.responders import make_responder
 
     cfg = Config.load(path)

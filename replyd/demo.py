@@ -31,7 +31,7 @@ from replyd.clock import SystemClock
 from replyd.config import PollerConfig
 from replyd.guard import Guard
 from replyd.pipeline import Pipeline
-from replyd.platform import make_platform
+from replyd.platforms.base import make_platform
 from replyd.policy import Policy
 from replyd.pollers import Pollers
 from replyd.sim import SimServer, World

@@ -26,27 +26,18 @@ import json
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from replyd import metrics
 from replyd.errors import ReplydError
-from replyd.platform import Parent
+from replyd.platforms.base import Parent, WebhookSource
 
 if TYPE_CHECKING:
     from replyd.guard import Outcome
 
 log = structlog.get_logger("replyd.hooks")
-
-
-@runtime_checkable
-class WebhookSource(Protocol):
-    """An adapter that can read its platform's webhook deliveries (an optional feature)."""
-
-    def parse_webhook(self, event: str, payload: Any) -> list[Parent] | str:
-        """Return the parents a delivery of ``event`` names, or a short reason it names none to answer."""
-        ...
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ import structlog
 from replyd import __version__
 from replyd import log as rlog
 from replyd.errors import ConfigError, ResponderError
-from replyd.platform import Parent
+from replyd.platforms.base import Parent
 from replyd.platforms._http import INSECURE_HTTP, BearerAuth, redact, require_https, retry_after_s, server_error_text
 
 log = structlog.get_logger("replyd.responder")

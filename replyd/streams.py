@@ -12,29 +12,18 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import structlog
 
 from replyd.errors import PlatformError
-from replyd.platform import Parent
+from replyd.platforms.base import Parent, StreamSource
 
 if TYPE_CHECKING:
     from replyd.guard import Outcome
 
 log = structlog.get_logger("replyd.streams")
-
-
-@runtime_checkable
-class StreamSource(Protocol):
-    """An adapter that can hold its platform's push stream open (an optional feature)."""
-
-    instance: str
-
-    def stream(self, stop: threading.Event) -> Iterator[Parent]:
-        """Yield parents as the platform pushes them, until the stream ends or ``stop`` is set."""
-        ...
 
 
 class StreamRunner:

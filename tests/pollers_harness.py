@@ -6,7 +6,7 @@ from typing import Any
 
 from replyd.config import PollerConfig
 from replyd.pipeline import Pipeline
-from replyd.platform import Parent
+from replyd.platforms.base import Parent
 from replyd.policy import Policy
 from replyd.pollers import Pollers
 

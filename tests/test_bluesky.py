@@ -40,7 +40,7 @@ from replyd.errors import (
     RateLimited,
     Rejected,
 )
-from replyd.platform import Parent, Pending, Platform, Sent, make_platform, registered_kinds
+from replyd.platforms.base import Parent, Pending, Platform, Sent, make_platform, registered_kinds
 from replyd.platforms import _http
 from replyd.platforms.bluesky import (
     DEFAULT_APPVIEW,

@@ -34,7 +34,7 @@ from tests.bsky_network import BskyNetwork, _create_account, crash_before_close 
 from replyd import store as st
 from replyd.clock import FakeClock, SystemClock
 from replyd.guard import Guard, Status
-from replyd.platform import Identity, Pending
+from replyd.platforms.base import Identity, Pending
 from replyd.platforms.bluesky import POST_NSID, BlueskyPlatform, rkey_for
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper

@@ -10,7 +10,7 @@ import pytest
 
 from replyd.clock import SystemClock
 from replyd.config import Config
-from replyd.platform import make_platform
+from replyd.platforms.base import make_platform
 from replyd.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

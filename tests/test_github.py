@@ -23,7 +23,7 @@ from replyd.errors import (
     Rejected,
 )
 from replyd.guard import Guard, Status
-from replyd.platform import Identity, Parent, Pending, Platform, Sent, make_platform, registered_kinds
+from replyd.platforms.base import Identity, Parent, Pending, Platform, Sent, make_platform, registered_kinds
 from replyd.platforms import _http
 from replyd.platforms.github import GitHubPlatform
 from replyd.sweep import Bot, Sweeper

@@ -35,7 +35,7 @@ from replyd.errors import (
     RateLimited,
     Rejected,
 )
-from replyd.platform import (
+from replyd.platforms.base import (
     Identity,
     OwnReply,
     Parent,
@@ -954,7 +954,7 @@ def test_thread_depth_recorded_context_fixture(fixture_server: FixtureServer, ht
     p = make(fixture_server.url, http_client)
     assert p.thread_depth(reply_parent(CONTEXT_PID, "110446983178245440"), 5) == 1
     assert [r.path for r in fixture_server.requests] == [CONTEXT_PATH]
-    assert p.rate_limits()["api"][0] == 299  # the read went through the rate-limit bookkeeping
+    assert p.limits.snapshot()["api"][0] == 299  # the read went through the rate-limit bookkeeping
 
 
 def test_thread_depth_one_request_capped_at_limit_plus_one(fixture_server: FixtureServer,

@@ -22,7 +22,7 @@ from replyd import store as st
 from replyd.clock import FakeClock, SystemClock
 from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, RateLimited, Rejected
 from replyd.guard import Guard, Status
-from replyd.platform import Identity, Parent, Pending, ReplyLinks
+from replyd.platforms.base import Identity, Parent, Pending, ReplyLinks
 from replyd.platforms.matrix import MatrixPlatform
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from replyd import store as st
 from replyd.errors import StoreError
 from replyd.guard import Guard, Status
-from replyd.platform import Parent
+from replyd.platforms.base import Parent
 from replyd.platforms.memory import MemoryPlatform
 from replyd.store import Key, Store
 

@@ -7,13 +7,13 @@ import inspect
 import pytest
 
 from replyd.errors import BadResponse, DefinitelyNotSent
-from replyd.platform import Parent, registered_kinds
+from replyd.platforms.base import Parent, registered_kinds
 from replyd.platforms.memory import MemoryPlatform
 
 
 def test_every_builtin_adapter_offers_thread_depth() -> None:
     """Each registered adapter has thread_depth(parent, limit), found with getattr as the policy finds it."""
-    import replyd.platform as platform_module
+    import replyd.platforms.base as platform_module
 
     registered_kinds()  # imports the built-in adapters
     kinds = dict(platform_module._REGISTRY)

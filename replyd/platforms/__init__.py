@@ -1,7 +1,4 @@
-"""Built-in platform adapters; importing this package registers them by kind."""
+"""Platform adapters: ``base`` holds the contract, ``_http`` the shared HTTP base, one module per platform.
 
-from replyd.platforms import memory  # noqa: F401
-from replyd.platforms import mastodon  # noqa: F401
-from replyd.platforms import discourse, github  # noqa: F401
-from replyd.platforms import bluesky  # noqa: F401
-from replyd.platforms import matrix  # noqa: F401
+The built-in adapters register on import; ``base.make_platform`` imports them when first asked.
+"""

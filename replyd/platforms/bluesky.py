@@ -107,7 +107,7 @@ from replyd.errors import (
     RateLimited,
     Rejected,
 )
-from replyd.platform import (
+from replyd.platforms.base import (
     Identity,
     OwnReply,
     Page,

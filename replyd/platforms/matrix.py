@@ -63,7 +63,7 @@ import structlog
 
 from replyd.clock import Clock
 from replyd.errors import BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
-from replyd.platform import Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, register_platform
+from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, register_platform
 from replyd.platforms import _http
 
 log = structlog.get_logger("replyd.matrix")
