@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import httpx
 
 from replyd.clock import Clock, FakeClock, SystemClock
-from replyd.platform import Parent, Platform, default_provider_key, make_platform
+from replyd.platforms.base import Parent, Platform, default_provider_key, make_platform
 from tests.contract.proxy import FaultProxy, Rule
 from tests.fixtures_server import Reply, html_error
 
@@ -202,10 +202,8 @@ class MemoryHarness(Harness):
             "memory search takes no cursor: it returns every matching parent on every call",
         "test_delete_meeting_not_found_is_done":
             "memory delete has no transport: there is no 'not found' answer to inject",
-        "test_bad_settings_name_the_key":
-            "memory from_settings wraps errors as 'memory platform: ...' (no settings model yet)",
     }
-    bad_settings = [({"listing_delay_s": "soon"}, "listing_delay_s")]
+    bad_settings = bad({"sender_id": "bot-1"}, wrong={"listing_delay_s": "soon", "colour": "red"})
     small_pages: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, http: httpx.Client) -> None:

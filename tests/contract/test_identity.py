@@ -7,7 +7,7 @@ import pytest
 
 from replyd.clock import FakeClock
 from replyd.errors import ConfigError
-from replyd.platform import Platform, make_platform
+from replyd.platforms.base import Platform, make_platform
 from tests.contract.harnesses import Harness, tag
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from replyd.platform import Page, Platform
+from replyd.platforms.base import Page, Platform
 from tests.contract.harnesses import Harness, Post, tag
 
 NEW_POSTS = 3

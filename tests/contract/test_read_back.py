@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from replyd.errors import MaybeSent, PlatformError
-from replyd.platform import Parent, Pending, Platform, ReadBack
+from replyd.platforms.base import Parent, Pending, Platform, ReadBack
 from tests.contract.harnesses import Harness
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from replyd.errors import DefinitelyNotSent, MaybeSent, RateLimited, Rejected
-from replyd.platform import Sent
+from replyd.platforms.base import Sent
 from tests.contract.harnesses import RETRY_AFTER_S, Harness
 
 
