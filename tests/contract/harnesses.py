@@ -28,10 +28,10 @@ import httpx
 from replyd.clock import Clock, FakeClock, SystemClock
 from replyd.platforms.base import Parent, Platform, default_provider_key, make_platform
 from tests.contract.proxy import FaultProxy, Rule
-from tests.fixtures_server import Reply, html_error
+from tests.fixtures_server import Reply, closed_port_url, html_error
 
 # Send faults every harness can inject into the next send (see ``Harness.fail_next_send``).
-SEND_FAULTS = ("lost", "error_before", "rate_limited", "refused")
+SEND_FAULTS = ("lost", "error_before", "rate_limited", "refused", "garbled", "no_id")
 RETRY_AFTER_S = 30
 
 
@@ -50,11 +50,15 @@ def tag() -> str:
     return f"zq{uuid.uuid4().hex[:10]}"
 
 
-def bad(base: dict[str, Any], *, missing: tuple[str, ...] = (), wrong: dict[str, Any] | None = None,
+# A secret for the settings cases: no settings error may echo it (the cases check every message for "SECRET").
+SECRET = "sec-SECRET-00112233445566778899"
+
+
+def bad(base: dict[str, Any], *, missing: tuple[str, ...] = (), wrong: tuple[tuple[str, Any], ...] = (),
         ) -> list[tuple[dict[str, Any], str]]:
-    """Bad settings from good ``base``: each ``missing`` key left out, each ``wrong`` key set to its value."""
+    """Bad settings from good ``base``: each ``missing`` key left out, each ``wrong`` (key, value) set in."""
     out = [({k: v for k, v in base.items() if k != key}, key) for key in missing]
-    return out + [({**base, key: value}, key) for key, value in (wrong or {}).items()]
+    return out + [({**base, key: value}, key) for key, value in wrong]
 
 
 # Why a search cursor skips results today (Mastodon, Discourse, Matrix): pages are read newest first and the
@@ -79,6 +83,8 @@ class Harness:
     bad_settings: ClassVar[list[tuple[dict[str, Any], str]]] = []
     # Seconds to keep re-reading while a real server indexes asynchronously (0: one look is the answer).
     patience_s: ClassVar[float] = 0.0
+    # Whether an unclear send (lost or unreadable answer) is probed on the platform, so it may return Sent.
+    probes_unclear_sends: ClassVar[bool] = False
     # Settings that make listings page in small steps.
     small_pages: ClassVar[dict[str, Any]] = {}
 
@@ -139,6 +145,7 @@ class Harness:
 
     # --- faults ------------------------------------------------------------------------------
 
+    url_key: ClassVar[str] = "base_url"  # the setting holding the server's URL
     send_route: ClassVar[tuple[str, str]]  # (method, pattern) of the send request
     delete_route: ClassVar[tuple[str, str]]  # (method, pattern) of the delete request
 
@@ -163,8 +170,14 @@ class Harness:
             "error_before": Rule(method, pattern, answer=_html_502()),
             "rate_limited": Rule(method, pattern, answer=self.rate_limit()),
             "refused": Rule(method, pattern, answer=self.refusal()),
+            "garbled": Rule(method, pattern, garble=b"{not json"),
+            "no_id": Rule(method, pattern, garble=b"{}"),
         }[fault]
         self.proxy.add(rule)
+
+    def unreachable(self) -> Platform:
+        """An adapter for the bot whose server refuses connections (nothing listens at its URL)."""
+        return self.adapter(**{self.url_key: closed_port_url()})
 
     def answer_next_delete_gone(self) -> None:
         """Make the next delete meet the platform's "not found" answer (the reply is already gone)."""
@@ -202,8 +215,9 @@ class MemoryHarness(Harness):
             "memory search takes no cursor: it returns every matching parent on every call",
         "test_delete_meeting_not_found_is_done":
             "memory delete has no transport: there is no 'not found' answer to inject",
+        "test_whoami_unreachable_is_definitely_not_sent": "memory whoami asks no server: it cannot be unreachable",
     }
-    bad_settings = bad({"sender_id": "bot-1"}, wrong={"listing_delay_s": "soon", "colour": "red"})
+    bad_settings = bad({"sender_id": "bot-1"}, wrong=(("listing_delay_s", "soon"), ("colour", "red")))
     small_pages: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, http: httpx.Client) -> None:
@@ -236,9 +250,15 @@ class MemoryHarness(Harness):
         return self.platform.reply_count(parent_id)  # type: ignore[attr-defined]
 
     def fail_next_send(self, fault: str) -> None:
-        """The next script step."""
-        step = {"refused": "rejected"}.get(fault, fault)
+        """The next script step (an unreadable answer is a lost one here: memory has no body to garble)."""
+        step = {"refused": "rejected", "garbled": "lost", "no_id": "lost"}.get(fault, fault)
         self.platform.script.append(step)  # type: ignore[attr-defined]
+
+    def unreachable(self) -> Platform:
+        """The platform scripted as unreachable: the next send is refused before acting, the next read-back fails."""
+        self.platform.script.append("not_sent")  # type: ignore[attr-defined]
+        self.platform.readback_failures = 1  # type: ignore[attr-defined]
+        return self.platform
 
     def break_reads(self, parent: Parent | None = None) -> None:
         """The next read-back fails (memory has no per-parent reads)."""
@@ -252,8 +272,12 @@ class MastodonHarness(Harness):
     """Mastodon on the sim (``replyd.sim``): a Mastodon-compatible server that counts replies per parent."""
 
     kind = "mastodon"
-    bad_settings = bad({"base_url": "https://x.example", "token": "t"}, missing=("token", "base_url"),
-                       wrong={"token": "has space", "visibility": "loud", "page_limit": 0, "colour": "red"})
+    # The cases of the former tests/test_mastodon.py::test_settings_errors_name_the_key.
+    bad_settings = bad({"base_url": "https://m.example", "token": SECRET}, missing=("base_url", "token"), wrong=(
+        ("base_url", "ftp://m.example"), ("base_url", "https://u:p@m.example"), ("token", "  "),
+        ("token", SECRET + " x"), ("listing_delay_s", "10"), ("timeout_s", 0), ("idempotency", "yes"),
+        ("visibility", "everyone"), ("mention_author", 1), ("page_limit", 0), ("max_pages", True), ("instance", ""),
+        ("visiblity", "direct")))
     small_pages = {"page_limit": 2, "max_pages": 1}
     known_bugs = {"test_search_cursor_moves_forward": SEARCH_SKIPS + " (inbox pages forward from min_id and passes)"}
     send_route = ("POST", r"^/api/v1/statuses$")
@@ -307,8 +331,13 @@ class DiscourseHarness(Harness):
     """Discourse on ``tests/fakes_forum.FakeDiscourse`` (recorded bodies, stateful topics and posts)."""
 
     kind = "discourse"
-    bad_settings = bad({"base_url": "https://d.example", "api_key": "k", "api_username": "bot"},
-                       missing=("api_key", "api_username", "base_url"), wrong={"max_pages": 0, "colour": "red"})
+    # The cases of the former tests/test_discourse.py::test_settings_errors_name_the_key.
+    bad_settings = bad({"base_url": "https://f.example", "api_key": SECRET, "api_username": "discourse1"},
+                       missing=("base_url", "api_key", "api_username"), wrong=(
+        ("base_url", "ftp://f.example"), ("api_key", SECRET + " x"), ("listing_delay_s", "9"), ("timeout_s", 0),
+        ("search_queries", "x"), ("notification_types", ["liked"]), ("max_pages", 0), ("instance", ""),
+        ("api_secret", SECRET))) + [({"base_url": "https://f.example", "user_api_key": SECRET, "api_key": SECRET},
+                                     "user_api_key")]
     small_pages = {"max_pages": 1}
     known_bugs = {
         "test_inbox_cursor_moves_forward":
@@ -392,10 +421,14 @@ class GitHubHarness(Harness):
     """GitHub on ``tests/fakes_forum.FakeGitHub`` (recorded bodies, stateful issues and comments)."""
 
     kind = "github"
-    bad_settings = bad({"token": "t", "repos": ["a/b"]}, missing=("token",),
-                       wrong={"repos": ["not-a-repo"], "login": "a/b", "notification_reasons": [], "max_pages": 0,
-                              "colour": "red"})
+    # The cases of the former tests/test_github.py::test_settings_errors_name_the_key.
+    bad_settings = bad({"token": SECRET}, missing=("token",), wrong=(
+        ("token", "two words"), ("api_url", "ftp://x"), ("repos", "acme/widgets"), ("repos", ["widgets"]),
+        ("notifications", "yes"), ("notification_reasons", []), ("login", "a/b"), ("writes_per_minute", 0),
+        ("writes_per_hour", 1.5), ("listing_delay_s", -1), ("timeout_s", 0), ("search_queries", [""]),
+        ("instance", " "), ("repo", ["acme/widgets"])))
     small_pages = {"max_pages": 1}
+    url_key = "api_url"
     send_route = ("POST", r"^/repos/[^/]+/[^/]+/issues/\d+/comments$")
     delete_route = ("DELETE", r"^/repos/[^/]+/[^/]+/issues/comments/\d+$")
     REPO = "acme/widgets"
@@ -475,11 +508,16 @@ class BlueskyHarness(Harness):
         "test_delete_meeting_not_found_is_done":
             "deleteRecord of a missing record answers 200 on the PDS: there is no 'not found' to map",
     }
-    bad_settings = bad({"service": "https://pds.example", "identifier": "bot.test", "app_password": "p"},
-                       missing=("service", "identifier", "app_password"),
-                       wrong={"appview_did": "x", "page_limit": 0, "colour": "red"})
+    # The cases of the former tests/test_bluesky.py::test_settings_errors_name_the_key.
+    bad_settings = bad({"service": "https://x", "identifier": "a", "app_password": SECRET},
+                       missing=("service", "identifier", "app_password"), wrong=(
+        ("service", "ftp://x"), ("service", "https://u:pw@x"), ("identifier", "a b"), ("app_password", SECRET + " w"),
+        ("appview_did", "api.bsky.app"), ("listing_delay_s", "5"), ("timeout_s", 0), ("page_limit", 101),
+        ("search_queries", "help"), ("token", "t")))
     patience_s = 10.0
+    probes_unclear_sends = True  # getRecord at the deterministic rkey settles a lost createRecord
     small_pages = {"page_limit": 2, "max_pages": 1}
+    url_key = "service"
     send_route = ("POST", r"^/xrpc/com\.atproto\.repo\.createRecord")
     delete_route = ("POST", r"^/xrpc/com\.atproto\.repo\.deleteRecord")
 
@@ -557,8 +595,10 @@ class MatrixHarness(Harness):
     """Matrix on a real Synapse homeserver; replies counted by reading the room as another member."""
 
     kind = "matrix"
-    bad_settings = bad({"base_url": "https://m.example", "token": "t"}, missing=("base_url", "token"),
-                       wrong={"msgtype": "m.shout", "page_limit": 0, "colour": "red"})
+    # The cases of the former tests/test_matrix.py::test_bad_settings_name_the_key, and more.
+    bad_settings = bad({"base_url": "http://127.0.0.1:8008", "token": SECRET}, missing=("base_url", "token"), wrong=(
+        ("msgtype", "m.emote"), ("room", "x"), ("base_url", "http://example.org"), ("device_id", "a b"),
+        ("page_limit", 0)))
     small_pages = {"page_limit": 2, "max_pages": 1}
     known_bugs = {"test_search_cursor_moves_forward": SEARCH_SKIPS + " (/search order_by=recent)"}
     send_route = ("PUT", r"/rooms/[^/]+/send/m\.room\.message/")
@@ -593,7 +633,7 @@ class MatrixHarness(Harness):
         body = f"{self.hs.bot.user_id} {text}" if mention else text
         event_id = self.hs.say(self.alice, room, body, mention_bot=mention)
         self._room_of[event_id] = room
-        return Post(event_id, self.alice.user_id, [f"https://matrix.to/#/{room}/{event_id}"])
+        return Post(event_id, self.alice.user_id, [f"https://matrix.to/#/{room}/{event_id}", f"{room}/{event_id}"])
 
     def reply_count(self, parent_id: str) -> int:
         """The bot's replies to the event as carol reads the room."""

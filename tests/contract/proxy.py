@@ -10,6 +10,8 @@ the decoded path and query) and does one of three things:
   (a 5xx before the server acted, a 429, a refusal);
 - ``lose``: forward the request, let the server act, then hang up without an
   answer (a lost response);
+- ``garble``: forward the request, let the server act, then answer its 2xx
+  status with this body instead of the server's (an unreadable success);
 - otherwise the request is forwarded unchanged.
 
 A rule applies ``times`` times (``None``: until removed). The proxy counts the
@@ -40,6 +42,7 @@ class Rule:
     pattern: str
     answer: Reply | None = None
     lose: bool = False
+    garble: bytes | None = None
     times: int | None = 1
     hits: int = 0
 
@@ -126,7 +129,8 @@ class FaultProxy:
             h.close_connection = True  # the server acted; its answer never reaches the client
             return
         passed = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP | {"content-encoding"}}
-        self._reply(h, resp.status_code, passed, resp.content)
+        content = rule.garble if rule is not None and rule.garble is not None else resp.content
+        self._reply(h, resp.status_code, passed, content)
 
     @staticmethod
     def _reply(h: BaseHTTPRequestHandler, status: int, headers: dict[str, str], content: bytes) -> None:

@@ -6,8 +6,8 @@ import httpx
 import pytest
 
 from replyd.clock import FakeClock
-from replyd.errors import ConfigError
-from replyd.platforms.base import Platform, make_platform
+from replyd.errors import ConfigError, DefinitelyNotSent
+from replyd.platforms.base import Platform, make_platform, registered_kinds
 from tests.contract.harnesses import Harness, tag
 
 
@@ -18,6 +18,22 @@ def test_whoami_is_the_platform_stable_id(harness: Harness) -> None:
     first = adapter.whoami()
     assert first.sender_id == harness.bot_id()
     assert harness.adapter().whoami() == first
+
+
+def test_made_by_kind_with_no_secret_in_repr(harness: Harness) -> None:
+    """The adapter is registered under its kind, built by make_platform, and its repr shows no secret."""
+    assert harness.kind in registered_kinds()
+    adapter = harness.adapter()
+    assert adapter.kind == harness.kind
+    for value in harness.settings().values():
+        if isinstance(value, str) and len(value) >= 8 and "://" not in value and ":" not in value[:10]:
+            assert value not in repr(adapter)
+
+
+def test_whoami_unreachable_is_definitely_not_sent(harness: Harness) -> None:
+    """Asking who the bot is of a server that refuses connections is DefinitelyNotSent (retried later)."""
+    with pytest.raises(DefinitelyNotSent):
+        harness.unreachable().whoami()
 
 
 def test_resolve_every_reference_gives_the_served_parent(harness: Harness) -> None:
@@ -40,7 +56,4 @@ def test_bad_settings_name_the_key(harness: Harness) -> None:
             message = str(err.value)
             assert f"{harness.kind} setting '{key}'" in message, (settings, message)
             assert "\n" not in message
-            for secret_key in ("token", "api_key", "app_password", "password"):
-                value = settings.get(secret_key)
-                if isinstance(value, str) and len(value) > 3:
-                    assert value not in message
+            assert "SECRET" not in message, message

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from replyd.errors import MaybeSent, PlatformError
 from replyd.platforms.base import Parent, Pending, Platform, ReadBack
 from tests.contract.harnesses import Harness
@@ -77,13 +79,17 @@ def test_read_back_partial_checks_only_what_was_read(harness: Harness) -> None:
     assert [r.reply_id for r in rb.found[fine.id]] == [reply_id]
 
 
-def test_read_back_failed_checks_nothing(harness: Harness) -> None:
-    """When every read fails, read-back raises a PlatformError or checks nothing: never "not found"."""
+@pytest.mark.parametrize("failure", ["5xx", "unreachable"])
+def test_read_back_failed_checks_nothing(harness: Harness, failure: str) -> None:
+    """When every read fails (5xx, or no server), read-back raises a PlatformError or checks nothing: never "not found"."""
     adapter = harness.adapter()
     parent = harness.parent(adapter)
     opened = harness.clock.now()
     me = adapter.whoami().sender_id
-    harness.break_reads(None)
+    if failure == "5xx":
+        harness.break_reads(None)
+    else:
+        adapter = harness.unreachable()
     try:
         rb = adapter.read_back([_pending(harness, adapter, parent, opened)], sender_id=me)
     except PlatformError:

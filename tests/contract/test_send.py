@@ -28,8 +28,35 @@ def test_send_lost_response_is_never_not_sent(harness: Harness) -> None:
     except MaybeSent:
         outcome = None
     if outcome is not None:  # an adapter may probe and learn the reply's id (Bluesky: getRecord at the rkey)
+        assert harness.probes_unclear_sends, f"{outcome} from a send whose answer was lost"
         assert isinstance(outcome, Sent) and outcome.reply_id
     assert harness.reply_count(parent.id) == 1
+
+
+@pytest.mark.parametrize("fault", ["garbled", "no_id"])
+def test_send_unreadable_success_is_never_not_sent(harness: Harness, fault: str) -> None:
+    """A 2xx whose body is unreadable or lacks the id: MaybeSent (or Sent after a probe), never a release; one reply."""
+    adapter = harness.adapter()
+    parent = harness.parent(adapter)
+    harness.fail_next_send(fault)
+    try:
+        outcome = adapter.send(parent, "here is how", provider_key=harness.provider_key(adapter, parent.id))
+    except MaybeSent:
+        outcome = None
+    if outcome is not None:
+        assert harness.probes_unclear_sends, f"{outcome} from a send whose answer was unreadable"
+        assert isinstance(outcome, Sent) and outcome.reply_id
+    assert harness.reply_count(parent.id) == 1
+
+
+def test_send_connection_refused_is_definitely_not_sent(harness: Harness) -> None:
+    """Nothing listening at the server's address: DefinitelyNotSent (not RateLimited), and nothing exists."""
+    parent = harness.parent(harness.adapter())
+    adapter = harness.unreachable()
+    with pytest.raises(DefinitelyNotSent) as err:
+        adapter.send(parent, "here is how", provider_key=harness.provider_key(adapter, parent.id))
+    assert not isinstance(err.value, RateLimited)
+    assert harness.reply_count(parent.id) == 0
 
 
 def test_send_refused_is_rejected_and_creates_nothing(harness: Harness) -> None:
