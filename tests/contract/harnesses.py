@@ -61,8 +61,9 @@ def bad(base: dict[str, Any], *, missing: tuple[str, ...] = (), wrong: tuple[tup
     return out + [({**base, key: value}, key) for key, value in wrong]
 
 
-# Why a search cursor skips results today (Mastodon, Discourse, Matrix): pages are read newest first and the
-# cursor moves to the newest hit even when the page budget ended before the old cursor.
+# Why a search cursor skips results today (Mastodon, Discourse, Matrix, Bluesky): pages are read newest first and
+# the cursor moves to the newest hit even when the page budget ended before the old cursor. The inbox of
+# Discourse and Bluesky does the same, but there re-find reads the gap again (the inbox case checks that).
 SEARCH_SKIPS = ("search reads hits newest first and moves the cursor to the newest even when max_pages ended "
                 "before the old cursor: the hits in between are never offered")
 
@@ -339,12 +340,7 @@ class DiscourseHarness(Harness):
         ("api_secret", SECRET))) + [({"base_url": "https://f.example", "user_api_key": SECRET, "api_key": SECRET},
                                      "user_api_key")]
     small_pages = {"max_pages": 1}
-    known_bugs = {
-        "test_inbox_cursor_moves_forward":
-            "inbox pages notifications newest first by offset; when max_pages ends before the old cursor it "
-            "still moves the cursor to the newest, so the notifications in between are never offered",
-        "test_search_cursor_moves_forward": SEARCH_SKIPS,
-    }
+    known_bugs = {"test_search_cursor_moves_forward": SEARCH_SKIPS}
     send_route = ("POST", r"^/posts\.json$")
     delete_route = ("DELETE", r"^/posts/\d+\.json$")
 
@@ -517,6 +513,7 @@ class BlueskyHarness(Harness):
     patience_s = 10.0
     probes_unclear_sends = True  # getRecord at the deterministic rkey settles a lost createRecord
     small_pages = {"page_limit": 2, "max_pages": 1}
+    known_bugs = {"test_search_cursor_moves_forward": SEARCH_SKIPS + " (its 'refind closes the gap' covers the inbox only)"}
     url_key = "service"
     send_route = ("POST", r"^/xrpc/com\.atproto\.repo\.createRecord")
     delete_route = ("POST", r"^/xrpc/com\.atproto\.repo\.deleteRecord")

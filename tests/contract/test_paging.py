@@ -29,24 +29,30 @@ def _new_posts(harness: Harness, word: str) -> list[Post]:
     return posts
 
 
-def _check(adapter: Platform, fetch, harness: Harness, word: str) -> None:  # noqa: ANN001
+def _check(adapter: Platform, fetch, harness: Harness, word: str, backstop=None) -> None:  # noqa: ANN001
     # A first poll on a platform with something to find: the cursor it returns is the starting point.
     seed = harness.post(f"{word} first question")
     harness.settle([seed])
     start = harness.eventually(lambda: fetch(None), lambda page: page.cursor is not None).cursor
+    since = harness.clock.now() - 60
     posts = _new_posts(harness, word)
     want = {p.id for p in posts}
     offered, cursor = _follow(fetch, start, want, harness)
-    assert want <= set(offered), f"never offered: {want - set(offered)}"
+    missed = want - set(offered)
+    if missed and backstop is not None:
+        # A cursor may jump a gap wider than its page budget when the path has a backstop that reads it again.
+        missed -= {p.id for p in backstop(since)}
+    assert not missed, f"never offered: {missed}"
     ours = [i for i in offered if i in want]
     assert len(ours) == len(set(ours)), f"offered twice across cursors: {ours}"
     assert not want & {p.id for p in fetch(cursor).parents}
 
 
 def test_inbox_cursor_moves_forward(harness: Harness) -> None:
-    """Mentions made after a poll come from its cursor, over small pages, each once; the last cursor offers none."""
+    """Mentions made after a poll come from its cursor over small pages (or the re-find backstop), each once; the last cursor offers none."""
     adapter = harness.adapter(**harness.small_pages)
-    _check(adapter, adapter.inbox, harness, tag())
+    # The backstop is the bot's re-find with its usual page budget (the small one is the inbox's under test).
+    _check(adapter, adapter.inbox, harness, tag(), backstop=harness.adapter().refind)
 
 
 def test_search_cursor_moves_forward(harness: Harness) -> None:
