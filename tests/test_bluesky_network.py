@@ -515,7 +515,7 @@ def test_expired_token_is_refreshed_transparently(world: World) -> None:
     assert isinstance(page.parents, list)
     renew = [e for e in logs if e["event"] == "replyd.bluesky.session_renew"]
     assert renew and renew[0]["error"] == "ExpiredToken"
-    assert plat._session is not None and plat._session.access.get() != expired
+    assert plat._session is not None and plat._session.access.get_secret_value() != expired
 
 
 def test_feed_read_back_finds_other_rkeys_and_delete(world: World) -> None:

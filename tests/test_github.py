@@ -409,7 +409,7 @@ def test_remaining_zero_blocks_core_not_search(fixture_server: FixtureServer, ht
     assert err.value.retry_after_s == pytest.approx(100.0)
     p.search("anything", None)
     assert [r.path for r in fixture_server.requests] == ["/user", "/search/issues"]
-    assert p.rate_limits()["search"] == (29, None)
+    assert p.limits.snapshot()["search"] == (29, None)
 
 
 # --- paging ----------------------------------------------------------------------------------

@@ -1,4 +1,9 @@
 """Platform adapters: ``base`` holds the contract, ``_http`` the shared HTTP base, one module per platform.
 
-The built-in adapters register on import; ``base.make_platform`` imports them when first asked.
+Importing the package registers every adapter module in it (before a daemon starts serving, not on its
+first bot).
 """
+
+from replyd.platforms.base import _load_builtin
+
+_load_builtin()

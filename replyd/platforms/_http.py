@@ -48,7 +48,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from html.parser import HTMLParser
-from typing import Annotated, Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self, TypeVar
 from urllib.parse import parse_qs, quote, urlsplit
 
 import httpcore
@@ -59,7 +59,7 @@ from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, model_val
 from replyd import deadline
 from replyd.clock import Clock
 from replyd.errors import BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
-from replyd.platforms.base import Identity, OwnReply, Pending, PlatformSettings, ReadBack
+from replyd.platforms.base import Identity, OwnReply, Parent, Pending, PlatformSettings, ReadBack
 
 ACTING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -659,28 +659,7 @@ def html_to_text(html: str) -> str:
     return "".join(parser.parts).strip()
 
 
-# --- settings ------------------------------------------------------------------------------
-# Validation shared by adapters: each raises ConfigError naming ``<kind> setting '<key>'``
-# and never echoes a secret's value.
-
-
-def setting_url(settings: Mapping[str, Any], kind: str, key: str, default: str | None = None) -> str:
-    """An ``http(s)`` URL without credentials, query or fragment; returned without trailing slash."""
-    raw = settings.get(key, default)
-    if not isinstance(raw, str) or not raw.strip():
-        raise ConfigError(f"{kind} setting {key!r}: required, an http(s) URL")
-    parts = urlsplit(raw.strip())
-    if parts.scheme not in ("http", "https"):
-        raise ConfigError(f"{kind} setting {key!r}: scheme must be http or https")
-    if not parts.hostname:
-        raise ConfigError(f"{kind} setting {key!r}: no host")
-    if parts.username or parts.password:
-        raise ConfigError(f"{kind} setting {key!r}: must not carry credentials")
-    if parts.query or parts.fragment:
-        raise ConfigError(f"{kind} setting {key!r}: must not have a query or fragment")
-    require_https(raw.strip(), allowed=setting_flag(settings, kind, INSECURE_HTTP, False), where=f"{kind} setting {key!r}")
-    return raw.strip().rstrip("/")
-
+# --- plain http ----------------------------------------------------------------------------
 
 INSECURE_HTTP = "allow_insecure_http"  # the setting that lets a token travel over plain http:// to another host
 
@@ -701,73 +680,6 @@ def require_https(url: str, *, allowed: bool, where: str) -> None:
     if parts.scheme == "http" and not allowed and not is_loopback(parts.hostname or ""):
         raise ConfigError(f"{where}: http:// to {parts.hostname!r} would send credentials in clear text: "
                           f"use https://, or set {INSECURE_HTTP} = true if the network is trusted")
-
-
-def setting_secret(settings: Mapping[str, Any], kind: str, key: str) -> str | None:
-    """An optional token-like string (printable ASCII, no whitespace); ``None`` if absent."""
-    value = settings.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{kind} setting {key!r}: must be a non-empty string")
-    value = value.strip()
-    if any(c.isspace() for c in value) or not value.isprintable() or not value.isascii():
-        raise ConfigError(f"{kind} setting {key!r}: contains whitespace or non-ASCII characters")
-    return value
-
-
-def setting_number(
-    settings: Mapping[str, Any], kind: str, key: str, default: float, *, minimum: float, exclusive: bool = False
-) -> float:
-    """A finite number ``>= minimum`` (``>`` with ``exclusive``)."""
-    value = settings.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{kind} setting {key!r}: must be a number, got {type(value).__name__}")
-    if not math.isfinite(value):
-        raise ConfigError(f"{kind} setting {key!r}: must be finite")
-    if value < minimum or (exclusive and value == minimum):
-        op = ">" if exclusive else ">="
-        raise ConfigError(f"{kind} setting {key!r}: must be {op} {minimum:g}, got {value!r}")
-    return float(value)
-
-
-def setting_int(settings: Mapping[str, Any], kind: str, key: str, default: int, lo: int, hi: int) -> int:
-    """An integer in ``[lo, hi]``."""
-    value = settings.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{kind} setting {key!r}: must be an integer, got {type(value).__name__}")
-    if not lo <= value <= hi:
-        raise ConfigError(f"{kind} setting {key!r}: must be between {lo} and {hi}, got {value}")
-    return value
-
-
-def setting_flag(settings: Mapping[str, Any], kind: str, key: str, default: bool) -> bool:
-    """A boolean."""
-    value = settings.get(key, default)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{kind} setting {key!r}: must be true or false, got {value!r}")
-    return value
-
-
-def setting_strings(settings: Mapping[str, Any], kind: str, key: str, default: Iterable[str] = ()) -> tuple[str, ...]:
-    """A list of non-empty strings (whitespace trimmed)."""
-    value = settings.get(key, list(default))
-    if not isinstance(value, (list, tuple)) or any(not isinstance(q, str) or not q.strip() for q in value):
-        raise ConfigError(f"{kind} setting {key!r}: must be a list of non-empty strings")
-    return tuple(q.strip() for q in value)
-
-
-def setting_queries(settings: Mapping[str, Any], kind: str) -> tuple[str, ...]:
-    """``search_queries``: the queries the search poller runs."""
-    return setting_strings(settings, kind, "search_queries")
-
-
-def setting_instance(settings: Mapping[str, Any], kind: str) -> str | None:
-    """``instance``: an optional non-empty override of the answered-log's platform part."""
-    instance = settings.get("instance")
-    if instance is not None and (not isinstance(instance, str) or not instance.strip()):
-        raise ConfigError(f"{kind} setting 'instance': must be a non-empty string")
-    return instance.strip() if isinstance(instance, str) else None
 
 
 # --- ids and fields -------------------------------------------------------------------------
@@ -819,8 +731,8 @@ class HttpSettings(PlatformSettings):
 
     URLS: ClassVar[tuple[str, ...]] = ("base_url",)  # the fields that carry credentials to a host
 
-    allow_insecure_http: bool = False
-    timeout_s: float = Field(15.0, gt=0)
+    allow_insecure_http: bool = False  # let credentials travel over http:// to a non-loopback host
+    timeout_s: float = Field(15.0, gt=0)  # per request
 
     @model_validator(mode="after")
     def _https(self, info: ValidationInfo) -> Self:
@@ -836,12 +748,14 @@ class HttpPlatform:
 
     A subclass names its ``Settings`` model and ``root`` (the URL its requests go to), and overrides the
     hooks where its platform differs: ``_auth_headers`` (credentials), ``_buckets`` (which rate-limit
-    budgets a request draws on) and ``_raise_for_status`` (error mapping beyond the shared table).
+    budgets a request draws on), ``_limited``/``_wait_s``/``_error_text`` (how it says "rate limited",
+    "wait" and "why") and ``_raise_for_status`` (error mapping beyond the shared table).
     """
 
     kind: ClassVar[str]
     Settings: ClassVar[type[HttpSettings]]
     BUCKET: ClassVar[str] = "api"  # the budget a request draws on unless it names another
+    HEADERS: ClassVar[Mapping[str, str]] = {}  # sent with every request
     ITEM_ID: ClassVar[str] = "id"  # the field that names a skipped item in logs
     READ_BACK_MARGIN_S: ClassVar[float] = 60.0  # clock skew between our opened_at and the server's times
 
@@ -857,6 +771,7 @@ class HttpPlatform:
         self.log = structlog.get_logger(f"replyd.{self.kind}")
         self.listing_delay_s = float(self.s.listing_delay_s)
         self.instance = self.s.instance or f"{self.kind}:{self.root}"
+        self._setup()
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock) -> Self:
@@ -873,6 +788,9 @@ class HttpPlatform:
 
     # --- hooks ---------------------------------------------------------------------------
 
+    def _setup(self) -> None:
+        """Build the adapter's own state from ``self.s`` (runs last in ``__init__``)."""
+
     def _auth_headers(self) -> Mapping[str, SecretStr]:
         """The credential headers of the next request."""
         return {"Authorization": SecretStr(f"Bearer {self.s.token.get_secret_value()}")}  # type: ignore[attr-defined]
@@ -885,10 +803,29 @@ class HttpPlatform:
         """The rate-limit budgets a request named ``bucket`` draws on: its own and the account-wide one."""
         return (bucket,) if bucket == self.BUCKET else (self.BUCKET, bucket)
 
-    def _raise_for_status(self, resp: httpx.Response, *, what: str, bucket: str = "", acts: bool | None = None,
-                          text: str | None = None) -> None:
-        """Map a non-2xx response into ``replyd.errors`` (the shared table of this module)."""
-        raise_for_status(resp, what=what, acts=acts, now=self._clock.now, secrets=self._secrets(), text=text)
+    def _limited(self, resp: httpx.Response) -> bool:
+        """Whether a non-2xx response is a rate limit (HTTP 429; some platforms say so otherwise too)."""
+        return resp.status_code == 429
+
+    def _wait_s(self, resp: httpx.Response) -> float | None:
+        """Seconds a rate limit asks to wait: ``Retry-After``, else the reset header (or what the body says)."""
+        return retry_after_s(resp, self._clock.now())
+
+    def _error_text(self, resp: httpx.Response) -> str:
+        """The server's short error text for a detail: logs only, nothing branches on it (platforms localise it)."""
+        return server_error_text(resp)
+
+    def _raise_for_status(self, resp: httpx.Response, *, what: str, bucket: str = "", acts: bool | None = None) -> None:
+        """Map a non-2xx response into ``replyd.errors``: a rate limit blocks ``bucket``, the rest the shared table."""
+        if not 200 <= resp.status_code < 300 and self._limited(resp):
+            wait = self._wait_s(resp)
+            if wait is not None:
+                self.limits.block(bucket or self.BUCKET, wait)
+            self.log.warning(f"replyd.{self.kind}.rate_limited", what=what, bucket=bucket, status=resp.status_code,
+                             wait_s=wait)
+            raise RateLimited(self._detail(resp, what), status=resp.status_code, retry_after_s=wait)
+        raise_for_status(resp, what=what, acts=acts, now=self._clock.now, secrets=self._secrets(),
+                         text=self._error_text(resp))
 
     # --- the request template --------------------------------------------------------------
 
@@ -897,12 +834,11 @@ class HttpPlatform:
         """One request under the rate limits; returns the response whatever its status."""
         bucket = bucket or self.BUCKET
         self.limits.check(self._buckets(bucket), what=what)
+        kwargs["headers"] = {**self.HEADERS, **(kwargs.get("headers") or {})}
         resp = request(self._http, method, self.root + path, what=what, acts=acts, secrets=self._secrets(),
                        auth=self._auth if auth is True else (auth or None), timeout=self._timeout, **kwargs)
         # A platform that names the budget a response drew on is trusted over our guess.
         self.limits.note(resp.headers.get("x-ratelimit-resource") or bucket, resp)
-        if resp.status_code == 429:
-            self.log.warning(f"replyd.{self.kind}.rate_limited", what=what, bucket=bucket)
         return resp
 
     def _call(self, method: str, path: str, *, what: str, bucket: str | None = None, acts: bool | None = None,
@@ -913,8 +849,9 @@ class HttpPlatform:
         self._raise_for_status(resp, what=what, bucket=bucket, acts=acts)
         return resp
 
-    def _detail(self, resp: httpx.Response, what: str, text: str) -> str:
-        """``<what>: HTTP <status> (<text>)`` with every secret masked."""
+    def _detail(self, resp: httpx.Response, what: str) -> str:
+        """``<what>: HTTP <status> (<error text>)`` with every secret masked."""
+        text = self._error_text(resp)
         return redact(f"{what}: HTTP {resp.status_code}" + (f" ({text})" if text else ""), self._secrets())
 
     def _delete(self, method: str, path: str, reply_id: str, **kwargs: Any) -> None:
@@ -943,6 +880,47 @@ class HttpPlatform:
                          problem=problem.detail if isinstance(problem, BadResponse) else problem,
                          item_id=str(item_id) if isinstance(item_id, (int, str)) and not isinstance(item_id, bool) else None)
 
+    def _created(self, method: str, path: str, parent: Parent, *, what: str, read: Callable[[dict[str, Any]], T],
+                 **kwargs: Any) -> T:
+        """Send a reply (one request, a failure logged); ``read`` names it from the 2xx body.
+
+        A 2xx body ``read`` cannot read is ``MaybeSent``: the reply very likely exists, we just cannot name it.
+        """
+        try:
+            resp = self._call(method, path, what=what, **kwargs)
+        except PlatformError as exc:
+            raise self._send_failed(parent, self._refused(exc)) from None
+        try:
+            return read(json_body(resp, what, dict))
+        except BadResponse as exc:
+            raise MaybeSent(f"{exc.detail} (after HTTP {resp.status_code})", status=resp.status_code) from None
+
+    def _refused(self, exc: PlatformError) -> PlatformError:
+        """What a failed send means on this platform (the error as mapped, unless the platform knows better)."""
+        return exc
+
+    def _send_failed(self, parent: Parent, exc: PlatformError) -> PlatformError:
+        """Log a send that failed (the guard decides what it means) and hand the error back to raise."""
+        self.log.info(f"replyd.{self.kind}.send_failed", parent_id=parent.id, error=type(exc).__name__,
+                      status=exc.status, detail=exc.detail)
+        return exc
+
+    def _read(self, what: str, item: Any, read: Callable[[dict[str, Any]], T]) -> T | None:
+        """``read(item)``; ``None`` (logged as skipped) when the item is no object or ``read`` finds it unreadable."""
+        try:
+            if not isinstance(item, dict):
+                raise BadResponse(f"{what}: item is not an object")
+            return read(item)
+        except BadResponse as exc:
+            self._skipped(what, exc, item)
+            return None
+
+    def _partial(self, what: str, page_no: int, exc: PlatformError) -> None:
+        """A listing's page failed: the first one raises ``exc``; after it, what was read is kept (logged)."""
+        if page_no == 0:
+            raise exc
+        self.log.warning(f"replyd.{self.kind}.partial", what=what, pages=page_no, problem=exc.detail)
+
     def close(self) -> None:
         """Do nothing: the shared http client belongs to the caller."""
 
@@ -954,6 +932,25 @@ class HttpPlatform:
             return set()
         return {pid for pid, at in opened.items() if covered_after < at - self.READ_BACK_MARGIN_S}
 
+    def _walk_feed(self, pages: Iterator[list[float]], horizon: float, source: str = "feed") -> float | None:
+        """Page back through an own feed; return the epoch after which its listing is complete (for ``_covered``).
+
+        ``pages`` notes each page's own replies and yields the page's item times, or ``[END]`` once the
+        listing ran out (complete for all time); it just stops where paging cannot go on. Nothing read:
+        ``None``. A page that fails ends the walk (logged): what the pages before covered stays.
+        """
+        covered_after: float | None = None
+        page_no = 0
+        try:
+            for page_no, times in enumerate(pages, start=1):
+                if times:
+                    covered_after = min(times if covered_after is None else [covered_after, *times])
+                    if covered_after < horizon:
+                        break
+        except PlatformError as exc:
+            self.log.warning(f"replyd.{self.kind}.read_back_failed", source=source, page=page_no, problem=exc.detail)
+        return covered_after
+
     def _read_back(
         self,
         pending: Sequence[Pending],
@@ -962,6 +959,7 @@ class HttpPlatform:
         fallback: Callable[[str, list[str], Found], bool],
         units: Callable[[dict[str, float], set[str]], Iterable[tuple[str, list[str]]]] | None = None,
         sort_key: Callable[[str], Any] = id_order,
+        source: tuple[str, str] = ("parent", "parent_id"),
     ) -> ReadBack:
         """The read-back skeleton: rows by open time, one own-feed pass, then a fallback per unit.
 
@@ -969,7 +967,8 @@ class HttpPlatform:
         ``units(opened, checked)`` yields (default: every parent not yet checked) gets
         ``fallback(key, parent ids, found)``, True when it read them in full; a ``RateLimited`` stops the
         fallbacks (every further read would be refused the same way), another error skips the unit.
-        Found replies are sorted oldest first, ties by ``sort_key`` of the reply id.
+        Found replies are sorted oldest first, ties by ``sort_key`` of the reply id. ``source`` names the
+        fallback and its key in the logs.
         """
         result = ReadBack()
         if not pending:
@@ -989,7 +988,7 @@ class HttpPlatform:
             try:
                 complete = fallback(key, pids, found)
             except PlatformError as exc:
-                self.log.warning(event + "_failed", source="fallback", key=key, problem=exc.detail)
+                self.log.warning(event + "_failed", source=source[0], problem=exc.detail, **{source[1]: key})
                 if isinstance(exc, RateLimited):
                     break
                 continue
@@ -1002,8 +1001,11 @@ class HttpPlatform:
         return result
 
 
+T = TypeVar("T")
 # Own replies found so far: parent id -> reply id -> reply.
 Found = dict[str, dict[str, OwnReply]]
+# What an own-feed page yields once the listing ran out: it is complete for all time.
+END = float("-inf")
 
 
 def _each_parent(opened: Mapping[str, float], checked: set[str]) -> Iterator[tuple[str, list[str]]]:

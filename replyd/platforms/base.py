@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import pkgutil
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -22,14 +23,6 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, S
 
 from replyd.clock import Clock
 from replyd.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who the bot is on one platform: the stable id is the sender half of the key."""
-
-    sender_id: str
-    handle: str = ""
 
 
 @dataclass(frozen=True)
@@ -103,6 +96,14 @@ class ReadBack:
 
     found: dict[str, list[OwnReply]] = field(default_factory=dict)
     checked: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who the bot is on one platform: the stable id is the sender half of the key."""
+
+    sender_id: str
+    handle: str = ""
 
 
 @runtime_checkable
@@ -219,8 +220,9 @@ class PlatformSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
 
     kind: str | None = None  # the config's selector, passed along with the rest
+    # The first part of the answered-log key (default "<kind>:<the adapter's root URL>").
     instance: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)] | None = None
-    listing_delay_s: float = Field(0.0, ge=0)
+    listing_delay_s: float = Field(0.0, ge=0)  # seconds before a sweep may trust a read-back
 
     @classmethod
     def load(cls, kind: str, raw: Mapping[str, Any]) -> Self:
@@ -259,7 +261,6 @@ Texts = Annotated[list[Text], Field(strict=False)]
 # --- registry ----------------------------------------------------------------------------
 
 _REGISTRY: dict[str, type] = {}
-_BUILTIN = ("memory", "mastodon", "discourse", "github", "bluesky", "matrix")
 
 
 def register_platform(kind: str) -> Callable[[type], type]:
@@ -279,8 +280,12 @@ def register_platform(kind: str) -> Callable[[type], type]:
 
 
 def _load_builtin() -> None:
-    for name in _BUILTIN:
-        importlib.import_module(f"replyd.platforms.{name}")
+    """Import every adapter module of this package (each registers itself): a new platform is one module."""
+    import replyd.platforms as package
+
+    for mod in pkgutil.iter_modules(package.__path__):
+        if not mod.name.startswith("_") and mod.name != "base":
+            importlib.import_module(f"{package.__name__}.{mod.name}")
 
 
 def make_platform(

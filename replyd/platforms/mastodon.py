@@ -1,24 +1,7 @@
 """The Mastodon adapter: mentions, search, replies and read-back over the REST API.
 
-Settings (``[platforms.<name>]`` with ``kind = "mastodon"``):
-
-==================  =========================================================
-``base_url``        required; ``http://`` or ``https://`` server root
-``token``           required; an access token with read + write:statuses
-``listing_delay_s`` seconds before a sweep may trust a read-back (default 10)
-``timeout_s``       per-request timeout (default 15)
-``idempotency``     send ``Idempotency-Key`` with every reply (default true)
-``visibility``      reply visibility; default: the parent's. Never wider than
-                    the parent's, so a ``direct`` parent gets a ``direct`` reply
-``mention_author``  prefix ``@acct `` unless the text mentions them (default true)
-``page_limit``      items per listing page, 1–80 (default 40)
-``max_pages``       pages per poll / re-find (default 5)
-``readback_max_pages`` own-feed pages one read-back may read back to its horizon (default 100):
-                   one feed page covers up to 40 of the bot's statuses, so a sweep of many rows
-                   costs a few pages instead of one ``/context`` read per row
-``instance``        first part of the answered-log key
-                    (default ``mastodon:<base_url without trailing slash>``)
-==================  =========================================================
+Settings: ``[platforms.<name>]`` with ``kind = "mastodon"``; each key is a field of
+``MastodonPlatform.Settings`` below, with its meaning beside it.
 
 Error mapping at this boundary (the shared table is in ``_http.py``)::
 
@@ -89,18 +72,21 @@ class MastodonPlatform(_http.HttpPlatform):
     """A Mastodon account as a replyd platform: mentions in, replies out, own posts read back."""
 
     class Settings(_http.HttpSettings):
-        """``[platforms.<name>]`` with ``kind = "mastodon"`` (the table in the module docstring)."""
+        """``kind = "mastodon"``; ``instance`` defaults to ``mastodon:<base_url>``."""
 
         URLS: ClassVar[tuple[str, ...]] = ("base_url", "streaming_url")
-        base_url: _http.Url
-        streaming_url: _http.Url | None = None
-        token: Token
+        base_url: _http.Url  # the server root
+        streaming_url: _http.Url | None = None  # where the notification stream is served (default: base_url)
+        token: Token  # an access token with read + write:statuses
         listing_delay_s: float = Field(10.0, ge=0)
-        idempotency: bool = True
+        idempotency: bool = True  # send Idempotency-Key with every reply
+        # Default: the parent's. Never wider than the parent's: a direct parent gets a direct reply.
         visibility: Literal["public", "unlisted", "private", "direct"] | None = None
-        mention_author: bool = True
-        page_limit: int = Field(40, ge=1, le=80)
-        max_pages: int = Field(5, ge=1, le=1000)
+        mention_author: bool = True  # prefix "@acct " unless the text mentions them
+        page_limit: int = Field(40, ge=1, le=80)  # items per listing page
+        max_pages: int = Field(5, ge=1, le=1000)  # pages per poll / re-find
+        # Own-feed pages one read-back may read back to its horizon: a page covers up to 40 of the bot's
+        # statuses, so a sweep of many rows costs a few pages instead of one /context read per row.
         readback_max_pages: int = Field(100, ge=1, le=10_000)
 
     s: Settings
@@ -188,10 +174,7 @@ class MastodonPlatform(_http.HttpPlatform):
                 resp = self._call("GET", "/api/v1/notifications", what=what, params=params)
                 items = _http.json_body(resp, what, list)
             except PlatformError as exc:
-                if page_no == 0:
-                    raise
-                # The pages read so far are contiguous above the cursor: keep that progress.
-                self.log.warning("replyd.mastodon.inbox_partial", pages=page_no, problem=exc.detail)
+                self._partial(what, page_no, exc)  # the pages read so far are contiguous above the cursor
                 break
             for item in items:
                 nid = self._take_mention(item, what, found, after=cursor)
@@ -306,14 +289,10 @@ class MastodonPlatform(_http.HttpPlatform):
             items = _http.json_body(resp, what, list)
             oldest: float | None = None
             for item in items:
-                try:
-                    if not isinstance(item, dict):
-                        raise BadResponse(f"{what}: notification is not an object")
-                    nid = _http.field(item, "id", what)
-                    created = _http.iso_field(item, "created_at", what)
-                except BadResponse as exc:
-                    self._skipped(what, exc, item)
+                got = self._read(what, item, lambda it: (_http.field(it, "id", what), _http.iso_field(it, "created_at", what)))
+                if got is None:
                     continue
+                nid, created = got
                 oldest = created if oldest is None else min(oldest, created)
                 if created < since or item.get("type") != "mention":
                     continue
@@ -381,33 +360,13 @@ class MastodonPlatform(_http.HttpPlatform):
             if not (provider_key.isascii() and provider_key.isprintable()):
                 raise Rejected(f"{what}: provider_key is not a valid header value")
             headers["Idempotency-Key"] = provider_key
-        try:
-            resp = self._call(
-                "POST", _STATUSES_PATH, what=what, bucket="statuses", data=form, headers=headers
-            )
-        except PlatformError as exc:
-            self.log.info(
-                "replyd.mastodon.send_failed",
-                parent_id=parent.id,
-                error=type(exc).__name__,
-                status=exc.status,
-                detail=exc.detail,
-            )
-            raise
-        try:
-            body = _http.json_body(resp, what, dict)
-            reply_id = _http.field(body, "id", what)
-            in_reply_to = _http.field(body, "in_reply_to_id", what, default=None)
-            url = _http.field(body, "url", what, default="")
-        except BadResponse as exc:
-            # The server said 2xx: the status very likely exists, we just cannot name it.
-            raise MaybeSent(f"{exc.detail} (after HTTP {resp.status_code})", status=resp.status_code) from None
+        reply_id, in_reply_to, url = self._created(
+            "POST", _STATUSES_PATH, parent, what=what, bucket="statuses", data=form, headers=headers,
+            read=lambda body: (_http.field(body, "id", what), _http.field(body, "in_reply_to_id", what, default=None),
+                               _http.field(body, "url", what, default="")))
         if in_reply_to != parent.id:
             # E.g. an Idempotency-Key reused for another parent returns that older status.
-            raise MaybeSent(
-                f"{what}: created status {reply_id} answers {in_reply_to!r}, not {parent.id!r}",
-                status=resp.status_code,
-            )
+            raise MaybeSent(f"{what}: created status {reply_id} answers {in_reply_to!r}, not {parent.id!r}")
         self.log.info("replyd.mastodon.sent", parent_id=parent.id, reply_id=reply_id, visibility=visibility)
         return Sent(reply_id=reply_id, url=url)
 
@@ -417,51 +376,34 @@ class MastodonPlatform(_http.HttpPlatform):
         A parent is ``checked`` only if the feed listed everything from before it
         was opened (minus a margin) up to now, or its context was read in full.
         """
-        return self._read_back(
-            pending,
+        return self._read_back(pending, source=("context", "parent_id"),
             feed=lambda opened, found: self._covered(opened, self._scan_own_feed(sender_id, opened, found)),
             fallback=lambda pid, _, found: self._context_replies(pid, sender_id, found),
         )
 
-    def _scan_own_feed(
-        self, sender_id: str, opened: Mapping[str, float], found: dict[str, dict[str, OwnReply]]
-    ) -> float | None:
-        """Page back through the own statuses; return the epoch after which the listing is complete.
+    def _scan_own_feed(self, sender_id: str, opened: Mapping[str, float], found: _http.Found) -> float | None:
+        """Page back through the own statuses; return the epoch after which the listing is complete."""
+        return self._walk_feed(self._own_feed(sender_id, opened, found), min(opened.values()) - self.READ_BACK_MARGIN_S)
 
-        ``None``: nothing was read. ``-inf``: the feed ran out, so it is complete
-        for all time.
-        """
+    def _own_feed(self, sender_id: str, opened: Mapping[str, float], found: _http.Found) -> Iterator[list[float]]:
         what = "read_back feed"
-        horizon = min(opened.values()) - self.READ_BACK_MARGIN_S
         path = f"/api/v1/accounts/{_http.seg(sender_id, what)}/statuses"
-        covered_after: float | None = None
         max_id: str | None = None
-        for page_no in range(self.s.readback_max_pages):
+        for _ in range(self.s.readback_max_pages):
             params = [("limit", str(READ_BACK_PAGE))] + ([("max_id", max_id)] if max_id else [])
-            try:
-                resp = self._call("GET", path, what=what, params=params)
-                items = _http.json_body(resp, what, list)
-                # One unreadable item could be the reply we look for: the page is not conclusive.
-                page = [self._own_status(item, what) for item in items]
-            except PlatformError as exc:
-                self.log.warning("replyd.mastodon.read_back_failed", source="feed", page=page_no, problem=exc.detail)
-                return covered_after
+            resp = self._call("GET", path, what=what, params=params)
+            # One unreadable item could be the reply we look for: the page is not conclusive.
+            page = [self._own_status(item, what) for item in _http.json_body(resp, what, list)]
             for sid, author, in_reply_to, created in page:
                 if author == sender_id and in_reply_to in opened:
                     found.setdefault(in_reply_to, {})[sid] = OwnReply(sid, in_reply_to, created)
-            if not page:
-                return float("-inf")
-            oldest = min(created for *_, created in page)
-            covered_after = oldest if covered_after is None else min(covered_after, oldest)
-            if covered_after < horizon:
-                return covered_after
+            yield [created for *_, created in page] or [_http.END]
             nxt = _http.link_param(resp, "next", "max_id")
             if nxt is None:
-                return float("-inf")
-            if max_id is not None and id_order(nxt) >= id_order(max_id):
-                return covered_after
+                yield [_http.END]
+            if nxt is None or (max_id is not None and id_order(nxt) >= id_order(max_id)):
+                return
             max_id = nxt
-        return covered_after
 
     def _context_replies(self, parent_id: str, sender_id: str, found: _http.Found) -> bool:
         """Add the own direct replies among the parent's descendants to ``found``; True if the list was complete."""

@@ -74,8 +74,8 @@ class MemoryPlatform:
         """``platform = "memory"``: a scripted platform, alone or shared between processes by a journal file."""
 
         instance: Text = "memory:test"
-        sender_id: Text = "bot-1"
-        journal: Text | None = None
+        sender_id: Text = "bot-1"  # the bot's id on this platform
+        journal: Text | None = None  # a file every process appends its replies to (one platform for all)
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock) -> MemoryPlatform:
