@@ -243,6 +243,10 @@ class SlackPlatform(_http.HttpPlatform):
             raise BadResponse(f"{method}: body is not a JSON object", status=resp.status_code)
         if data.get("ok") is True:
             return data
+        if data.get("ok") is not False:  # a 2xx that is neither a success nor a refusal
+            if acts:
+                raise MaybeSent(f"{method}: HTTP {resp.status_code} without ok (after a 2xx)", status=resp.status_code)
+            raise BadResponse(f"{method}: field ok missing", status=resp.status_code)
         code = error if isinstance(error, str) else "no_error_code"
         detail = f"{method}: {code}"[:200]
         if code in _AUTH_ERRORS:

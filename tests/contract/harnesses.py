@@ -660,6 +660,91 @@ class MatrixHarness(Harness):
         self.proxy.close()
 
 
+# --- Slack on the stateful fake ---------------------------------------------------------------
+
+
+class SlackHarness(Harness):
+    """Slack on ``tests/slack_fake.py`` (Web API on Slack's published shapes), counted in the fake's threads."""
+
+    kind = "slack"
+    skips = {
+        "test_search_cursor_moves_forward": "a bot cannot search Slack: search.messages needs a user token",
+    }
+    bad_settings = bad({"token": "xoxb-" + SECRET}, missing=("token",), wrong=(
+        ("token", SECRET), ("app_token", "xoxb-" + SECRET), ("api_url", "ftp://x"), ("channels", ["#general"]),
+        ("page_limit", 0), ("rate_per_minute", {"chat.postMessage": 0}), ("search_queries", ["help"]),
+        ("listing_delay_s", -1), ("colour", "red")))
+    small_pages = {"page_limit": 1, "max_pages": 1}
+    url_key = "api_url"
+    send_route = ("POST", r"^/api/chat\.postMessage")
+    delete_route = ("POST", r"^/api/chat\.delete")
+    ALICE = "U0ALICE001"
+
+    def __init__(self, http: httpx.Client) -> None:
+        from tests.slack_fake import BOT_USER, SlackWebApi, SlackWorld
+
+        self.http = http
+        self.clock = FakeClock(time.time())
+        self.world = SlackWorld(now=self.clock.now)
+        self.channels: dict[int, str] = {}
+        self.bot = BOT_USER
+        self.api = SlackWebApi(self.world).__enter__()
+        self.proxy = FaultProxy(self.api.url.removesuffix("/api"))
+
+    def settings(self) -> dict[str, Any]:
+        """The bot token on the fake, through the proxy."""
+        from tests.slack_fake import BOT_TOKENS
+
+        return {"api_url": self.proxy.url + "/api", "token": BOT_TOKENS[0], "listing_delay_s": 0}
+
+    def bot_id(self) -> str:
+        """The bot user id auth.test serves."""
+        return self.bot
+
+    def _channel(self, place: int) -> str:
+        if place not in self.channels:
+            cid = f"C0PLACE{place:03d}"
+            self.world.add_channel(cid, self.bot, self.ALICE)
+            self.channels[place] = cid
+        return self.channels[place]
+
+    def post(self, text: str, *, mention: bool = True, place: int = 0) -> Post:
+        """Alice says ``text`` in the place's channel, naming the bot; refs: the served id and the permalink."""
+        self.clock.advance(1)
+        cid = self._channel(place)
+        pid = self.world.say(cid, self.ALICE, f"<@{self.bot}> {text}" if mention else text, push=False)
+        ts = pid.partition(":")[2]
+        return Post(pid, self.ALICE, [pid, f"https://acme.slack.com/archives/{cid}/p{ts.replace('.', '')}"])
+
+    def reply_count(self, parent_id: str) -> int:
+        """The bot's messages in the parent's thread, as the fake holds them."""
+        return len(self.world.bot_replies(parent_id))
+
+    def refusal(self) -> Reply:
+        """Slack's refusal: HTTP 200, ``ok: false``, ``msg_too_long``."""
+        return Reply(200, {"ok": False, "error": "msg_too_long"})
+
+    def rate_limit(self) -> Reply:
+        """Slack's 429 ``ratelimited`` with Retry-After."""
+        return Reply(429, {"ok": False, "error": "ratelimited"}, {"retry-after": str(RETRY_AFTER_S)})
+
+    def gone(self) -> Reply:
+        """Slack's ``message_not_found`` (HTTP 200)."""
+        return Reply(200, {"ok": False, "error": "message_not_found"})
+
+    def read_routes(self, parent: Parent) -> list[str]:
+        """conversations.replies of the parent's thread."""
+        channel, _, ts = parent.id.partition(":")
+        root = parent.extra.get("thread_ts") or ts
+        return [rf"^/api/conversations\.replies\?channel={re.escape(channel)}&ts={re.escape(root)}"]
+
+    def close(self) -> None:
+        """Stop the proxy and the fake."""
+        assert self.proxy is not None
+        self.proxy.close()
+        self.api.__exit__(None, None, None)
+
+
 @dataclass(frozen=True)
 class Entry:
     """One adapter's row in the contract-suite parameters: its harness and the session fixture it runs on."""
@@ -676,6 +761,7 @@ HARNESSES: dict[str, Entry] = {
     "github": Entry(GitHubHarness, "contract_forum_host"),
     "bluesky": Entry(BlueskyHarness, "bsky_network"),
     "matrix": Entry(MatrixHarness, "synapse"),
+    "slack": Entry(SlackHarness, None),
 }
 
 
