@@ -1,4 +1,5 @@
-"""Stream discovery: a held connection on which the platform pushes mentions (Mastodon's notification stream).
+"""Stream discovery: a held connection on which the platform pushes mentions (Mastodon's notification stream,
+Slack's Socket Mode: each envelope acknowledged by the adapter before its parent is offered here).
 
 One thread per streaming bot reads the adapter's stream and offers each parent to the bot's pipeline with
 path ``stream``: the same ``Parent`` the inbox poll builds, so the same key. A stream is a latency win,

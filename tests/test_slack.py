@@ -404,6 +404,42 @@ def test_receiver_answers_the_challenge_acks_retries_and_refuses_replays(api, wo
     assert offered == [(f"{GENERAL}:{ch.messages[-1].ts}", "webhook")] * 4
 
 
+def test_the_fake_retries_an_unacked_delivery_as_slack_does(world) -> None:
+    """The fake's Events API sender (what the daemon tests rely on): a delivery never acked 2xx is sent 4 times,
+    X-Slack-Retry-Num 1-3 with a reason, each signed; an acked one once."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from tests.fakes_forum import AppServer
+    from tests.slack_fake import EventsSender
+
+    seen: list[tuple[str, str | None, str | None, bool]] = []
+
+    async def endpoint(request: Request) -> Response:
+        body = await request.body()
+        ok = slack_verify(SIGNING_SECRET, body, request.headers, time.time())
+        ev = json.loads(body)["event"]
+        seen.append((ev["channel"], request.headers.get("x-slack-retry-num"),
+                     request.headers.get("x-slack-retry-reason"), ok))
+        return Response(status_code=500 if ev["channel"] == DM else 200)
+
+    server = AppServer(Starlette(routes=[Route("/", endpoint, methods=["POST"])]))
+    server.start()
+    sender = EventsSender(world, [server.url + "/"], minute_s=0.05)
+    try:
+        world.say(DM, ALICE, "failing endpoint")
+        mention(world)
+        assert wait_until(lambda: sender.pending() == 0 and len(seen) == 6, 10)
+    finally:
+        sender.close()
+        server.stop()
+    dm = [(n, r) for c, n, r, ok in seen if c == DM and ok]
+    assert dm == [(None, None), ("1", "http_error"), ("2", "http_error"), ("3", "http_error")]
+    assert [(n, ok) for c, n, _r, ok in seen if c == GENERAL] == [(None, True), (None, True)]  # message, app_mention
+
+
 # -- Socket Mode -------------------------------------------------------------------------------------
 
 
