@@ -15,9 +15,9 @@ kind               signature header (HMAC-SHA256 of the body)   event header / d
                                                                 ``X-GitHub-Delivery``
 ``discourse``      ``X-Discourse-Event-Signature: sha256=<hex>`` ``X-Discourse-Event`` /
                                                                 ``X-Discourse-Event-Id``
-``slack``          ``X-Slack-Signature: v0=<hex>`` of           in the body (``event.type`` /
-                   ``v0:{X-Slack-Request-Timestamp}:{body}``,   ``event_id``)
-                   refused outside a 5-minute window
+``slack``          ``X-Slack-Signature: v0=<hex>`` of           in the body (``event.type``) /
+                   ``v0:{X-Slack-Request-Timestamp}:{body}``,   ``X-Slack-Retry-Num`` (logged:
+                   refused outside a 5-minute window            the event id is in the body)
 =================  ==========================================  ===============================
 
 Slack also checks the URL once with a signed ``url_verification`` delivery: an adapter that is a
