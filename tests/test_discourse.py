@@ -11,7 +11,6 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from replyd import store as st
 from replyd.clock import FakeClock
 from replyd.errors import (
     BadResponse,
@@ -753,82 +752,6 @@ def _mention(w: dict[str, Any]) -> Any:
 
 def _past_deadline(w: dict[str, Any]) -> None:
     w["clock"].advance(10.0 + w["plat"].listing_delay_s + 1)
-
-
-def test_e2e_three_paths_one_reply(world: dict[str, Any]) -> None:
-    """A post found by inbox, search and refind is answered once; the other two paths see it answered."""
-    post = _mention(world)
-    plat, guard = world["plat"], world["guard"]
-    paths = {
-        "inbox": plat.inbox(None).parents,
-        "search": plat.search("widgets", None).parents,
-        "refind": plat.refind(world["clock"].now() - 3600),
-    }
-    assert all([p.id for p in found] == [str(post.id)] for found in paths.values())
-    outcomes = [guard.post(found[0], f"answer from {name}", path=name).status for name, found in paths.items()]
-    assert outcomes == [Status.POSTED, Status.ALREADY_ANSWERED, Status.ALREADY_ANSWERED]
-    assert world["fake"].reply_count(post.id) == 1
-
-
-def test_e2e_lost_response_closed_by_sweep(world: dict[str, Any]) -> None:
-    """The post lands but its answer is lost: the row stays open and the sweep closes it from user_actions."""
-    post = _mention(world)
-    [p] = world["plat"].inbox(None).parents
-    world["fake"].faults = ["lost"]
-    out = world["guard"].post(p, "hello")
-    assert out.status is Status.UNCERTAIN
-    _past_deadline(world)
-    res = world["sweeper"].run_once()
-    assert res.closed == 1
-    [reply] = world["fake"].replies(post.id)
-    row = world["store"].get(world["guard"].key(p.id))
-    assert row.state == st.CLOSED and row.reply_id == str(reply.id)
-    assert world["guard"].post(p, "hello again").status is Status.ALREADY_ANSWERED
-    assert world["fake"].reply_count(post.id) == 1 and world["fake"].create_requests == 1
-
-
-def test_e2e_crash_before_close(world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The process dies between the send and the close: the sweep closes the open row; one reply."""
-    post = _mention(world)
-    [p] = world["plat"].inbox(None).parents
-
-    def crash(*a: Any, **k: Any) -> None:
-        raise SystemExit("killed before close")
-
-    monkeypatch.setattr(world["guard"], "_close", crash)
-    with pytest.raises(SystemExit):
-        world["guard"].post(p, "hello")
-    monkeypatch.undo()
-    assert world["store"].get(world["guard"].key(p.id)).state == st.OPEN
-    assert world["guard"].post(p, "hello").status is Status.IN_FLIGHT
-    _past_deadline(world)
-    assert world["sweeper"].run_once().closed == 1
-    assert world["guard"].post(p, "hello").status is Status.ALREADY_ANSWERED
-    assert world["fake"].reply_count(post.id) == 1
-
-
-def test_e2e_reworded_retry_already_answered(world: dict[str, Any]) -> None:
-    """A second post with other words hits the same key; the fake still holds one reply."""
-    post = _mention(world)
-    [p] = world["plat"].inbox(None).parents
-    first = world["guard"].post(p, "Widgets work by magic.")
-    again = world["guard"].post(p, "Widgets, as it happens, run on magic!")
-    assert (first.status, again.status) == (Status.POSTED, Status.ALREADY_ANSWERED)
-    assert again.reply_id == first.reply_id
-    assert world["fake"].reply_count(post.id) == 1 and world["fake"].create_requests == 1
-
-
-def test_e2e_5xx_before_create_gets_one_more_attempt(world: dict[str, Any]) -> None:
-    """A 502 with nothing created: the sweep finds no reply, marks not_landed, and the retry lands once."""
-    post = _mention(world)
-    [p] = world["plat"].inbox(None).parents
-    world["fake"].faults = ["error_before"]
-    assert world["guard"].post(p, "hi").status is Status.UNCERTAIN
-    _past_deadline(world)
-    assert world["sweeper"].run_once().not_landed == 1
-    out = world["guard"].post(p, "hi")
-    assert out.status is Status.POSTED and out.attempt == 2
-    assert world["fake"].reply_count(post.id) == 1
 
 
 def test_e2e_rate_limited_releases_without_posting(world: dict[str, Any]) -> None:

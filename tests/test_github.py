@@ -11,7 +11,6 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from replyd import store as st
 from replyd.clock import FakeClock
 from replyd.errors import (
     BadResponse,
@@ -570,21 +569,6 @@ def test_e2e_sender_id_is_big_string(world: dict[str, Any]) -> None:
     assert world["guard"].key("1").sender_id == "4100000001"
 
 
-def test_e2e_three_paths_one_reply(world: dict[str, Any]) -> None:
-    """An issue found by inbox (notification and repo listing), search and refind gets one comment."""
-    issue = _issue(world)
-    plat, guard = world["plat"], world["guard"]
-    paths = {
-        "inbox": plat.inbox(None).parents,
-        "search": plat.search("widgets crash", None).parents,
-        "refind": plat.refind(world["clock"].now() - 3600),
-    }
-    assert all([p.id for p in found] == [str(issue.id)] for found in paths.values())
-    outcomes = [guard.post(found[0], f"answer from {name}", path=name).status for name, found in paths.items()]
-    assert outcomes == [Status.POSTED, Status.ALREADY_ANSWERED, Status.ALREADY_ANSWERED]
-    assert world["fake"].reply_count(issue) == 1
-
-
 def test_e2e_lost_response_closed_by_sweep(world: dict[str, Any]) -> None:
     """The comment lands but its answer is lost: the sweep finds it in the repo-wide listing and closes the row."""
     issue = _issue(world)
@@ -598,48 +582,6 @@ def test_e2e_lost_response_closed_by_sweep(world: dict[str, Any]) -> None:
     assert world["guard"].post(p, "hello").status is Status.ALREADY_ANSWERED
     assert world["fake"].reply_count(issue) == 1 and world["fake"].create_requests == 1
     assert any(r.endswith("/repos/acme/widgets/issues/comments") for r in world["fake"].requests)
-
-
-def test_e2e_crash_before_close(world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The process dies between send and close: the sweep closes it; one comment."""
-    issue = _issue(world)
-    p = _one(world)
-
-    def crash(*a: Any, **k: Any) -> None:
-        raise SystemExit("killed before close")
-
-    monkeypatch.setattr(world["guard"], "_close", crash)
-    with pytest.raises(SystemExit):
-        world["guard"].post(p, "hello")
-    monkeypatch.undo()
-    assert world["store"].get(world["guard"].key(p.id)).state == st.OPEN
-    _past_deadline(world)
-    assert world["sweeper"].run_once().closed == 1
-    assert world["guard"].post(p, "hello").status is Status.ALREADY_ANSWERED
-    assert world["fake"].reply_count(issue) == 1
-
-
-def test_e2e_reworded_retry_already_answered(world: dict[str, Any]) -> None:
-    """A reworded second post reports already answered and sends nothing."""
-    issue = _issue(world)
-    p = _one(world)
-    first = world["guard"].post(p, "Try turning it off and on.")
-    again = world["guard"].post(p, "Have you tried a restart?")
-    assert (first.status, again.status) == (Status.POSTED, Status.ALREADY_ANSWERED)
-    assert world["fake"].reply_count(issue) == 1 and world["fake"].create_requests == 1
-
-
-def test_e2e_5xx_before_create_gets_one_more_attempt(world: dict[str, Any]) -> None:
-    """A 502 with nothing created: not_landed after the sweep, then exactly one comment from attempt 2."""
-    issue = _issue(world)
-    p = _one(world)
-    world["fake"].faults = ["error_before"]
-    assert world["guard"].post(p, "hi").status is Status.UNCERTAIN
-    _past_deadline(world)
-    assert world["sweeper"].run_once().not_landed == 1
-    out = world["guard"].post(p, "hi")
-    assert out.status is Status.POSTED and out.attempt == 2
-    assert world["fake"].reply_count(issue) == 1
 
 
 def test_e2e_secondary_limit_and_locked_issue(world: dict[str, Any]) -> None:

@@ -235,24 +235,6 @@ def test_lost_response_then_retry_returns_the_same_event(world: World) -> None:
         proxy.close()
 
 
-def test_sweep_closes_a_lost_send_with_the_landed_event(world: World) -> None:
-    """The sweep's read-back closes the uncertain row with the event that landed; no second reply is sent."""
-    proxy = DropProxy(world.hs.base_url)
-    try:
-        lossy = world.adapter(proxy.url)
-        parent = world.parent()
-        proxy.drop_sends = 1
-        assert world.guard(lossy).post(parent, "answer", path="inbox").status is Status.UNCERTAIN
-        world.sweep()
-        row = world.store.get(world.guard().key(parent.id))
-        landed = world.replies(parent.id)
-        assert row.state == st.CLOSED and [row.reply_id] == landed
-        assert world.guard().post(parent, "answer", path="search").status is Status.ALREADY_ANSWERED
-        assert world.replies(parent.id) == landed
-    finally:
-        proxy.close()
-
-
 def _crash_after_send(world: World, parent: Parent) -> None:
     child = CTX.Process(target=crash_before_close_on,
                         args=("matrix", world.settings(), world.store.url, parent.snapshot(), "the first answer"))

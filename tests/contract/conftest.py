@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.contract.harnesses import HARNESSES, Harness, build
+from tests.fakes_forum import store_template  # noqa: F401  (a migrated SQLite template per module, copied per test)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

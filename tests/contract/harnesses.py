@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import httpx
 
-from replyd.clock import Clock, FakeClock, SystemClock
+from replyd.clock import FakeClock, SystemClock
 from replyd.platforms.base import Parent, Platform, default_provider_key, make_platform
 from tests.contract.proxy import FaultProxy, Rule
 from tests.fixtures_server import Reply, closed_port_url, html_error
@@ -89,7 +89,7 @@ class Harness:
     # Settings that make listings page in small steps.
     small_pages: ClassVar[dict[str, Any]] = {}
 
-    clock: Clock
+    clock: FakeClock  # every harness: the adapter, guard and sweep read it; a test moves it past deadlines
     proxy: FaultProxy | None = None
     http: httpx.Client
 
@@ -122,9 +122,13 @@ class Harness:
         post = self.post(text or f"{tag()} how do widgets work?", place=place)
         return self.eventually(lambda: adapter.resolve(post.refs[0]), lambda p: p.id == post.id)
 
+    def reply_ids(self, parent_id: str) -> list[str]:
+        """The ids of the bot's replies that exist under ``parent_id``, read on the platform's side."""
+        raise NotImplementedError
+
     def reply_count(self, parent_id: str) -> int:
         """How many replies by the bot exist under ``parent_id``, read on the platform's side."""
-        raise NotImplementedError
+        return len(self.reply_ids(parent_id))
 
     def settle(self, posts: list[Post]) -> None:
         """Wait until the platform's listings show ``posts`` (real servers index asynchronously)."""
@@ -246,9 +250,10 @@ class MemoryHarness(Harness):
         p = self.platform.add_parent(f"m-{self._n}", author_id="user-1", text=text)  # type: ignore[attr-defined]
         return Post(p.id, "user-1", [p.id])
 
-    def reply_count(self, parent_id: str) -> int:
+    def reply_ids(self, parent_id: str) -> list[str]:
         """Replies the platform object holds."""
-        return self.platform.reply_count(parent_id)  # type: ignore[attr-defined]
+        return [r["reply_id"] for r in self.platform.replies()  # type: ignore[attr-defined]
+                if r["parent_id"] == parent_id and r["sender_id"] == self.bot_id()]
 
     def fail_next_send(self, fault: str) -> None:
         """The next script step (an unreadable answer is a lost one here: memory has no body to garble)."""
@@ -307,9 +312,11 @@ class MastodonHarness(Harness):
         st = self.world.post(self.alice, text, mention=[self.bot] if mention else [])
         return Post(st.id, self.alice.id, [f"{self.sim.base_url}/@alice/{st.id}", st.id])
 
-    def reply_count(self, parent_id: str) -> int:
-        """The sim's count of the bot's replies under the parent."""
-        return self.world.replies_by(self.bot.id).get(parent_id, 0)
+    def reply_ids(self, parent_id: str) -> list[str]:
+        """The bot's live statuses answering the parent, as the sim holds them."""
+        with self.world.lock:
+            return [st.id for st in self.world.statuses.values()
+                    if st.account_id == self.bot.id and st.in_reply_to_id == parent_id and st.deleted_at is None]
 
     def refusal(self) -> Reply:
         """Mastodon's 422."""
@@ -381,9 +388,9 @@ class DiscourseHarness(Harness):
         return Post(str(p.id), str(self.alice.id),
                     [f"{self.proxy.url}/t/{topic.slug}/{p.topic_id}/{p.post_number}", str(p.id)])
 
-    def reply_count(self, parent_id: str) -> int:
-        """The fake's count of the bot's replies to the post."""
-        return self.fake.reply_count(parent_id)
+    def reply_ids(self, parent_id: str) -> list[str]:
+        """The bot's live posts answering the post, as the fake holds them."""
+        return [str(p.id) for p in self.fake.replies(parent_id)]
 
     def refusal(self) -> Reply:
         """Discourse's 422 for a post it will not take."""
@@ -460,9 +467,9 @@ class GitHubHarness(Harness):
         return Post(str(issue.id), str(self.alice.id),
                     [f"https://github.com/{self.REPO}/issues/{issue.number}", f"{self.REPO}#{issue.number}"])
 
-    def reply_count(self, parent_id: str) -> int:
-        """The fake's count of the bot's comments on the issue."""
-        return self.fake.reply_count(self.issues[parent_id])
+    def reply_ids(self, parent_id: str) -> list[str]:
+        """The bot's live comments on the issue, as the fake holds them."""
+        return [str(c.id) for c in self.fake.replies(self.issues[parent_id])]
 
     def refusal(self) -> Reply:
         """GitHub's 422."""
@@ -520,7 +527,7 @@ class BlueskyHarness(Harness):
 
     def __init__(self, net: Any, http: httpx.Client) -> None:
         self.net, self.http = net, http
-        self.clock = SystemClock()
+        self.clock = FakeClock(SystemClock().now())  # real time at the start; tests move it past deadlines
         self.alice = net.people["alice.test"]
         self.proxy = FaultProxy(net.pds)
 
@@ -545,9 +552,10 @@ class BlueskyHarness(Harness):
         """The AppView indexes notifications a moment after the post itself."""
         self.net.settle(1.0)
 
-    def reply_count(self, parent_id: str) -> int:
+    def reply_ids(self, parent_id: str) -> list[str]:
         """Posts in the bot's PDS repository whose reply parent is ``parent_id`` (read-your-writes)."""
-        n, cursor = 0, None
+        out: list[str] = []
+        cursor = None
         while True:
             params = {"repo": self.net.bot.did, "collection": "app.bsky.feed.post", "limit": 100}
             if cursor:
@@ -555,10 +563,10 @@ class BlueskyHarness(Harness):
             body = self.net.xrpc("GET", "com.atproto.repo.listRecords", params=params).json()
             for rec in body.get("records", []):
                 if rec["value"].get("reply", {}).get("parent", {}).get("uri") == parent_id:
-                    n += 1
+                    out.append(rec["uri"])
             cursor = body.get("cursor")
             if not cursor or not body.get("records"):
-                return n
+                return out
 
     def refusal(self) -> Reply:
         """The PDS's 400 InvalidRequest."""
@@ -566,7 +574,7 @@ class BlueskyHarness(Harness):
 
     def rate_limit(self) -> Reply:
         """The PDS's 429 with its ratelimit headers."""
-        reset = int(time.time()) + RETRY_AFTER_S
+        reset = int(self.clock.now()) + RETRY_AFTER_S
         return Reply(429, {"error": "RateLimitExceeded", "message": "Rate Limit Exceeded"},
                       {"ratelimit-limit": "5000", "ratelimit-remaining": "0", "ratelimit-reset": str(reset),
                        "retry-after": str(RETRY_AFTER_S)})
@@ -603,7 +611,7 @@ class MatrixHarness(Harness):
 
     def __init__(self, hs: Any, http: httpx.Client) -> None:
         self.hs, self.http = hs, http
-        self.clock = SystemClock()
+        self.clock = FakeClock(SystemClock().now())  # real time at the start; tests move it past deadlines
         self.alice, self.carol = hs.people["alice"], hs.people["carol"]
         self.rooms: dict[int, str] = {}
         self.proxy = FaultProxy(hs.base_url)
@@ -632,10 +640,10 @@ class MatrixHarness(Harness):
         self._room_of[event_id] = room
         return Post(event_id, self.alice.user_id, [f"https://matrix.to/#/{room}/{event_id}", f"{room}/{event_id}"])
 
-    def reply_count(self, parent_id: str) -> int:
+    def reply_ids(self, parent_id: str) -> list[str]:
         """The bot's replies to the event as carol reads the room."""
         room = self._room_of[parent_id]
-        return len(self.hs.replies_by(room, self.hs.bot.user_id, self.carol).get(parent_id, []))
+        return self.hs.replies_by(room, self.hs.bot.user_id, self.carol).get(parent_id, [])
 
     def refusal(self) -> Reply:
         """Synapse's 400 M_TOO_LARGE."""
