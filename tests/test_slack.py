@@ -335,13 +335,22 @@ def test_inbox_pages_every_channel_and_the_cursor_moves_on(api, world) -> None:
     assert set(json.loads(page.cursor)) == {GENERAL, DM}
 
 
-def test_inbox_finds_a_mention_inside_a_new_thread(api, world) -> None:
-    """A mention posted as a thread reply (not in conversations.history) is read from the thread."""
-    plat = make(api)
+def test_inbox_finds_a_mention_inside_a_thread_new_or_older_than_the_cursor(api, world) -> None:
+    """A mention posted as a thread reply (not in conversations.history) is read from its thread, also when the
+    thread started before the cursor; one beyond thread_window_s is not."""
+    clock = FakeClock(time.time())
+    plat = make(api, clock)
+    old_root = world.say(GENERAL, ALICE, "an old discussion")
     cursor = plat.inbox(None).cursor
     root = world.say(GENERAL, ALICE, "something broke")
     inner = mention(world, "look?", thread_ts=root.partition(":")[2])
-    assert [p.id for p in plat.inbox(cursor).parents] == [inner]
+    late = mention(world, "and this old one?", thread_ts=old_root.partition(":")[2])
+    page = plat.inbox(cursor)
+    assert sorted(p.id for p in page.parents) == sorted([inner, late])
+    assert plat.inbox(page.cursor).parents == []
+    clock.advance(2 * 86_400)  # the old thread's parent is now outside thread_window_s
+    later = mention(world, "still there?", thread_ts=old_root.partition(":")[2])
+    assert later not in [p.id for p in plat.inbox(page.cursor).parents]
 
 
 # -- Events API receiver -----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ Settings (``[bots.settings]`` with ``platform = "slack"``):
 ``channels``             channel ids the backstop poll reads (default: every conversation the
                          bot is a member of, from ``users.conversations``)
 ``inbox_lookback_s``     how far back the first poll of a channel reads (default 86400)
+``thread_window_s``      threads whose parent is this recent have their new replies read (86400)
 ``rate_per_minute``      ``{method = n}`` overrides of the client-side method-tier budgets below
 ``listing_delay_s``      seconds before a sweep may trust a read-back (default 2)
 ``timeout_s``, ``page_limit`` (1-999, default 200), ``max_pages`` (default 10)
@@ -157,6 +158,8 @@ class SlackPlatform(_http.HttpPlatform):
         api_url: _http.Url = "https://slack.com/api"
         channels: list[str] = []
         inbox_lookback_s: float = Field(86_400.0, ge=0)
+        # How old a thread's parent may be for the poll to still read the thread's new replies.
+        thread_window_s: float = Field(86_400.0, ge=0)
         rate_per_minute: dict[str, int] = {}
         listing_delay_s: float = Field(2.0, ge=0)
         page_limit: int = Field(200, ge=1, le=999)
@@ -396,26 +399,34 @@ class SlackPlatform(_http.HttpPlatform):
             out.extend(c["id"] for c in items if isinstance(c, dict) and isinstance(c.get("id"), str))
         return out
 
-    def _read_channel(self, channel: str, oldest: str) -> tuple[list[Parent], str]:
-        """Parents in ``channel`` after ``oldest`` (thread replies included) and the newest ts seen."""
+    def _read_channel(self, channel: str, oldest: str, *, threads_since: str | None = None) -> tuple[list[Parent], str]:
+        """Parents in ``channel`` after ``oldest`` (thread replies included) and the newest ts seen.
+
+        Thread replies are not in ``conversations.history``: the threads whose parent is after
+        ``threads_since`` (default ``oldest``) and whose latest reply is after ``oldest`` are read too,
+        so a mention in a thread started before the cursor is still found.
+        """
         me = self._identity().sender_id
         found: dict[str, Parent] = {}
         newest = oldest
         threads: list[str] = []
         complete = False
-        for items, last in self._pages("conversations.history", {"channel": channel, "oldest": oldest,
+        scan = oldest
+        for items, last in self._pages("conversations.history", {"channel": channel, "oldest": scan,
                                                                  "inclusive": "false"}, "messages"):
             complete = last
             for msg in items:
                 if not isinstance(msg, dict) or not isinstance(msg.get("ts"), str):
                     continue
+                latest = msg.get("latest_reply")
+                if msg.get("reply_count") and isinstance(latest, str) and ts_order(latest) > ts_order(oldest):
+                    threads.append(msg["ts"])
+                if ts_order(msg["ts"]) <= ts_order(oldest):
+                    continue  # read only to find active threads
                 newest = max(newest, msg["ts"], key=ts_order)
                 p = self._parent(msg, channel, channel_type=None)
                 if isinstance(p, Parent):
                     found[p.id] = p
-                latest = msg.get("latest_reply")
-                if msg.get("reply_count") and isinstance(latest, str) and ts_order(latest) > ts_order(oldest):
-                    threads.append(msg["ts"])
         if not complete:
             # Newest first: more than max_pages pages since the cursor leaves older ones unread (Events API and
             # Socket Mode still deliver them; raise max_pages or poll more often).
@@ -439,10 +450,11 @@ class SlackPlatform(_http.HttpPlatform):
             seen = {}
         seen = seen if isinstance(seen, dict) else {}
         first = f"{max(0.0, self._clock.now() - self.s.inbox_lookback_s):.6f}"
+        window = f"{max(0.0, self._clock.now() - self.s.thread_window_s):.6f}"
         parents: list[Parent] = []
         for channel in self._channels():
             oldest = seen.get(channel) if isinstance(seen.get(channel), str) else first
-            found, newest = self._read_channel(channel, oldest)
+            found, newest = self._read_channel(channel, oldest, threads_since=window)
             parents.extend(found)
             seen[channel] = newest
         parents.sort(key=lambda p: (ts_order(p.extra["ts"]), p.id))
