@@ -411,7 +411,7 @@ class SlackPlatform(_http.HttpPlatform):
         newest = oldest
         threads: list[str] = []
         complete = False
-        scan = oldest
+        scan = min(oldest, threads_since or oldest, key=ts_order)
         for items, last in self._pages("conversations.history", {"channel": channel, "oldest": scan,
                                                                  "inclusive": "false"}, "messages"):
             complete = last
