@@ -52,7 +52,7 @@ Error mapping at this boundary (Slack answers most refusals HTTP 200 ``{"ok": fa
     ``is_archived``, ``msg_too_long``, other codes
     ``internal_error``, ``fatal_error``,                 MaybeSent          DefinitelyNotSent
     ``service_unavailable``, ``request_timeout``, 5xx
-    ``ok: true`` without ``ts``                          MaybeSent          BadResponse
+    ``ok: true`` without ``ts``; a 2xx without ``ok``    MaybeSent          BadResponse
 """
 
 from __future__ import annotations
@@ -153,19 +153,19 @@ class SlackPlatform(_http.HttpPlatform):
         """``[bots.settings]`` with ``platform = "slack"`` (the table in the module docstring)."""
 
         URLS: ClassVar[tuple[str, ...]] = ("api_url",)
-        token: Token
-        app_token: Token | None = None
+        token: Token  # the bot token, xoxb-…
+        app_token: Token | None = None  # the app-level token, xapp-… (Socket Mode only)
         api_url: _http.Url = "https://slack.com/api"
-        channels: list[str] = []
-        inbox_lookback_s: float = Field(86_400.0, ge=0)
+        channels: list[str] = []  # the backstop poll's channels; empty: users.conversations
+        inbox_lookback_s: float = Field(86_400.0, ge=0)  # how far back a channel's first poll reads
         # How old a thread's parent may be for the poll to still read the thread's new replies.
         thread_window_s: float = Field(86_400.0, ge=0)
-        rate_per_minute: dict[str, int] = {}
-        listing_delay_s: float = Field(2.0, ge=0)
-        page_limit: int = Field(200, ge=1, le=999)
-        max_pages: int = Field(10, ge=1, le=10_000)
-        team_id: str | None = None
-        search_queries: list[str] = []
+        rate_per_minute: dict[str, int] = {}  # {method: n} over the tier budgets (_TIERS)
+        listing_delay_s: float = Field(2.0, ge=0)  # conversations.replies lists a reply once the post returns
+        page_limit: int = Field(200, ge=1, le=999)  # conversations.* limit (Slack advises at most 200)
+        max_pages: int = Field(10, ge=1, le=10_000)  # pages per listing walk
+        team_id: str | None = None  # the instance becomes slack:<team_id>
+        search_queries: list[str] = []  # refused: bots cannot search Slack
 
         @field_validator("token")
         @classmethod
