@@ -610,16 +610,3 @@ def test_e2e_listing_delay_longer_than_configured_duplicates(world: dict[str, An
     assert world["sweeper"].run_once().not_landed == 1
     assert world["guard"].post(p, "hi").status is Status.POSTED
     assert world["fake"].reply_count(issue) == 2
-
-
-from tests.pollers_harness import pollers_for as _pollers, run_paths as _run_paths  # noqa: E402
-
-
-def test_pollers_three_paths_lost_responses_one_reply_one_call(world: dict[str, Any]) -> None:
-    """Issues found by inbox, search and re-find, first creates lost: one comment each, one responder call each."""
-    issues = [_issue(world) for _ in range(3)]
-    world["fake"].faults.extend(["lost", "lost"])
-    calls: list[str] = []
-    _run_paths(_pollers(world, "widgets crash", calls), world)
-    assert [world["fake"].reply_count(i) for i in issues] == [1, 1, 1]
-    assert sorted(calls) == sorted(str(i.id) for i in issues)

@@ -196,6 +196,11 @@ class Harness:
         """An adapter for the bot whose server refuses connections (nothing listens at its URL)."""
         return self.adapter(**{self.url_key: closed_port_url()})
 
+    def faults_met(self) -> bool:
+        """Whether every fault injected for a number of requests was met that many times."""
+        assert self.proxy is not None
+        return all(r.hits == r.times for r in self.proxy.rules if r.times is not None)
+
     def answer_next_delete_gone(self) -> None:
         """Make the next delete meet the platform's "not found" answer (the reply is already gone)."""
         assert self.proxy is not None
@@ -272,6 +277,10 @@ class MemoryHarness(Harness):
         """The next script step (an unreadable answer is a lost one here: memory has no body to garble)."""
         step = {"refused": "rejected", "garbled": "lost", "no_id": "lost"}.get(fault, fault)
         self.platform.script.append(step)  # type: ignore[attr-defined]
+
+    def faults_met(self) -> bool:
+        """Whether every scripted step was used."""
+        return not self.platform.script  # type: ignore[attr-defined]
 
     def unreachable(self) -> Platform:
         """The platform scripted as unreachable: the next send is refused before acting, the next read-back fails."""
