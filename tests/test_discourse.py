@@ -812,16 +812,3 @@ def test_e2e_listing_delay_longer_than_configured_duplicates(world: dict[str, An
     assert world["sweeper"].run_once().not_landed == 1  # the read-back could not see it yet
     assert world["guard"].post(p, "hi").status is Status.POSTED
     assert fake.reply_count(post.id) == 2
-
-
-from tests.pollers_harness import pollers_for as _pollers, run_paths as _run_paths  # noqa: E402
-
-
-def test_pollers_three_paths_lost_responses_one_reply_one_call(world: dict[str, Any]) -> None:
-    """Posts found by inbox, search and re-find, first creates lost: one reply each, one responder call each."""
-    posts = [_mention(world) for _ in range(3)]
-    world["fake"].faults.extend(["lost", "lost"])
-    calls: list[str] = []
-    _run_paths(_pollers(world, "widgets", calls), world)
-    assert [world["fake"].reply_count(p.id) for p in posts] == [1, 1, 1]
-    assert sorted(calls) == sorted(str(p.id) for p in posts)

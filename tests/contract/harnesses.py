@@ -107,6 +107,18 @@ class Harness:
         """The bot's stable id as the platform itself knows it."""
         raise NotImplementedError
 
+    def secret(self) -> str:
+        """The bot's credential in the settings (token, API key, app password)."""
+        raise NotImplementedError
+
+    def echo_secret(self, status: int, *, every_request: bool = False) -> None:
+        """Make the next send (or every request) meet ``status`` with a body repeating the secret in every usual field."""
+        assert self.proxy is not None
+        text = f"token {self.secret()} is odd"
+        body = {"error": text, "message": text, "errors": [text], "errcode": "M_UNKNOWN_TOKEN"}
+        route = ("*", ".") if every_request else self.send_route
+        self.proxy.add(Rule(*route, answer=Reply(status, body, {"retry-after": "1"}), times=None if every_request else 1))
+
     def provider_key(self, adapter: Platform, parent_id: str) -> str:
         """The idempotency key the guard would pass for (bot, parent)."""
         return default_provider_key(adapter.instance, self.bot_id(), parent_id)
@@ -184,6 +196,11 @@ class Harness:
         """An adapter for the bot whose server refuses connections (nothing listens at its URL)."""
         return self.adapter(**{self.url_key: closed_port_url()})
 
+    def faults_met(self) -> bool:
+        """Whether every fault injected for a number of requests was met that many times."""
+        assert self.proxy is not None
+        return all(r.hits == r.times for r in self.proxy.rules if r.times is not None)
+
     def answer_next_delete_gone(self) -> None:
         """Make the next delete meet the platform's "not found" answer (the reply is already gone)."""
         assert self.proxy is not None
@@ -221,6 +238,7 @@ class MemoryHarness(Harness):
         "test_delete_meeting_not_found_is_done":
             "memory delete has no transport: there is no 'not found' answer to inject",
         "test_whoami_unreachable_is_definitely_not_sent": "memory whoami asks no server: it cannot be unreachable",
+        "test_secret_never_in_errors_logs_or_repr": "memory has no credential to leak",
     }
     bad_settings = bad({"sender_id": "bot-1"}, wrong=(("listing_delay_s", "soon"), ("colour", "red")))
     small_pages: ClassVar[dict[str, Any]] = {}
@@ -259,6 +277,10 @@ class MemoryHarness(Harness):
         """The next script step (an unreadable answer is a lost one here: memory has no body to garble)."""
         step = {"refused": "rejected", "garbled": "lost", "no_id": "lost"}.get(fault, fault)
         self.platform.script.append(step)  # type: ignore[attr-defined]
+
+    def faults_met(self) -> bool:
+        """Whether every scripted step was used."""
+        return not self.platform.script  # type: ignore[attr-defined]
 
     def unreachable(self) -> Platform:
         """The platform scripted as unreachable: the next send is refused before acting, the next read-back fails."""
@@ -305,6 +327,10 @@ class MastodonHarness(Harness):
     def bot_id(self) -> str:
         """The bot's account id."""
         return self.bot.id
+
+    def secret(self) -> str:
+        """The bot's access token."""
+        return self.bot.token
 
     def post(self, text: str, *, mention: bool = True, place: int = 0) -> Post:
         """Alice posts, mentioning the bot."""
@@ -374,6 +400,12 @@ class DiscourseHarness(Harness):
     def bot_id(self) -> str:
         """The bot's user id."""
         return str(self.fake.bot.id)
+
+    def secret(self) -> str:
+        """The bot's API key."""
+        from tests.fakes_forum import FakeDiscourse
+
+        return FakeDiscourse.API_KEY
 
     def post(self, text: str, *, mention: bool = True, place: int = 0) -> Post:
         """Alice opens a topic per place, then replies in it; each post mentions the bot."""
@@ -458,6 +490,12 @@ class GitHubHarness(Harness):
         """The bot's user id."""
         return str(self.fake.bot.id)
 
+    def secret(self) -> str:
+        """The bot's token."""
+        from tests.fakes_forum import FakeGitHub
+
+        return FakeGitHub.TOKEN
+
     def post(self, text: str, *, mention: bool = True, place: int = 0) -> Post:
         """Alice opens an issue mentioning the bot (every post is its own issue: a parent is an issue)."""
         self.clock.advance(1)
@@ -520,7 +558,12 @@ class BlueskyHarness(Harness):
     patience_s = 10.0
     probes_unclear_sends = True  # getRecord at the deterministic rkey settles a lost createRecord
     small_pages = {"page_limit": 2, "max_pages": 1}
-    known_bugs = {"test_search_cursor_moves_forward": SEARCH_SKIPS + " (its 'refind closes the gap' covers the inbox only)"}
+    known_bugs = {
+        "test_search_cursor_moves_forward": SEARCH_SKIPS + " (its 'refind closes the gap' covers the inbox only)",
+        "test_secret_never_in_errors_logs_or_repr":
+            "a 401 on a send logs replyd.bluesky.session_renew with the server's error text unredacted "
+            "(error='token <the app password> is odd'); errors and repr are clean",
+    }
     url_key = "service"
     send_route = ("POST", r"^/xrpc/com\.atproto\.repo\.createRecord")
     delete_route = ("POST", r"^/xrpc/com\.atproto\.repo\.deleteRecord")
@@ -540,6 +583,10 @@ class BlueskyHarness(Harness):
     def bot_id(self) -> str:
         """The bot's DID."""
         return self.net.bot.did
+
+    def secret(self) -> str:
+        """The bot's app password."""
+        return self.net.bot_app_password
 
     def post(self, text: str, *, mention: bool = True, place: int = 0) -> Post:
         """Alice posts on her PDS, mentioning the bot; returned once the AppView serves it."""
@@ -631,6 +678,10 @@ class MatrixHarness(Harness):
     def bot_id(self) -> str:
         """The bot's user id."""
         return self.hs.bot.user_id
+
+    def secret(self) -> str:
+        """The bot's access token."""
+        return self.hs.bot.token
 
     def post(self, text: str, *, mention: bool = True, place: int = 0) -> Post:
         """Alice says ``text`` in the room, mentioning the bot."""

@@ -1,9 +1,10 @@
 """Adapter contract, one level up: the guard and the sweep over each adapter keep one reply per parent.
 
 The same flows the platform files used to repeat (tests/test_discourse.py and
-tests/test_github.py ``test_e2e_*``): three discovery paths, a lost answer
-closed by the sweep, a 5xx with nothing created, a reworded retry, a crash
-between send and close. Replies are counted on the platform.
+tests/test_github.py ``test_e2e_*`` and ``test_pollers_*``): three discovery
+paths, a lost answer closed by the sweep, a 5xx with nothing created, a
+reworded retry, a crash between send and close, the daemon's pollers over all
+three paths. Replies are counted on the platform.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import pytest
 from replyd import store as st
 from replyd.guard import Guard, Status
 from replyd.platforms.base import Parent, Platform
+from replyd.policy import Policy
 from replyd.sweep import Bot, Sweeper
 from tests.contract.harnesses import Harness, tag
 from tests.fakes_forum import fresh_store
+from tests.pollers_harness import pollers_for, run_paths
 
 SEND_TIMEOUT_S = 10.0
 
@@ -34,10 +37,14 @@ class Flow:
     guard: Guard
     store: st.Store
 
+    def sweeper(self) -> Sweeper:
+        """A sweeper for the bot on the harness's clock."""
+        return Sweeper(self.store, [Bot(self.adapter, self.guard.identity)], clock=self.harness.clock)
+
     def sweep(self) -> Any:
         """Move the clock past every send deadline and listing delay, then run one sweep pass."""
         self.harness.clock.advance(SEND_TIMEOUT_S + self.adapter.listing_delay_s + 60)
-        return Sweeper(self.store, [Bot(self.adapter, self.guard.identity)], clock=self.harness.clock).run_once()
+        return self.sweeper().run_once()
 
     def row(self, parent: Parent) -> Any:
         """The answered-log row of ``parent``."""
@@ -129,3 +136,19 @@ def test_crash_between_send_and_close_is_closed_by_the_sweep(flow: Flow, monkeyp
     assert flow.row(parent).reply_id == landed[0]
     assert flow.guard.post(parent, "hello").status is Status.ALREADY_ANSWERED
     assert flow.harness.reply_ids(parent.id) == landed
+
+
+def test_pollers_over_three_paths_with_lost_answers_one_reply_and_one_call_each(flow: Flow) -> None:
+    """The daemon's pollers (inbox, search, re-find, sweeps between) on three mentions, two answers lost: one reply and one responder call each."""
+    h, word = flow.harness, tag()
+    posts = [h.post(f"{word} question {i}") for i in range(3)]
+    h.settle(posts)
+    h.fail_next_send("lost")
+    h.fail_next_send("lost")
+    calls: list[str] = []
+    w = {"guard": flow.guard, "clock": h.clock, "store": flow.store, "plat": flow.adapter, "sweeper": flow.sweeper()}
+    # Only this test's posts: a real server's bot also has every other test's mentions in its inbox.
+    run_paths(pollers_for(w, word, calls, Policy(allow_keywords=(word,))), w)
+    assert h.faults_met(), "both lost answers were met"
+    assert [h.reply_count(p.id) for p in posts] == [1, 1, 1]
+    assert sorted(calls) == sorted(p.id for p in posts)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from replyd.clock import FakeClock
-from replyd.errors import ConfigError, DefinitelyNotSent
+from replyd.errors import ConfigError, DefinitelyNotSent, PlatformError
 from replyd.platforms.base import Platform, make_platform, registered_kinds
 from tests.contract.harnesses import Harness, tag
 
@@ -57,3 +58,43 @@ def test_bad_settings_name_the_key(harness: Harness) -> None:
             assert f"{harness.kind} setting '{key}'" in message, (settings, message)
             assert "\n" not in message
             assert "SECRET" not in message, message
+
+
+def test_secret_never_in_errors_logs_or_repr(harness: Harness) -> None:
+    """No error, log line or repr carries the bot's credential, even when the server echoes it back."""
+    secret = harness.secret()
+    adapter = harness.adapter()
+    parent = harness.parent(adapter)
+    key = harness.provider_key(adapter, parent.id)
+    errors: list[PlatformError] = []
+    with capture_logs() as logs:
+        for status in (422, 500, 429, 401):
+            harness.echo_secret(status)
+            try:
+                adapter.send(parent, "hi", provider_key=key)
+            except PlatformError as exc:
+                errors.append(exc)
+            else:  # only a 401 may be retried to success (Bluesky refreshes its session, then sends)
+                assert status == 401, f"a {status} answer was taken for a created reply"
+            harness.clock.advance(120)  # past any wait the 429 set
+        harness.fail_next_send("lost")
+        try:
+            adapter.send(parent, "hi", provider_key=key)
+        except PlatformError as exc:
+            errors.append(exc)
+        with pytest.raises(PlatformError) as err:
+            harness.unreachable().send(parent, "hi", provider_key=key)
+        errors.append(err.value)
+        harness.echo_secret(401, every_request=True)
+        with pytest.raises(PlatformError) as err:
+            harness.adapter().whoami()
+        errors.append(err.value)
+    for e in errors:
+        assert secret not in str(e) and secret not in repr(e) and secret not in e.detail, e
+        # A chained httpx exception would drag frames holding raw header bytes into tracebacks.
+        assert e.__cause__ is None and (e.__context__ is None or e.__suppress_context__), e
+    assert secret not in repr(adapter)
+    # The objects a log line or a debugger might print (auth, settings, clients) mask it; a bare str field
+    # holding the credential for the next request is not printed by anything.
+    assert all(secret not in repr(v) for v in vars(adapter).values() if not isinstance(v, str))
+    assert logs and secret not in repr(logs)
