@@ -239,6 +239,8 @@ class SlackWebApi:
             return _err("ratelimited", 429, **{"Retry-After": "30"})
         if fault == "ratelimited_bare":  # a 429 that names no wait
             return _err("ratelimited", 429)
+        if fault == "echo":  # a broken proxy or server repeating the credential in the error
+            return _err(f"token {token} is not valid here")
         if fault == "5xx":
             return JSONResponse({"ok": False, "error": "internal_error"}, status_code=503)
         handler = getattr(self, "_" + method.replace(".", "_"), None)

@@ -88,6 +88,10 @@ def test_identity_is_the_bot_user_id_and_the_token_never_shows(api) -> None:
             SlackPlatform.from_settings({"token": "xoxb-0000-not-a-known-token", "api_url": api.url},
                                         http=httpx.Client(), clock=SystemClock()).whoami()
     assert "invalid_auth" in bad.value.detail
+    api.world.read_faults["conversations.replies"] = ["echo"]  # an error text repeating the token
+    with pytest.raises(Rejected) as echoed:
+        plat.resolve(mention(api.world))
+    assert echoed.value.detail == "conversations.replies: unexpected_error"
     text = json.dumps(logs, default=str) + repr(plat) + repr(plat.s) + str(bad.value)
     assert BOT_TOKENS[0] not in text and APP_TOKEN not in text and "xoxb-0000" not in text
 

@@ -94,6 +94,7 @@ _SERVER_ERRORS = frozenset({"internal_error", "fatal_error", "service_unavailabl
 # Message subtypes that are a person saying something (others: joins, edits, deletions, bot posts).
 _SPOKEN = frozenset({None, "file_share", "thread_broadcast"})
 _ID = re.compile(r"^[A-Z0-9]{2,40}$")
+_CODE = re.compile(r"[a-z0-9_]{1,64}")
 _TS = re.compile(r"^\d{1,12}\.\d{1,9}$")
 _PERMALINK = re.compile(r"/archives/([A-Z0-9]+)/p(\d{7,})$")
 
@@ -250,8 +251,9 @@ class SlackPlatform(_http.HttpPlatform):
             if acts:
                 raise MaybeSent(f"{method}: HTTP {resp.status_code} without ok (after a 2xx)", status=resp.status_code)
             raise BadResponse(f"{method}: field ok missing", status=resp.status_code)
-        code = error if isinstance(error, str) else "no_error_code"
-        detail = f"{method}: {code}"[:200]
+        # Slack's codes are short snake_case words; anything else (an echoed token, prose) is not repeated.
+        code = error if isinstance(error, str) and _CODE.fullmatch(error) else "unexpected_error"
+        detail = f"{method}: {code}"
         if code in _AUTH_ERRORS:
             raise DefinitelyNotSent(detail, status=resp.status_code)
         if code in _SERVER_ERRORS:

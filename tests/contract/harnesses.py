@@ -762,6 +762,12 @@ class SlackHarness(Harness):
         """The bot user id auth.test serves."""
         return self.bot
 
+    def secret(self) -> str:
+        """The bot token."""
+        from tests.slack_fake import BOT_TOKENS
+
+        return BOT_TOKENS[0]
+
     def _channel(self, place: int) -> str:
         if place not in self.channels:
             cid = f"C0PLACE{place:03d}"
