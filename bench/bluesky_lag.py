@@ -30,7 +30,7 @@ import httpx  # noqa: E402
 from bench.bsky_lag import cli, poll_all  # noqa: E402
 from replyd import log as rlog  # noqa: E402
 from replyd.clock import SystemClock  # noqa: E402
-from replyd.platform import Pending  # noqa: E402
+from replyd.platforms.base import Pending  # noqa: E402
 from replyd.platforms.bluesky import BlueskyPlatform, tid_encode  # noqa: E402
 from tests.bsky_network import BskyNetwork  # noqa: E402
 

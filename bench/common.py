@@ -26,7 +26,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from replyd.platform import Identity, Parent, Sent
+from replyd.platforms.base import Identity, Parent, Sent
 from replyd.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]

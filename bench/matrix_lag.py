@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 
 from replyd.clock import SystemClock  # noqa: E402
-from replyd.platform import Pending  # noqa: E402
+from replyd.platforms.base import Pending  # noqa: E402
 from replyd.platforms.matrix import MatrixPlatform  # noqa: E402
 from tests.synapse_server import start_synapse  # noqa: E402
 

@@ -44,7 +44,7 @@ from bench.common import (
     verdict,
 )
 from replyd.guard import Guard, Status
-from replyd.platform import Parent, default_provider_key
+from replyd.platforms.base import Parent, default_provider_key
 from replyd.store import SQLITE_BUSY_TIMEOUT_MS, Durability, Store
 
 

@@ -20,7 +20,7 @@ from replyd import store as st
 from replyd.clock import SystemClock
 from replyd.errors import MaybeSent
 from replyd.guard import Guard, Status
-from replyd.platform import Parent
+from replyd.platforms.base import Parent
 from replyd.platforms.mastodon import READ_BACK_PAGE, MastodonPlatform
 from replyd.sim import World
 from replyd.store import Store

@@ -13,7 +13,7 @@ import random
 import time
 
 from replyd.guard import Guard
-from replyd.platform import Parent
+from replyd.platforms.base import Parent
 from replyd.platforms.memory import MemoryPlatform
 from replyd.store import Store
 

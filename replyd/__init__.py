@@ -16,7 +16,7 @@ _LAZY = {
     "Guard": "replyd.guard",
     "Outcome": "replyd.guard",
     "Status": "replyd.guard",
-    "Parent": "replyd.platform",
+    "Parent": "replyd.platforms.base",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -31,7 +31,7 @@ from replyd.guard import Guard
 from replyd.lag import ListingLag
 from replyd.liveness import SWEEP, Heartbeat, Liveness, error_words
 from replyd.pipeline import Pipeline
-from replyd.platform import Identity, Platform, make_platform
+from replyd.platforms.base import Identity, Platform, StreamSource, WebhookSource, make_platform
 from replyd.platforms._http import make_client
 from replyd.policy import Policy
 from replyd.pollers import Pollers
@@ -274,7 +274,7 @@ class Daemon:
 
     def _add_hook(self, name: str, kind: str, secret: str, bot: BotRuntime) -> None:
         """Receive ``kind`` webhooks for bot ``name`` (its adapter must read them)."""
-        from replyd.hooks import Hook, WebhookSource
+        from replyd.hooks import Hook
 
         assert self.hooks is not None
         if not isinstance(bot.platform, WebhookSource):
@@ -286,7 +286,7 @@ class Daemon:
 
     def _add_stream(self, name: str, bot: BotRuntime) -> None:
         """Hold bot ``name``'s push stream open (started with the scheduler); its adapter must offer one."""
-        from replyd.streams import StreamRunner, StreamSource
+        from replyd.streams import StreamRunner
 
         if not isinstance(bot.platform, StreamSource):
             raise ConfigError(f"bots.{name}.push: the {bot.cfg.platform} adapter has no push stream")

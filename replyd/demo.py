@@ -32,7 +32,7 @@ from replyd.config import PollerConfig, SweepConfig
 from replyd.guard import Guard
 from replyd.lag import ListingLag
 from replyd.pipeline import Pipeline
-from replyd.platform import make_platform
+from replyd.platforms.base import make_platform
 from replyd.policy import Policy
 from replyd.pollers import Pollers
 from replyd.sim import SimServer, World

@@ -41,7 +41,7 @@ from replyd.errors import (
     StoreError,
 )
 from replyd.lag import ListingLag
-from replyd.platform import Identity, Parent, Platform, default_provider_key
+from replyd.platforms.base import Identity, Parent, Platform, ProviderKeys, default_provider_key
 from replyd.store import Key, Reply, Store
 
 log = structlog.get_logger("replyd.guard")
@@ -214,9 +214,8 @@ class Guard:
 
     def provider_key(self, parent_id: str) -> str:
         """Return the idempotency key for this parent: the same on every attempt."""
-        custom = getattr(self.platform, "provider_key", None)
-        if callable(custom):
-            return custom(self.identity.sender_id, parent_id)
+        if isinstance(self.platform, ProviderKeys):
+            return self.platform.provider_key(self.identity.sender_id, parent_id)
         return default_provider_key(self.platform.instance, self.identity.sender_id, parent_id)
 
     # -- read-only ---------------------------------------------------------------

@@ -15,7 +15,14 @@ kind               signature header (HMAC-SHA256 of the body)   event header / d
                                                                 ``X-GitHub-Delivery``
 ``discourse``      ``X-Discourse-Event-Signature: sha256=<hex>`` ``X-Discourse-Event`` /
                                                                 ``X-Discourse-Event-Id``
+``slack``          ``X-Slack-Signature: v0=<hex>`` of           in the body (``event.type``) /
+                   ``v0:{X-Slack-Request-Timestamp}:{body}``,   ``X-Slack-Retry-Num`` (logged:
+                   refused outside a 5-minute window            the event id is in the body)
 =================  ==========================================  ===============================
+
+Slack also checks the URL once with a signed ``url_verification`` delivery: an adapter that is a
+``WebhookChallenge`` answers it (200 and the challenge). Slack's retries of a slow or failed ack
+(``X-Slack-Retry-Num`` 1-3) are ordinary deliveries here: the guard's key makes them harmless.
 """
 
 from __future__ import annotations
@@ -23,16 +30,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from replyd import metrics
 from replyd.errors import ReplydError
-from replyd.platform import Parent
+from replyd.platforms.base import Parent, WebhookChallenge, WebhookSource
 
 if TYPE_CHECKING:
     from replyd.guard import Outcome
@@ -40,13 +48,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("replyd.hooks")
 
 
-@runtime_checkable
-class WebhookSource(Protocol):
-    """An adapter that can read its platform's webhook deliveries (an optional feature)."""
-
-    def parse_webhook(self, event: str, payload: Any) -> list[Parent] | str:
-        """Return the parents a delivery of ``event`` names, or a short reason it names none to answer."""
-        ...
+# Checks a delivery's signature from its headers and body at epoch ``now`` (for kinds with a replay window).
+Check = Callable[[str, bytes, Mapping[str, str], float], bool]
 
 
 @dataclass(frozen=True)
@@ -56,11 +59,31 @@ class Kind:
     signature: str
     event: str
     delivery: str
+    check: Check | None = None  # None: ``verify`` of the signature header over the body
+
+
+SLACK_WINDOW_S = 300.0  # Slack's documented replay window for X-Slack-Request-Timestamp
+
+
+def slack_sign(secret: str, timestamp: str, body: bytes) -> str:
+    """Return Slack's ``v0=<hex>`` signature: HMAC-SHA256 of ``v0:{timestamp}:{body}`` under the signing secret."""
+    base = b"v0:" + timestamp.encode() + b":" + body
+    return "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
+
+
+def slack_verify(secret: str, body: bytes, headers: Mapping[str, str], now: float) -> bool:
+    """True when a Slack delivery is signed with ``secret`` and its timestamp is within 5 minutes of ``now``."""
+    stamp = (headers.get("x-slack-request-timestamp") or "").strip()
+    header = (headers.get("x-slack-signature") or "").strip()
+    if not stamp.isdigit() or not header or len(stamp) > 12 or abs(now - int(stamp)) > SLACK_WINDOW_S:
+        return False  # a replay of an old signed delivery is refused even though its signature is genuine
+    return hmac.compare_digest(slack_sign(secret, stamp, body).encode(), header.encode())
 
 
 KINDS: dict[str, Kind] = {
     "github": Kind("x-hub-signature-256", "x-github-event", "x-github-delivery"),
     "discourse": Kind("x-discourse-event-signature", "x-discourse-event", "x-discourse-event-id"),
+    "slack": Kind("x-slack-signature", "", "x-slack-retry-num", check=slack_verify),
 }
 
 
@@ -97,8 +120,10 @@ class Hook:
 class Receiver:
     """Checks, parses and hands deliveries to the bots' pipelines in the background (two worker threads)."""
 
-    def __init__(self, hooks: Mapping[str, Hook], *, max_body_bytes: int = 1_048_576, workers: int = 2) -> None:
+    def __init__(self, hooks: Mapping[str, Hook], *, max_body_bytes: int = 1_048_576, workers: int = 2,
+                 now: Callable[[], float] = time.time) -> None:
         self.hooks = dict(hooks)
+        self.now = now  # the wall clock: Slack's timestamps are the sender's wall time
         self.max_body_bytes = max_body_bytes
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="replyd-hook")
 
@@ -108,20 +133,27 @@ class Receiver:
         if hook is None:
             return Answer(404, {"error": "unknown_hook", "detail": f"no webhook is configured for bot {bot!r}"})
         kind = KINDS[hook.kind]
-        delivery = (headers.get(kind.delivery) or "")[:100]
-        if not verify(hook.secret, body, headers.get(kind.signature)):
+        delivery = (headers.get(kind.delivery) or "")[:100] if kind.delivery else ""
+        signed = (kind.check(hook.secret, body, headers, self.now()) if kind.check is not None
+                  else verify(hook.secret, body, headers.get(kind.signature)))
+        if not signed:
             # Nothing is parsed, logged of the body, or offered for an unsigned or forged delivery.
             log.warning("replyd.hooks.bad_signature", bot=bot, platform=hook.instance, delivery=delivery,
                         signed=bool(headers.get(kind.signature)))
             metrics.webhook(hook.instance, "bad_signature")
             return Answer(401, {"error": "bad_signature",
                                 "detail": f"the {kind.signature} header does not sign this body with the bot's secret"})
-        event = (headers.get(kind.event) or "").strip()[:64]
+        event = (headers.get(kind.event) or "").strip()[:64] if kind.event else ""
         try:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError, RecursionError):
             metrics.webhook(hook.instance, "bad_body")
             return Answer(400, {"error": "invalid_json", "detail": "body: not valid JSON"})
+        if isinstance(hook.source, WebhookChallenge):
+            challenge = hook.source.webhook_challenge(payload)
+            if challenge is not None:
+                log.info("replyd.hooks.challenged", bot=bot, platform=hook.instance)
+                return Answer(200, challenge)
         try:
             found = hook.source.parse_webhook(event, payload)
         except ReplydError as exc:

@@ -30,7 +30,7 @@ from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import resolve_env
 from replyd.errors import BadResponse, ConfigError, LeaseLost, PlatformError
 from replyd.guard import Compose, Guard, Outcome, Status, _classify
-from replyd.platform import Identity, Parent, Pending, Platform, ReadBack, make_platform
+from replyd.platforms.base import Identity, Parent, Pending, Platform, ReadBack, make_platform
 from replyd.platforms._http import make_client
 from replyd.store import Event, Key, Reply, Store
 from replyd.sweep import Bot, Sweeper, SweepResult

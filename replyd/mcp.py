@@ -69,7 +69,7 @@ from replyd.errors import (
     StoreError,
 )
 from replyd.guard import Guard, Outcome, Status
-from replyd.platform import Parent, ReplyLinks
+from replyd.platforms.base import Parent, ReplyLinks
 from replyd.policy import Policy
 from replyd.store import Store
 

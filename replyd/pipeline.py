@@ -17,7 +17,7 @@ from replyd import metrics
 from replyd.clock import Clock
 from replyd.errors import StoreError
 from replyd.guard import Guard, Outcome, Status
-from replyd.platform import Parent
+from replyd.platforms.base import Parent
 from replyd.policy import Policy
 from replyd.responders import Responder, ResponderRunner
 

@@ -23,7 +23,7 @@ import structlog
 
 from replyd.clock import Clock
 from replyd.errors import PlatformError
-from replyd.platform import Identity, Parent, Platform
+from replyd.platforms.base import Identity, Parent, Platform, ThreadDepth
 
 if TYPE_CHECKING:
     from replyd.config import PolicyConfig
@@ -143,10 +143,9 @@ class Policy:
                 if n >= self.max_per_author_per_hour:
                     return "author_cap"
         if self.max_depth is not None and parent.thread_depth >= 1:
-            measure = getattr(platform, "thread_depth", None)
-            if callable(measure):
+            if isinstance(platform, ThreadDepth):
                 try:
-                    depth = measure(parent, self.max_depth)
+                    depth = platform.thread_depth(parent, self.max_depth)
                 except PlatformError as exc:
                     # Fail closed: a loop guard that cannot see the depth must not let the reply through.
                     log.warning("replyd.policy.depth_failed", parent_id=parent.id, error=exc.detail[:200])

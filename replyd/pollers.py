@@ -19,7 +19,7 @@ from replyd.errors import ContentionError, PlatformError, RateLimited, StoreErro
 from replyd.guard import Outcome, Status
 from replyd.liveness import Heartbeat, error_words
 from replyd.pipeline import Pipeline
-from replyd.platform import Parent, Platform
+from replyd.platforms.base import Parent, Platform
 from replyd.policy import FINAL_SKIPS
 from replyd.store import Reply, Store
 

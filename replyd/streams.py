@@ -1,4 +1,5 @@
-"""Stream discovery: a held connection on which the platform pushes mentions (Mastodon's notification stream).
+"""Stream discovery: a held connection on which the platform pushes mentions (Mastodon's notification stream,
+Slack's Socket Mode: each envelope acknowledged by the adapter before its parent is offered here).
 
 One thread per streaming bot reads the adapter's stream and offers each parent to the bot's pipeline with
 path ``stream``: the same ``Parent`` the inbox poll builds, so the same key. A stream is a latency win,
@@ -12,29 +13,18 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import structlog
 
 from replyd.errors import PlatformError
-from replyd.platform import Parent
+from replyd.platforms.base import Parent, StreamSource
 
 if TYPE_CHECKING:
     from replyd.guard import Outcome
 
 log = structlog.get_logger("replyd.streams")
-
-
-@runtime_checkable
-class StreamSource(Protocol):
-    """An adapter that can hold its platform's push stream open (an optional feature)."""
-
-    instance: str
-
-    def stream(self, stop: threading.Event) -> Iterator[Parent]:
-        """Yield parents as the platform pushes them, until the stream ends or ``stop`` is set."""
-        ...
 
 
 class StreamRunner:

@@ -36,7 +36,7 @@ from replyd import store as st
 from replyd.clock import Clock, SystemClock
 from replyd.config import SweepConfig
 from replyd.lag import ListingLag
-from replyd.platform import Identity, Parent, Pending, Platform, ReadBack
+from replyd.platforms.base import Identity, Parent, Pending, Platform, ReadBack
 from replyd.store import Key, Reply, Store, Tx
 
 log = structlog.get_logger("replyd.sweep")

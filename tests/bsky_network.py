@@ -330,7 +330,7 @@ def crash_before_close(settings: dict[str, Any], store_url: str, parent: dict[st
     """Child-process worker: post through the guard, SIGKILL itself after the send returned, before the close."""
     from replyd.clock import SystemClock
     from replyd.guard import Guard
-    from replyd.platform import Parent
+    from replyd.platforms.base import Parent
     from replyd.platforms.bluesky import BlueskyPlatform
     from replyd.store import Store
 

@@ -27,7 +27,7 @@ from typing import Any
 import hypothesis.strategies as hs
 
 from replyd.errors import ReplydError
-from replyd.platform import Identity, OwnReply, Page, Parent, ReadBack, Sent
+from replyd.platforms.base import Identity, OwnReply, Page, Parent, ReadBack, Sent
 from tests.fixtures_server import FixtureServer, Recorded, Reply
 
 HTML_PAGE = "<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway</h1></center></body></html>"

@@ -6,19 +6,19 @@ from typing import Any
 
 from replyd.config import PollerConfig
 from replyd.pipeline import Pipeline
-from replyd.platform import Parent
+from replyd.platforms.base import Parent
 from replyd.policy import Policy
 from replyd.pollers import Pollers
 
 
-def pollers_for(w: dict[str, Any], query: str, calls: list[str]) -> Pollers:
+def pollers_for(w: dict[str, Any], query: str, calls: list[str], policy: Policy | None = None) -> Pollers:
     """Pollers for the fake's bot with a counting responder, built as the daemon builds them."""
 
     def respond(parent: Parent) -> str:
         calls.append(parent.id)
         return f"answer to {parent.id}"
 
-    pipe = Pipeline(w["guard"], respond, Policy(), w["clock"])
+    pipe = Pipeline(w["guard"], respond, policy or Policy(), w["clock"])
     return Pollers(w["store"], w["plat"], pipe, PollerConfig(search_queries=[query], refind_lookback_s=3600), w["clock"])
 
 

@@ -24,7 +24,6 @@ from structlog.testing import capture_logs
 from tests.fixtures_server import (  # noqa: F401  (pytest finds the fixtures by name)
     FixtureServer,
     Reply,
-    closed_port_url,
     fixture_server,
     fixture_server_session,
     http_client,
@@ -34,13 +33,12 @@ from replyd.clock import FakeClock
 from replyd.errors import (
     AlreadyLanded,
     BadResponse,
-    ConfigError,
     DefinitelyNotSent,
     MaybeSent,
     RateLimited,
     Rejected,
 )
-from replyd.platform import Parent, Pending, Platform, Sent, make_platform, registered_kinds
+from replyd.platforms.base import Parent, Pending, Platform, Sent
 from replyd.platforms import _http
 from replyd.platforms.bluesky import (
     DEFAULT_APPVIEW,
@@ -146,39 +144,6 @@ def test_settings_defaults_and_instance(http_client: httpx.Client) -> None:
     )
     assert q._proxy == f"{APPVIEW}#bsky_appview"
     assert (q.instance, q.listing_delay_s, q.search_queries) == ("bluesky:dev", 2.0, ["help"])
-
-
-@pytest.mark.parametrize(
-    ("settings", "key"),
-    [
-        ({"identifier": "a", "app_password": "p"}, "service"),
-        ({"service": "ftp://x", "identifier": "a", "app_password": "p"}, "service"),
-        ({"service": "https://u:pw@x", "identifier": "a", "app_password": "p"}, "service"),
-        ({"service": "https://x", "app_password": "p"}, "identifier"),
-        ({"service": "https://x", "identifier": "a b", "app_password": "p"}, "identifier"),
-        ({"service": "https://x", "identifier": "a"}, "app_password"),
-        ({"service": "https://x", "identifier": "a", "app_password": "p w"}, "app_password"),
-        ({"service": "https://x", "identifier": "a", "app_password": "p", "appview_did": "api.bsky.app"}, "appview_did"),
-        ({"service": "https://x", "identifier": "a", "app_password": "p", "listing_delay_s": "5"}, "listing_delay_s"),
-        ({"service": "https://x", "identifier": "a", "app_password": "p", "timeout_s": 0}, "timeout_s"),
-        ({"service": "https://x", "identifier": "a", "app_password": "p", "page_limit": 101}, "page_limit"),
-        ({"service": "https://x", "identifier": "a", "app_password": "p", "search_queries": "help"}, "search_queries"),
-        ({"service": "https://x", "identifier": "a", "app_password": "p", "token": "t"}, "token"),
-    ],
-)
-def test_settings_errors_name_the_key(settings: dict[str, Any], key: str, http_client: httpx.Client) -> None:
-    """Each invalid or unknown setting raises ConfigError naming that key."""
-    with pytest.raises(ConfigError, match=f"'{key}'"):
-        BlueskyPlatform.from_settings(settings, http=http_client, clock=FakeClock())
-
-
-def test_registered_and_made_by_kind(http_client: httpx.Client) -> None:
-    """The adapter is registered as "bluesky" and built by make_platform."""
-    assert "bluesky" in registered_kinds()
-    p = make_platform("bluesky", {"service": "https://pds.example", "identifier": "bot.example",
-                                  "app_password": PASSWORD}, http=http_client, clock=FakeClock())
-    assert isinstance(p, BlueskyPlatform)
-    assert PASSWORD not in repr(p)
 
 
 # --- TIDs --------------------------------------------------------------------------------
@@ -519,15 +484,6 @@ def test_nested_error_body_is_still_rejected(fixture_server: FixtureServer, http
     with pytest.raises(Rejected) as ei:
         make(fixture_server, http_client).send(parent, "x", provider_key=rkey_for(BOT, parent.id))
     assert ei.value.status == 400
-
-
-def test_connect_refused_is_definitely_not_sent(http_client: httpx.Client) -> None:
-    """Nothing listening: the login never happens and the send is DefinitelyNotSent."""
-    p = BlueskyPlatform.from_settings({"service": closed_port_url(), "identifier": "bot.test",
-                                       "app_password": PASSWORD}, http=http_client, clock=FakeClock())
-    with pytest.raises(DefinitelyNotSent) as ei:
-        p.send(_target(), "x", provider_key=rkey_for(BOT, _target().id))
-    assert type(ei.value) is DefinitelyNotSent and "ConnectError" in ei.value.detail
 
 
 def test_429_is_rate_limited_until_ratelimit_reset(fixture_server: FixtureServer, http_client: httpx.Client) -> None:

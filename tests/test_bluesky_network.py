@@ -30,11 +30,11 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from tests.bsky_network import BskyNetwork, _create_account, bsky_network, crash_before_close  # noqa: F401
+from tests.bsky_network import BskyNetwork, _create_account, crash_before_close  # noqa: F401  (bsky_network: tests/conftest.py)
 from replyd import store as st
 from replyd.clock import FakeClock, SystemClock
 from replyd.guard import Guard, Status
-from replyd.platform import Identity, Pending
+from replyd.platforms.base import Identity, Pending
 from replyd.platforms.bluesky import POST_NSID, BlueskyPlatform, rkey_for
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
@@ -515,7 +515,7 @@ def test_expired_token_is_refreshed_transparently(world: World) -> None:
     assert isinstance(page.parents, list)
     renew = [e for e in logs if e["event"] == "replyd.bluesky.session_renew"]
     assert renew and renew[0]["error"] == "ExpiredToken"
-    assert plat._session is not None and plat._session.access.get() != expired
+    assert plat._session is not None and plat._session.access.get_secret_value() != expired
 
 
 def test_feed_read_back_finds_other_rkeys_and_delete(world: World) -> None:

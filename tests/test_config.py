@@ -10,7 +10,7 @@ import pytest
 
 from replyd.clock import SystemClock
 from replyd.config import Config
-from replyd.platform import make_platform
+from replyd.platforms.base import make_platform
 from replyd.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +23,9 @@ def test_example_configs_load(path, monkeypatch):
     for line in text.splitlines():
         if "_env" in line and "=" in line and not line.lstrip().startswith("#"):
             var = line.split("=", 1)[1].split("#")[0].strip().strip('"')
-            monkeypatch.setenv(var, "dummy-secret-value")
+            # Slack's adapter checks a token's kind by its prefix (xoxb- bot, xapp- app-level).
+            prefix = {"SLACK_BOT_TOKEN": "xoxb-", "SLACK_APP_TOKEN": "xapp-"}.get(var, "")
+            monkeypatch.setenv(var, prefix + "dummy-secret-value")
     cfg = Config.load(path)
     assert cfg.bots, "an example config should configure at least one bot"
     with httpx.Client() as http:  # adapters validate their settings without a request

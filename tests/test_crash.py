@@ -10,7 +10,7 @@ import pytest
 from replyd import store as st
 from replyd.clock import FakeClock, SystemClock
 from replyd.guard import Guard, Status
-from replyd.platform import Parent
+from replyd.platforms.base import Parent
 from replyd.platforms.memory import MemoryPlatform
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper

@@ -223,6 +223,6 @@ def test_stop_blocks_new_claims(sim, tmp_path):
     d.stop(grace_s=5)
     world.generate(2, target=BOT)
     time.sleep(0.5)
-    out = d.bots[0].guard.post(world.statuses and __import__("replyd.platform", fromlist=["Parent"]).Parent(id="x", author_id="u"), "x")
+    out = d.bots[0].guard.post(world.statuses and __import__("replyd.platforms.base", fromlist=["Parent"]).Parent(id="x", author_id="u"), "x")
     assert out.status.value == "not_sent" and "shutting down" in out.detail
     assert sum(world.replies_by(bot.id).values()) == 0

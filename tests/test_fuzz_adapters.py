@@ -22,7 +22,7 @@ from hypothesis import strategies as hs
 
 from replyd.clock import FakeClock
 from replyd.errors import ReplydError
-from replyd.platform import Parent, Pending, make_platform
+from replyd.platforms.base import Parent, Pending, make_platform
 from tests.fixtures_server import (  # noqa: F401  (pytest fixtures by name)
     FixtureServer,
     fixture_server,

@@ -15,7 +15,7 @@ from replyd.clock import FakeClock
 from replyd.config import PollerConfig
 from replyd.guard import Guard
 from replyd.pipeline import Pipeline
-from replyd.platform import Parent, Pending
+from replyd.platforms.base import Parent, Pending
 from replyd.platforms.mastodon import MastodonPlatform
 from replyd.policy import Policy
 from replyd.pollers import Pollers

@@ -53,7 +53,7 @@ from replyd.config import PollerConfig
 from replyd.errors import MaybeSent
 from replyd.guard import Guard, Status
 from replyd.pipeline import Pipeline
-from replyd.platform import Parent
+from replyd.platforms.base import Parent
 from replyd.platforms.memory import STEPS, MemoryPlatform
 from replyd.policy import Policy
 from replyd.pollers import Pollers

@@ -306,7 +306,7 @@ def _up(http: httpx.Client, port: int) -> bool:
 
 def _discourse() -> Any:
     """A Discourse adapter whose bot is ``replybot`` (id 7), as whoami would have found it."""
-    from replyd.platform import Identity
+    from replyd.platforms.base import Identity
     from replyd.platforms.discourse import DiscoursePlatform
 
     plat = DiscoursePlatform.from_settings({"base_url": "https://forum.example", "api_key": "k" * 32,

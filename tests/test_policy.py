@@ -15,7 +15,7 @@ from replyd.clock import FakeClock
 from replyd.errors import MaybeSent
 from replyd.guard import Guard, Status
 from replyd.pipeline import Pipeline
-from replyd.platform import Identity, Parent
+from replyd.platforms.base import Identity, Parent
 from replyd.platforms.memory import MemoryPlatform
 from replyd.policy import SKIP_REASONS, Policy
 from replyd.responders import FunctionResponder

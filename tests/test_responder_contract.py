@@ -24,7 +24,7 @@ from structlog.testing import capture_logs
 
 from replyd import log as rlog
 from replyd.errors import ConfigError, ResponderError
-from replyd.platform import Parent
+from replyd.platforms.base import Parent
 from replyd.responders import (
     CommandSettings,
     FunctionResponder,

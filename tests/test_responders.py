@@ -24,7 +24,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from replyd.errors import ConfigError, ResponderError
-from replyd.platform import Parent
+from replyd.platforms.base import Parent
 from replyd.responders import (
     CommandResponder,
     FunctionResponder,

@@ -30,7 +30,7 @@ from structlog.testing import capture_logs
 
 from replyd.clock import FakeClock, SystemClock
 from replyd.errors import ReplydError, StoreError
-from replyd.platform import Parent, Pending
+from replyd.platforms.base import Parent, Pending
 from replyd.platforms.mastodon import MastodonPlatform
 from replyd.sim import SimServer, World
 from replyd.store import Store
@@ -298,7 +298,7 @@ INSECURE_CASES = [
 def test_plain_http_to_a_public_host_is_refused(kind, key, settings) -> None:
     """A platform URL with http:// to a non-loopback host is a ConfigError unless allow_insecure_http = true."""
     from replyd.errors import ConfigError
-    from replyd.platform import make_platform
+    from replyd.platforms.base import make_platform
 
     with httpx.Client() as http:
         def build(url: str, **extra) -> object:

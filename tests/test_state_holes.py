@@ -23,7 +23,7 @@ from replyd.errors import MaybeSent
 from replyd.guard import Guard, Status
 from replyd.library import open_guard
 from replyd.pipeline import Pipeline
-from replyd.platform import Parent, make_platform
+from replyd.platforms.base import Parent, make_platform
 from replyd.platforms._http import make_client
 from replyd.platforms.memory import MemoryPlatform
 from replyd.policy import Policy
@@ -335,7 +335,7 @@ def test_send_ends_within_send_timeout_however_the_server_trickles(store, clock)
     with make_client(1.0, connect_s=1.0) as http:
         plat = make_platform("mastodon", {"base_url": f"http://127.0.0.1:{srv.port}", "token": "t", "timeout_s": 1.0,
                                           "idempotency": False, "listing_delay_s": 5.0}, http=http, clock=clock)
-        from replyd.platform import Identity
+        from replyd.platforms.base import Identity
 
         g = Guard(store, plat, Identity(sender_id="7", handle="bot"), clock=clock, send_timeout_s=1.0,
                   watch_interval_s=None)

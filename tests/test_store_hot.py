@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from replyd.errors import StoreError
 from replyd.guard import Guard, Status
-from replyd.platform import Parent
+from replyd.platforms.base import Parent
 from replyd.platforms.memory import MemoryPlatform
 from replyd.store import Store, hot_sql
 from replyd.store.schema import EVENTS, REPLIES

@@ -15,7 +15,7 @@ from replyd.clock import SystemClock
 from replyd.config import Config
 from replyd.daemon import Daemon
 from replyd.errors import DefinitelyNotSent
-from replyd.platform import make_platform
+from replyd.platforms.base import make_platform
 from replyd.sim import SimServer, World
 from replyd.store import Store
 from tests.test_daemon import wait_until

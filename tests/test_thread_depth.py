@@ -7,20 +7,20 @@ import inspect
 import pytest
 
 from replyd.errors import BadResponse, DefinitelyNotSent
-from replyd.platform import Parent, registered_kinds
+from replyd.platforms.base import Parent, ThreadDepth, registered_kinds
 from replyd.platforms.memory import MemoryPlatform
 
 
 def test_every_builtin_adapter_offers_thread_depth() -> None:
-    """Each registered adapter has thread_depth(parent, limit), found with getattr as the policy finds it."""
-    import replyd.platform as platform_module
+    """Each registered adapter offers ThreadDepth (the isinstance check the policy makes): thread_depth(parent, limit)."""
+    import replyd.platforms.base as platform_module
 
     registered_kinds()  # imports the built-in adapters
     kinds = dict(platform_module._REGISTRY)
     assert {"mastodon", "bluesky", "discourse", "github", "matrix", "memory"} <= set(kinds)
     for kind, cls in kinds.items():
-        method = getattr(cls, "thread_depth", None)
-        assert callable(method), kind
+        assert issubclass(cls, ThreadDepth), kind
+        method = cls.thread_depth
         assert list(inspect.signature(method).parameters) == ["self", "parent", "limit"], kind
         assert (method.__doc__ or "").strip(), kind
 

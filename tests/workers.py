@@ -7,7 +7,7 @@ import random
 import signal
 
 from replyd.guard import Guard
-from replyd.platform import Parent
+from replyd.platforms.base import Parent
 from replyd.platforms.memory import MemoryPlatform
 from replyd.store import Store
 
@@ -55,7 +55,7 @@ def crash_before_close_on(kind: str, settings: dict, store_url: str, parent: dic
     import httpx
 
     from replyd.clock import SystemClock
-    from replyd.platform import make_platform
+    from replyd.platforms.base import make_platform
 
     with httpx.Client(trust_env=False) as http:
         platform = make_platform(kind, settings, http=http, clock=SystemClock())

@@ -94,7 +94,7 @@ def adopt(
     from replyd.clock import SystemClock
     from replyd.daemon import login
     from replyd.errors import PlatformError
-    from replyd.platform import make_platform
+    from replyd.platforms.base import make_platform
 
     cfg = _load(config, store=store)
     bots = _bot_config(cfg, bot)
@@ -169,7 +169,7 @@ def config_check(
     import httpx
 
     from replyd.clock import SystemClock
-    from replyd.platform import make_platform, registered_kinds
+    from replyd.platforms.base import make_platform, registered_kinds
     from replyd.responders import make_responder
 
     cfg = Config.load(path)

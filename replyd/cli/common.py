@@ -162,7 +162,7 @@ def _instance_of(cfg: Config, name: str) -> str | None:
     import httpx
 
     from replyd.clock import SystemClock
-    from replyd.platform import make_platform
+    from replyd.platforms.base import make_platform
 
     for b in cfg.bots:
         if b.name == name:

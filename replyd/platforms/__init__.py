@@ -1,7 +1,9 @@
-"""Built-in platform adapters; importing this package registers them by kind."""
+"""Platform adapters: ``base`` holds the contract, ``_http`` the shared HTTP base, one module per platform.
 
-from replyd.platforms import memory  # noqa: F401
-from replyd.platforms import mastodon  # noqa: F401
-from replyd.platforms import discourse, github  # noqa: F401
-from replyd.platforms import bluesky  # noqa: F401
-from replyd.platforms import matrix  # noqa: F401
+Importing the package registers every adapter module in it (before a daemon starts serving, not on its
+first bot).
+"""
+
+from replyd.platforms.base import _load_builtin
+
+_load_builtin()

@@ -44,25 +44,22 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from html.parser import HTMLParser
-from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from typing import Annotated, Any, ClassVar, Self, TypeVar
+from urllib.parse import parse_qs, quote, urlsplit
 
 import httpcore
 import httpx
+import structlog
+from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, model_validator
 
 from replyd import deadline
-from replyd.errors import (
-    BadResponse,
-    ConfigError,
-    DefinitelyNotSent,
-    MaybeSent,
-    RateLimited,
-    Rejected,
-)
+from replyd.clock import Clock
+from replyd.errors import BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
+from replyd.platforms.base import Identity, OwnReply, Parent, Pending, PlatformSettings, ReadBack
 
 ACTING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -82,20 +79,30 @@ _MAX_SERVER_TEXT = 200
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 
-class BearerAuth(httpx.Auth):
-    """Adds ``Authorization: <scheme> <token>`` to each request; its repr hides the token."""
+class SecretAuth(httpx.Auth):
+    """Sets secret headers on each request: the one way adapters (and responders) carry credentials.
 
-    def __init__(self, token: str, scheme: str = "Bearer") -> None:
-        self._token = token
-        self._scheme = scheme
+    ``headers`` is a mapping, or a callable returning one (for a token that changes: a login, a session);
+    its repr names nothing, so no log, error or traceback shows a value.
+    """
+
+    def __init__(self, headers: Mapping[str, SecretStr] | Callable[[], Mapping[str, SecretStr]]) -> None:
+        self._headers = headers
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        """Set the header and send the request once."""
-        request.headers["Authorization"] = f"{self._scheme} {self._token}"
+        """Set the headers and send the request once."""
+        headers = self._headers() if callable(self._headers) else self._headers
+        for name, value in headers.items():
+            request.headers[name] = value.get_secret_value()
         yield request
 
     def __repr__(self) -> str:
-        return f"BearerAuth(scheme={self._scheme!r}, token=<redacted>)"
+        return "SecretAuth(<redacted>)"
+
+
+def BearerAuth(token: str, scheme: str = "Bearer") -> SecretAuth:  # noqa: N802 (was a class; callers unchanged)
+    """``Authorization: <scheme> <token>`` as a :class:`SecretAuth`."""
+    return SecretAuth({"Authorization": SecretStr(f"{scheme} {token}")})
 
 
 class _DeadlineStream(httpcore.NetworkStream):
@@ -323,13 +330,17 @@ def raise_for_status(
     acts: bool | None = None,
     now: Callable[[], float],
     secrets: Iterable[str] = (),
+    text: str | None = None,
 ) -> None:
-    """Return if ``resp`` is 2xx, else raise the mapped ``PlatformError`` (see module table)."""
+    """Return if ``resp`` is 2xx, else raise the mapped ``PlatformError`` (see module table).
+
+    ``text`` replaces the server's error text in the detail (a platform with its own error body).
+    """
     status = resp.status_code
     if 200 <= status < 300:
         return
     acting = is_acting(resp.request.method) if acts is None else acts
-    server_text = server_error_text(resp)
+    server_text = server_error_text(resp) if text is None else text
     detail = f"{what}: HTTP {status}" + (f" ({server_text})" if server_text else "")
     detail = redact(detail, secrets)
     if status == 429:
@@ -648,28 +659,7 @@ def html_to_text(html: str) -> str:
     return "".join(parser.parts).strip()
 
 
-# --- settings ------------------------------------------------------------------------------
-# Validation shared by adapters: each raises ConfigError naming ``<kind> setting '<key>'``
-# and never echoes a secret's value.
-
-
-def setting_url(settings: Mapping[str, Any], kind: str, key: str, default: str | None = None) -> str:
-    """An ``http(s)`` URL without credentials, query or fragment; returned without trailing slash."""
-    raw = settings.get(key, default)
-    if not isinstance(raw, str) or not raw.strip():
-        raise ConfigError(f"{kind} setting {key!r}: required, an http(s) URL")
-    parts = urlsplit(raw.strip())
-    if parts.scheme not in ("http", "https"):
-        raise ConfigError(f"{kind} setting {key!r}: scheme must be http or https")
-    if not parts.hostname:
-        raise ConfigError(f"{kind} setting {key!r}: no host")
-    if parts.username or parts.password:
-        raise ConfigError(f"{kind} setting {key!r}: must not carry credentials")
-    if parts.query or parts.fragment:
-        raise ConfigError(f"{kind} setting {key!r}: must not have a query or fragment")
-    require_https(raw.strip(), allowed=setting_flag(settings, kind, INSECURE_HTTP, False), where=f"{kind} setting {key!r}")
-    return raw.strip().rstrip("/")
-
+# --- plain http ----------------------------------------------------------------------------
 
 INSECURE_HTTP = "allow_insecure_http"  # the setting that lets a token travel over plain http:// to another host
 
@@ -692,100 +682,331 @@ def require_https(url: str, *, allowed: bool, where: str) -> None:
                           f"use https://, or set {INSECURE_HTTP} = true if the network is trusted")
 
 
-def setting_secret(settings: Mapping[str, Any], kind: str, key: str) -> str | None:
-    """An optional token-like string (printable ASCII, no whitespace); ``None`` if absent."""
-    value = settings.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{kind} setting {key!r}: must be a non-empty string")
-    value = value.strip()
-    if any(c.isspace() for c in value) or not value.isprintable() or not value.isascii():
-        raise ConfigError(f"{kind} setting {key!r}: contains whitespace or non-ASCII characters")
-    return value
+# --- ids and fields -------------------------------------------------------------------------
 
 
-def setting_number(
-    settings: Mapping[str, Any], kind: str, key: str, default: float, *, minimum: float, exclusive: bool = False
-) -> float:
-    """A finite number ``>= minimum`` (``>`` with ``exclusive``)."""
-    value = settings.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{kind} setting {key!r}: must be a number, got {type(value).__name__}")
-    if not math.isfinite(value):
-        raise ConfigError(f"{kind} setting {key!r}: must be finite")
-    if value < minimum or (exclusive and value == minimum):
-        op = ">" if exclusive else ">="
-        raise ConfigError(f"{kind} setting {key!r}: must be {op} {minimum:g}, got {value!r}")
-    return float(value)
+def seg(value: str, what: str) -> str:
+    """Quote one path segment; refuse values that would walk the path."""
+    if not value or value in (".", ".."):
+        raise Rejected(f"{what}: id {value!r} is not usable in a URL path")
+    return quote(value, safe="")
 
 
-def setting_int(settings: Mapping[str, Any], kind: str, key: str, default: int, lo: int, hi: int) -> int:
-    """An integer in ``[lo, hi]``."""
-    value = settings.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{kind} setting {key!r}: must be an integer, got {type(value).__name__}")
-    if not lo <= value <= hi:
-        raise ConfigError(f"{kind} setting {key!r}: must be between {lo} and {hi}, got {value}")
-    return value
+def iso_field(obj: Any, path: str, what: str) -> float:
+    """The ISO-8601 time at ``path`` of ``obj`` in epoch seconds; ``BadResponse`` naming the field."""
+    try:
+        return iso_to_epoch(field(obj, path, what))
+    except ValueError:
+        raise BadResponse(f"{what}: field {path} is not an ISO-8601 time") from None
 
 
-def setting_flag(settings: Mapping[str, Any], kind: str, key: str, default: bool) -> bool:
-    """A boolean."""
-    value = settings.get(key, default)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{kind} setting {key!r}: must be true or false, got {value!r}")
-    return value
+def served_id(obj: Any, path: str, what: str, *, default: Any = _MISSING) -> Any:
+    """An id served as a JSON number (or string), as its exact decimal string (``default`` when absent)."""
+    value = field(obj, path, what, (int, str), default=default)
+    return value if value is default else str(value)
 
 
-def setting_strings(settings: Mapping[str, Any], kind: str, key: str, default: Iterable[str] = ()) -> tuple[str, ...]:
-    """A list of non-empty strings (whitespace trimmed)."""
-    value = settings.get(key, list(default))
-    if not isinstance(value, (list, tuple)) or any(not isinstance(q, str) or not q.strip() for q in value):
-        raise ConfigError(f"{kind} setting {key!r}: must be a list of non-empty strings")
-    return tuple(q.strip() for q in value)
+# --- the shared base of HTTP adapters ---------------------------------------------------------
 
 
-def setting_queries(settings: Mapping[str, Any], kind: str) -> tuple[str, ...]:
-    """``search_queries``: the queries the search poller runs."""
-    return setting_strings(settings, kind, "search_queries")
+def _url(value: str) -> str:
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("scheme must be http or https")
+    if not parts.hostname:
+        raise ValueError("no host")
+    if parts.username or parts.password:
+        raise ValueError("must not carry credentials")
+    if parts.query or parts.fragment:
+        raise ValueError("must not have a query or fragment")
+    return value.strip().rstrip("/")
 
 
-def setting_instance(settings: Mapping[str, Any], kind: str) -> str | None:
-    """``instance``: an optional non-empty override of the answered-log's platform part."""
-    instance = settings.get("instance")
-    if instance is not None and (not isinstance(instance, str) or not instance.strip()):
-        raise ConfigError(f"{kind} setting 'instance': must be a non-empty string")
-    return instance.strip() if isinstance(instance, str) else None
+# An http(s) URL without credentials, query or fragment, kept without its trailing slash.
+Url = Annotated[str, AfterValidator(_url)]
 
 
-__all__ = [
-    "ACTING_METHODS",
-    "BearerAuth",
-    "RateLimits",
-    "error_json",
-    "field",
-    "html_to_text",
-    "id_order",
-    "is_acting",
-    "is_loopback",
-    "iso_to_epoch",
-    "json_body",
-    "link_param",
-    "parse_link_header",
-    "parse_reset",
-    "raise_for_status",
-    "redact",
-    "request",
-    "require_https",
-    "retry_after_s",
-    "server_error_text",
-    "setting_flag",
-    "setting_instance",
-    "setting_int",
-    "setting_number",
-    "setting_queries",
-    "setting_secret",
-    "setting_strings",
-    "setting_url",
-]
+class HttpSettings(PlatformSettings):
+    """Settings every HTTP adapter takes: its URLs (plain http only to loopback unless allowed), a timeout."""
+
+    URLS: ClassVar[tuple[str, ...]] = ("base_url",)  # the fields that carry credentials to a host
+
+    allow_insecure_http: bool = False  # let credentials travel over http:// to a non-loopback host
+    timeout_s: float = Field(15.0, gt=0)  # per request
+
+    @model_validator(mode="after")
+    def _https(self, info: ValidationInfo) -> Self:
+        values = dict(self)
+        for key in self.URLS:
+            if (url := values[key]) is not None:
+                require_https(url, allowed=self.allow_insecure_http, where=f"{info.context['kind']} setting {key!r}")
+        return self
+
+
+class HttpPlatform:
+    """The shared base of HTTP adapters: settings, client, clock, rate limits, request template, delete, repr.
+
+    A subclass names its ``Settings`` model and ``root`` (the URL its requests go to), and overrides the
+    hooks where its platform differs: ``_auth_headers`` (credentials), ``_buckets`` (which rate-limit
+    budgets a request draws on), ``_limited``/``_wait_s``/``_error_text`` (how it says "rate limited",
+    "wait" and "why") and ``_raise_for_status`` (error mapping beyond the shared table).
+    """
+
+    kind: ClassVar[str]
+    Settings: ClassVar[type[HttpSettings]]
+    BUCKET: ClassVar[str] = "api"  # the budget a request draws on unless it names another
+    HEADERS: ClassVar[Mapping[str, str]] = {}  # sent with every request
+    ITEM_ID: ClassVar[str] = "id"  # the field that names a skipped item in logs
+    READ_BACK_MARGIN_S: ClassVar[float] = 60.0  # clock skew between our opened_at and the server's times
+
+    def __init__(self, settings: HttpSettings | None = None, /, *, http: httpx.Client, clock: Clock,
+                 **kw: Any) -> None:
+        self.s = settings if settings is not None else self.Settings.load(self.kind, kw)
+        self._http = http
+        self._clock = clock
+        self._timeout = httpx.Timeout(self.s.timeout_s)
+        self._auth = SecretAuth(self._auth_headers)
+        self._me: Identity | None = None
+        self.limits = RateLimits(clock.now)
+        self.log = structlog.get_logger(f"replyd.{self.kind}")
+        self.listing_delay_s = float(self.s.listing_delay_s)
+        self.instance = self.s.instance or f"{self.kind}:{self.root}"
+        self._setup()
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock) -> Self:
+        """Validate ``settings`` (``ConfigError`` names the key) and build the adapter."""
+        return cls(cls.Settings.load(cls.kind, settings), http=http, clock=clock)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(instance={self.instance!r})"
+
+    @property
+    def root(self) -> str:
+        """The URL every request path is joined to."""
+        return str(self.s.base_url)  # type: ignore[attr-defined]
+
+    # --- hooks ---------------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        """Build the adapter's own state from ``self.s`` (runs last in ``__init__``)."""
+
+    def _auth_headers(self) -> Mapping[str, SecretStr]:
+        """The credential headers of the next request."""
+        return {"Authorization": SecretStr(f"Bearer {self.s.token.get_secret_value()}")}  # type: ignore[attr-defined]
+
+    def _secrets(self) -> tuple[str, ...]:
+        """Every secret value that must not reach a detail: the settings' ``SecretStr`` fields."""
+        return tuple(v.get_secret_value() for v in dict(self.s).values() if isinstance(v, SecretStr))
+
+    def _buckets(self, bucket: str) -> tuple[str, ...]:
+        """The rate-limit budgets a request named ``bucket`` draws on: its own and the account-wide one."""
+        return (bucket,) if bucket == self.BUCKET else (self.BUCKET, bucket)
+
+    def _limited(self, resp: httpx.Response) -> bool:
+        """Whether a non-2xx response is a rate limit (HTTP 429; some platforms say so otherwise too)."""
+        return resp.status_code == 429
+
+    def _wait_s(self, resp: httpx.Response) -> float | None:
+        """Seconds a rate limit asks to wait: ``Retry-After``, else the reset header (or what the body says)."""
+        return retry_after_s(resp, self._clock.now())
+
+    def _error_text(self, resp: httpx.Response) -> str:
+        """The server's short error text for a detail: logs only, nothing branches on it (platforms localise it)."""
+        return server_error_text(resp)
+
+    def _raise_for_status(self, resp: httpx.Response, *, what: str, bucket: str = "", acts: bool | None = None) -> None:
+        """Map a non-2xx response into ``replyd.errors``: a rate limit blocks ``bucket``, the rest the shared table."""
+        if not 200 <= resp.status_code < 300 and self._limited(resp):
+            wait = self._wait_s(resp)
+            if wait is not None:
+                self.limits.block(bucket or self.BUCKET, wait)
+            self.log.warning(f"replyd.{self.kind}.rate_limited", what=what, bucket=bucket, status=resp.status_code,
+                             wait_s=wait)
+            raise RateLimited(self._detail(resp, what), status=resp.status_code, retry_after_s=wait)
+        raise_for_status(resp, what=what, acts=acts, now=self._clock.now, secrets=self._secrets(),
+                         text=self._error_text(resp))
+
+    # --- the request template --------------------------------------------------------------
+
+    def _request(self, method: str, path: str, *, what: str, bucket: str | None = None, acts: bool | None = None,
+                 auth: httpx.Auth | None | bool = True, **kwargs: Any) -> httpx.Response:
+        """One request under the rate limits; returns the response whatever its status."""
+        bucket = bucket or self.BUCKET
+        self.limits.check(self._buckets(bucket), what=what)
+        kwargs["headers"] = {**self.HEADERS, **(kwargs.get("headers") or {})}
+        resp = request(self._http, method, self.root + path, what=what, acts=acts, secrets=self._secrets(),
+                       auth=self._auth if auth is True else (auth or None), timeout=self._timeout, **kwargs)
+        # A platform that names the budget a response drew on is trusted over our guess.
+        self.limits.note(resp.headers.get("x-ratelimit-resource") or bucket, resp)
+        return resp
+
+    def _call(self, method: str, path: str, *, what: str, bucket: str | None = None, acts: bool | None = None,
+              **kwargs: Any) -> httpx.Response:
+        """One request under the rate limits; returns a 2xx response or raises the mapped error."""
+        resp = self._request(method, path, what=what, bucket=bucket, acts=acts, **kwargs)
+        bucket = resp.headers.get("x-ratelimit-resource") or bucket or self.BUCKET
+        self._raise_for_status(resp, what=what, bucket=bucket, acts=acts)
+        return resp
+
+    def _detail(self, resp: httpx.Response, what: str) -> str:
+        """``<what>: HTTP <status> (<error text>)`` with every secret masked."""
+        text = self._error_text(resp)
+        return redact(f"{what}: HTTP {resp.status_code}" + (f" ({text})" if text else ""), self._secrets())
+
+    def _delete(self, method: str, path: str, reply_id: str, **kwargs: Any) -> None:
+        """Delete one own reply; one that is already gone (404) counts as deleted."""
+        try:
+            self._call(method, path, what="delete", **kwargs)
+        except Rejected as exc:
+            if exc.status != 404:
+                raise
+            self.log.info(f"replyd.{self.kind}.deleted", reply_id=reply_id, already_gone=True)
+            return
+        self.log.info(f"replyd.{self.kind}.deleted", reply_id=reply_id, already_gone=False)
+
+    def _identity(self) -> Identity:
+        """The bot's identity, asked once (``whoami`` fills the cache)."""
+        return self._me if self._me is not None else self.whoami()
+
+    def whoami(self) -> Identity:
+        """Return the bot's stable identity (each adapter reads it its own way)."""
+        raise NotImplementedError
+
+    def _skipped(self, what: str, problem: BadResponse | str, item: Any) -> None:
+        """Log an unreadable listing item that a poll skips (the others are still offered)."""
+        item_id = item.get(self.ITEM_ID) if isinstance(item, dict) else None
+        self.log.warning(f"replyd.{self.kind}.skipped", what=what,
+                         problem=problem.detail if isinstance(problem, BadResponse) else problem,
+                         item_id=str(item_id) if isinstance(item_id, (int, str)) and not isinstance(item_id, bool) else None)
+
+    def _created(self, method: str, path: str, parent: Parent, *, what: str, read: Callable[[dict[str, Any]], T],
+                 **kwargs: Any) -> T:
+        """Send a reply (one request, a failure logged); ``read`` names it from the 2xx body.
+
+        A 2xx body ``read`` cannot read is ``MaybeSent``: the reply very likely exists, we just cannot name it.
+        """
+        try:
+            resp = self._call(method, path, what=what, **kwargs)
+        except PlatformError as exc:
+            raise self._send_failed(parent, self._refused(exc)) from None
+        try:
+            return read(json_body(resp, what, dict))
+        except BadResponse as exc:
+            raise MaybeSent(f"{exc.detail} (after HTTP {resp.status_code})", status=resp.status_code) from None
+
+    def _refused(self, exc: PlatformError) -> PlatformError:
+        """What a failed send means on this platform (the error as mapped, unless the platform knows better)."""
+        return exc
+
+    def _send_failed(self, parent: Parent, exc: PlatformError) -> PlatformError:
+        """Log a send that failed (the guard decides what it means) and hand the error back to raise."""
+        self.log.info(f"replyd.{self.kind}.send_failed", parent_id=parent.id, error=type(exc).__name__,
+                      status=exc.status, detail=exc.detail)
+        return exc
+
+    def _read(self, what: str, item: Any, read: Callable[[dict[str, Any]], T]) -> T | None:
+        """``read(item)``; ``None`` (logged as skipped) when the item is no object or ``read`` finds it unreadable."""
+        try:
+            if not isinstance(item, dict):
+                raise BadResponse(f"{what}: item is not an object")
+            return read(item)
+        except BadResponse as exc:
+            self._skipped(what, exc, item)
+            return None
+
+    def _partial(self, what: str, page_no: int, exc: PlatformError) -> None:
+        """A listing's page failed: the first one raises ``exc``; after it, what was read is kept (logged)."""
+        if page_no == 0:
+            raise exc
+        self.log.warning(f"replyd.{self.kind}.partial", what=what, pages=page_no, problem=exc.detail)
+
+    def close(self) -> None:
+        """Do nothing: the shared http client belongs to the caller."""
+
+    # --- read-back -------------------------------------------------------------------------
+
+    def _covered(self, opened: Mapping[str, float], covered_after: float | None) -> set[str]:
+        """The parents an own-feed listing complete after epoch ``covered_after`` settles (with the margin)."""
+        if covered_after is None:
+            return set()
+        return {pid for pid, at in opened.items() if covered_after < at - self.READ_BACK_MARGIN_S}
+
+    def _walk_feed(self, pages: Iterator[list[float]], horizon: float, source: str = "feed") -> float | None:
+        """Page back through an own feed; return the epoch after which its listing is complete (for ``_covered``).
+
+        ``pages`` notes each page's own replies and yields the page's item times, or ``[END]`` once the
+        listing ran out (complete for all time); it just stops where paging cannot go on. Nothing read:
+        ``None``. A page that fails ends the walk (logged): what the pages before covered stays.
+        """
+        covered_after: float | None = None
+        page_no = 0
+        try:
+            for page_no, times in enumerate(pages, start=1):
+                if times:
+                    covered_after = min(times if covered_after is None else [covered_after, *times])
+                    if covered_after < horizon:
+                        break
+        except PlatformError as exc:
+            self.log.warning(f"replyd.{self.kind}.read_back_failed", source=source, page=page_no, problem=exc.detail)
+        return covered_after
+
+    def _read_back(
+        self,
+        pending: Sequence[Pending],
+        *,
+        feed: Callable[[dict[str, float], Found], set[str]] | None,
+        fallback: Callable[[str, list[str], Found], bool],
+        units: Callable[[dict[str, float], set[str]], Iterable[tuple[str, list[str]]]] | None = None,
+        sort_key: Callable[[str], Any] = id_order,
+        source: tuple[str, str] = ("parent", "parent_id"),
+    ) -> ReadBack:
+        """The read-back skeleton: rows by open time, one own-feed pass, then a fallback per unit.
+
+        ``feed(opened, found)`` reads the own feed once and returns the parents it settled. Each unit
+        ``units(opened, checked)`` yields (default: every parent not yet checked) gets
+        ``fallback(key, parent ids, found)``, True when it read them in full; a ``RateLimited`` stops the
+        fallbacks (every further read would be refused the same way), another error skips the unit.
+        Found replies are sorted oldest first, ties by ``sort_key`` of the reply id. ``source`` names the
+        fallback and its key in the logs.
+        """
+        result = ReadBack()
+        if not pending:
+            return result
+        opened: dict[str, float] = {}
+        for p in pending:
+            opened[p.parent.id] = min(p.opened_at, opened.get(p.parent.id, p.opened_at))
+        found: Found = {}
+        event = f"replyd.{self.kind}.read_back"
+        if feed is not None:
+            try:
+                result.checked |= feed(opened, found)
+            except PlatformError as exc:
+                self.log.warning(event + "_failed", source="feed", problem=exc.detail)
+        by_feed = len(result.checked)
+        for key, pids in (units or _each_parent)(opened, result.checked):
+            try:
+                complete = fallback(key, pids, found)
+            except PlatformError as exc:
+                self.log.warning(event + "_failed", source=source[0], problem=exc.detail, **{source[1]: key})
+                if isinstance(exc, RateLimited):
+                    break
+                continue
+            if complete:
+                result.checked.update(pids)
+        for pid, replies in found.items():
+            result.found[pid] = sorted(replies.values(), key=lambda r: (r.created_at or 0.0, sort_key(r.reply_id)))
+        self.log.info(event, pending=len(opened), checked_by_feed=by_feed, checked=len(result.checked),
+                      found=sum(len(v) for v in result.found.values()))
+        return result
+
+
+T = TypeVar("T")
+# Own replies found so far: parent id -> reply id -> reply.
+Found = dict[str, dict[str, OwnReply]]
+# What an own-feed page yields once the listing ran out: it is complete for all time.
+END = float("-inf")
+
+
+def _each_parent(opened: Mapping[str, float], checked: set[str]) -> Iterator[tuple[str, list[str]]]:
+    return ((pid, [pid]) for pid in opened if pid not in checked)

@@ -1,24 +1,7 @@
 """The Bluesky adapter: mentions, search, replies and read-back over XRPC (no atproto SDK).
 
-Settings (``[bots.settings]`` with ``platform = "bluesky"``):
-
-===================  ==========================================================
-``service``          required; the PDS (or entryway) base URL, ``https://…``
-``identifier``       required; the bot's handle or DID
-``app_password``     required; an app password (secret: never logged, never in
-                     errors or ``repr``). Use ``app_password_env = "VAR"``
-``appview_did``      the AppView the PDS proxies ``app.bsky.*`` reads to, sent
-                     as ``atproto-proxy`` (default ``did:web:api.bsky.app#bsky_appview``;
-                     ``#bsky_appview`` is appended when no ``#`` is given; ``""``
-                     sends no header and lets the PDS pick its default AppView)
-``listing_delay_s``  seconds before a sweep may trust a read-back (default 5)
-``timeout_s``        per-request timeout (default 15)
-``search_queries``   accepted for symmetry with the pollers' setting (a list of strings)
-``langs``            optional list of BCP-47 language tags put on every reply
-``page_limit``       items per listing page, 1–100 (default 50)
-``max_pages``        pages per poll / re-find / read-back (default 5)
-``instance``         first part of the answered-log key (default ``bluesky:<service>``)
-===================  ==========================================================
+Settings: ``[bots.settings]`` with ``platform = "bluesky"``; each key is a field of
+``BlueskyPlatform.Settings`` below, with its meaning beside it.
 
 Ids. The sender id is the account's DID (from ``createSession``). A parent id
 is the post's ``at://did:…/app.bsky.feed.post/<rkey>`` URI exactly as the
@@ -87,45 +70,26 @@ import hashlib
 import math
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
 import httpx
 import structlog
 
-from replyd.clock import Clock
-from replyd.errors import (
-    AlreadyLanded,
-    BadResponse,
-    ConfigError,
-    DefinitelyNotSent,
-    MaybeSent,
-    PlatformError,
-    RateLimited,
-    Rejected,
-)
-from replyd.platform import (
-    Identity,
-    OwnReply,
-    Page,
-    Parent,
-    Pending,
-    ReadBack,
-    Sent,
-    register_platform,
+from pydantic import AfterValidator, Field, SecretStr, StringConstraints
+
+from replyd.errors import AlreadyLanded, BadResponse, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
+from replyd.platforms.base import (
+    Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Text, Texts, Token, register_platform,
 )
 from replyd.platforms import _http
-
-log = structlog.get_logger("replyd.bluesky")
 
 POST_NSID = "app.bsky.feed.post"
 DEFAULT_APPVIEW = "did:web:api.bsky.app#bsky_appview"
 DEFAULT_LISTING_DELAY_S = 5.0
-# Clock skew between our opened_at and the server's createdAt / indexedAt.
-READ_BACK_MARGIN_S = 60.0
 # getAuthorFeed serves at most 100 items per page.
 FEED_PAGE = 100
 INBOX_REASONS = ("mention", "reply")
@@ -240,29 +204,12 @@ def _epoch(value: Any) -> float | None:
     return t if math.isfinite(t) else None
 
 
-class _Secret:
-    """A string that never shows in ``repr`` or tracebacks' locals."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def get(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return "<redacted>"
-
-    __str__ = __repr__
-
-
 @dataclass(frozen=True)
 class _Session:
     did: str
     handle: str
-    access: _Secret
-    refresh: _Secret
+    access: SecretStr
+    refresh: SecretStr
 
 
 @dataclass(frozen=True)
@@ -287,133 +234,57 @@ class _Cursor:
         raw, *uris = cursor.split("|")
         t = _epoch(raw)
         if t is None:
-            log.warning("replyd.bluesky.bad_cursor", problem="cursor is not an ISO time; starting over")
+            structlog.get_logger("replyd.bluesky").warning("replyd.bluesky.bad_cursor", problem="cursor is not an ISO time; starting over")
             return None
         return cls(t, raw, frozenset(uris))
 
 
-_KNOWN_SETTINGS = frozenset(
-    {
-        "kind",
-        "allow_insecure_http",
-        "service",
-        "identifier",
-        "app_password",
-        "appview_did",
-        "listing_delay_s",
-        "timeout_s",
-        "search_queries",
-        "langs",
-        "page_limit",
-        "max_pages",
-        "instance",
-    }
-)
+def _identifier(value: str) -> str:
+    value = value.removeprefix("@")
+    if any(c.isspace() for c in value):
+        raise ValueError("must not contain whitespace")
+    return value
 
 
 @register_platform("bluesky")
-class BlueskyPlatform:
+class BlueskyPlatform(_http.HttpPlatform):
     """A Bluesky account as a replyd platform: notifications in, replies out, own posts read back."""
 
-    kind: ClassVar[str] = "bluesky"
+    class Settings(_http.HttpSettings):
+        """``platform = "bluesky"``; ``instance`` defaults to ``bluesky:<service>``."""
 
-    def __init__(
-        self,
-        *,
-        service: str,
-        identifier: str,
-        app_password: str,
-        http: httpx.Client,
-        clock: Clock,
-        appview_did: str = DEFAULT_APPVIEW,
-        listing_delay_s: float = DEFAULT_LISTING_DELAY_S,
-        timeout_s: float = 15.0,
-        search_queries: Sequence[str] = (),
-        langs: Sequence[str] = (),
-        page_limit: int = 50,
-        max_pages: int = 5,
-        instance: str | None = None,
-    ) -> None:
-        self._service = service.rstrip("/")
-        self._identifier = identifier
-        self._password = _Secret(app_password)
-        self._http = http
-        self._clock = clock
-        if appview_did and "#" not in appview_did:
-            appview_did += "#bsky_appview"
-        self._proxy = appview_did
-        self._timeout = httpx.Timeout(timeout_s)
-        self.search_queries = list(search_queries)
-        self._langs = list(langs)
-        self._page_limit = page_limit
-        self._max_pages = max_pages
-        self._limits = _http.RateLimits(clock.now)
+        URLS: ClassVar[tuple[str, ...]] = ("service",)
+        service: _http.Url  # the PDS (or entryway)
+        identifier: Annotated[Text, AfterValidator(_identifier)]  # the bot's handle or DID
+        app_password: Token  # an app password (app_password_env = "VAR")
+        # The AppView the PDS proxies app.bsky.* reads to (atproto-proxy); "#bsky_appview" is appended when
+        # no "#" is given; "" sends no header and lets the PDS pick.
+        appview_did: Annotated[str, StringConstraints(pattern=r"^(did:[a-z]+:[^\s#]+(#[^\s#]+)?)?$")] = DEFAULT_APPVIEW
+        listing_delay_s: float = Field(DEFAULT_LISTING_DELAY_S, ge=0)
+        search_queries: Texts = []  # the queries the search poller runs
+        langs: Texts = []  # BCP-47 language tags put on every reply
+        page_limit: int = Field(50, ge=1, le=100)  # items per listing page
+        max_pages: int = Field(5, ge=1, le=1000)  # pages per poll / re-find / read-back
+
+    s: Settings
+    ITEM_ID = "uri"
+
+    def _setup(self) -> None:
+        self._identifier = self.s.identifier
+        appview = self.s.appview_did
+        self._proxy = appview + "#bsky_appview" if appview and "#" not in appview else appview
+        self.search_queries = list(self.s.search_queries)
         self._lock = threading.Lock()
         self._session: _Session | None = None
-        self.listing_delay_s = float(listing_delay_s)
-        self.instance = instance or f"bluesky:{self._service}"
 
-    def __repr__(self) -> str:
-        return f"BlueskyPlatform(instance={self.instance!r})"
-
-    # --- configuration -------------------------------------------------------------
-
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock) -> BlueskyPlatform:
-        """Validate ``settings`` (``ConfigError`` names the key) and build the adapter."""
-        unknown = sorted(str(k) for k in settings if k not in _KNOWN_SETTINGS)
-        if unknown:
-            raise ConfigError(
-                f"bluesky setting {unknown[0]!r}: unknown key "
-                f"(known: {', '.join(sorted(_KNOWN_SETTINGS - {'kind'}))})"
-            )
-        service = _http.setting_url(settings, "bluesky", "service")
-        identifier = settings.get("identifier")
-        if not isinstance(identifier, str) or not identifier.strip():
-            raise ConfigError("bluesky setting 'identifier': required, the bot's handle or DID")
-        identifier = identifier.strip().removeprefix("@")
-        if any(c.isspace() for c in identifier):
-            raise ConfigError("bluesky setting 'identifier': must not contain whitespace")
-        password = settings.get("app_password")
-        if not isinstance(password, str) or not password.strip():
-            raise ConfigError("bluesky setting 'app_password': required, a non-empty string (use app_password_env)")
-        password = password.strip()
-        # The value is deliberately never echoed: it is a secret.
-        if not password.isprintable() or any(c.isspace() for c in password):
-            raise ConfigError("bluesky setting 'app_password': contains whitespace or unprintable characters")
-        appview = settings.get("appview_did", DEFAULT_APPVIEW)
-        if not isinstance(appview, str) or (appview and not re.match(r"^did:[a-z]+:[^\s#]+(#[^\s#]+)?$", appview)):
-            raise ConfigError(
-                "bluesky setting 'appview_did': must be a DID with an optional #service id "
-                f"(e.g. {DEFAULT_APPVIEW!r}) or \"\""
-            )
-        instance = settings.get("instance")
-        if instance is not None and (not isinstance(instance, str) or not instance.strip()):
-            raise ConfigError("bluesky setting 'instance': must be a non-empty string")
-        return cls(
-            service=service,
-            identifier=identifier,
-            app_password=password,
-            http=http,
-            clock=clock,
-            appview_did=appview,
-            listing_delay_s=_http.setting_number(settings, "bluesky", "listing_delay_s", DEFAULT_LISTING_DELAY_S, minimum=0.0),
-            timeout_s=_http.setting_number(settings, "bluesky", "timeout_s", 15.0, minimum=0.0, exclusive=True),
-            search_queries=list(_http.setting_strings(settings, "bluesky", "search_queries")),
-            langs=list(_http.setting_strings(settings, "bluesky", "langs")),
-            page_limit=_http.setting_int(settings, "bluesky", "page_limit", 50, 1, 100),
-            max_pages=_http.setting_int(settings, "bluesky", "max_pages", 5, 1, 1000),
-            instance=instance.strip() if isinstance(instance, str) else None,
-        )
-
-    # --- transport ------------------------------------------------------------------
+    @property
+    def root(self) -> str:
+        """The PDS (``service``)."""
+        return self.s.service
 
     def _secrets(self) -> tuple[str, ...]:
         s = self._session
-        out = [self._password.get()]
-        if s is not None:
-            out += [s.access.get(), s.refresh.get()]
-        return tuple(out)
+        return super()._secrets() + ((s.access.get_secret_value(), s.refresh.get_secret_value()) if s else ())
 
     def _raw(
         self,
@@ -421,35 +292,16 @@ class BlueskyPlatform:
         nsid: str,
         *,
         what: str,
-        token: str | None,
+        token: SecretStr | None,
         proxy: bool = False,
         acts: bool | None = None,
         params: list[tuple[str, str]] | None = None,
         body: dict[str, Any] | None = None,
     ) -> httpx.Response:
         """One XRPC request under the rate limits; returns the response whatever its status."""
-        self._limits.check((nsid,), what=what)
-        headers: dict[str, str] = {}
-        if token is not None:
-            headers["authorization"] = f"Bearer {token}"
-        if proxy and self._proxy:
-            headers["atproto-proxy"] = self._proxy
-        resp = _http.request(
-            self._http,
-            method,
-            f"{self._service}/xrpc/{nsid}",
-            what=what,
-            acts=acts,
-            secrets=self._secrets() + ((token,) if token else ()),
-            timeout=self._timeout,
-            params=params,
-            json=body,
-            headers=headers,
-        )
-        self._limits.note(nsid, resp)
-        if resp.status_code == 429:
-            log.warning("replyd.bluesky.rate_limited", what=what, nsid=nsid)
-        return resp
+        auth = _http.SecretAuth({"authorization": SecretStr(f"Bearer {token.get_secret_value()}")}) if token else None
+        return self._request(method, f"/xrpc/{nsid}", what=what, bucket=nsid, acts=acts, auth=auth, params=params,
+                             json=body, headers={"atproto-proxy": self._proxy} if proxy and self._proxy else None)
 
     def _xrpc(
         self,
@@ -464,20 +316,20 @@ class BlueskyPlatform:
     ) -> httpx.Response:
         """One authenticated call; renews the session once on an auth failure; 2xx or the mapped error."""
         session = self._ensure_session(what)
-        resp = self._raw(method, nsid, what=what, token=session.access.get(), proxy=proxy, acts=acts,
+        resp = self._raw(method, nsid, what=what, token=session.access, proxy=proxy, acts=acts,
                          params=params, body=body)
         if _auth_failure(resp):
             # The PDS checks the token before the handler runs: nothing acted, a retry is safe.
-            log.info("replyd.bluesky.session_renew", what=what, error=_xrpc_error(resp) or resp.status_code)
+            self.log.info("replyd.bluesky.session_renew", what=what, error=_xrpc_error(resp) or resp.status_code)
             session = self._renew(session, what)
-            resp = self._raw(method, nsid, what=what, token=session.access.get(), proxy=proxy, acts=acts,
+            resp = self._raw(method, nsid, what=what, token=session.access, proxy=proxy, acts=acts,
                              params=params, body=body)
             if _auth_failure(resp):
                 raise DefinitelyNotSent(
                     f"{what}: HTTP {resp.status_code} ({_xrpc_error(resp) or 'auth'}) after renewing the session",
                     status=resp.status_code,
                 )
-        _http.raise_for_status(resp, what=what, acts=acts, now=self._clock.now, secrets=self._secrets())
+        self._raise_for_status(resp, what=what, bucket=nsid, acts=acts)
         return resp
 
     # --- session ----------------------------------------------------------------------
@@ -494,26 +346,25 @@ class BlueskyPlatform:
             if self._session is not None and self._session is not stale:
                 return self._session  # another thread renewed it meanwhile
             resp = self._raw("POST", "com.atproto.server.refreshSession", what=f"{what}: refreshSession",
-                             token=stale.refresh.get(), acts=False)
+                             token=stale.refresh, acts=False)
             if _auth_failure(resp):
-                log.info("replyd.bluesky.session_relogin", what=what, error=_xrpc_error(resp) or resp.status_code)
+                self.log.info("replyd.bluesky.session_relogin", what=what, error=_xrpc_error(resp) or resp.status_code)
                 self._session = self._create_session(what)
             else:
-                _http.raise_for_status(resp, what=f"{what}: refreshSession", acts=False, now=self._clock.now,
-                                       secrets=self._secrets())
+                self._raise_for_status(resp, what=f"{what}: refreshSession", bucket="com.atproto.server.refreshSession", acts=False)
                 self._session = self._parse_session(resp, f"{what}: refreshSession", stale.did)
             return self._session
 
     def _create_session(self, what: str) -> _Session:
         w = f"{what}: createSession"
         resp = self._raw("POST", "com.atproto.server.createSession", what=w, token=None, acts=False,
-                         body={"identifier": self._identifier, "password": self._password.get()})
+                         body={"identifier": self._identifier, "password": self.s.app_password.get_secret_value()})
         if _auth_failure(resp):
             raise DefinitelyNotSent(f"{w}: HTTP {resp.status_code} ({_xrpc_error(resp) or 'refused'})",
                                     status=resp.status_code)
-        _http.raise_for_status(resp, what=w, acts=False, now=self._clock.now, secrets=self._secrets())
+        self._raise_for_status(resp, what=w, bucket="com.atproto.server.createSession", acts=False)
         session = self._parse_session(resp, w, None)
-        log.info("replyd.bluesky.session", did=session.did, handle=session.handle)
+        self.log.info("replyd.bluesky.session", did=session.did, handle=session.handle)
         return session
 
     def _parse_session(self, resp: httpx.Response, what: str, expect_did: str | None) -> _Session:
@@ -523,15 +374,15 @@ class BlueskyPlatform:
             session = _Session(
                 did=did,
                 handle=_http.field(body, "handle", what, default=""),
-                access=_Secret(_http.field(body, "accessJwt", what)),
-                refresh=_Secret(_http.field(body, "refreshJwt", what)),
+                access=SecretStr(_http.field(body, "accessJwt", what)),
+                refresh=SecretStr(_http.field(body, "refreshJwt", what)),
             )
         except BadResponse as exc:
             raise DefinitelyNotSent(f"{exc.detail} (no session, nothing sent)", status=resp.status_code) from None
         for name, token in (("accessJwt", session.access), ("refreshJwt", session.refresh)):
             # Sent back as an Authorization header: anything but printable ASCII could never be, and httpx
             # would raise UnicodeEncodeError on the next request instead of a ReplydError.
-            value = token.get()
+            value = token.get_secret_value()
             if not value or not value.isascii() or not value.isprintable() or any(c.isspace() for c in value):
                 raise DefinitelyNotSent(f"{what}: field {name} is not a usable token (no session, nothing sent)",
                                         status=resp.status_code)
@@ -587,11 +438,6 @@ class BlueskyPlatform:
             extra={"cid": cid, "root_uri": root_uri, "root_cid": root_cid, "in_reply_to": in_reply_to},
         )
 
-    @staticmethod
-    def _skipped(what: str, exc: BadResponse, item: Any) -> None:
-        uri = item.get("uri") if isinstance(item, dict) else None
-        log.warning("replyd.bluesky.skipped", what=what, problem=exc.detail, uri=uri if isinstance(uri, str) else None)
-
     # --- Platform: identity and discovery ---------------------------------------------
 
     def reply_url(self, reply_id: str, identity: Identity) -> str:
@@ -619,7 +465,7 @@ class BlueskyPlatform:
         return self._scan_newer(what, fetch, "notifications", cursor, self._notification_parent)
 
     def _notifications(self, what: str, page_cursor: str | None) -> Any:
-        params = [("limit", str(self._page_limit))] + [("reasons", r) for r in INBOX_REASONS]
+        params = [("limit", str(self.s.page_limit))] + [("reasons", r) for r in INBOX_REASONS]
         if page_cursor:
             params.append(("cursor", page_cursor))
         resp = self._xrpc("GET", "app.bsky.notification.listNotifications", what=what, proxy=True, params=params)
@@ -637,7 +483,7 @@ class BlueskyPlatform:
         since = _Cursor.decode(cursor)
 
         def fetch(page_cursor: str | None) -> Any:
-            params = [("q", query), ("sort", "latest"), ("limit", str(min(self._page_limit, 100)))]
+            params = [("q", query), ("sort", "latest"), ("limit", str(min(self.s.page_limit, 100)))]
             if since is not None:
                 params.append(("since", since.raw))
             if page_cursor:
@@ -660,30 +506,21 @@ class BlueskyPlatform:
         newest = since
         found: dict[str, tuple[float, Parent]] = {}
         page_cursor: str | None = None
-        pages = self._max_pages if since is not None else 1
+        pages = self.s.max_pages if since is not None else 1
         for page_no in range(pages):
             try:
                 body = fetch(page_cursor)
                 items = _http.field(body, items_key, what, list)
             except PlatformError as exc:
-                if page_no == 0:
-                    raise
+                self._partial(what, page_no, exc)
                 # Pages so far do not reach the cursor: offer what was read, keep the old cursor.
-                log.warning("replyd.bluesky.partial", what=what, pages=page_no, problem=exc.detail)
                 return Page(parents=_oldest_first(found), cursor=cursor)
             reached = False
             for item in items:
-                try:
-                    if not isinstance(item, dict):
-                        raise BadResponse(f"{what}: item is not an object")
-                    uri = _http.field(item, "uri", what)
-                    t_raw = _http.field(item, "indexedAt", what)
-                    t = _epoch(t_raw)
-                    if t is None:
-                        raise BadResponse(f"{what}: field indexedAt is not an ISO-8601 time")
-                except BadResponse as exc:
-                    self._skipped(what, exc, item)
+                got = self._read(what, item, lambda it: (_http.field(it, "uri", what), _indexed(it, what)))
+                if got is None:
                     continue
+                uri, (t, t_raw) = got
                 if since is not None and since.covers(t, uri):
                     reached = True
                     continue
@@ -691,11 +528,7 @@ class BlueskyPlatform:
                     newest = _Cursor(t, t_raw, frozenset({uri}))
                 elif t == newest.at:
                     newest = _Cursor(newest.at, newest.raw, newest.uris | {uri})
-                try:
-                    parent = parse(item, what)
-                except BadResponse as exc:
-                    self._skipped(what, exc, item)
-                    continue
+                parent = self._read(what, item, lambda it: parse(it, what))
                 if parent is not None:
                     prev = found.get(parent.id)
                     if prev is None or t < prev[0]:
@@ -707,7 +540,7 @@ class BlueskyPlatform:
         else:
             if since is not None:
                 # Refind re-reads the lookback window and closes this gap.
-                log.warning("replyd.bluesky.gap", what=what, pages=pages)
+                self.log.warning("replyd.bluesky.gap", what=what, pages=pages)
         return Page(parents=_oldest_first(found), cursor=newest.encode() if newest else cursor)
 
     def refind(self, since: float) -> list[Parent]:
@@ -715,24 +548,17 @@ class BlueskyPlatform:
         what = "refind"
         found: dict[str, tuple[float, Parent]] = {}
         page_cursor: str | None = None
-        for _ in range(self._max_pages):
+        for _ in range(self.s.max_pages):
             body = self._notifications(what, page_cursor)
             items = _http.field(body, "notifications", what, list)
             oldest: float | None = None
             for item in items:
-                try:
-                    if not isinstance(item, dict):
-                        raise BadResponse(f"{what}: notification is not an object")
-                    t = _epoch(_http.field(item, "indexedAt", what))
-                    if t is None:
-                        raise BadResponse(f"{what}: field indexedAt is not an ISO-8601 time")
-                    oldest = t if oldest is None else min(oldest, t)
-                    if t < since:
-                        continue
-                    parent = self._notification_parent(item, what)
-                except BadResponse as exc:
-                    self._skipped(what, exc, item)
+                indexed = self._read(what, item, lambda it: _indexed(it, what))
+                if indexed is None:
                     continue
+                t = indexed[0]
+                oldest = t if oldest is None else min(oldest, t)
+                parent = self._read(what, item, lambda it: self._notification_parent(it, what)) if t >= since else None
                 if parent is not None and parent.id not in found:
                     found[parent.id] = (t, parent)
             nxt = body.get("cursor")
@@ -786,7 +612,7 @@ class BlueskyPlatform:
         did = self._own_did(what)
         rkey = provider_key if is_tid(provider_key) else rkey_for(did, parent.id)
         if rkey != provider_key:
-            log.warning("replyd.bluesky.provider_key_not_tid", parent_id=parent.id, rkey=rkey)
+            self.log.warning("replyd.bluesky.provider_key_not_tid", parent_id=parent.id, rkey=rkey)
         refs = self._reply_refs(parent, what)
         record: dict[str, Any] = {
             "$type": POST_NSID,
@@ -794,25 +620,19 @@ class BlueskyPlatform:
             "createdAt": _iso_now(self._clock.now()),
             "reply": refs,
         }
-        if self._langs:
-            record["langs"] = list(self._langs)
+        if self.s.langs:
+            record["langs"] = list(self.s.langs)
         body = {"repo": did, "collection": POST_NSID, "rkey": rkey, "record": record}
         try:
             resp = self._xrpc("POST", "com.atproto.repo.createRecord", what=what, body=body)
-        except (MaybeSent, Rejected) as exc:
+        except PlatformError as exc:
             # A taken rkey answers 500 here (other PDSes may say 400/409): look before deciding.
-            landed = self._probe(did, rkey, parent.id, what, exc)
+            landed = self._probe(did, rkey, parent.id, what, exc) if isinstance(exc, (MaybeSent, Rejected)) else None
             if landed is not None:
-                log.info("replyd.bluesky.already_landed", parent_id=parent.id, reply_id=landed, status=exc.status)
+                self.log.info("replyd.bluesky.already_landed", parent_id=parent.id, reply_id=landed, status=exc.status)
                 raise AlreadyLanded(f"{what}: our reply is already at rkey {rkey} ({exc.detail})",
                                     status=exc.status, reply_id=landed) from None
-            log.info("replyd.bluesky.send_failed", parent_id=parent.id, error=type(exc).__name__,
-                     status=exc.status, detail=exc.detail)
-            raise
-        except PlatformError as exc:
-            log.info("replyd.bluesky.send_failed", parent_id=parent.id, error=type(exc).__name__,
-                     status=exc.status, detail=exc.detail)
-            raise
+            raise self._send_failed(parent, exc)
         expected = str(AtUri(did, POST_NSID, rkey))
         try:
             uri = _http.field(_http.json_body(resp, what, dict), "uri", what)
@@ -827,7 +647,7 @@ class BlueskyPlatform:
             if landed is not None:
                 raise AlreadyLanded(f"{what}: our reply is at rkey {rkey}", status=resp.status_code, reply_id=landed)
             raise err
-        log.info("replyd.bluesky.sent", parent_id=parent.id, reply_id=uri)
+        self.log.info("replyd.bluesky.sent", parent_id=parent.id, reply_id=uri)
         return Sent(reply_id=uri, url=_web_url(self._session.handle if self._session else did, uri))
 
     def _reply_refs(self, parent: Parent, what: str) -> dict[str, Any]:
@@ -870,7 +690,7 @@ class BlueskyPlatform:
         try:
             rec = self._get_record(did, rkey, f"{what}: getRecord")
         except PlatformError as exc:
-            log.warning("replyd.bluesky.probe_failed", rkey=rkey, problem=exc.detail)
+            self.log.warning("replyd.bluesky.probe_failed", rkey=rkey, problem=exc.detail)
             return None
         if rec is None:
             return None
@@ -895,55 +715,24 @@ class BlueskyPlatform:
         listed everything back to the row's opening minus a margin. A row
         neither way settled gets a per-parent ``getPostThread``.
         """
-        result = ReadBack()
-        if not pending:
-            return result
-        opened: dict[str, float] = {}
         rkeys: dict[str, set[str]] = {}
         for p in pending:
-            pid = p.parent.id
-            opened[pid] = min(p.opened_at, opened.get(pid, p.opened_at))
-            key = p.provider_key if is_tid(p.provider_key) else rkey_for(sender_id, pid)
-            rkeys.setdefault(pid, set()).add(key)
-        found: dict[str, dict[str, OwnReply]] = {}
-        by_record = self._check_records(sender_id, rkeys, found)
-        result.checked |= by_record
-        feed_needed = any(pid not in found for pid in opened)
-        if feed_needed:
+            key = p.provider_key if is_tid(p.provider_key) else rkey_for(sender_id, p.parent.id)
+            rkeys.setdefault(p.parent.id, set()).add(key)
+
+        def feed(opened: dict[str, float], found: _http.Found) -> set[str]:
+            settled = self._check_records(sender_id, rkeys, found)
+            if all(pid in found for pid in opened):
+                return settled
             try:
-                covered_after = self._scan_own_feed(sender_id, opened, found)
+                return settled | self._covered(opened, self._scan_own_feed(sender_id, opened, found))
             except PlatformError as exc:
-                log.warning("replyd.bluesky.read_back_failed", source="feed", problem=exc.detail)
-                covered_after = None
-            for pid, opened_at in opened.items():
-                if covered_after is not None and covered_after < opened_at - READ_BACK_MARGIN_S:
-                    result.checked.add(pid)
-        for pid in opened:
-            if pid in result.checked:
-                continue
-            try:
-                replies, complete = self._thread_replies(pid, sender_id)
-            except RateLimited as exc:
-                log.warning("replyd.bluesky.read_back_failed", source="thread", parent_id=pid, problem=exc.detail)
-                break
-            except PlatformError as exc:
-                log.warning("replyd.bluesky.read_back_failed", source="thread", parent_id=pid, problem=exc.detail)
-                continue
-            for r in replies:
-                found.setdefault(pid, {})[r.reply_id] = r
-            if complete:
-                result.checked.add(pid)
-        for pid, replies in found.items():
-            result.found[pid] = sorted(replies.values(), key=lambda r: (r.created_at or 0.0, r.reply_id))
-            result.checked.add(pid)
-        log.info(
-            "replyd.bluesky.read_back",
-            pending=len(opened),
-            checked_by_record=len(by_record),
-            feed=feed_needed,
-            checked=len(result.checked),
-            found=sum(len(v) for v in result.found.values()),
-        )
+                self.log.warning("replyd.bluesky.read_back_failed", source="feed", problem=exc.detail)
+                return settled
+
+        result = self._read_back(pending, source=("thread", "parent_id"), feed=feed,
+                                 fallback=lambda pid, _, found: self._thread_replies(pid, sender_id, found))
+        result.checked.update(result.found)  # an own reply found settles its row
         return result
 
     def _check_records(
@@ -958,17 +747,17 @@ class BlueskyPlatform:
                 try:
                     rec = self._get_record(sender_id, rkey, what)
                 except RateLimited as exc:
-                    log.warning("replyd.bluesky.read_back_failed", source="record", problem=exc.detail)
+                    self.log.warning("replyd.bluesky.read_back_failed", source="record", problem=exc.detail)
                     return settled  # every further read would be refused the same way
                 except PlatformError as exc:
-                    log.warning("replyd.bluesky.read_back_failed", source="record", parent_id=pid, problem=exc.detail)
+                    self.log.warning("replyd.bluesky.read_back_failed", source="record", parent_id=pid, problem=exc.detail)
                     ok = False
                     continue
                 if rec is None:
                     continue
                 answers = _reply_parent_uri(rec.get("value"))
                 if answers != pid:
-                    log.error("replyd.bluesky.rkey_collision", parent_id=pid, rkey=rkey, holder=rec["uri"],
+                    self.log.error("replyd.bluesky.rkey_collision", parent_id=pid, rkey=rkey, holder=rec["uri"],
                               answers=answers)
                     ok = False
                     continue
@@ -978,48 +767,31 @@ class BlueskyPlatform:
                 settled.add(pid)
         return settled
 
-    def _scan_own_feed(
-        self, sender_id: str, opened: Mapping[str, float], found: dict[str, dict[str, OwnReply]]
-    ) -> float | None:
-        """Page back through the own posts; return the epoch after which the listing is complete.
+    def _scan_own_feed(self, sender_id: str, opened: Mapping[str, float], found: _http.Found) -> float | None:
+        """Page back through the own posts; return the epoch after which the listing is complete."""
+        return self._walk_feed(self._own_feed(sender_id, opened, found), min(opened.values()) - self.READ_BACK_MARGIN_S)
 
-        ``None``: nothing was read. ``-inf``: the feed ran out, so it is complete for all time.
-        """
+    def _own_feed(self, sender_id: str, opened: Mapping[str, float], found: _http.Found) -> Iterator[list[float]]:
         what = "read_back feed"
-        horizon = min(opened.values()) - READ_BACK_MARGIN_S
-        covered_after: float | None = None
         cursor: str | None = None
-        for page_no in range(self._max_pages):
+        for _ in range(self.s.max_pages):
             params = [("actor", sender_id), ("filter", "posts_with_replies"), ("limit", str(FEED_PAGE))]
-            if cursor:
-                params.append(("cursor", cursor))
-            try:
-                resp = self._xrpc("GET", "app.bsky.feed.getAuthorFeed", what=what, proxy=True, params=params)
-                body = _http.json_body(resp, what, dict)
-                feed = _http.field(body, "feed", what, list)
-                # One unreadable item could be the reply we look for: the page is not conclusive.
-                rows = [self._own_feed_item(item, what) for item in feed]
-            except PlatformError as exc:
-                log.warning("replyd.bluesky.read_back_failed", source="feed", page=page_no, problem=exc.detail)
-                return covered_after
+            resp = self._xrpc("GET", "app.bsky.feed.getAuthorFeed", what=what, proxy=True,
+                              params=params + ([("cursor", cursor)] if cursor else []))
+            body = _http.json_body(resp, what, dict)
+            feed = _http.field(body, "feed", what, list)
+            # One unreadable item could be the reply we look for: the page is not conclusive.
+            rows = [self._own_feed_item(item, what) for item in feed]
             for uri, author, in_reply_to, created, _ in rows:
                 if author == sender_id and in_reply_to in opened:
                     found.setdefault(in_reply_to, {}).setdefault(uri, OwnReply(uri, in_reply_to, created))
-            if not feed:
-                return float("-inf")
-            times = [sort_t for *_, sort_t in rows if sort_t is not None]
-            if times:
-                oldest = min(times)
-                covered_after = oldest if covered_after is None else min(covered_after, oldest)
-                if covered_after < horizon:
-                    return covered_after
+            yield [sort_t for *_, sort_t in rows if sort_t is not None] if feed else [_http.END]
             nxt = body.get("cursor")
             if not isinstance(nxt, str) or not nxt:
-                return float("-inf")
-            if nxt == cursor:
-                return covered_after
+                yield [_http.END]
+            if not isinstance(nxt, str) or not nxt or nxt == cursor:
+                return
             cursor = nxt
-        return covered_after
 
     @staticmethod
     def _own_feed_item(item: Any, what: str) -> tuple[str, str, str | None, float | None, float | None]:
@@ -1042,8 +814,8 @@ class BlueskyPlatform:
             sort_t = indexed if created is None else min(created, indexed)
         return uri, author, in_reply_to, created, sort_t
 
-    def _thread_replies(self, parent_id: str, sender_id: str) -> tuple[list[OwnReply], bool]:
-        """Own direct replies in the parent's thread, and whether the listing was complete."""
+    def _thread_replies(self, parent_id: str, sender_id: str, found: _http.Found) -> bool:
+        """Add the own direct replies in the parent's thread to ``found``; True if the listing was complete."""
         what = "read_back thread"
         params = [("uri", parent_id), ("depth", "1"), ("parentHeight", "0")]
         resp = self._xrpc("GET", "app.bsky.feed.getPostThread", what=what, proxy=True, params=params)
@@ -1052,7 +824,6 @@ class BlueskyPlatform:
             raise BadResponse(f"{what}: thread is a {thread.get('$type', 'non-post')}")
         reply_count = _http.field(thread, "post.replyCount", what, int, default=0)
         replies = _http.field(thread, "replies", what, list, default=[])
-        own: list[OwnReply] = []
         for r in replies:
             if not isinstance(r, dict) or "post" not in r:
                 continue  # blocked or not-found placeholders still count towards completeness
@@ -1060,8 +831,8 @@ class BlueskyPlatform:
             author = _http.field(r, "post.author.did", what)
             record = _http.field(r, "post.record", what, dict)
             if author == sender_id and _reply_parent_uri(record) == parent_id:
-                own.append(OwnReply(uri, parent_id, _epoch(record.get("createdAt"))))
-        return own, len(replies) >= reply_count
+                found.setdefault(parent_id, {})[uri] = OwnReply(uri, parent_id, _epoch(record.get("createdAt")))
+        return len(replies) >= reply_count
 
     def thread_depth(self, parent: Parent, limit: int) -> int:
         """Return how many ancestors ``parent`` has in its thread, counting at most ``limit + 1``.
@@ -1114,7 +885,7 @@ class BlueskyPlatform:
                 return depth  # reached the thread root
             if steps < height:
                 # A reply whose parent the AppView left out: count that parent, see no further.
-                log.info("replyd.bluesky.thread_cut", parent_id=parent.id, at=_http.field(node, "post.uri", what))
+                self.log.info("replyd.bluesky.thread_cut", parent_id=parent.id, at=_http.field(node, "post.uri", what))
                 return min(want, depth + 1 + (1 if root is not None and unseen != root else 0))
             uri = _http.field(node, "post.uri", what)  # parentHeight capped below what is wanted
 
@@ -1130,21 +901,22 @@ class BlueskyPlatform:
             raise Rejected(f"{what}: {reply_id} is not one of this account's posts")
         self._xrpc("POST", "com.atproto.repo.deleteRecord", what=what,
                    body={"repo": did, "collection": POST_NSID, "rkey": at.rkey})
-        log.info("replyd.bluesky.deleted", reply_id=reply_id)
-
-    def close(self) -> None:
-        """Do nothing: the shared http client belongs to the caller."""
-
-    def rate_limits(self) -> dict[str, tuple[int | None, float | None]]:
-        """Return the last seen ``{nsid: (remaining, reset_at)}`` (for metrics)."""
-        return self._limits.snapshot()
-
+        self.log.info("replyd.bluesky.deleted", reply_id=reply_id)
 
 # --- helpers ------------------------------------------------------------------------------
 
 
 def _oldest_first(found: Mapping[str, tuple[float, Parent]]) -> list[Parent]:
     return [p for _, p in sorted(found.values(), key=lambda tp: (tp[0], tp[1].id))]
+
+
+def _indexed(item: dict[str, Any], what: str) -> tuple[float, str]:
+    """An item's ``indexedAt`` as (epoch, the raw text a cursor keeps)."""
+    raw = _http.field(item, "indexedAt", what)
+    t = _epoch(raw)
+    if t is None:
+        raise BadResponse(f"{what}: field indexedAt is not an ISO-8601 time")
+    return t, raw
 
 
 def _reply_parent_uri(record: Any) -> str | None:

@@ -1,25 +1,7 @@
 """The Discourse adapter: notifications, search, replies and read-back over the JSON API.
 
-Settings (``[platforms.<name>]`` with ``kind = "discourse"``):
-
-======================  ======================================================
-``base_url``            required; ``http://`` or ``https://`` forum root
-``api_key``             an admin/user API key (header ``Api-Key``), together
-                        with ``api_username`` (header ``Api-Username``): the
-                        account the bot posts as
-``user_api_key``        instead: a User API key (header ``User-Api-Key``)
-``listing_delay_s``     seconds before a sweep may trust a read-back (default 30:
-                        a POST the client gave up on can still finish inside the
-                        server's own request timeout, 30 s on a standard install)
-``timeout_s``           per-request timeout (default 15)
-``search_queries``      queries the search poller runs (default none)
-``notification_types``  which notifications are parents (default mentioned,
-                        replied, quoted, private_message; also allowed:
-                        group_mentioned, posted, watching_first_post)
-``max_pages``           pages per poll / re-find / read-back (default 5)
-``instance``            first part of the answered-log key
-                        (default ``discourse:<base_url without trailing slash>``)
-======================  ======================================================
+Settings: ``[platforms.<name>]`` with ``kind = "discourse"``; each key is a field of
+``DiscoursePlatform.Settings`` below, with its meaning beside it.
 
 Ids: a parent is a post, keyed by its post id as served (a JSON number, kept as
 its decimal string). A reply needs the post's *topic* and its *post number*
@@ -74,37 +56,19 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar
-from urllib.parse import parse_qs, quote, urlsplit
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Annotated, Any, Literal, Self
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
-import structlog
+from pydantic import Field, SecretStr, model_validator
 
-from replyd.clock import Clock
-from replyd.errors import (
-    BadResponse,
-    ConfigError,
-    DefinitelyNotSent,
-    MaybeSent,
-    PlatformError,
-    RateLimited,
-    Rejected,
-)
-from replyd.platform import (
-    Identity,
-    OwnReply,
-    Page,
-    Parent,
-    Pending,
-    ReadBack,
-    Sent,
-    register_platform,
+from replyd.errors import BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
+from replyd.platforms.base import (
+    Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Text, Texts, Token, register_platform,
 )
 from replyd.platforms import _http
 from replyd.platforms._http import id_order
-
-log = structlog.get_logger("replyd.discourse")
 
 # Discourse's Notification.types (app/models/notification.rb); stable across versions.
 NOTIFICATION_TYPES: dict[str, int] = {
@@ -125,62 +89,9 @@ OWN_REPLY_ACTIONS = "5,12"
 USER_ACTIONS_PAGE = 30
 # /t/{id}/posts.json?post_ids[]= is asked in the client's own chunk size.
 POST_IDS_CHUNK = 20
-# Clock skew between our opened_at and the server's created_at.
-READ_BACK_MARGIN_S = 60.0
 # Posts resolved for notifications and search hits, remembered so a re-find over the
 # same notifications costs no request per notification (admin keys get 60 a minute).
 POST_CACHE_SIZE = 2048
-
-_KNOWN_SETTINGS = frozenset(
-    {
-        "kind",
-        "allow_insecure_http",
-        "base_url",
-        "api_key",
-        "api_username",
-        "user_api_key",
-        "listing_delay_s",
-        "timeout_s",
-        "search_queries",
-        "notification_types",
-        "max_pages",
-        "instance",
-    }
-)
-
-
-class _HeaderAuth(httpx.Auth):
-    """Adds Discourse's key headers to each request; its repr hides the key."""
-
-    def __init__(self, headers: Mapping[str, str]) -> None:
-        self._headers = dict(headers)
-
-    def auth_flow(self, request: httpx.Request):  # type: ignore[no-untyped-def]
-        """Set the headers and send the request once."""
-        request.headers.update(self._headers)
-        yield request
-
-    def __repr__(self) -> str:
-        return f"_HeaderAuth(headers={sorted(self._headers)!r}, values=<redacted>)"
-
-
-def _seg(value: str, what: str) -> str:
-    """Quote one path segment; refuse values that would walk the path."""
-    if not value or value in (".", ".."):
-        raise Rejected(f"{what}: id {value!r} is not usable in a URL path")
-    return quote(value, safe="")
-
-
-def _served(obj: Any, path: str, what: str, *, default: Any = ...) -> Any:
-    """An id served as a JSON number (or string), as its exact decimal string."""
-    if default is ...:
-        value = _http.field(obj, path, what, (int, str))
-    else:
-        value = _http.field(obj, path, what, (int, str), default=default)
-        if value is default:
-            return default
-    return str(value)
-
 
 def _number(obj: Any, path: str, what: str, *, default: Any = ...) -> Any:
     """A post or topic number served as a JSON number (topic ids, post numbers)."""
@@ -189,14 +100,6 @@ def _number(obj: Any, path: str, what: str, *, default: Any = ...) -> Any:
     else:
         value = _http.field(obj, path, what, int, default=default)
     return value
-
-
-def _time(obj: Any, path: str, what: str) -> float:
-    raw = _http.field(obj, path, what)
-    try:
-        return _http.iso_to_epoch(raw)
-    except ValueError:
-        raise BadResponse(f"{what}: field {path} is not an ISO-8601 time") from None
 
 
 def _error_text(resp: httpx.Response) -> str:
@@ -226,152 +129,58 @@ def _wait_seconds(resp: httpx.Response) -> float | None:
 
 
 @register_platform("discourse")
-class DiscoursePlatform:
+class DiscoursePlatform(_http.HttpPlatform):
     """A Discourse account as a replyd platform: notifications in, replies out, own posts read back."""
 
-    kind: ClassVar[str] = "discourse"
+    class Settings(_http.HttpSettings):
+        """``kind = "discourse"``; ``instance`` defaults to ``discourse:<base_url>``."""
 
-    def __init__(
-        self,
-        *,
-        base_url: str,
-        http: httpx.Client,
-        clock: Clock,
-        api_key: str | None = None,
-        api_username: str | None = None,
-        user_api_key: str | None = None,
-        listing_delay_s: float = 30.0,
-        timeout_s: float = 15.0,
-        search_queries: Sequence[str] = (),
-        notification_types: Iterable[str] = DEFAULT_NOTIFICATION_TYPES,
-        max_pages: int = 5,
-        instance: str | None = None,
-    ) -> None:
-        if user_api_key:
-            headers = {"User-Api-Key": user_api_key}
-            self._secrets: tuple[str, ...] = (user_api_key,)
-        elif api_key and api_username:
-            headers = {"Api-Key": api_key, "Api-Username": api_username}
-            self._secrets = (api_key,)
-        else:
-            raise ConfigError("discourse setting 'api_key': give api_key + api_username, or user_api_key")
-        self._base_url = base_url.rstrip("/")
-        self._auth = _HeaderAuth(headers)
-        self._api_username = api_username if not user_api_key else None
-        self._http = http
-        self._clock = clock
-        self._timeout = httpx.Timeout(timeout_s)
-        self._max_pages = max_pages
-        self._types = frozenset(NOTIFICATION_TYPES[t] for t in notification_types)
-        self._limits = _http.RateLimits(clock.now)
-        self._me: Identity | None = None
+        base_url: _http.Url  # the forum root
+        api_key: Token | None = None  # an admin/user API key (header Api-Key), with:
+        api_username: Text | None = None  # the account the bot posts as (header Api-Username)
+        user_api_key: Token | None = None  # instead of both: a User API key (header User-Api-Key)
+        # 30: a POST the client gave up on can still finish inside the server's own request timeout.
+        listing_delay_s: float = Field(30.0, ge=0)
+        search_queries: Texts = []  # the queries the search poller runs
+        # Which notifications are parents (NOTIFICATION_TYPES names).
+        notification_types: Annotated[list[Literal[tuple(NOTIFICATION_TYPES)]],  # type: ignore[misc]
+                                      Field(min_length=1, strict=False)] = list(DEFAULT_NOTIFICATION_TYPES)
+        max_pages: int = Field(5, ge=1, le=1000)  # pages per poll / re-find / read-back
+
+        @model_validator(mode="after")
+        def _one_key(self) -> Self:
+            if self.user_api_key and (self.api_key or self.api_username):
+                raise ConfigError("discourse setting 'user_api_key': give either it or api_key + api_username, not both")
+            if not self.user_api_key and not self.api_key:
+                raise ConfigError("discourse setting 'api_key': required (with api_username), or give user_api_key")
+            if not self.user_api_key and not self.api_username:
+                raise ConfigError("discourse setting 'api_username': required with api_key")
+            return self
+
+    s: Settings
+    HEADERS = {"Accept": "application/json"}
+
+    def _setup(self) -> None:
+        self._api_username = None if self.s.user_api_key else self.s.api_username
+        self._types = frozenset(NOTIFICATION_TYPES[t] for t in self.s.notification_types)
         self._post_cache: OrderedDict[str, Parent] = OrderedDict()
         self._cache_lock = threading.Lock()
-        self.search_queries = tuple(search_queries)
-        self.listing_delay_s = float(listing_delay_s)
-        self.instance = instance or f"discourse:{self._base_url}"
+        self.search_queries = tuple(self.s.search_queries)
 
-    def __repr__(self) -> str:
-        return f"DiscoursePlatform(instance={self.instance!r})"
+    def _auth_headers(self) -> dict[str, SecretStr]:
+        """``User-Api-Key``, or ``Api-Key`` + ``Api-Username``."""
+        if self.s.user_api_key:
+            return {"User-Api-Key": self.s.user_api_key}
+        return {"Api-Key": self.s.api_key, "Api-Username": SecretStr(self.s.api_username)}  # type: ignore[dict-item,arg-type]
 
-    # --- configuration -------------------------------------------------------------
+    def _wait_s(self, resp: httpx.Response) -> float | None:
+        """``Retry-After``, else the body's ``extras.wait_seconds``."""
+        wait = super()._wait_s(resp)
+        return _wait_seconds(resp) if wait is None else wait
 
-    @classmethod
-    def from_settings(
-        cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock
-    ) -> DiscoursePlatform:
-        """Validate ``settings`` (``ConfigError`` names the key) and build the adapter."""
-        unknown = sorted(str(k) for k in settings if k not in _KNOWN_SETTINGS)
-        if unknown:
-            raise ConfigError(
-                f"discourse setting {unknown[0]!r}: unknown key "
-                f"(known: {', '.join(sorted(_KNOWN_SETTINGS - {'kind'}))})"
-            )
-        base_url = _http.setting_url(settings, "discourse", "base_url")
-        api_key = _http.setting_secret(settings, "discourse", "api_key")
-        user_api_key = _http.setting_secret(settings, "discourse", "user_api_key")
-        api_username = settings.get("api_username")
-        if api_username is not None and (not isinstance(api_username, str) or not api_username.strip()):
-            raise ConfigError("discourse setting 'api_username': must be a non-empty string")
-        if user_api_key and (api_key or api_username):
-            raise ConfigError("discourse setting 'user_api_key': give either it or api_key + api_username, not both")
-        if not user_api_key:
-            if not api_key:
-                raise ConfigError("discourse setting 'api_key': required (with api_username), or give user_api_key")
-            if not api_username:
-                raise ConfigError("discourse setting 'api_username': required with api_key")
-        types = settings.get("notification_types", list(DEFAULT_NOTIFICATION_TYPES))
-        if (
-            not isinstance(types, (list, tuple))
-            or not types
-            or any(not isinstance(t, str) or t not in NOTIFICATION_TYPES for t in types)
-        ):
-            raise ConfigError(
-                f"discourse setting 'notification_types': a non-empty list of {', '.join(NOTIFICATION_TYPES)}"
-            )
-        return cls(
-            base_url=base_url,
-            http=http,
-            clock=clock,
-            api_key=api_key,
-            api_username=api_username.strip() if isinstance(api_username, str) else None,
-            user_api_key=user_api_key,
-            listing_delay_s=_http.setting_number(settings, "discourse", "listing_delay_s", 30.0, minimum=0.0),
-            timeout_s=_http.setting_number(settings, "discourse", "timeout_s", 15.0, minimum=0.0, exclusive=True),
-            search_queries=_http.setting_queries(settings, "discourse"),
-            notification_types=types,
-            max_pages=_http.setting_int(settings, "discourse", "max_pages", 5, 1, 1000),
-            instance=_http.setting_instance(settings, "discourse"),
-        )
-
-    # --- transport ------------------------------------------------------------------
-
-    def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        what: str,
-        bucket: str = "api",
-        params: list[tuple[str, str]] | None = None,
-        json: dict[str, Any] | None = None,
-    ) -> httpx.Response:
-        """One request under the rate limits; returns a 2xx response or raises the mapped error."""
-        self._limits.check(("api",) if bucket == "api" else ("api", bucket), what=what)
-        resp = _http.request(
-            self._http,
-            method,
-            self._base_url + path,
-            what=what,
-            secrets=self._secrets,
-            auth=self._auth,
-            timeout=self._timeout,
-            params=params,
-            json=json,
-            headers={"Accept": "application/json"},
-        )
-        self._raise_for_status(resp, what=what, bucket=bucket)
-        return resp
-
-    def _raise_for_status(self, resp: httpx.Response, *, what: str, bucket: str) -> None:
-        status = resp.status_code
-        if 200 <= status < 300:
-            return
-        text = _error_text(resp)
-        detail = _http.redact(f"{what}: HTTP {status}" + (f" ({text})" if text else ""), self._secrets)
-        if status == 429:
-            now = self._clock.now()
-            wait = _http.retry_after_s(resp, now)
-            if wait is None:
-                wait = _wait_seconds(resp)
-            if wait is not None:
-                self._limits.block(bucket, wait)
-            log.warning("replyd.discourse.rate_limited", what=what, bucket=bucket, wait_s=wait)
-            raise RateLimited(detail, status=status, retry_after_s=wait)
-        try:
-            _http.raise_for_status(resp, what=what, now=self._clock.now, secrets=self._secrets)
-        except PlatformError as exc:  # same class and status, Discourse's own error text
-            raise type(exc)(detail, status=exc.status) from None
+    def _error_text(self, resp: httpx.Response) -> str:
+        """Discourse's ``{"errors": [...]}`` text (or the generic one)."""
+        return _error_text(resp)
 
     # --- parsing --------------------------------------------------------------------
 
@@ -379,21 +188,21 @@ class DiscoursePlatform:
         """Turn a serialized post (``/posts/{id}.json`` or a topic's post stream) into a parent."""
         if not isinstance(post, dict):
             raise BadResponse(f"{what}: post is not an object")
-        pid = _served(post, "id", what)
+        pid = _http.served_id(post, "id", what)
         topic_id = _number(post, "topic_id", what)
         post_number = _number(post, "post_number", what)
-        author_id = _served(post, "user_id", what)
+        author_id = _http.served_id(post, "user_id", what)
         username = _http.field(post, "username", what, default="")
-        created = _time(post, "created_at", what)
+        created = _http.iso_field(post, "created_at", what)
         raw = _http.field(post, "raw", what, default=None)
         cooked = _http.field(post, "cooked", what, default="")
         slug = _http.field(post, "topic_slug", what, default=None)
         post_url = _http.field(post, "post_url", what, default=None)
         reply_to = _number(post, "reply_to_post_number", what, default=None)
         if post_url and post_url.startswith("/"):
-            url = self._base_url + post_url
+            url = self.s.base_url + post_url
         else:
-            url = f"{self._base_url}/t/{slug or 'topic'}/{topic_id}/{post_number}"
+            url = f"{self.s.base_url}/t/{slug or 'topic'}/{topic_id}/{post_number}"
         extra: dict[str, Any] = {
             "topic_id": topic_id,
             "post_number": post_number,
@@ -416,23 +225,13 @@ class DiscoursePlatform:
             extra=extra,
         )
 
-    @staticmethod
-    def _skipped(what: str, problem: str, item: Any) -> None:
-        item_id = item.get("id") if isinstance(item, dict) else None
-        log.warning(
-            "replyd.discourse.skipped",
-            what=what,
-            problem=problem,
-            item_id=str(item_id) if isinstance(item_id, (int, str)) and not isinstance(item_id, bool) else None,
-        )
-
     # --- Platform -------------------------------------------------------------------
 
     def whoami(self) -> Identity:
         """Return the bot user's numeric id (as a string) and username."""
         what = "whoami"
         if self._api_username is not None:
-            resp = self._call("GET", f"/u/{_seg(self._api_username, what)}.json", what=what)
+            resp = self._call("GET", f"/u/{_http.seg(self._api_username, what)}.json", what=what)
             body = _http.json_body(resp, what, dict)
             root = "user"
         else:
@@ -440,14 +239,11 @@ class DiscoursePlatform:
             body = _http.json_body(resp, what, dict)
             root = "current_user"
         me = Identity(
-            sender_id=_served(body, f"{root}.id", what),
+            sender_id=_http.served_id(body, f"{root}.id", what),
             handle=_http.field(body, f"{root}.username", what, default=""),
         )
         self._me = me
         return me
-
-    def _identity(self) -> Identity:
-        return self._me if self._me is not None else self.whoami()
 
     def _username(self) -> str:
         return self._api_username or self._identity().handle
@@ -481,32 +277,33 @@ class DiscoursePlatform:
         what = "inbox"
         fresh: list[tuple[str, dict[str, Any]]] = []
         offset = 0
-        for page_no in range(self._max_pages if cursor is not None else 1):
+        for page_no in range(self.s.max_pages if cursor is not None else 1):
             try:
                 items, nxt = self._notification_page(offset, what)
             except PlatformError as exc:
-                if page_no == 0:
-                    raise
-                log.warning("replyd.discourse.inbox_partial", pages=page_no, problem=exc.detail)
+                self._partial(what, page_no, exc)
                 return self._notifications_to_page(fresh, cursor, complete=False, what=what)
-            reached = False
-            for item in items:
-                if not isinstance(item, dict):
-                    self._skipped(what, "notification is not an object", item)
-                    continue
-                try:
-                    nid = _served(item, "id", what)
-                except BadResponse as exc:
-                    self._skipped(what, exc.detail, item)
-                    continue
-                if cursor is not None and id_order(nid) <= id_order(cursor):
-                    reached = True
-                    continue
-                fresh.append((nid, item))
+            new, reached = self._newer(items, cursor, what)
+            fresh += new
             if cursor is None or reached or nxt is None:
                 break
             offset = nxt
         return self._notifications_to_page(fresh, cursor, complete=True, what=what)
+
+    def _newer(self, items: list[Any], cursor: str | None, what: str) -> tuple[list[tuple[str, Any]], bool]:
+        """The items newer than ``cursor`` as (id, item), and whether one at or before it was met."""
+        fresh, reached = [], False
+        for item in items:
+            try:
+                iid = _http.served_id(item, "id", what)
+            except BadResponse as exc:
+                self._skipped(what, exc, item)
+                continue
+            if cursor is not None and id_order(iid) <= id_order(cursor):
+                reached = True
+            else:
+                fresh.append((iid, item))
+        return fresh, reached
 
     def _notifications_to_page(
         self, fresh: list[tuple[str, dict[str, Any]]], cursor: str | None, *, complete: bool, what: str
@@ -526,7 +323,7 @@ class DiscoursePlatform:
                 self._skipped(what, exc.detail, item)
                 parents = []
             except PlatformError as exc:  # transient: stop here, the next poll retries from here
-                log.warning("replyd.discourse.inbox_partial", notification_id=nid, problem=exc.detail)
+                self.log.warning("replyd.discourse.inbox_partial", notification_id=nid, problem=exc.detail)
                 break
             for p in parents:
                 found.setdefault(p.id, p)
@@ -541,7 +338,7 @@ class DiscoursePlatform:
             return []
         topic_id = _number(item, "topic_id", what, default=None)
         post_number = _number(item, "post_number", what, default=None)
-        original = _served(item, "data.original_post_id", what, default=None)
+        original = _http.served_id(item, "data.original_post_id", what, default=None)
         private = True if ntype == NOTIFICATION_TYPES["private_message"] else None
         if original is not None:
             newest = self._post_by_id(original, what, private=private, cached=True)
@@ -569,7 +366,7 @@ class DiscoursePlatform:
         out: list[Parent] = []
         after = first - 1
         last = newest.extra["post_number"]
-        for _ in range(self._max_pages):
+        for _ in range(self.s.max_pages):
             params = [("post_number", str(after)), ("asc", "true")]
             resp = self._call("GET", f"/t/{topic_id}/posts.json", what=what, params=params)
             posts = _http.field(_http.json_body(resp, what, dict), "post_stream.posts", what, list)
@@ -592,7 +389,7 @@ class DiscoursePlatform:
                 # The first unread post is the one Discourse itself chose for the notification.
                 if ntype != NOTIFICATION_TYPES["replied"] or to_me or number == first:
                     out.append(parent)
-        log.warning("replyd.discourse.collapsed_truncated", topic_id=topic_id, after=after, last=last)
+        self.log.warning("replyd.discourse.collapsed_truncated", topic_id=topic_id, after=after, last=last)
         return out
 
     def _post_by_id(self, post_id: str, what: str, *, private: bool | None = None, cached: bool = False) -> Parent:
@@ -602,7 +399,7 @@ class DiscoursePlatform:
                 if hit is not None:
                     self._post_cache.move_to_end(post_id)
                     return hit
-        resp = self._call("GET", f"/posts/{_seg(post_id, what)}.json", what=what)
+        resp = self._call("GET", f"/posts/{_http.seg(post_id, what)}.json", what=what)
         parent = self._post_parent(_http.json_body(resp, what, dict), what, private=private)
         with self._cache_lock:
             self._post_cache[post_id] = parent
@@ -612,7 +409,7 @@ class DiscoursePlatform:
         return parent
 
     def _post_by_number(self, topic_id: int | str, post_number: int, what: str, *, private: bool | None = None) -> Parent:
-        resp = self._call("GET", f"/t/{_seg(str(topic_id), what)}/{post_number}.json", what=what)
+        resp = self._call("GET", f"/t/{_http.seg(str(topic_id), what)}/{post_number}.json", what=what)
         posts = _http.field(_http.json_body(resp, what, dict), "post_stream.posts", what, list)
         for post in posts:
             if isinstance(post, dict) and post.get("post_number") == post_number:
@@ -624,22 +421,16 @@ class DiscoursePlatform:
         what = "refind"
         fresh: list[dict[str, Any]] = []
         offset = 0
-        for page_no in range(self._max_pages):
+        for page_no in range(self.s.max_pages):
             try:
                 items, nxt = self._notification_page(offset, what)
             except PlatformError as exc:
-                if page_no == 0:
-                    raise
-                log.warning("replyd.discourse.refind_partial", pages=page_no, problem=exc.detail)
+                self._partial(what, page_no, exc)
                 break
             older = False
             for item in items:
-                try:
-                    if not isinstance(item, dict):
-                        raise BadResponse(f"{what}: notification is not an object")
-                    created = _time(item, "created_at", what)
-                except BadResponse as exc:
-                    self._skipped(what, exc.detail, item)
+                created = self._read(what, item, lambda it: _http.iso_field(it, "created_at", what))
+                if created is None:
                     continue
                 if created < since:
                     older = True
@@ -670,27 +461,17 @@ class DiscoursePlatform:
         what = "search"
         q = query if "order:" in query else f"{query} order:latest"
         hits: dict[str, Any] = {}
-        for page in range(1, (self._max_pages if cursor is not None else 1) + 1):
+        for page in range(1, (self.s.max_pages if cursor is not None else 1) + 1):
             params = [("q", q)] + ([("page", str(page))] if page > 1 else [])
             try:
                 resp = self._call("GET", "/search.json", what=what, params=params)
                 body = _http.json_body(resp, what, dict)
                 posts = _http.field(body, "posts", what, list, default=[])
             except PlatformError as exc:
-                if page == 1:
-                    raise
-                log.warning("replyd.discourse.search_partial", pages=page - 1, problem=exc.detail)
+                self._partial(what, page - 1, exc)
                 break
-            older = False
-            for post in posts:
-                try:
-                    pid = _served(post, "id", what)
-                except BadResponse as exc:
-                    self._skipped(what, exc.detail, post)
-                    continue
-                if cursor is not None and id_order(pid) <= id_order(cursor):
-                    older = True
-                    continue
+            new, older = self._newer(posts, cursor, what)
+            for pid, post in new:
                 hits.setdefault(pid, post)
             more = _http.field(body, "grouped_search_result.more_full_page_results", what, bool, default=None)
             if more is None:
@@ -705,7 +486,7 @@ class DiscoursePlatform:
             except (Rejected, BadResponse) as exc:
                 self._skipped(what, exc.detail, hits[pid])
             except PlatformError as exc:
-                log.warning("replyd.discourse.search_partial", post_id=pid, problem=exc.detail)
+                self.log.warning("replyd.discourse.search_partial", post_id=pid, problem=exc.detail)
                 break
             else:
                 found.append(parent)
@@ -749,11 +530,11 @@ class DiscoursePlatform:
         if parts.scheme or parts.netloc:
             if parts.scheme not in ("http", "https"):
                 raise Rejected(f"{what}: only http(s) URLs can be resolved")
-            base = urlsplit(self._base_url)
+            base = urlsplit(self.s.base_url)
             if (parts.hostname or "").lower() != (base.hostname or "").lower():
                 raise Rejected(f"{what}: URL is not on {base.hostname}")
         path = parts.path
-        prefix = urlsplit(self._base_url).path.rstrip("/")
+        prefix = urlsplit(self.s.base_url).path.rstrip("/")
         if prefix and path.startswith(prefix + "/"):
             path = path[len(prefix):]
         segs = [s for s in path.split("/") if s]
@@ -789,47 +570,36 @@ class DiscoursePlatform:
         ):
             raise Rejected(f"{what}: parent {parent.id} lacks topic_id / post_number")
         payload = {"topic_id": topic_id, "reply_to_post_number": post_number, "raw": text}
+        body = self._created("POST", "/posts.json", parent, what=what, bucket="post", json=payload, read=lambda b: b)
+        if body.get("action") == "enqueued":
+            pending = body.get("pending_post")
+            pending_id = pending.get("id") if isinstance(pending, dict) else None
+            raise Rejected(f"{what}: held for moderator approval (pending post {pending_id}); not retried", status=200)
         try:
-            resp = self._call("POST", "/posts.json", what=what, bucket="post", json=payload)
-        except DefinitelyNotSent as exc:
-            if exc.status == 403:
-                raise self._classify_403(exc) from None
-            log.info("replyd.discourse.send_failed", parent_id=parent.id, error=type(exc).__name__, status=exc.status, detail=exc.detail)
-            raise
-        except PlatformError as exc:
-            log.info("replyd.discourse.send_failed", parent_id=parent.id, error=type(exc).__name__, status=exc.status, detail=exc.detail)
-            raise
-        try:
-            body = _http.json_body(resp, what, dict)
-            if body.get("action") == "enqueued":
-                pending = body.get("pending_post")
-                pending_id = pending.get("id") if isinstance(pending, dict) else None
-                raise Rejected(
-                    f"{what}: held for moderator approval (pending post {pending_id}); not retried",
-                    status=resp.status_code,
-                )
-            reply_id = _served(body, "id", what)
+            reply_id = _http.served_id(body, "id", what)
             got_topic = _number(body, "topic_id", what, default=None)
             got_reply_to = _number(body, "reply_to_post_number", what, default=None)
             post_url = _http.field(body, "post_url", what, default=None)
         except BadResponse as exc:
             # 2xx: the post very likely exists, we just cannot name it.
-            raise MaybeSent(f"{exc.detail} (after HTTP {resp.status_code})", status=resp.status_code) from None
+            raise MaybeSent(f"{exc.detail} (after a 2xx)") from None
         if got_topic != topic_id or got_reply_to != post_number:
             # The post exists and is ours; the read-back matches on these fields, so say so loudly.
-            log.warning(
+            self.log.warning(
                 "replyd.discourse.reply_fields_differ",
                 parent_id=parent.id,
                 reply_id=reply_id,
                 topic_id=got_topic,
                 reply_to_post_number=got_reply_to,
             )
-        url = self._base_url + post_url if isinstance(post_url, str) and post_url.startswith("/") else ""
-        log.info("replyd.discourse.sent", parent_id=parent.id, reply_id=reply_id)
+        url = self.s.base_url + post_url if isinstance(post_url, str) and post_url.startswith("/") else ""
+        self.log.info("replyd.discourse.sent", parent_id=parent.id, reply_id=reply_id)
         return Sent(reply_id=reply_id, url=url)
 
-    def _classify_403(self, exc: DefinitelyNotSent) -> PlatformError:
+    def _refused(self, exc: PlatformError) -> PlatformError:
         """A 403 to a POST: refused credentials (retry later) or a refused target (give up)?"""
+        if not isinstance(exc, DefinitelyNotSent) or exc.status != 403:
+            return exc
         try:
             self.whoami()
         except PlatformError as probe:
@@ -849,121 +619,83 @@ class DiscoursePlatform:
         it was opened (minus a margin) up to now, or its topic was read in full
         after the parent.
         """
-        result = ReadBack()
-        if not pending:
-            return result
-        opened: dict[str, float] = {}
         where: dict[str, tuple[str, int]] = {}
         for p in pending:
             pid = p.parent.id
-            opened[pid] = min(p.opened_at, opened.get(pid, p.opened_at))
+            if pid in where:
+                continue
             topic_id, number = p.parent.extra.get("topic_id"), p.parent.extra.get("post_number")
             if topic_id is None or not isinstance(number, int) or isinstance(number, bool):
                 try:
                     located = self._post_by_id(pid, "read_back locate")
                 except PlatformError as exc:
-                    log.warning("replyd.discourse.read_back_failed", source="locate", parent_id=pid, problem=exc.detail)
+                    self.log.warning("replyd.discourse.read_back_failed", source="locate", parent_id=pid,
+                                     problem=exc.detail)
                     continue
                 topic_id, number = located.extra["topic_id"], located.extra["post_number"]
             where[pid] = (str(topic_id), number)
-        targets: dict[tuple[str, int], list[str]] = {}
-        for pid, loc in where.items():
-            targets.setdefault(loc, []).append(pid)
-        found: dict[str, dict[str, OwnReply]] = {}
-        try:
-            covered_after = self._scan_user_actions(sender_id, targets, opened, found)
-        except PlatformError as exc:
-            log.warning("replyd.discourse.read_back_failed", source="user_actions", problem=exc.detail)
-            covered_after = None
-        for pid in where:
-            if covered_after is not None and covered_after < opened[pid] - READ_BACK_MARGIN_S:
-                result.checked.add(pid)
-        feed_checked = len(result.checked)
-        by_topic: dict[str, list[str]] = {}
-        for pid, (topic_id, _) in where.items():
-            if pid not in result.checked:
-                by_topic.setdefault(topic_id, []).append(pid)
-        for topic_id, pids in by_topic.items():
-            try:
-                complete = self._scan_topic(topic_id, pids, where, sender_id, found)
-            except RateLimited as exc:
-                log.warning("replyd.discourse.read_back_failed", source="topic", topic_id=topic_id, problem=exc.detail)
-                break
-            except PlatformError as exc:
-                log.warning("replyd.discourse.read_back_failed", source="topic", topic_id=topic_id, problem=exc.detail)
-                continue
-            if complete:
-                result.checked.update(pids)
-        for pid, replies in found.items():
-            result.found[pid] = sorted(replies.values(), key=lambda r: (r.created_at or 0.0, id_order(r.reply_id)))
-        log.info(
-            "replyd.discourse.read_back",
-            pending=len(opened),
-            checked_by_feed=feed_checked,
-            checked=len(result.checked),
-            found=sum(len(v) for v in result.found.values()),
-        )
-        return result
+
+        def feed(opened: dict[str, float], found: _http.Found) -> set[str]:
+            targets: dict[tuple[str, int], list[str]] = {}
+            for pid, loc in where.items():
+                targets.setdefault(loc, []).append(pid)
+            return self._covered({pid: opened[pid] for pid in where},
+                                 self._scan_user_actions(sender_id, targets, opened, found))
+
+        def by_topic(opened: dict[str, float], checked: set[str]) -> Iterable[tuple[str, list[str]]]:
+            topics: dict[str, list[str]] = {}
+            for pid, (topic_id, _) in where.items():
+                if pid not in checked:
+                    topics.setdefault(topic_id, []).append(pid)
+            return topics.items()
+
+        return self._read_back(pending, source=("topic", "topic_id"), feed=feed, units=by_topic,
+                               fallback=lambda topic_id, pids, found: self._scan_topic(topic_id, pids, where,
+                                                                                       sender_id, found))
 
     def _scan_user_actions(
-        self,
-        sender_id: str,
-        targets: Mapping[tuple[str, int], list[str]],
-        opened: Mapping[str, float],
-        found: dict[str, dict[str, OwnReply]],
+        self, sender_id: str, targets: Mapping[tuple[str, int], list[str]], opened: Mapping[str, float],
+        found: _http.Found,
     ) -> float | None:
-        """Page back through the own replies; return the epoch after which the listing is complete.
-
-        ``None``: nothing was read. ``-inf``: the feed ran out (complete for all time).
-        """
-        what = "read_back user_actions"
+        """Page back through the own replies; return the epoch after which the listing is complete."""
         if not targets:
             return None
-        horizon = min(opened[pid] for pids in targets.values() for pid in pids) - READ_BACK_MARGIN_S
+        horizon = min(opened[pid] for pids in targets.values() for pid in pids) - self.READ_BACK_MARGIN_S
+        return self._walk_feed(self._user_actions(sender_id, targets, found), horizon, source="user_actions")
+
+    def _user_actions(
+        self, sender_id: str, targets: Mapping[tuple[str, int], list[str]], found: _http.Found
+    ) -> Iterator[list[float]]:
+        what = "read_back user_actions"
         username = self._username()
-        covered_after: float | None = None
         offset = 0
-        for page_no in range(self._max_pages):
-            params = [("username", username), ("filter", OWN_REPLY_ACTIONS)]
-            if offset:
-                params.append(("offset", str(offset)))
-            try:
-                resp = self._call("GET", "/user_actions.json", what=what, params=params)
-                body = _http.json_body(resp, what, dict)
-                items = _http.field(body, "user_actions", what, list, default=[])
-                # One unreadable item could be the reply we look for: the page is not conclusive.
-                page = [self._own_action(item, what) for item in items]
-            except PlatformError as exc:
-                log.warning("replyd.discourse.read_back_failed", source="user_actions", page=page_no, problem=exc.detail)
-                return covered_after
+        for _ in range(self.s.max_pages):
+            params = [("username", username), ("filter", OWN_REPLY_ACTIONS)] + ([("offset", str(offset))] if offset else [])
+            resp = self._call("GET", "/user_actions.json", what=what, params=params)
+            items = _http.field(_http.json_body(resp, what, dict), "user_actions", what, list, default=[])
+            # One unreadable item could be the reply we look for: the page is not conclusive.
+            page = [self._own_action(item, what) for item in items]
             for post_id, actor, topic_id, reply_to, created in page:
-                if actor != sender_id or reply_to is None:
-                    continue
-                for pid in targets.get((topic_id, reply_to), ()):
+                for pid in targets.get((topic_id, reply_to), ()) if actor == sender_id and reply_to is not None else ():
                     found.setdefault(pid, {})[post_id] = OwnReply(post_id, pid, created)
-            if not page:
-                return float("-inf")
-            oldest = min(created for *_, created in page)
-            covered_after = oldest if covered_after is None else min(covered_after, oldest)
-            if covered_after < horizon:
-                return covered_after
+            yield [created for *_, created in page] or [_http.END]
             if len(page) < USER_ACTIONS_PAGE:
-                return float("-inf")
+                yield [_http.END]
+                return
             offset += len(page)
-        return covered_after
 
     @staticmethod
     def _own_action(item: Any, what: str) -> tuple[str, str, str, int | None, float]:
         """``(post id, acting user id, topic id, reply_to_post_number, created_at)`` of a user action."""
         if not isinstance(item, dict):
             raise BadResponse(f"{what}: item is not an object")
-        actor = _served(item, "acting_user_id", what, default=None) or _served(item, "user_id", what)
+        actor = _http.served_id(item, "acting_user_id", what, default=None) or _http.served_id(item, "user_id", what)
         return (
-            _served(item, "post_id", what),
+            _http.served_id(item, "post_id", what),
             actor,
-            _served(item, "topic_id", what),
+            _http.served_id(item, "topic_id", what),
             _number(item, "reply_to_post_number", what, default=None),
-            _time(item, "created_at", what),
+            _http.iso_field(item, "created_at", what),
         )
 
     def _scan_topic(
@@ -981,7 +713,7 @@ class DiscoursePlatform:
         Post ids only grow, so a reply's id is above its parent's.
         """
         what = "read_back topic"
-        resp = self._call("GET", f"/t/{_seg(topic_id, what)}.json", what=what)
+        resp = self._call("GET", f"/t/{_http.seg(topic_id, what)}.json", what=what)
         body = _http.json_body(resp, what, dict)
         posts = _http.field(body, "post_stream.posts", what, list)
         stream = _http.field(body, "post_stream.stream", what, list, default=[])
@@ -995,13 +727,13 @@ class DiscoursePlatform:
             for post in batch:
                 if not isinstance(post, dict):
                     raise BadResponse(f"{what}: post is not an object")
-                post_id = _served(post, "id", what)
+                post_id = _http.served_id(post, "id", what)
                 seen.add(post_id)
-                if _served(post, "user_id", what) != sender_id:
+                if _http.served_id(post, "user_id", what) != sender_id:
                     continue
                 reply_to = _number(post, "reply_to_post_number", what, default=None)
                 for pid in by_number.get(reply_to, []) if reply_to is not None else []:
-                    found.setdefault(pid, {})[post_id] = OwnReply(post_id, pid, _time(post, "created_at", what))
+                    found.setdefault(pid, {})[post_id] = OwnReply(post_id, pid, _http.iso_field(post, "created_at", what))
             return seen
 
         loaded = take(posts)
@@ -1015,13 +747,13 @@ class DiscoursePlatform:
         for start in range(0, len(wanted), POST_IDS_CHUNK):
             chunk = wanted[start : start + POST_IDS_CHUNK]
             params = [("post_ids[]", sid) for sid in chunk]
-            resp = self._call("GET", f"/t/{_seg(topic_id, what)}/posts.json", what=what, params=params)
+            resp = self._call("GET", f"/t/{_http.seg(topic_id, what)}/posts.json", what=what, params=params)
             batch = _http.field(_http.json_body(resp, what, dict), "post_stream.posts", what, list)
             got = take(batch)
             if not set(chunk) <= got:
                 # A post in the stream we could not read (deleted meanwhile, or hidden): not conclusive.
                 missing = sorted(set(chunk) - got, key=id_order)
-                log.warning("replyd.discourse.read_back_incomplete", topic_id=topic_id, missing=missing[:5])
+                self.log.warning("replyd.discourse.read_back_incomplete", topic_id=topic_id, missing=missing[:5])
                 return False
         return True
 
@@ -1058,7 +790,7 @@ class DiscoursePlatform:
         use_history = True
         while isinstance(reply_to, int) and reply_to != 1:
             if reply_to in seen:
-                log.warning("replyd.discourse.reply_loop", parent_id=parent.id, post_number=reply_to)
+                self.log.warning("replyd.discourse.reply_loop", parent_id=parent.id, post_number=reply_to)
                 return depth
             seen.add(reply_to)
             depth += 1  # post reply_to, between the first post and this one
@@ -1071,11 +803,11 @@ class DiscoursePlatform:
             if post is None:
                 post = self._post_json_by_number(topic_id, reply_to, what)
                 if post is None:
-                    log.info("replyd.discourse.thread_hidden", parent_id=parent.id, post_number=reply_to)
+                    self.log.info("replyd.discourse.thread_hidden", parent_id=parent.id, post_number=reply_to)
                     return depth
                 use_history = bool(chain)  # an empty answer: this site serves no reply history
             while True:  # climb as far as this answer reaches
-                cur_id = _served(post, "id", what)
+                cur_id = _http.served_id(post, "id", what)
                 reply_to = _number(post, "reply_to_post_number", what, default=None)
                 if reply_to is None or reply_to == 1 or reply_to not in chain or reply_to in seen:
                     break
@@ -1089,12 +821,12 @@ class DiscoursePlatform:
     def _reply_history(self, post_id: str, max_replies: int, what: str) -> dict[int, dict[str, Any]]:
         """The ancestors ``/posts/{id}/reply-history.json`` serves, by post number."""
         params = [("max_replies", str(max(max_replies, 1)))]  # honoured by old servers, ignored by new
-        resp = self._call("GET", f"/posts/{_seg(post_id, what)}/reply-history.json", what=what, params=params)
+        resp = self._call("GET", f"/posts/{_http.seg(post_id, what)}/reply-history.json", what=what, params=params)
         out: dict[int, dict[str, Any]] = {}
         for post in _http.json_body(resp, what, list):
             if not isinstance(post, dict):
                 raise BadResponse(f"{what}: post is not an object")
-            _served(post, "id", what)
+            _http.served_id(post, "id", what)
             _number(post, "reply_to_post_number", what, default=None)
             out[_number(post, "post_number", what)] = post
         return out
@@ -1103,7 +835,7 @@ class DiscoursePlatform:
         """One post by its topic and number, or ``None`` if it is gone or hidden from this account."""
         if isinstance(topic_id, bool) or not isinstance(topic_id, (int, str)):
             raise Rejected(f"{what}: parent lacks topic_id")
-        path = f"/posts/by_number/{_seg(str(topic_id), what)}/{number}.json"
+        path = f"/posts/by_number/{_http.seg(str(topic_id), what)}/{number}.json"
         try:
             resp = self._call("GET", path, what=what)
         except Rejected as exc:
@@ -1113,7 +845,7 @@ class DiscoursePlatform:
         post = _http.json_body(resp, what, dict)
         if _number(post, "post_number", what) != number:
             raise BadResponse(f"{what}: by_number {number} served post {post.get('post_number')!r}")
-        _served(post, "id", what)
+        _http.served_id(post, "id", what)
         _number(post, "reply_to_post_number", what, default=None)
         return post
 
@@ -1121,19 +853,4 @@ class DiscoursePlatform:
 
     def delete(self, reply_id: str) -> None:
         """Delete one own post; one that is already gone counts as deleted."""
-        what = "delete"
-        try:
-            self._call("DELETE", f"/posts/{_seg(reply_id, what)}.json", what=what, bucket="post")
-        except Rejected as exc:
-            if exc.status != 404:
-                raise
-            log.info("replyd.discourse.deleted", reply_id=reply_id, already_gone=True)
-            return
-        log.info("replyd.discourse.deleted", reply_id=reply_id, already_gone=False)
-
-    def close(self) -> None:
-        """Do nothing: the shared http client belongs to the caller."""
-
-    def rate_limits(self) -> dict[str, tuple[int | None, float | None]]:
-        """Return the last seen ``{bucket: (remaining, reset_at)}`` (for metrics)."""
-        return self._limits.snapshot()
+        self._delete("DELETE", f"/posts/{_http.seg(reply_id, 'delete')}.json", reply_id, bucket="post")

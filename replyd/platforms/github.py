@@ -1,34 +1,7 @@
 """The GitHub adapter: issues and pull requests in, issue comments out, comments read back.
 
-Settings (``[platforms.<name>]`` with ``kind = "github"``):
-
-========================  ==================================================
-``token``                 required; a personal access token or an app
-                          installation token (sent as ``Bearer``)
-``api_url``               REST root (default ``https://api.github.com``;
-                          GitHub Enterprise: ``https://host/api/v3``)
-``repos``                 ``["owner/name", ...]`` whose open issues are
-                          parents (inbox, re-find); default none
-``notifications``         read ``/notifications`` for the inbox and re-find
-                          (default true; an installation token cannot, so
-                          set false for apps)
-``notification_reasons``  which threads are parents (default mention,
-                          assign, team_mention)
-``login``                 the bot's login; whoami then reads
-                          ``/users/{login}`` instead of ``/user`` (needed for
-                          installation tokens, e.g. ``my-app[bot]``)
-``search_queries``        queries the search poller runs (default none)
-``listing_delay_s``       seconds before a sweep may trust a read-back
-                          (default 60: GitHub ends API requests after 10 s
-                          but reads are served from replicas, and a POST the
-                          client gave up on may still land)
-``timeout_s``             per-request timeout (default 15)
-``writes_per_minute``     local pacing of comment creation (default 80)
-``writes_per_hour``       local pacing of comment creation (default 500)
-``max_pages``             pages per poll / re-find / read-back (default 5)
-``instance``              first part of the answered-log key
-                          (default ``github:<api_url without trailing slash>``)
-========================  ==================================================
+Settings: ``[platforms.<name>]`` with ``kind = "github"``; each key is a field of
+``GitHubPlatform.Settings`` below, with its meaning beside it.
 
 Ids: a parent is an issue or pull request, keyed by the issue's numeric ``id``
 as served (a JSON number above 2^31, kept as its decimal string; for a pull
@@ -89,36 +62,20 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any, ClassVar
-from urllib.parse import quote, urlsplit
+from typing import Annotated, Any, ClassVar
+from urllib.parse import urlsplit
 
 import httpx
 import structlog
 
-from replyd.clock import Clock
-from replyd.errors import (
-    BadResponse,
-    ConfigError,
-    DefinitelyNotSent,
-    MaybeSent,
-    PlatformError,
-    RateLimited,
-    Rejected,
-)
-from replyd.platform import (
-    Identity,
-    OwnReply,
-    Page,
-    Parent,
-    Pending,
-    ReadBack,
-    Sent,
-    register_platform,
+from pydantic import AfterValidator, Field
+
+from replyd.errors import BadResponse, DefinitelyNotSent, PlatformError, RateLimited, Rejected
+from replyd.platforms.base import (
+    Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Text, Texts, Token, register_platform,
 )
 from replyd.platforms import _http
 from replyd.platforms._http import id_order
-
-log = structlog.get_logger("replyd.github")
 
 DEFAULT_API_URL = "https://api.github.com"
 DEFAULT_REASONS = ("mention", "assign", "team_mention")
@@ -132,8 +89,6 @@ API_HEADERS = {
 LISTING_OVERLAP_S = 300.0
 # The search index lags further behind.
 SEARCH_OVERLAP_S = 900.0
-# Clock skew between our opened_at and GitHub's timestamps.
-READ_BACK_MARGIN_S = 60.0
 # GitHub's own wait when a secondary limit names none.
 DEFAULT_LIMIT_WAIT_S = 60.0
 PER_PAGE = 100
@@ -145,45 +100,17 @@ _ISSUE_URL_RE = re.compile(r"/repos/([^/]+)/([^/]+)/(issues|pulls)/(\d+)$")
 _WEB_ISSUE_RE = re.compile(r"^/([^/]+)/([^/]+)/(issues|pull)/(\d+)/?$")
 _SHORT_REF_RE = re.compile(r"^([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+)#(\d+)$")
 
-_KNOWN_SETTINGS = frozenset(
-    {
-        "kind",
-        "allow_insecure_http",
-        "token",
-        "api_url",
-        "repos",
-        "notifications",
-        "notification_reasons",
-        "login",
-        "search_queries",
-        "listing_delay_s",
-        "timeout_s",
-        "writes_per_minute",
-        "writes_per_hour",
-        "max_pages",
-        "instance",
-    }
-)
+def _repos(repos: list[str]) -> list[str]:
+    for r in repos:
+        if not _REPO_RE.match(r):
+            raise ValueError(f"{r!r} is not owner/name")
+    return repos
 
 
-def _seg(value: str, what: str) -> str:
-    """Quote one path segment; refuse values that would walk the path."""
-    if not value or value in (".", ".."):
-        raise Rejected(f"{what}: {value!r} is not usable in a URL path")
-    return quote(value, safe="")
-
-
-def _served(obj: Any, path: str, what: str) -> str:
-    """An id served as a JSON number (or string), as its exact decimal string."""
-    return str(_http.field(obj, path, what, (int, str)))
-
-
-def _time(obj: Any, path: str, what: str) -> float:
-    raw = _http.field(obj, path, what)
-    try:
-        return _http.iso_to_epoch(raw)
-    except ValueError:
-        raise BadResponse(f"{what}: field {path} is not an ISO-8601 time") from None
+def _login(login: str) -> str:
+    if "/" in login:
+        raise ValueError("must be a user or bot login")
+    return login
 
 
 def _iso(t: float) -> str:
@@ -238,175 +165,87 @@ def _load_cursor(cursor: str | None) -> dict[str, Any]:
     try:
         data = json.loads(cursor)
     except (ValueError, RecursionError):
-        log.warning("replyd.github.cursor_unreadable")
+        structlog.get_logger("replyd.github").warning("replyd.github.cursor_unreadable")
         return {}
     return data if isinstance(data, dict) else {}
 
 
 @register_platform("github")
-class GitHubPlatform:
+class GitHubPlatform(_http.HttpPlatform):
     """A GitHub account (user or app) as a replyd platform: issues in, comments out, comments read back."""
 
-    kind: ClassVar[str] = "github"
+    class Settings(_http.HttpSettings):
+        """``kind = "github"``; ``instance`` defaults to ``github:<api_url>``."""
 
-    def __init__(
-        self,
-        *,
-        token: str,
-        http: httpx.Client,
-        clock: Clock,
-        api_url: str = DEFAULT_API_URL,
-        repos: Sequence[str] = (),
-        notifications: bool = True,
-        notification_reasons: Iterable[str] = DEFAULT_REASONS,
-        login: str | None = None,
-        search_queries: Sequence[str] = (),
-        listing_delay_s: float = 60.0,
-        timeout_s: float = 15.0,
-        writes_per_minute: int = 80,
-        writes_per_hour: int = 500,
-        max_pages: int = 5,
-        instance: str | None = None,
-    ) -> None:
-        self._api_url = api_url.rstrip("/")
-        self._token = token
-        self._auth = _http.BearerAuth(token)
-        self._http = http
-        self._clock = clock
-        self._timeout = httpx.Timeout(timeout_s)
-        self._repos = tuple(repos)
-        self._notifications = notifications
-        self._reasons = frozenset(notification_reasons)
-        self._login = login
-        self._wpm = writes_per_minute
-        self._wph = writes_per_hour
-        self._max_pages = max_pages
-        self._limits = _http.RateLimits(clock.now)
+        URLS: ClassVar[tuple[str, ...]] = ("api_url",)
+        token: Token  # a personal access token or an app installation token (sent as Bearer)
+        api_url: _http.Url = DEFAULT_API_URL  # GitHub Enterprise: https://host/api/v3
+        repos: Annotated[Texts, AfterValidator(_repos)] = []  # "owner/name"s whose open issues are parents
+        # Read /notifications for the inbox and re-find (an installation token cannot: false for apps).
+        notifications: bool = True
+        notification_reasons: Annotated[Texts, Field(min_length=1)] = list(DEFAULT_REASONS)  # which threads
+        # The bot's login: whoami reads /users/{login}, not /user (installation tokens, e.g. "my-app[bot]").
+        login: Annotated[Text, AfterValidator(_login)] | None = None
+        search_queries: Texts = []  # the queries the search poller runs
+        # 60: GitHub ends requests after 10 s but serves reads from replicas, and a POST given up on may land.
+        listing_delay_s: float = Field(60.0, ge=0)
+        writes_per_minute: int = Field(80, ge=1, le=100_000)  # local pacing of comment creation
+        writes_per_hour: int = Field(500, ge=1, le=1_000_000)
+        max_pages: int = Field(5, ge=1, le=1000)  # pages per poll / re-find / read-back
+
+    s: Settings
+    BUCKET = "core"
+    HEADERS = API_HEADERS
+
+    def _setup(self) -> None:
+        self._repos = tuple(self.s.repos)
+        self._reasons = frozenset(self.s.notification_reasons)
+        self._wpm, self._wph = self.s.writes_per_minute, self.s.writes_per_hour
         self._writes: deque[float] = deque()
         self._writes_lock = threading.Lock()
         # Comment id -> (owner, repo), learnt from sends and read-backs: delete needs the repo.
         self._comment_repo: dict[str, tuple[str, str]] = {}
-        self.search_queries = tuple(search_queries)
-        self.listing_delay_s = float(listing_delay_s)
-        self.instance = instance or f"github:{self._api_url}"
+        self.search_queries = tuple(self.s.search_queries)
 
-    def __repr__(self) -> str:
-        return f"GitHubPlatform(instance={self.instance!r})"
+    @property
+    def root(self) -> str:
+        """The API root (``api_url``)."""
+        return self.s.api_url
 
-    # --- configuration -------------------------------------------------------------
+    def _buckets(self, bucket: str) -> tuple[str, ...]:
+        """GitHub's budgets (core, search) are separate: a request draws on its own only."""
+        return (bucket,)
 
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock) -> GitHubPlatform:
-        """Validate ``settings`` (``ConfigError`` names the key) and build the adapter."""
-        unknown = sorted(str(k) for k in settings if k not in _KNOWN_SETTINGS)
-        if unknown:
-            raise ConfigError(
-                f"github setting {unknown[0]!r}: unknown key "
-                f"(known: {', '.join(sorted(_KNOWN_SETTINGS - {'kind'}))})"
-            )
-        token = _http.setting_secret(settings, "github", "token")
-        if not token:
-            raise ConfigError("github setting 'token': required, a personal access or installation token")
-        repos = _http.setting_strings(settings, "github", "repos")
-        for r in repos:
-            if not _REPO_RE.match(r):
-                raise ConfigError(f"github setting 'repos': {r!r} is not owner/name")
-        login = settings.get("login")
-        if login is not None and (not isinstance(login, str) or not login.strip() or "/" in login):
-            raise ConfigError("github setting 'login': must be a user or bot login")
-        reasons = _http.setting_strings(settings, "github", "notification_reasons", DEFAULT_REASONS)
-        if not reasons:
-            raise ConfigError("github setting 'notification_reasons': must not be empty")
-        wpm = _http.setting_int(settings, "github", "writes_per_minute", 80, 1, 100_000)
-        wph = _http.setting_int(settings, "github", "writes_per_hour", 500, 1, 1_000_000)
-        return cls(
-            token=token,
-            http=http,
-            clock=clock,
-            api_url=_http.setting_url(settings, "github", "api_url", DEFAULT_API_URL),
-            repos=repos,
-            notifications=_http.setting_flag(settings, "github", "notifications", True),
-            notification_reasons=reasons,
-            login=login.strip() if isinstance(login, str) else None,
-            search_queries=_http.setting_queries(settings, "github"),
-            listing_delay_s=_http.setting_number(settings, "github", "listing_delay_s", 60.0, minimum=0.0),
-            timeout_s=_http.setting_number(settings, "github", "timeout_s", 15.0, minimum=0.0, exclusive=True),
-            writes_per_minute=wpm,
-            writes_per_hour=wph,
-            max_pages=_http.setting_int(settings, "github", "max_pages", 5, 1, 1000),
-            instance=_http.setting_instance(settings, "github"),
-        )
+    def _limited(self, resp: httpx.Response) -> bool:
+        """429; a 403 only with ``Retry-After``, a spent budget or a "rate limit" message (secondary limits)."""
+        if resp.status_code not in (403, 429):
+            return False
+        return (resp.status_code == 429 or "retry-after" in resp.headers
+                or resp.headers.get("x-ratelimit-remaining", "").strip() == "0"
+                or "rate limit" in self._error_text(resp).lower())
 
-    # --- transport ------------------------------------------------------------------
+    def _wait_s(self, resp: httpx.Response) -> float:
+        """``Retry-After``, else the reset of a spent budget, else the 60 s GitHub documents."""
+        now = self._clock.now()
+        wait = _http.retry_after_s(resp, now) if "retry-after" in resp.headers else None
+        if wait is None and resp.headers.get("x-ratelimit-remaining", "").strip() == "0":
+            at = _http.parse_reset(resp.headers.get("x-ratelimit-reset", ""), now)
+            wait = max(0.0, at - now) if at is not None else None
+        return DEFAULT_LIMIT_WAIT_S if wait is None else wait
 
-    def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        what: str,
-        bucket: str = "core",
-        params: list[tuple[str, str]] | None = None,
-        json_body: dict[str, Any] | None = None,
-    ) -> httpx.Response:
-        """One request under the rate limits; returns a 2xx response or raises the mapped error."""
-        self._limits.check((bucket,), what=what)
-        resp = _http.request(
-            self._http,
-            method,
-            self._api_url + path,
-            what=what,
-            secrets=(self._token,),
-            auth=self._auth,
-            timeout=self._timeout,
-            params=params,
-            json=json_body,
-            headers=API_HEADERS,
-        )
-        # GitHub names the budget a response draws on; trust it over our guess.
-        self._limits.note(resp.headers.get("x-ratelimit-resource") or bucket, resp)
-        self._raise_for_status(resp, what=what, bucket=resp.headers.get("x-ratelimit-resource") or bucket)
-        return resp
-
-    def _raise_for_status(self, resp: httpx.Response, *, what: str, bucket: str) -> None:
-        status = resp.status_code
-        if 200 <= status < 300:
-            return
-        secrets = (self._token,)
-        if status in (403, 429):
-            text = _http.server_error_text(resp)
-            detail = _http.redact(f"{what}: HTTP {status}" + (f" ({text})" if text else ""), secrets)
-            remaining = resp.headers.get("x-ratelimit-remaining", "").strip()
-            limited = (
-                status == 429
-                or "retry-after" in resp.headers
-                or remaining == "0"
-                or "rate limit" in text.lower()
-            )
-            if not limited:
-                # Locked issue, archived repository, missing permission, SSO: a refusal, not auth.
-                raise Rejected(detail, status=status)
-            now = self._clock.now()
-            wait: float | None = None
-            if "retry-after" in resp.headers:
-                wait = _http.retry_after_s(resp, now)
-            if wait is None and remaining == "0":
-                reset = resp.headers.get("x-ratelimit-reset")
-                at = _http.parse_reset(reset, now) if reset else None
-                wait = max(0.0, at - now) if at is not None else None
-            if wait is None:
-                wait = DEFAULT_LIMIT_WAIT_S
-            self._limits.block(bucket, wait)
-            log.warning("replyd.github.rate_limited", what=what, bucket=bucket, status=status, wait_s=wait)
-            raise RateLimited(detail, status=status, retry_after_s=wait)
-        _http.raise_for_status(resp, what=what, now=self._clock.now, secrets=secrets)
+    def _raise_for_status(self, resp: httpx.Response, *, what: str, bucket: str = "", acts: bool | None = None) -> None:
+        """The shared mapping, but a 403 that is no rate limit is a refusal, not an auth failure."""
+        if resp.status_code == 403 and not self._limited(resp):
+            # Locked issue, archived repository, missing permission, SSO.
+            raise Rejected(self._detail(resp, what), status=403)
+        super()._raise_for_status(resp, what=what, bucket=bucket, acts=acts)
 
     def _pages(
         self, path: str, params: list[tuple[str, str]], *, what: str, bucket: str = "core", pages: int | None = None
     ) -> Iterable[tuple[int, httpx.Response]]:
         """Yield ``(page number, response)`` along the ``next`` links (only their ``page`` is used)."""
         page: str | None = None
-        for page_no in range(pages if pages is not None else self._max_pages):
+        for page_no in range(pages if pages is not None else self.s.max_pages):
             resp = self._call("GET", path, what=what, bucket=bucket, params=params + ([("page", page)] if page else []))
             yield page_no, resp
             nxt = _http.link_param(resp, "next", "page")
@@ -451,7 +290,7 @@ class GitHubPlatform:
         """Turn an issue object (issues, search, a single issue) into a parent."""
         if not isinstance(issue, dict):
             raise BadResponse(f"{what}: issue is not an object")
-        iid = _served(issue, "id", what)
+        iid = _http.served_id(issue, "id", what)
         number = _http.field(issue, "number", what, int)
         repo_url = _http.field(issue, "repository_url", what, default="")
         m = _REPO_URL_RE.search(urlsplit(repo_url).path) if repo_url else None
@@ -467,12 +306,12 @@ class GitHubPlatform:
         user_type = _http.field(issue, "user.type", what, default="")
         return Parent(
             id=iid,
-            author_id=_served(issue, "user.id", what),
+            author_id=_http.served_id(issue, "user.id", what),
             author_handle=_http.field(issue, "user.login", what, default=""),
             author_is_bot=user_type == "Bot",
             text=f"{title}\n\n{body}".strip(),
             url=_http.field(issue, "html_url", what, default=""),
-            created_at=_time(issue, "created_at", what),
+            created_at=_http.iso_field(issue, "created_at", what),
             thread_depth=0,
             extra={
                 "owner": owner,
@@ -486,18 +325,8 @@ class GitHubPlatform:
             },
         )
 
-    @staticmethod
-    def _skipped(what: str, problem: str, item: Any) -> None:
-        item_id = item.get("id") if isinstance(item, dict) else None
-        log.warning(
-            "replyd.github.skipped",
-            what=what,
-            problem=problem,
-            item_id=str(item_id) if isinstance(item_id, (int, str)) and not isinstance(item_id, bool) else None,
-        )
-
     def _issue(self, owner: str, repo: str, number: int, what: str) -> Parent:
-        path = f"/repos/{_seg(owner, what)}/{_seg(repo, what)}/issues/{number}"
+        path = f"/repos/{_http.seg(owner, what)}/{_http.seg(repo, what)}/issues/{number}"
         resp = self._call("GET", path, what=what)
         return self._issue_parent(_http.json_body(resp, what, dict), what)
 
@@ -506,9 +335,9 @@ class GitHubPlatform:
     def whoami(self) -> Identity:
         """Return the account's numeric user id (as a string) and login."""
         what = "whoami"
-        path = f"/users/{_seg(self._login, what)}" if self._login else "/user"
+        path = f"/users/{_http.seg(self.s.login, what)}" if self.s.login else "/user"
         body = _http.json_body(self._call("GET", path, what=what), what, dict)
-        return Identity(sender_id=_served(body, "id", what), handle=_http.field(body, "login", what, default=""))
+        return Identity(sender_id=_http.served_id(body, "id", what), handle=_http.field(body, "login", what, default=""))
 
     # inbox ------------------------------------------------------------------------------
 
@@ -523,13 +352,13 @@ class GitHubPlatform:
         found: dict[str, Parent] = {}
         errors: list[PlatformError] = []
         out: dict[str, Any] = {}
-        if self._notifications:
+        if self.s.notifications:
             mark = _Mark.load(state.get("notifications"))
             try:
                 self._notification_parents(mark, found, what="inbox")
             except PlatformError as exc:
                 errors.append(exc)
-                log.warning("replyd.github.inbox_partial", source="notifications", problem=exc.detail)
+                self.log.warning("replyd.github.inbox_partial", source="notifications", problem=exc.detail)
             out["notifications"] = mark.dump(LISTING_OVERLAP_S)
         repo_marks = state.get("repos") if isinstance(state.get("repos"), dict) else {}
         out_repos: dict[str, Any] = {}
@@ -539,11 +368,11 @@ class GitHubPlatform:
                 self._repo_issue_parents(full, mark, found)
             except PlatformError as exc:
                 errors.append(exc)
-                log.warning("replyd.github.inbox_partial", source=full, problem=exc.detail)
+                self.log.warning("replyd.github.inbox_partial", source=full, problem=exc.detail)
             out_repos[full] = mark.dump(LISTING_OVERLAP_S)
         if self._repos:
             out["repos"] = out_repos
-        sources = int(self._notifications) + len(self._repos)
+        sources = int(self.s.notifications) + len(self._repos)
         if sources and len(errors) == sources:
             raise errors[0]
         parents = sorted(found.values(), key=lambda p: (p.created_at or 0.0, id_order(p.id)))
@@ -557,25 +386,22 @@ class GitHubPlatform:
         elif mark.at is not None:
             params.append(("since", _iso(mark.at - LISTING_OVERLAP_S)))
         threads: list[tuple[float, str, dict[str, Any]]] = []
-        pages = self._max_pages if (mark.at is not None or since is not None) else 1
+        pages = self.s.max_pages if (mark.at is not None or since is not None) else 1
         # Newest first: a page failing below the first would leave a gap under what was
         # read, so any listing failure fails the source and leaves its mark where it was.
         for page_no, resp in self._pages("/notifications", params, what=what, pages=pages):
             for item in _http.json_body(resp, what, list):
-                try:
-                    if not isinstance(item, dict):
-                        raise BadResponse(f"{what}: notification is not an object")
-                    tid = _served(item, "id", what)
-                    updated = _time(item, "updated_at", what)
-                except BadResponse as exc:
-                    self._skipped(what, exc.detail, item)
+                got = self._read(what, item, lambda it: (_http.served_id(it, "id", what),
+                                                         _http.iso_field(it, "updated_at", what)))
+                if got is None:
                     continue
+                tid, updated = got
                 key = f"{tid}@{updated}"
                 if key in mark.seen:
                     continue
                 threads.append((updated, key, item))
             if page_no == pages - 1 and _http.link_param(resp, "next", "page") is not None:
-                log.warning("replyd.github.listing_truncated", what=what, source="notifications", pages=pages)
+                self.log.warning("replyd.github.listing_truncated", what=what, source="notifications", pages=pages)
         for updated, key, item in sorted(threads, key=lambda t: (t[0], t[1])):
             try:
                 parent = self._thread_parent(item, what)
@@ -586,7 +412,7 @@ class GitHubPlatform:
                 if since is not None:  # re-find: no mark to hold; skip it this time
                     self._skipped(what, exc.detail, item)
                     continue
-                log.warning("replyd.github.inbox_partial", source="notifications", thread=key, problem=exc.detail)
+                self.log.warning("replyd.github.inbox_partial", source="notifications", thread=key, problem=exc.detail)
                 return
             if parent is not None:
                 found.setdefault(parent.id, parent)
@@ -609,24 +435,22 @@ class GitHubPlatform:
         """Open issues (and pull requests) of ``full`` updated after ``mark``, oldest first."""
         what = "inbox repo"
         owner, repo = full.split("/", 1)
-        path = f"/repos/{_seg(owner, what)}/{_seg(repo, what)}/issues"
+        path = f"/repos/{_http.seg(owner, what)}/{_http.seg(repo, what)}/issues"
         params = [("state", "open"), ("per_page", str(PER_PAGE)), ("sort", "updated")]
         if mark.at is None:
             params.append(("direction", "desc"))
             pages = 1
         else:
             params += [("direction", "asc"), ("since", _iso(mark.at - LISTING_OVERLAP_S))]
-            pages = self._max_pages
+            pages = self.s.max_pages
         for _, resp in self._pages(path, params, what=what, pages=pages):
             items = _http.json_body(resp, what, list)
             batch = []
             for item in items:
-                try:
-                    parent = self._issue_parent(item, what)
-                    updated = _time(item, "updated_at", what)
-                except BadResponse as exc:
-                    self._skipped(what, exc.detail, item)
+                got = self._read(what, item, lambda it: (self._issue_parent(it, what), _http.iso_field(it, "updated_at", what)))
+                if got is None:
                     continue
+                parent, updated = got
                 batch.append((updated, f"{parent.id}@{updated}", parent))
             for updated, key, parent in sorted(batch, key=lambda t: (t[0], t[1])):
                 if key in mark.seen:
@@ -652,25 +476,22 @@ class GitHubPlatform:
         else:
             q = f"{query} created:>={_iso(mark.at - SEARCH_OVERLAP_S)}"
             params = [("q", q), ("sort", "created"), ("order", "asc"), ("per_page", str(PER_PAGE))]
-            pages = self._max_pages
+            pages = self.s.max_pages
         found: dict[str, Parent] = {}
         batch: list[tuple[float, str, Parent]] = []
         try:
             for _, resp in self._pages("/search/issues", params, what=what, bucket="search", pages=pages):
                 body = _http.json_body(resp, what, dict)
                 if body.get("incomplete_results") is True:
-                    log.warning("replyd.github.search_incomplete", query=query)
+                    self.log.warning("replyd.github.search_incomplete", query=query)
                 for item in _http.field(body, "items", what, list):
-                    try:
-                        parent = self._issue_parent(item, what)
-                    except BadResponse as exc:
-                        self._skipped(what, exc.detail, item)
+                    if (parent := self._read(what, item, lambda it: self._issue_parent(it, what))) is None:
                         continue
                     batch.append((parent.created_at or 0.0, parent.id, parent))
         except PlatformError as exc:
             if not batch:
                 raise
-            log.warning("replyd.github.search_partial", problem=exc.detail)
+            self.log.warning("replyd.github.search_partial", problem=exc.detail)
         for created, key, parent in sorted(batch, key=lambda t: (t[0], id_order(t[1]))):
             if key in mark.seen:
                 continue
@@ -689,7 +510,7 @@ class GitHubPlatform:
         for full in self._repos:
             what = "refind"
             owner, repo = full.split("/", 1)
-            path = f"/repos/{_seg(owner, what)}/{_seg(repo, what)}/issues"
+            path = f"/repos/{_http.seg(owner, what)}/{_http.seg(repo, what)}/issues"
             params = [
                 ("state", "open"),
                 ("sort", "updated"),
@@ -708,14 +529,14 @@ class GitHubPlatform:
                         found.setdefault(parent.id, parent)
             except PlatformError as exc:
                 errors.append(exc)
-                log.warning("replyd.github.refind_partial", source=full, problem=exc.detail)
-        if self._notifications:
+                self.log.warning("replyd.github.refind_partial", source=full, problem=exc.detail)
+        if self.s.notifications:
             try:
                 self._notification_parents(_Mark(), found, what="refind", since=since)
             except PlatformError as exc:
                 errors.append(exc)
-                log.warning("replyd.github.refind_partial", source="notifications", problem=exc.detail)
-        sources = int(self._notifications) + len(self._repos)
+                self.log.warning("replyd.github.refind_partial", source="notifications", problem=exc.detail)
+        sources = int(self.s.notifications) + len(self._repos)
         if sources and len(errors) == sources:
             raise errors[0]
         return sorted(found.values(), key=lambda p: (p.created_at or 0.0, id_order(p.id)))
@@ -775,30 +596,24 @@ class GitHubPlatform:
             or number < 1
         ):
             raise Rejected(f"{what}: parent {parent.id} lacks owner/repo/number")
-        path = f"/repos/{_seg(owner, what)}/{_seg(repo, what)}/issues/{number}/comments"
-        self._limits.check(("core",), what=what)
+        path = f"/repos/{_http.seg(owner, what)}/{_http.seg(repo, what)}/issues/{number}/comments"
+        self.limits.check(("core",), what=what)
         slot = self._reserve_write(what)
         try:
-            resp = self._call("POST", path, what=what, json_body={"body": text})
-        except PlatformError as exc:
-            if isinstance(exc, DefinitelyNotSent) and exc.status is None:
+            reply_id, issue_url, html_url = self._created(
+                "POST", path, parent, what=what, json={"body": text},
+                read=lambda body: (_http.served_id(body, "id", what), _http.field(body, "issue_url", what, default=""),
+                                   _http.field(body, "html_url", what, default="")))
+        except DefinitelyNotSent as exc:
+            if exc.status is None:
                 self._release_write(slot)  # nothing reached GitHub: the slot is not spent
-            log.info("replyd.github.send_failed", parent_id=parent.id, error=type(exc).__name__, status=exc.status, detail=exc.detail)
             raise
-        try:
-            body = _http.json_body(resp, what, dict)
-            reply_id = _served(body, "id", what)
-            issue_url = _http.field(body, "issue_url", what, default="")
-            html_url = _http.field(body, "html_url", what, default="")
-        except BadResponse as exc:
-            # 2xx: the comment very likely exists, we just cannot name it.
-            raise MaybeSent(f"{exc.detail} (after HTTP {resp.status_code})", status=resp.status_code) from None
         got = _issue_ref(issue_url) if issue_url else None
         if got is None or _repo_key(got[0], got[1]) != _repo_key(owner, repo) or got[2] != number:
             # The comment is ours and exists (a transferred issue answers under its new name).
-            log.warning("replyd.github.reply_issue_differs", parent_id=parent.id, reply_id=reply_id, issue_url=issue_url)
+            self.log.warning("replyd.github.reply_issue_differs", parent_id=parent.id, reply_id=reply_id, issue_url=issue_url)
         self._comment_repo[reply_id] = (owner, repo)
-        log.info("replyd.github.sent", parent_id=parent.id, reply_id=reply_id)
+        self.log.info("replyd.github.sent", parent_id=parent.id, reply_id=reply_id)
         return Sent(reply_id=reply_id, url=html_url)
 
     # read-back --------------------------------------------------------------------------
@@ -810,73 +625,55 @@ class GitHubPlatform:
         issue's comments) was read to the end from before it was opened
         (minus a margin).
         """
-        result = ReadBack()
-        if not pending:
-            return result
-        opened: dict[str, float] = {}
         where: dict[str, tuple[str, str, int]] = {}
         for p in pending:
-            pid = p.parent.id
-            opened[pid] = min(p.opened_at, opened.get(pid, p.opened_at))
             owner, repo, number = (p.parent.extra.get(k) for k in ("owner", "repo", "number"))
             if isinstance(owner, str) and isinstance(repo, str) and isinstance(number, int) and not isinstance(number, bool):
-                where[pid] = (owner, repo, number)
+                where[p.parent.id] = (owner, repo, number)
             else:
-                log.warning("replyd.github.read_back_failed", source="parent", parent_id=pid, problem="no owner/repo/number")
-        by_repo: dict[str, list[str]] = {}
-        for pid, (owner, repo, _) in where.items():
-            by_repo.setdefault(_repo_key(owner, repo), []).append(pid)
-        found: dict[str, dict[str, OwnReply]] = {}
+                self.log.warning("replyd.github.read_back_failed", source="parent", parent_id=p.parent.id,
+                                 problem="no owner/repo/number")
         fallback: list[str] = []
-        for key, pids in by_repo.items():
-            owner, repo, _ = where[pids[0]]
-            targets = {(_repo_key(*where[pid][:2]), where[pid][2]): pid for pid in pids}
-            since = min(opened[pid] for pid in pids) - READ_BACK_MARGIN_S
-            try:
-                complete = self._scan_repo_comments(owner, repo, since, sender_id, targets, found)
-            except RateLimited as exc:
-                log.warning("replyd.github.read_back_failed", source="repo", repo=key, problem=exc.detail)
-                complete = None
-            except PlatformError as exc:
-                log.warning("replyd.github.read_back_failed", source="repo", repo=key, problem=exc.detail)
-                complete = False
-            if complete:
-                result.checked.update(pids)
-            elif complete is False:
+        opened_at: dict[str, float] = {}
+
+        def by_repo(opened: dict[str, float], found: _http.Found) -> set[str]:
+            opened_at.update(opened)
+            repos: dict[str, list[str]] = {}
+            for pid, (owner, repo, _) in where.items():
+                repos.setdefault(_repo_key(owner, repo), []).append(pid)
+            checked: set[str] = set()
+            for key, pids in repos.items():
+                owner, repo, _ = where[pids[0]]
+                targets = {(_repo_key(*where[pid][:2]), where[pid][2]): pid for pid in pids}
+                since = min(opened[pid] for pid in pids) - self.READ_BACK_MARGIN_S
+                try:
+                    if self._scan_repo_comments(owner, repo, since, sender_id, targets, found):
+                        checked.update(pids)
+                        continue
+                except PlatformError as exc:
+                    self.log.warning("replyd.github.read_back_failed", source="repo", repo=key, problem=exc.detail)
+                    if isinstance(exc, RateLimited):
+                        continue  # the issue listings draw on the same budget
                 fallback.extend(pids)
-        repo_checked = len(result.checked)
-        for pid in fallback:
+            return checked
+
+        def issue(pid: str, _: list[str], found: _http.Found) -> bool:
             owner, repo, number = where[pid]
-            try:
-                complete = self._scan_issue_comments(owner, repo, number, opened[pid] - READ_BACK_MARGIN_S, sender_id, pid, found)
-            except RateLimited as exc:
-                log.warning("replyd.github.read_back_failed", source="issue", parent_id=pid, problem=exc.detail)
-                break
-            except PlatformError as exc:
-                log.warning("replyd.github.read_back_failed", source="issue", parent_id=pid, problem=exc.detail)
-                continue
-            if complete:
-                result.checked.add(pid)
-        for pid, replies in found.items():
-            result.found[pid] = sorted(replies.values(), key=lambda r: (r.created_at or 0.0, id_order(r.reply_id)))
-        log.info(
-            "replyd.github.read_back",
-            pending=len(opened),
-            checked_by_repo=repo_checked,
-            checked=len(result.checked),
-            found=sum(len(v) for v in result.found.values()),
-        )
-        return result
+            since = opened_at[pid] - self.READ_BACK_MARGIN_S
+            return self._scan_issue_comments(owner, repo, number, since, sender_id, pid, found)
+
+        return self._read_back(pending, source=("issue", "parent_id"), feed=by_repo, fallback=issue,
+                               units=lambda opened, checked: ((pid, [pid]) for pid in fallback))
 
     def _own_comment(self, item: Any, what: str) -> tuple[str, str, str, float]:
         """``(comment id, author id, issue_url, created_at)`` of a listed comment."""
         if not isinstance(item, dict):
             raise BadResponse(f"{what}: comment is not an object")
         return (
-            _served(item, "id", what),
-            _served(item, "user.id", what),
+            _http.served_id(item, "id", what),
+            _http.served_id(item, "user.id", what),
             _http.field(item, "issue_url", what),
-            _time(item, "created_at", what),
+            _http.iso_field(item, "created_at", what),
         )
 
     def _scan_repo_comments(
@@ -890,7 +687,7 @@ class GitHubPlatform:
     ) -> bool:
         """List the repository's comments updated since ``since``; True if the listing ended."""
         what = "read_back repo"
-        path = f"/repos/{_seg(owner, what)}/{_seg(repo, what)}/issues/comments"
+        path = f"/repos/{_http.seg(owner, what)}/{_http.seg(repo, what)}/issues/comments"
         params = [("since", _iso(since)), ("sort", "created"), ("direction", "asc"), ("per_page", str(PER_PAGE))]
         for page_no, resp in self._pages(path, params, what=what):
             items = _http.json_body(resp, what, list)
@@ -906,8 +703,8 @@ class GitHubPlatform:
                     self._comment_repo[cid] = (owner, repo)
             if _http.link_param(resp, "next", "page") is None:
                 return True
-            if page_no == self._max_pages - 1:
-                log.warning("replyd.github.listing_truncated", what=what, repo=f"{owner}/{repo}", pages=self._max_pages)
+            if page_no == self.s.max_pages - 1:
+                self.log.warning("replyd.github.listing_truncated", what=what, repo=f"{owner}/{repo}", pages=self.s.max_pages)
         return False
 
     def _scan_issue_comments(
@@ -915,7 +712,7 @@ class GitHubPlatform:
     ) -> bool:
         """List one issue's comments updated since ``since``; True if the listing ended."""
         what = "read_back issue"
-        path = f"/repos/{_seg(owner, what)}/{_seg(repo, what)}/issues/{number}/comments"
+        path = f"/repos/{_http.seg(owner, what)}/{_http.seg(repo, what)}/issues/{number}/comments"
         params = [("since", _iso(since)), ("per_page", str(PER_PAGE))]
         for _, resp in self._pages(path, params, what=what):
             for cid, author, _, created in (self._own_comment(i, what) for i in _http.json_body(resp, what, list)):
@@ -954,22 +751,8 @@ class GitHubPlatform:
             where = (owner, repo)
         if where is None:
             raise Rejected(f"{what}: repository of comment {reply_id} unknown (read it back first)")
-        path = f"/repos/{_seg(where[0], what)}/{_seg(where[1], what)}/issues/comments/{_seg(reply_id, what)}"
-        try:
-            self._call("DELETE", path, what=what)
-        except Rejected as exc:
-            if exc.status != 404:
-                raise
-            log.info("replyd.github.deleted", reply_id=reply_id, already_gone=True)
-            return
-        log.info("replyd.github.deleted", reply_id=reply_id, already_gone=False)
-
-    def close(self) -> None:
-        """Do nothing: the shared http client belongs to the caller."""
-
-    def rate_limits(self) -> dict[str, tuple[int | None, float | None]]:
-        """Return the last seen ``{bucket: (remaining, reset_at)}`` (for metrics)."""
-        return self._limits.snapshot()
+        path = f"/repos/{_http.seg(where[0], what)}/{_http.seg(where[1], what)}/issues/comments/{_http.seg(reply_id, what)}"
+        self._delete("DELETE", path, reply_id)
 
     def write_budget(self) -> tuple[int, int]:
         """Return the sends paced in the last minute and the last hour (for metrics and tests)."""

@@ -1,24 +1,7 @@
 """The Mastodon adapter: mentions, search, replies and read-back over the REST API.
 
-Settings (``[platforms.<name>]`` with ``kind = "mastodon"``):
-
-==================  =========================================================
-``base_url``        required; ``http://`` or ``https://`` server root
-``token``           required; an access token with read + write:statuses
-``listing_delay_s`` seconds before a sweep may trust a read-back (default 10)
-``timeout_s``       per-request timeout (default 15)
-``idempotency``     send ``Idempotency-Key`` with every reply (default true)
-``visibility``      reply visibility; default: the parent's. Never wider than
-                    the parent's, so a ``direct`` parent gets a ``direct`` reply
-``mention_author``  prefix ``@acct `` unless the text mentions them (default true)
-``page_limit``      items per listing page, 1–80 (default 40)
-``max_pages``       pages per poll / re-find (default 5)
-``readback_max_pages`` own-feed pages one read-back may read back to its horizon (default 100):
-                   one feed page covers up to 40 of the bot's statuses, so a sweep of many rows
-                   costs a few pages instead of one ``/context`` read per row
-``instance``        first part of the answered-log key
-                    (default ``mastodon:<base_url without trailing slash>``)
-==================  =========================================================
+Settings: ``[platforms.<name>]`` with ``kind = "mastodon"``; each key is a field of
+``MastodonPlatform.Settings`` below, with its meaning beside it.
 
 Error mapping at this boundary (the shared table is in ``_http.py``)::
 
@@ -51,66 +34,26 @@ import json
 import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, ClassVar
-from urllib.parse import quote, urlsplit
+from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
-import httpx
-import structlog
 
-from replyd.clock import Clock
-from replyd.errors import BadResponse, ConfigError, MaybeSent, PlatformError, RateLimited, Rejected
-from replyd.platform import (
-    Identity,
-    OwnReply,
-    Page,
-    Parent,
-    Pending,
-    ReadBack,
-    Sent,
-    register_platform,
-)
+from pydantic import Field
+
+from replyd.errors import BadResponse, MaybeSent, PlatformError, Rejected
+from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Token, register_platform
 from replyd.platforms import _http
 from replyd.platforms._http import id_order
-
-log = structlog.get_logger("replyd.mastodon")
 
 # Widest first: a reply is never more visible than the post it answers.
 VISIBILITIES = ("public", "unlisted", "private", "direct")
 
-# Clock skew between our opened_at and the server's created_at.
-READ_BACK_MARGIN_S = 60.0
 # Mastodon caps account statuses at 40 per page whatever limit is asked.
 READ_BACK_PAGE = 40
 # An authenticated /context lists at most this many descendants; a full list may be cut.
 CONTEXT_LIMIT = 4096
 
-_KNOWN_SETTINGS = frozenset(
-    {
-        "kind",
-        "allow_insecure_http",
-        "base_url",
-        "streaming_url",
-        "token",
-        "listing_delay_s",
-        "timeout_s",
-        "idempotency",
-        "visibility",
-        "mention_author",
-        "page_limit",
-        "max_pages",
-        "readback_max_pages",
-        "instance",
-    }
-)
-
 _STATUSES_PATH = "/api/v1/statuses"
-
-
-def _seg(value: str, what: str) -> str:
-    """Quote one path segment; refuse values that would walk the path."""
-    if not value or value in (".", ".."):
-        raise Rejected(f"{what}: id {value!r} is not usable in a URL path")
-    return quote(value, safe="")
 
 
 def _at(prefix: str, name: str) -> str:
@@ -125,140 +68,28 @@ def _mentions(text: str, acct: str) -> bool:
 
 
 @register_platform("mastodon")
-class MastodonPlatform:
+class MastodonPlatform(_http.HttpPlatform):
     """A Mastodon account as a replyd platform: mentions in, replies out, own posts read back."""
 
-    kind: ClassVar[str] = "mastodon"
+    class Settings(_http.HttpSettings):
+        """``kind = "mastodon"``; ``instance`` defaults to ``mastodon:<base_url>``."""
 
-    def __init__(
-        self,
-        *,
-        base_url: str,
-        token: str,
-        http: httpx.Client,
-        clock: Clock,
-        listing_delay_s: float = 10.0,
-        timeout_s: float = 15.0,
-        idempotency: bool = True,
-        visibility: str | None = None,
-        mention_author: bool = True,
-        page_limit: int = 40,
-        max_pages: int = 5,
-        readback_max_pages: int = 100,
-        instance: str | None = None,
-        streaming_url: str | None = None,
-    ) -> None:
-        self._base_url = base_url.rstrip("/")
-        self._streaming_url = (streaming_url or base_url).rstrip("/")
-        self._token = token
-        self._auth = _http.BearerAuth(token)
-        self._http = http
-        self._clock = clock
-        self._timeout = httpx.Timeout(timeout_s)
-        self._idempotency = idempotency
-        self._visibility = visibility
-        self._mention_author = mention_author
-        self._page_limit = page_limit
-        self._max_pages = max_pages
-        self._readback_max_pages = readback_max_pages
-        self._limits = _http.RateLimits(clock.now)
-        self.listing_delay_s = float(listing_delay_s)
-        self.instance = instance or f"mastodon:{self._base_url}"
+        URLS: ClassVar[tuple[str, ...]] = ("base_url", "streaming_url")
+        base_url: _http.Url  # the server root
+        streaming_url: _http.Url | None = None  # where the notification stream is served (default: base_url)
+        token: Token  # an access token with read + write:statuses
+        listing_delay_s: float = Field(10.0, ge=0)
+        idempotency: bool = True  # send Idempotency-Key with every reply
+        # Default: the parent's. Never wider than the parent's: a direct parent gets a direct reply.
+        visibility: Literal["public", "unlisted", "private", "direct"] | None = None
+        mention_author: bool = True  # prefix "@acct " unless the text mentions them
+        page_limit: int = Field(40, ge=1, le=80)  # items per listing page
+        max_pages: int = Field(5, ge=1, le=1000)  # pages per poll / re-find
+        # Own-feed pages one read-back may read back to its horizon: a page covers up to 40 of the bot's
+        # statuses, so a sweep of many rows costs a few pages instead of one /context read per row.
+        readback_max_pages: int = Field(100, ge=1, le=10_000)
 
-    def __repr__(self) -> str:
-        return f"MastodonPlatform(instance={self.instance!r})"
-
-    # --- configuration -------------------------------------------------------------
-
-    @classmethod
-    def from_settings(
-        cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock
-    ) -> MastodonPlatform:
-        """Validate ``settings`` (``ConfigError`` names the key) and build the adapter."""
-        unknown = sorted(str(k) for k in settings if k not in _KNOWN_SETTINGS)
-        if unknown:
-            raise ConfigError(
-                f"mastodon setting {unknown[0]!r}: unknown key "
-                f"(known: {', '.join(sorted(_KNOWN_SETTINGS - {'kind'}))})"
-            )
-        base_url = _http.setting_url(settings, "mastodon", "base_url")
-        token = settings.get("token")
-        if not isinstance(token, str) or not token.strip():
-            raise ConfigError("mastodon setting 'token': required, a non-empty string")
-        token = token.strip()
-        # The value is deliberately never echoed: it is a secret.
-        if any(c.isspace() for c in token) or not token.isprintable() or not token.isascii():
-            raise ConfigError("mastodon setting 'token': contains whitespace or non-ASCII characters")
-        visibility = settings.get("visibility")
-        if visibility is not None and visibility not in VISIBILITIES:
-            raise ConfigError(
-                f"mastodon setting 'visibility': {visibility!r} is not one of {', '.join(VISIBILITIES)}"
-            )
-        instance = settings.get("instance")
-        if instance is not None and (not isinstance(instance, str) or not instance.strip()):
-            raise ConfigError("mastodon setting 'instance': must be a non-empty string")
-        return cls(
-            base_url=base_url,
-            token=token,
-            http=http,
-            clock=clock,
-            listing_delay_s=_http.setting_number(settings, "mastodon", "listing_delay_s", 10.0, minimum=0.0),
-            timeout_s=_http.setting_number(settings, "mastodon", "timeout_s", 15.0, minimum=0.0, exclusive=True),
-            idempotency=_http.setting_flag(settings, "mastodon", "idempotency", True),
-            visibility=visibility,
-            mention_author=_http.setting_flag(settings, "mastodon", "mention_author", True),
-            streaming_url=(_http.setting_url(settings, "mastodon", "streaming_url")
-                           if settings.get("streaming_url") is not None else None),
-            page_limit=_http.setting_int(settings, "mastodon", "page_limit", 40, 1, 80),
-            max_pages=_http.setting_int(settings, "mastodon", "max_pages", 5, 1, 1000),
-            readback_max_pages=_http.setting_int(settings, "mastodon", "readback_max_pages", 100, 1, 10_000),
-            instance=instance.strip() if isinstance(instance, str) else None,
-        )
-
-
-    # --- transport ------------------------------------------------------------------
-
-    def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        what: str,
-        bucket: str = "api",
-        params: list[tuple[str, str]] | None = None,
-        data: dict[str, str] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> httpx.Response:
-        """One request under the rate limits; returns a 2xx response or raises the mapped error."""
-        # Every call draws on the account-wide API budget; posting and deleting have their own too.
-        self._limits.check(("api",) if bucket == "api" else ("api", bucket), what=what)
-        resp = _http.request(
-            self._http,
-            method,
-            self._base_url + path,
-            what=what,
-            secrets=(self._token,),
-            auth=self._auth,
-            timeout=self._timeout,
-            params=params,
-            data=data,
-            headers=headers,
-        )
-        self._limits.note(bucket, resp)
-        if resp.status_code == 429:
-            log.warning("replyd.mastodon.rate_limited", what=what, bucket=bucket)
-        _http.raise_for_status(resp, what=what, now=self._clock.now, secrets=(self._token,))
-        return resp
-
-    # --- parsing --------------------------------------------------------------------
-
-    @staticmethod
-    def _time(obj: Any, path: str, what: str) -> float:
-        raw = _http.field(obj, path, what)
-        try:
-            return _http.iso_to_epoch(raw)
-        except ValueError:
-            raise BadResponse(f"{what}: field {path} is not an ISO-8601 time") from None
+    s: Settings
 
     def _parent(self, obj: Any, what: str, at: str = "", *, unwrap: bool = False) -> Parent | None:
         """Parse the status at dotted path ``at`` of ``obj``; ``None`` for a reblog unless ``unwrap``."""
@@ -272,7 +103,7 @@ class MastodonPlatform:
         sid = _http.field(obj, _at(at, "id"), what)
         author_id = _http.field(obj, _at(at, "account.id"), what)
         acct = _http.field(obj, _at(at, "account.acct"), what)
-        created_at = self._time(obj, _at(at, "created_at"), what)
+        created_at = _http.iso_field(obj, _at(at, "created_at"), what)
         content = _http.field(obj, _at(at, "content"), what, default="")
         in_reply_to = _http.field(obj, _at(at, "in_reply_to_id"), what, default=None)
         visibility = _http.field(obj, _at(at, "visibility"), what, default="")
@@ -306,24 +137,14 @@ class MastodonPlatform:
             _http.field(item, "id", what),
             _http.field(item, "account.id", what),
             _http.field(item, "in_reply_to_id", what, default=None),
-            self._time(item, "created_at", what),
-        )
-
-    @staticmethod
-    def _skipped(what: str, exc: BadResponse, item: Any) -> None:
-        item_id = item.get("id") if isinstance(item, dict) else None
-        log.warning(
-            "replyd.mastodon.skipped",
-            what=what,
-            problem=exc.detail,
-            item_id=item_id if isinstance(item_id, str) else None,
+            _http.iso_field(item, "created_at", what),
         )
 
     # --- Platform -------------------------------------------------------------------
 
     def reply_url(self, reply_id: str, identity: Identity) -> str:
         """Return the status page of one of the bot's replies (``/@acct/id``), as Mastodon serves it."""
-        return f"{self._base_url}/@{identity.handle}/{reply_id}" if identity.handle else ""
+        return f"{self.s.base_url}/@{identity.handle}/{reply_id}" if identity.handle else ""
 
     def whoami(self) -> Identity:
         """Return the account's stable id (as served) and its acct."""
@@ -342,21 +163,18 @@ class MastodonPlatform:
         nothing between polls is skipped; without one, only the newest page.
         """
         what = "inbox"
-        base = [("types[]", "mention"), ("limit", str(self._page_limit))]
+        base = [("types[]", "mention"), ("limit", str(self.s.page_limit))]
         newest = cursor
         found: dict[str, tuple[str, Parent]] = {}
         min_id = cursor
-        pages = self._max_pages if cursor is not None else 1
+        pages = self.s.max_pages if cursor is not None else 1
         for page_no in range(pages):
             params = base + ([("min_id", min_id)] if min_id is not None else [])
             try:
                 resp = self._call("GET", "/api/v1/notifications", what=what, params=params)
                 items = _http.json_body(resp, what, list)
             except PlatformError as exc:
-                if page_no == 0:
-                    raise
-                # The pages read so far are contiguous above the cursor: keep that progress.
-                log.warning("replyd.mastodon.inbox_partial", pages=page_no, problem=exc.detail)
+                self._partial(what, page_no, exc)  # the pages read so far are contiguous above the cursor
                 break
             for item in items:
                 nid = self._take_mention(item, what, found, after=cursor)
@@ -408,9 +226,8 @@ class MastodonPlatform:
         it cannot be opened or breaks (a read: nothing was sent).
         """
         what = "stream"
-        url = self._streaming_url + "/api/v1/streaming/user/notification"
-        for event in _http.stream_events(self._http, url, what=what, stop=stop, secrets=(self._token,),
-                                         auth=self._auth):
+        url = (self.s.streaming_url or self.s.base_url) + "/api/v1/streaming/user/notification"
+        for event in _http.stream_events(self._http, url, what=what, stop=stop, secrets=self._secrets(), auth=self._auth):
             if event.event != "notification":
                 continue  # heartbeats arrive as comments; other event kinds are not mentions
             try:
@@ -429,12 +246,12 @@ class MastodonPlatform:
         newest = cursor
         found: dict[str, Parent] = {}
         offset = 0
-        for _ in range(self._max_pages):
+        for _ in range(self.s.max_pages):
             params = [
                 ("q", query),
                 ("type", "statuses"),
                 ("resolve", "false"),
-                ("limit", str(self._page_limit)),
+                ("limit", str(self.s.page_limit)),
             ]
             if cursor is not None:
                 params.append(("min_id", cursor))
@@ -454,7 +271,7 @@ class MastodonPlatform:
                 found.setdefault(parent.id, parent)
                 if newest is None or id_order(parent.id) > id_order(newest):
                     newest = parent.id
-            if len(statuses) < self._page_limit:
+            if len(statuses) < self.s.page_limit:
                 break
             offset += len(statuses)
         parents = sorted(found.values(), key=lambda p: id_order(p.id))
@@ -463,23 +280,19 @@ class MastodonPlatform:
     def refind(self, since: float) -> list[Parent]:
         """Re-read mentions notified at or after epoch ``since``, paging back (no cursor)."""
         what = "refind"
-        base = [("types[]", "mention"), ("limit", str(self._page_limit))]
+        base = [("types[]", "mention"), ("limit", str(self.s.page_limit))]
         found: dict[str, tuple[str, Parent]] = {}
         max_id: str | None = None
-        for _ in range(self._max_pages):
+        for _ in range(self.s.max_pages):
             params = base + ([("max_id", max_id)] if max_id is not None else [])
             resp = self._call("GET", "/api/v1/notifications", what=what, params=params)
             items = _http.json_body(resp, what, list)
             oldest: float | None = None
             for item in items:
-                try:
-                    if not isinstance(item, dict):
-                        raise BadResponse(f"{what}: notification is not an object")
-                    nid = _http.field(item, "id", what)
-                    created = self._time(item, "created_at", what)
-                except BadResponse as exc:
-                    self._skipped(what, exc, item)
+                got = self._read(what, item, lambda it: (_http.field(it, "id", what), _http.iso_field(it, "created_at", what)))
+                if got is None:
                     continue
+                nid, created = got
                 oldest = created if oldest is None else min(oldest, created)
                 if created < since or item.get("type") != "mention":
                     continue
@@ -503,7 +316,7 @@ class MastodonPlatform:
         what = "resolve"
         ref = ref.strip()
         if "://" not in ref:
-            resp = self._call("GET", f"{_STATUSES_PATH}/{_seg(ref, what)}", what=what)
+            resp = self._call("GET", f"{_STATUSES_PATH}/{_http.seg(ref, what)}", what=what)
             return self._resolved(_http.json_body(resp, what, dict), what)
         if urlsplit(ref).scheme not in ("http", "https"):
             raise Rejected(f"{what}: only http(s) URLs can be resolved")
@@ -527,7 +340,7 @@ class MastodonPlatform:
 
     def _reply_visibility(self, parent: Parent) -> str | None:
         parent_vis = parent.extra.get("visibility")
-        choices = [v for v in (self._visibility, parent_vis) if v in VISIBILITIES]
+        choices = [v for v in (self.s.visibility, parent_vis) if v in VISIBILITIES]
         if not choices:
             return None
         return max(choices, key=VISIBILITIES.index)
@@ -536,45 +349,25 @@ class MastodonPlatform:
         """Post ``text`` as a reply to ``parent`` (only ``replyd.guard`` calls this)."""
         what = "send"
         acct = parent.extra.get("acct") or parent.author_handle
-        if self._mention_author and acct and not _mentions(text, acct):
+        if self.s.mention_author and acct and not _mentions(text, acct):
             text = f"@{acct} {text}"
         form = {"status": text, "in_reply_to_id": parent.id}
         visibility = self._reply_visibility(parent)
         if visibility is not None:
             form["visibility"] = visibility
         headers: dict[str, str] = {}
-        if self._idempotency and provider_key:
+        if self.s.idempotency and provider_key:
             if not (provider_key.isascii() and provider_key.isprintable()):
                 raise Rejected(f"{what}: provider_key is not a valid header value")
             headers["Idempotency-Key"] = provider_key
-        try:
-            resp = self._call(
-                "POST", _STATUSES_PATH, what=what, bucket="statuses", data=form, headers=headers
-            )
-        except PlatformError as exc:
-            log.info(
-                "replyd.mastodon.send_failed",
-                parent_id=parent.id,
-                error=type(exc).__name__,
-                status=exc.status,
-                detail=exc.detail,
-            )
-            raise
-        try:
-            body = _http.json_body(resp, what, dict)
-            reply_id = _http.field(body, "id", what)
-            in_reply_to = _http.field(body, "in_reply_to_id", what, default=None)
-            url = _http.field(body, "url", what, default="")
-        except BadResponse as exc:
-            # The server said 2xx: the status very likely exists, we just cannot name it.
-            raise MaybeSent(f"{exc.detail} (after HTTP {resp.status_code})", status=resp.status_code) from None
+        reply_id, in_reply_to, url = self._created(
+            "POST", _STATUSES_PATH, parent, what=what, bucket="statuses", data=form, headers=headers,
+            read=lambda body: (_http.field(body, "id", what), _http.field(body, "in_reply_to_id", what, default=None),
+                               _http.field(body, "url", what, default="")))
         if in_reply_to != parent.id:
             # E.g. an Idempotency-Key reused for another parent returns that older status.
-            raise MaybeSent(
-                f"{what}: created status {reply_id} answers {in_reply_to!r}, not {parent.id!r}",
-                status=resp.status_code,
-            )
-        log.info("replyd.mastodon.sent", parent_id=parent.id, reply_id=reply_id, visibility=visibility)
+            raise MaybeSent(f"{what}: created status {reply_id} answers {in_reply_to!r}, not {parent.id!r}")
+        self.log.info("replyd.mastodon.sent", parent_id=parent.id, reply_id=reply_id, visibility=visibility)
         return Sent(reply_id=reply_id, url=url)
 
     def read_back(self, pending: Sequence[Pending], *, sender_id: str) -> ReadBack:
@@ -583,101 +376,45 @@ class MastodonPlatform:
         A parent is ``checked`` only if the feed listed everything from before it
         was opened (minus a margin) up to now, or its context was read in full.
         """
-        result = ReadBack()
-        if not pending:
-            return result
-        opened: dict[str, float] = {}
-        for p in pending:
-            opened[p.parent.id] = min(p.opened_at, opened.get(p.parent.id, p.opened_at))
-        found: dict[str, dict[str, OwnReply]] = {}
-        try:
-            covered_after = self._scan_own_feed(sender_id, opened, found)
-        except PlatformError as exc:  # e.g. a sender id unusable in a path
-            log.warning("replyd.mastodon.read_back_failed", source="feed", problem=exc.detail)
-            covered_after = None
-        for pid, opened_at in opened.items():
-            if covered_after is not None and covered_after < opened_at - READ_BACK_MARGIN_S:
-                result.checked.add(pid)
-        feed_checked = len(result.checked)
-        for pid in opened:
-            if pid in result.checked:
-                continue
-            try:
-                replies, complete = self._context_replies(pid, sender_id)
-            except RateLimited as exc:
-                log.warning("replyd.mastodon.read_back_failed", source="context", parent_id=pid, problem=exc.detail)
-                break  # every further read would be refused the same way
-            except PlatformError as exc:
-                log.warning("replyd.mastodon.read_back_failed", source="context", parent_id=pid, problem=exc.detail)
-                continue
-            for reply in replies:
-                found.setdefault(pid, {})[reply.reply_id] = reply
-            if complete:
-                result.checked.add(pid)
-        for pid, replies in found.items():
-            result.found[pid] = sorted(
-                replies.values(), key=lambda r: (r.created_at or 0.0, id_order(r.reply_id))
-            )
-        log.info(
-            "replyd.mastodon.read_back",
-            pending=len(opened),
-            checked_by_feed=feed_checked,
-            checked=len(result.checked),
-            found=sum(len(v) for v in result.found.values()),
+        return self._read_back(pending, source=("context", "parent_id"),
+            feed=lambda opened, found: self._covered(opened, self._scan_own_feed(sender_id, opened, found)),
+            fallback=lambda pid, _, found: self._context_replies(pid, sender_id, found),
         )
-        return result
 
-    def _scan_own_feed(
-        self, sender_id: str, opened: Mapping[str, float], found: dict[str, dict[str, OwnReply]]
-    ) -> float | None:
-        """Page back through the own statuses; return the epoch after which the listing is complete.
+    def _scan_own_feed(self, sender_id: str, opened: Mapping[str, float], found: _http.Found) -> float | None:
+        """Page back through the own statuses; return the epoch after which the listing is complete."""
+        return self._walk_feed(self._own_feed(sender_id, opened, found), min(opened.values()) - self.READ_BACK_MARGIN_S)
 
-        ``None``: nothing was read. ``-inf``: the feed ran out, so it is complete
-        for all time.
-        """
+    def _own_feed(self, sender_id: str, opened: Mapping[str, float], found: _http.Found) -> Iterator[list[float]]:
         what = "read_back feed"
-        horizon = min(opened.values()) - READ_BACK_MARGIN_S
-        path = f"/api/v1/accounts/{_seg(sender_id, what)}/statuses"
-        covered_after: float | None = None
+        path = f"/api/v1/accounts/{_http.seg(sender_id, what)}/statuses"
         max_id: str | None = None
-        for page_no in range(self._readback_max_pages):
+        for _ in range(self.s.readback_max_pages):
             params = [("limit", str(READ_BACK_PAGE))] + ([("max_id", max_id)] if max_id else [])
-            try:
-                resp = self._call("GET", path, what=what, params=params)
-                items = _http.json_body(resp, what, list)
-                # One unreadable item could be the reply we look for: the page is not conclusive.
-                page = [self._own_status(item, what) for item in items]
-            except PlatformError as exc:
-                log.warning("replyd.mastodon.read_back_failed", source="feed", page=page_no, problem=exc.detail)
-                return covered_after
+            resp = self._call("GET", path, what=what, params=params)
+            # One unreadable item could be the reply we look for: the page is not conclusive.
+            page = [self._own_status(item, what) for item in _http.json_body(resp, what, list)]
             for sid, author, in_reply_to, created in page:
                 if author == sender_id and in_reply_to in opened:
                     found.setdefault(in_reply_to, {})[sid] = OwnReply(sid, in_reply_to, created)
-            if not page:
-                return float("-inf")
-            oldest = min(created for *_, created in page)
-            covered_after = oldest if covered_after is None else min(covered_after, oldest)
-            if covered_after < horizon:
-                return covered_after
+            yield [created for *_, created in page] or [_http.END]
             nxt = _http.link_param(resp, "next", "max_id")
             if nxt is None:
-                return float("-inf")
-            if max_id is not None and id_order(nxt) >= id_order(max_id):
-                return covered_after
+                yield [_http.END]
+            if nxt is None or (max_id is not None and id_order(nxt) >= id_order(max_id)):
+                return
             max_id = nxt
-        return covered_after
 
-    def _context_replies(self, parent_id: str, sender_id: str) -> tuple[list[OwnReply], bool]:
-        """Own direct replies among the parent's descendants, and whether the list was complete."""
+    def _context_replies(self, parent_id: str, sender_id: str, found: _http.Found) -> bool:
+        """Add the own direct replies among the parent's descendants to ``found``; True if the list was complete."""
         what = "read_back context"
-        resp = self._call("GET", f"{_STATUSES_PATH}/{_seg(parent_id, what)}/context", what=what)
+        resp = self._call("GET", f"{_STATUSES_PATH}/{_http.seg(parent_id, what)}/context", what=what)
         descendants = _http.field(_http.json_body(resp, what, dict), "descendants", what, list)
-        replies = []
         for item in descendants:
             sid, author, in_reply_to, created = self._own_status(item, what)
             if author == sender_id and in_reply_to == parent_id:
-                replies.append(OwnReply(sid, parent_id, created))
-        return replies, len(descendants) < CONTEXT_LIMIT
+                found.setdefault(parent_id, {})[sid] = OwnReply(sid, parent_id, created)
+        return len(descendants) < CONTEXT_LIMIT
 
     def thread_depth(self, parent: Parent, limit: int) -> int:
         """Return how many ancestors ``parent`` has in its thread, counting at most ``limit + 1``.
@@ -698,7 +435,7 @@ class MastodonPlatform:
         if parent.thread_depth > limit:  # a lower bound already past the limit
             return parent.thread_depth
         what = "thread_depth"
-        resp = self._call("GET", f"{_STATUSES_PATH}/{_seg(parent.id, what)}/context", what=what)
+        resp = self._call("GET", f"{_STATUSES_PATH}/{_http.seg(parent.id, what)}/context", what=what)
         ancestors = _http.field(_http.json_body(resp, what, dict), "ancestors", what, list)
         depth = gaps = 0
         for item in reversed(ancestors):  # nearest first
@@ -712,24 +449,9 @@ class MastodonPlatform:
         if expected is not None:
             gaps += 1  # the oldest listed status answers one we are not shown
         if gaps:
-            log.info("replyd.mastodon.thread_gaps", parent_id=parent.id, listed=depth, gaps=gaps)
+            self.log.info("replyd.mastodon.thread_gaps", parent_id=parent.id, listed=depth, gaps=gaps)
         return min(max(depth + gaps, parent.thread_depth), max(limit, 0) + 1)
 
     def delete(self, reply_id: str) -> None:
         """Delete one own status; one that is already gone counts as deleted."""
-        what = "delete"
-        try:
-            self._call("DELETE", f"{_STATUSES_PATH}/{_seg(reply_id, what)}", what=what, bucket="delete")
-        except Rejected as exc:
-            if exc.status != 404:
-                raise
-            log.info("replyd.mastodon.deleted", reply_id=reply_id, already_gone=True)
-            return
-        log.info("replyd.mastodon.deleted", reply_id=reply_id, already_gone=False)
-
-    def close(self) -> None:
-        """Do nothing: the shared http client belongs to the caller."""
-
-    def rate_limits(self) -> dict[str, tuple[int | None, float | None]]:
-        """Return the last seen ``{bucket: (remaining, reset_at)}`` (for metrics)."""
-        return self._limits.snapshot()
+        self._delete("DELETE", f"{_STATUSES_PATH}/{_http.seg(reply_id, 'delete')}", reply_id, bucket="delete")

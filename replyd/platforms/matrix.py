@@ -1,23 +1,7 @@
 """The Matrix adapter: mentions from ``/sync``, replies by transaction id, own events read back per room.
 
-Settings (``[bots.settings]`` with ``platform = "matrix"``):
-
-===================  ========================================================
-``base_url``         required; the homeserver's client-server API root
-``token``            an access token (``token_env = "MATRIX_TOKEN"``), or:
-``user`` +           log in with a password (``password_env``) on the fixed
-``password``         ``device_id``, so transaction ids stay in one scope
-``device_id``        the device a password login uses (default ``replyd``)
-``listing_delay_s``  seconds before a sweep may trust a read-back (default 2)
-``timeout_s``        per-request timeout (default 15)
-``page_limit``       events per page, 1-1000 (default 100)
-``max_pages``        pages per poll, re-find and read-back room (default 10)
-``msgtype``          ``m.text`` (default) or ``m.notice``
-``join_invites``     join rooms the bot is invited to (default false: rooms
-                     are joined only by this policy, never silently)
-``instance``         first part of the answered-log key (default
-                     ``matrix:<base_url>``)
-===================  ========================================================
+Settings: ``[bots.settings]`` with ``platform = "matrix"``; each key is a field of
+``MatrixPlatform.Settings`` below, with its meaning beside it.
 
 Ids: the sender id is the bot's user id (``/account/whoami``); a parent id is
 the event id exactly as served, its room id rides in ``Parent.extra["room_id"]``
@@ -54,39 +38,30 @@ import json
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
-from urllib.parse import quote, unquote, urlsplit
+from collections.abc import Iterable, Sequence
+from typing import Annotated, Any, Literal, Self
+from urllib.parse import unquote
 
 import httpx
-import structlog
+from pydantic import AfterValidator, Field, SecretStr, StringConstraints, model_validator
 
-from replyd.clock import Clock
-from replyd.errors import BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
-from replyd.platform import Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, register_platform
+from replyd.errors import BadResponse, ConfigError, DefinitelyNotSent, PlatformError, Rejected
+from replyd.platforms.base import (
+    Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Text, Texts, Token, register_platform,
+)
 from replyd.platforms import _http
 
-log = structlog.get_logger("replyd.matrix")
-
 API = "/_matrix/client/v3"
-MSGTYPES = ("m.text", "m.notice")
-# Clock skew between our opened_at and the homeserver's origin_server_ts.
-READ_BACK_MARGIN_S = 60.0
 # How many reply-event -> room entries ``delete`` can look up (filled by send and read_back).
 _ROOM_MEMORY = 10_000
 
-_KNOWN_SETTINGS = frozenset({
-    "kind", "allow_insecure_http", "base_url", "token", "user", "password", "device_id", "listing_delay_s",
-    "timeout_s", "page_limit", "max_pages", "msgtype", "join_invites", "instance", "search_queries",
-})
 _MATRIX_TO = re.compile(r"^https://matrix\.to/#/([^/?]+)(?:/([^/?]+))?")
 
 
-def _seg(value: str, what: str) -> str:
-    """Quote one path segment; refuse values that would walk the path."""
-    if not value or value in (".", ".."):
-        raise Rejected(f"{what}: id {value!r} is not usable in a URL path")
-    return quote(value, safe="")
+def _errcode(resp: httpx.Response) -> str:
+    data = _http.error_json(resp)
+    code = data.get("errcode") if isinstance(data, dict) else None
+    return code if isinstance(code, str) else ""
 
 
 def _event_filter(**extra: Any) -> str:
@@ -105,156 +80,104 @@ def _relation(content: Any) -> tuple[str | None, str | None]:
     return (reply_to if isinstance(reply_to, str) else None), (root if isinstance(root, str) else None)
 
 
+def _user(value: str) -> str:
+    if not re.fullmatch(r"@?[^\s:@]+(:\S+)?", value):
+        raise ValueError("must be a user id (@name:server) or a localpart")
+    return value
+
+
 @register_platform("matrix")
-class MatrixPlatform:
+class MatrixPlatform(_http.HttpPlatform):
     """A Matrix account as a replyd platform: mentions in, replies by transaction id, own events read back."""
 
-    kind: ClassVar[str] = "matrix"
+    class Settings(_http.HttpSettings):
+        """``platform = "matrix"``; ``instance`` defaults to ``matrix:<base_url>``."""
 
-    def __init__(
-        self,
-        *,
-        base_url: str,
-        http: httpx.Client,
-        clock: Clock,
-        token: str | None = None,
-        user: str | None = None,
-        password: str | None = None,
-        device_id: str = "replyd",
-        listing_delay_s: float = 2.0,
-        timeout_s: float = 15.0,
-        page_limit: int = 100,
-        max_pages: int = 10,
-        msgtype: str = "m.text",
-        join_invites: bool = False,
-        instance: str | None = None,
-    ) -> None:
-        self._base_url = base_url.rstrip("/")
-        self._token = token or ""
-        self._user = user
-        self._password = password
-        self._device_id = device_id
-        self._http = http
-        self._clock = clock
-        self._timeout = httpx.Timeout(timeout_s)
-        self._page_limit = page_limit
-        self._max_pages = max_pages
-        self._msgtype = msgtype
-        self._join_invites = join_invites
+        base_url: _http.Url  # the homeserver (its client-server API root)
+        token: Token | None = None  # an access token (token_env), or:
+        user: Annotated[Text, AfterValidator(_user)] | None = None  # log in as user with password (password_env)
+        password: Token | None = None  # on the fixed device_id, so transaction ids stay in one scope
+        device_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._=-]{1,64}$")] = "replyd"
+        listing_delay_s: float = Field(2.0, ge=0)
+        page_limit: int = Field(100, ge=1, le=1000)  # events per page
+        max_pages: int = Field(10, ge=1, le=10_000)  # pages per poll, re-find and read-back room
+        msgtype: Literal["m.text", "m.notice"] = "m.text"
+        join_invites: bool = False  # join rooms the bot is invited to (else only by policy, never silently)
+        search_queries: Texts = []
+
+        @model_validator(mode="after")
+        def _credentials(self) -> Self:
+            if self.token is None and (self.password is None or self.user is None):
+                raise ConfigError("matrix setting 'token': required (token_env), or 'user' with 'password' (password_env)")
+            return self
+
+    s: Settings
+    ITEM_ID = "event_id"
+
+    def _setup(self) -> None:
+        self._token = self.s.token.get_secret_value() if self.s.token else ""  # a password login replaces it
         self._user_id: str | None = None
         self._rooms: OrderedDict[str, str] = OrderedDict()  # reply event id -> room id, for delete
-        self.listing_delay_s = float(listing_delay_s)
-        self.instance = instance or f"matrix:{self._base_url}"
 
-    def __repr__(self) -> str:
-        return f"MatrixPlatform(instance={self.instance!r})"
+    @property
+    def root(self) -> str:
+        """The client-server API root under ``base_url``."""
+        return self.s.base_url + API
 
-    # --- configuration -------------------------------------------------------------
-
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock) -> MatrixPlatform:
-        """Validate ``settings`` (``ConfigError`` names the key) and build the adapter."""
-        unknown = sorted(str(k) for k in settings if k not in _KNOWN_SETTINGS)
-        if unknown:
-            raise ConfigError(f"matrix setting {unknown[0]!r}: unknown key "
-                              f"(known: {', '.join(sorted(_KNOWN_SETTINGS - {'kind'}))})")
-        token = _http.setting_secret(settings, "matrix", "token")
-        password = _http.setting_secret(settings, "matrix", "password")
-        user = settings.get("user")
-        if user is not None and (not isinstance(user, str) or not re.fullmatch(r"@?[^\s:@]+(:\S+)?", user.strip())):
-            raise ConfigError("matrix setting 'user': must be a user id (@name:server) or a localpart")
-        if token is None and (password is None or user is None):
-            raise ConfigError("matrix setting 'token': required (token_env), or 'user' with 'password' (password_env)")
-        device_id = settings.get("device_id", "replyd")
-        if not isinstance(device_id, str) or not re.fullmatch(r"[A-Za-z0-9._=-]{1,64}", device_id):
-            raise ConfigError("matrix setting 'device_id': 1-64 characters of A-Z a-z 0-9 . _ = -")
-        msgtype = settings.get("msgtype", "m.text")
-        if msgtype not in MSGTYPES:
-            raise ConfigError(f"matrix setting 'msgtype': {msgtype!r} is not one of {', '.join(MSGTYPES)}")
-        _http.setting_queries(settings, "matrix")
-        return cls(
-            base_url=_http.setting_url(settings, "matrix", "base_url"),
-            http=http,
-            clock=clock,
-            token=token,
-            user=user.strip() if isinstance(user, str) else None,
-            password=password,
-            device_id=device_id,
-            listing_delay_s=_http.setting_number(settings, "matrix", "listing_delay_s", 2.0, minimum=0.0),
-            timeout_s=_http.setting_number(settings, "matrix", "timeout_s", 15.0, minimum=0.0, exclusive=True),
-            page_limit=_http.setting_int(settings, "matrix", "page_limit", 100, 1, 1000),
-            max_pages=_http.setting_int(settings, "matrix", "max_pages", 10, 1, 10_000),
-            msgtype=msgtype,
-            join_invites=_http.setting_flag(settings, "matrix", "join_invites", False),
-            instance=_http.setting_instance(settings, "matrix"),
-        )
-
-    # --- transport ------------------------------------------------------------------
+    def _auth_headers(self) -> dict[str, SecretStr]:
+        return {"Authorization": SecretStr(f"Bearer {self._token}")}
 
     def _secrets(self) -> tuple[str, ...]:
-        return (self._token, self._password or "")
+        return (*super()._secrets(), self._token)
 
-    def _call(self, method: str, path: str, *, what: str, params: Any = None, body: Any = None,
-              acts: bool | None = None, auth: bool = True) -> Any:
-        """One request; returns the 2xx JSON object or raises the mapped error (re-logging in once on 401)."""
+    def _call(self, method: str, path: str, *, what: str, bucket: str | None = None, acts: bool | None = None,
+              auth: bool = True, **kwargs: Any) -> httpx.Response:
+        """One request; a 2xx response or the mapped error (logging in first, and again once on a 401)."""
         if auth and not self._token:
             self._login()
-        resp = self._send(method, path, what=what, params=params, body=body, acts=acts, auth=auth)
-        if resp.status_code == 401 and auth and self._password is not None:
-            log.info("replyd.matrix.relogin", what=what, errcode=self._errcode(resp))
+        resp = self._request(method, path, what=what, acts=acts, auth=auth, **kwargs)
+        if resp.status_code == 401 and auth and self.s.password is not None:
+            self.log.info("replyd.matrix.relogin", what=what, errcode=_errcode(resp))
             self._login()
-            resp = self._send(method, path, what=what, params=params, body=body, acts=acts, auth=auth)
+            resp = self._request(method, path, what=what, acts=acts, auth=auth, **kwargs)
         self._raise_for_status(resp, what=what, acts=acts)
+        return resp
+
+    def _api(self, method: str, path: str, *, what: str, params: Any = None, body: Any = None,
+             acts: bool | None = None, auth: bool = True) -> Any:
+        """One request; returns the 2xx JSON object or raises the mapped error."""
+        resp = self._call(method, path, what=what, params=params, json=body, acts=acts, auth=auth)
         return _http.json_body(resp, what, dict)
 
-    def _send(self, method: str, path: str, *, what: str, params: Any, body: Any, acts: bool | None,
-              auth: bool) -> httpx.Response:
-        return _http.request(
-            self._http, method, self._base_url + API + path, what=what, acts=acts, secrets=self._secrets(),
-            auth=_http.BearerAuth(self._token) if auth else None, timeout=self._timeout, params=params,
-            json=body,
-        )
+    def _limited(self, resp: httpx.Response) -> bool:
+        """429, or Matrix's ``M_LIMIT_EXCEEDED`` whatever the status."""
+        return resp.status_code == 429 or _errcode(resp) == "M_LIMIT_EXCEEDED"
 
-    @staticmethod
-    def _errcode(resp: httpx.Response) -> str:
+    def _wait_s(self, resp: httpx.Response) -> float | None:
+        """The body's ``retry_after_ms``, else ``Retry-After``."""
         data = _http.error_json(resp)
-        code = data.get("errcode") if isinstance(data, dict) else None
-        return code if isinstance(code, str) else ""
+        wait_ms = data.get("retry_after_ms") if isinstance(data, dict) else None
+        if isinstance(wait_ms, (int, float)) and not isinstance(wait_ms, bool) and math.isfinite(wait_ms) and wait_ms >= 0:
+            return wait_ms / 1000.0
+        return super()._wait_s(resp)
 
-    def _raise_for_status(self, resp: httpx.Response, *, what: str, acts: bool | None) -> None:
-        """The shared mapping, with Matrix's ``retry_after_ms`` and errcode in the detail."""
-        if 200 <= resp.status_code < 300:
-            return
-        errcode = self._errcode(resp)
-        data = _http.error_json(resp)
-        if resp.status_code == 429 or errcode == "M_LIMIT_EXCEEDED":
-            wait_ms = data.get("retry_after_ms") if isinstance(data, dict) else None
-            wait = (wait_ms / 1000.0 if isinstance(wait_ms, (int, float)) and not isinstance(wait_ms, bool)
-                    and math.isfinite(wait_ms) and wait_ms >= 0
-                    else _http.retry_after_s(resp, self._clock.now()))
-            log.warning("replyd.matrix.rate_limited", what=what, retry_after_s=wait)
-            raise RateLimited(f"{what}: HTTP {resp.status_code} M_LIMIT_EXCEEDED", status=resp.status_code,
-                              retry_after_s=wait)
-        try:
-            _http.raise_for_status(resp, what=what, acts=acts, now=self._clock.now, secrets=self._secrets())
-        except PlatformError as exc:
-            if errcode:
-                exc.detail = f"{exc.detail} [{errcode}]"
-                exc.args = (exc.detail,)
-            raise
+    def _error_text(self, resp: httpx.Response) -> str:
+        """The server's text and the ``errcode`` (the only part anything may branch on)."""
+        code = _errcode(resp)
+        return " ".join(t for t in (super()._error_text(resp), f"[{code}]" if code else "") if t)
 
     def _login(self) -> None:
         """Log in with the password on the fixed device (the same transaction-id scope every time)."""
-        if self._password is None or self._user is None:
+        if self.s.password is None or self.s.user is None:
             raise DefinitelyNotSent("login: no token and no password configured")
         what = "login"
-        body = {"type": "m.login.password", "identifier": {"type": "m.id.user", "user": self._user},
-                "password": self._password, "device_id": self._device_id,
+        body = {"type": "m.login.password", "identifier": {"type": "m.id.user", "user": self.s.user},
+                "password": self.s.password.get_secret_value(), "device_id": self.s.device_id,
                 "initial_device_display_name": "replyd"}
-        data = self._call("POST", "/login", what=what, body=body, acts=False, auth=False)
+        data = self._api("POST", "/login", what=what, body=body, acts=False, auth=False)
         self._token = _http.field(data, "access_token", what)
         self._user_id = _http.field(data, "user_id", what)
-        log.info("replyd.matrix.logged_in", user_id=self._user_id, device_id=self._device_id)
+        self.log.info("replyd.matrix.logged_in", user_id=self._user_id, device_id=self.s.device_id)
 
     # --- parsing --------------------------------------------------------------------
 
@@ -295,10 +218,6 @@ class MatrixPlatform:
                 return True
         return me.lower() in parent.text.lower()
 
-    def _skipped(self, what: str, exc: BadResponse, ev: Any) -> None:
-        eid = ev.get("event_id") if isinstance(ev, dict) else None
-        log.warning("replyd.matrix.skipped", what=what, problem=exc.detail, event_id=eid if isinstance(eid, str) else None)
-
     def _mentions_in(self, events: Any, room_id: str, what: str) -> list[Parent]:
         out = []
         for ev in events if isinstance(events, list) else []:
@@ -311,7 +230,7 @@ class MatrixPlatform:
                 out.append(parent)
         return out
 
-    def _me(self) -> str:
+    def _my_id(self) -> str:
         if self._user_id is None:
             self.whoami()
         assert self._user_id is not None
@@ -322,7 +241,7 @@ class MatrixPlatform:
     def whoami(self) -> Identity:
         """Return the bot's user id (``/account/whoami``)."""
         what = "whoami"
-        data = self._call("GET", "/account/whoami", what=what)
+        data = self._api("GET", "/account/whoami", what=what)
         self._user_id = _http.field(data, "user_id", what)
         return Identity(sender_id=self._user_id, handle=self._user_id)
 
@@ -335,15 +254,15 @@ class MatrixPlatform:
         logged and re-find covers the rest.
         """
         what = "inbox"
-        me = self._me()
+        me = self._my_id()
         params = {"timeout": "0", "filter": json.dumps({
             "presence": {"types": []}, "account_data": {"types": []},
-            "room": {"timeline": {"types": ["m.room.message"], "limit": self._page_limit},
+            "room": {"timeline": {"types": ["m.room.message"], "limit": self.s.page_limit},
                      "state": {"types": []}, "ephemeral": {"types": []}, "account_data": {"types": []}}},
             separators=(",", ":"))}
         if cursor:
             params["since"] = cursor
-        data = self._call("GET", "/sync", what=what, params=params)
+        data = self._api("GET", "/sync", what=what, params=params)
         next_batch = _http.field(data, "next_batch", what)
         rooms = _http.field(data, "rooms", what, dict, default={})
         found: dict[str, Parent] = {}
@@ -356,11 +275,11 @@ class MatrixPlatform:
             if timeline.get("limited") and cursor and isinstance(timeline.get("prev_batch"), str):
                 for p in self._fill_gap(room_id, timeline["prev_batch"], cursor):
                     found.setdefault(p.id, p)
-        if self._join_invites:
+        if self.s.join_invites:
             for room_id in _http.field(rooms, "invite", what, dict, default={}) or {}:
                 self._join(room_id)
         parents = sorted(found.values(), key=lambda p: (p.created_at or 0.0, p.id))
-        log.debug("replyd.matrix.inbox", bot=me, found=len(parents))
+        self.log.debug("replyd.matrix.inbox", bot=me, found=len(parents))
         return Page(parents=parents, cursor=next_batch)
 
     def _fill_gap(self, room_id: str, prev_batch: str, since: str) -> list[Parent]:
@@ -368,26 +287,26 @@ class MatrixPlatform:
         what = "inbox gap"
         out: list[Parent] = []
         token: str | None = prev_batch
-        for _ in range(self._max_pages):
-            params = {"dir": "b", "from": token, "to": since, "limit": str(self._page_limit),
+        for _ in range(self.s.max_pages):
+            params = {"dir": "b", "from": token, "to": since, "limit": str(self.s.page_limit),
                       "filter": _event_filter()}
-            data = self._call("GET", f"/rooms/{_seg(room_id, what)}/messages", what=what, params=params)
+            data = self._api("GET", f"/rooms/{_http.seg(room_id, what)}/messages", what=what, params=params)
             chunk = _http.field(data, "chunk", what, list, default=[])
             out.extend(self._mentions_in(chunk, room_id, what))
             token = data.get("end") if isinstance(data.get("end"), str) else None
             if not chunk or token is None:
                 return out
-        log.warning("replyd.matrix.gap", room_id=room_id, pages=self._max_pages)
+        self.log.warning("replyd.matrix.gap", room_id=room_id, pages=self.s.max_pages)
         return out
 
     def _join(self, room_id: str) -> None:
         """Accept one invite (``join_invites = true``); a failure is logged, the next sync retries."""
         what = "join"
         try:
-            self._call("POST", f"/rooms/{_seg(room_id, what)}/join", what=what, body={})
-            log.info("replyd.matrix.joined", room_id=room_id)
+            self._api("POST", f"/rooms/{_http.seg(room_id, what)}/join", what=what, body={})
+            self.log.info("replyd.matrix.joined", room_id=room_id)
         except PlatformError as exc:
-            log.warning("replyd.matrix.join_failed", room_id=room_id, problem=exc.detail)
+            self.log.warning("replyd.matrix.join_failed", room_id=room_id, problem=exc.detail)
 
     def search(self, query: str, cursor: str | None) -> Page:
         """Return messages matching ``query`` (server-side ``/search``) newer than ``cursor``.
@@ -397,19 +316,19 @@ class MatrixPlatform:
         instant is skipped or offered twice.
         """
         what = "search"
-        me = self._me()
+        me = self._my_id()
         since_ts, seen = -1, set[str]()
         if cursor:
             head, *ids = cursor.split("|")
             since_ts, seen = (int(head), set(ids)) if head.isdigit() else (-1, set())
         body = {"search_categories": {"room_events": {
             "search_term": query, "keys": ["content.body"], "order_by": "recent",
-            "filter": {"types": ["m.room.message"], "limit": self._page_limit}}}}
+            "filter": {"types": ["m.room.message"], "limit": self.s.page_limit}}}}
         found: dict[str, Parent] = {}
         next_batch: str | None = None
-        for _ in range(self._max_pages):
+        for _ in range(self.s.max_pages):
             params = {"next_batch": next_batch} if next_batch else None
-            data = self._call("POST", "/search", what=what, body=body, params=params, acts=False)
+            data = self._api("POST", "/search", what=what, body=body, params=params, acts=False)
             events = _http.field(data, "search_categories.room_events", what, dict, default={})
             results = events.get("results") if isinstance(events.get("results"), list) else []
             older = False
@@ -445,8 +364,8 @@ class MatrixPlatform:
     def refind(self, since: float) -> list[Parent]:
         """Re-read every joined room's ``/messages`` back to epoch ``since``; the events mentioning the bot."""
         what = "refind"
-        self._me()
-        rooms = _http.field(self._call("GET", "/joined_rooms", what=what), "joined_rooms", what, list)
+        self._my_id()
+        rooms = _http.field(self._api("GET", "/joined_rooms", what=what), "joined_rooms", what, list)
         found: dict[str, Parent] = {}
         for room_id in rooms:
             if not isinstance(room_id, str):
@@ -462,11 +381,11 @@ class MatrixPlatform:
         ``complete`` (if given) gets ``True`` appended when the listing really reached back that far.
         """
         token: str | None = None
-        for _ in range(self._max_pages):
-            params = {"dir": "b", "limit": str(self._page_limit), "filter": filt}
+        for _ in range(self.s.max_pages):
+            params = {"dir": "b", "limit": str(self.s.page_limit), "filter": filt}
             if token:
                 params["from"] = token
-            data = self._call("GET", f"/rooms/{_seg(room_id, what)}/messages", what=what, params=params)
+            data = self._api("GET", f"/rooms/{_http.seg(room_id, what)}/messages", what=what, params=params)
             chunk = _http.field(data, "chunk", what, list, default=[])
             yield chunk
             token = data.get("end") if isinstance(data.get("end"), str) else None
@@ -490,8 +409,8 @@ class MatrixPlatform:
         if not room or not event.startswith("$"):
             raise Rejected(f"{what}: expected a matrix.to link or '!room:server/$event' to an event")
         if room.startswith("#"):
-            room = _http.field(self._call("GET", f"/directory/room/{_seg(room, what)}", what=what), "room_id", what)
-        ev = self._call("GET", f"/rooms/{_seg(room, what)}/event/{_seg(event, what)}", what=what)
+            room = _http.field(self._api("GET", f"/directory/room/{_http.seg(room, what)}", what=what), "room_id", what)
+        ev = self._api("GET", f"/rooms/{_http.seg(room, what)}/event/{_http.seg(event, what)}", what=what)
         parent = self._parent(ev, room, what)
         if parent is None:
             raise Rejected(f"{what}: the event is not a message that can be answered")
@@ -509,21 +428,13 @@ class MatrixPlatform:
         thread_root = parent.extra.get("thread_root")
         if isinstance(thread_root, str) and thread_root:
             relates.update({"rel_type": "m.thread", "event_id": thread_root, "is_falling_back": False})
-        content = {"msgtype": self._msgtype, "body": text, "m.relates_to": relates,
+        content = {"msgtype": self.s.msgtype, "body": text, "m.relates_to": relates,
                    "m.mentions": {"user_ids": [parent.author_id]}}
-        path = f"/rooms/{_seg(room_id, what)}/send/m.room.message/{_seg(provider_key, what)}"
-        try:
-            try:
-                reply_id = _http.field(self._call("PUT", path, what=what, body=content), "event_id", what)
-            except BadResponse as exc:
-                # Only a 2xx body is parsed: the event very likely exists, we just cannot name it.
-                raise MaybeSent(f"{exc.detail} (after a 2xx)", status=exc.status) from None
-        except PlatformError as exc:
-            log.info("replyd.matrix.send_failed", parent_id=parent.id, error=type(exc).__name__, status=exc.status,
-                     detail=exc.detail)
-            raise
+        path = f"/rooms/{_http.seg(room_id, what)}/send/m.room.message/{_http.seg(provider_key, what)}"
+        reply_id = self._created("PUT", path, parent, what=what, json=content,
+                                 read=lambda body: _http.field(body, "event_id", what))
         self._remember(reply_id, room_id)
-        log.info("replyd.matrix.sent", parent_id=parent.id, reply_id=reply_id, room_id=room_id)
+        self.log.info("replyd.matrix.sent", parent_id=parent.id, reply_id=reply_id, room_id=room_id)
         return Sent(reply_id=reply_id, url=f"https://matrix.to/#/{room_id}/{reply_id}")
 
     def reply_url(self, reply_id: str, identity: Identity) -> str:
@@ -544,42 +455,37 @@ class MatrixPlatform:
         the oldest open time (minus a margin) or the room's start; a failed page
         leaves them unchecked.
         """
-        result = ReadBack()
-        by_room: dict[str, dict[str, float]] = {}
+        rooms: dict[str, list[str]] = {}
         for p in pending:
             room_id = p.parent.extra.get("room_id")
             if not isinstance(room_id, str) or not room_id:
-                log.warning("replyd.matrix.read_back_failed", parent_id=p.parent.id, problem="no room id")
+                self.log.warning("replyd.matrix.read_back_failed", parent_id=p.parent.id, problem="no room id")
                 continue
-            opened = by_room.setdefault(room_id, {})
-            opened[p.parent.id] = min(p.opened_at, opened.get(p.parent.id, p.opened_at))
-        what = "read_back"
-        for room_id, opened in by_room.items():
-            horizon = min(opened.values()) - READ_BACK_MARGIN_S
+            if p.parent.id not in rooms.setdefault(room_id, []):
+                rooms[room_id].append(p.parent.id)
+        opened_at: dict[str, float] = {}
+
+        def units(opened: dict[str, float], checked: set[str]) -> Iterable[tuple[str, list[str]]]:
+            opened_at.update(opened)
+            return rooms.items()
+
+        def room(room_id: str, pids: list[str], found: _http.Found) -> bool:
+            horizon = min(opened_at[pid] for pid in pids) - self.READ_BACK_MARGIN_S
             complete: list[bool] = []
-            found: dict[str, dict[str, OwnReply]] = {}
-            try:
-                for chunk in self._pages_back(room_id, horizon, what=what, complete=complete,
-                                              filt=_event_filter(senders=[sender_id])):
-                    for ev in chunk:
-                        if not isinstance(ev, dict) or ev.get("sender") != sender_id:
-                            continue
-                        pid, _root = _relation(ev.get("content"))
-                        if pid in opened and isinstance(ev.get("event_id"), str):
-                            ts = ev.get("origin_server_ts")
-                            created = ts / 1000.0 if isinstance(ts, (int, float)) else None
-                            found.setdefault(pid, {})[ev["event_id"]] = OwnReply(ev["event_id"], pid, created)
-                            self._remember(ev["event_id"], room_id)
-            except PlatformError as exc:
-                log.warning("replyd.matrix.read_back_failed", room_id=room_id, problem=exc.detail)
-                continue
-            if complete:
-                result.checked.update(opened)
-            for pid, replies in found.items():
-                result.found[pid] = sorted(replies.values(), key=lambda r: (r.created_at or 0.0, r.reply_id))
-        log.info("replyd.matrix.read_back", rooms=len(by_room), checked=len(result.checked),
-                 found=sum(len(v) for v in result.found.values()))
-        return result
+            for chunk in self._pages_back(room_id, horizon, what="read_back", complete=complete,
+                                          filt=_event_filter(senders=[sender_id])):
+                for ev in chunk:
+                    if not isinstance(ev, dict) or ev.get("sender") != sender_id:
+                        continue
+                    pid, _root = _relation(ev.get("content"))
+                    if pid in pids and isinstance(ev.get("event_id"), str):
+                        ts = ev.get("origin_server_ts")
+                        created = ts / 1000.0 if isinstance(ts, (int, float)) else None
+                        found.setdefault(pid, {})[ev["event_id"]] = OwnReply(ev["event_id"], pid, created)
+                        self._remember(ev["event_id"], room_id)
+            return bool(complete)
+
+        return self._read_back(pending, source=("room", "room_id"), feed=None, units=units, fallback=room)
 
     def thread_depth(self, parent: Parent, limit: int) -> int:
         """Count ``m.in_reply_to`` ancestors of ``parent``, at most ``limit + 1`` (one event read each)."""
@@ -591,7 +497,7 @@ class MatrixPlatform:
             depth += 1
             if depth > limit:
                 break
-            ev = self._call("GET", f"/rooms/{_seg(room_id, what)}/event/{_seg(nxt, what)}", what=what)
+            ev = self._api("GET", f"/rooms/{_http.seg(room_id, what)}/event/{_http.seg(nxt, what)}", what=what)
             reply_to, root = _relation(ev.get("content") if isinstance(ev, dict) else None)
             nxt = reply_to or root
         return min(depth, max(limit, 0) + 1)
@@ -603,15 +509,5 @@ class MatrixPlatform:
         if room_id is None:
             raise Rejected(f"{what}: the room of {reply_id!r} is unknown (not sent or read back by this process)")
         txn = "replyd-redact-" + re.sub(r"[^A-Za-z0-9._~-]", "_", reply_id)[:200]
-        path = f"/rooms/{_seg(room_id, what)}/redact/{_seg(reply_id, what)}/{_seg(txn, what)}"
-        try:
-            self._call("PUT", path, what=what, body={"reason": "duplicate reply"})
-        except Rejected as exc:
-            if exc.status != 404:
-                raise
-            log.info("replyd.matrix.deleted", reply_id=reply_id, already_gone=True)
-            return
-        log.info("replyd.matrix.deleted", reply_id=reply_id, already_gone=False)
-
-    def close(self) -> None:
-        """Do nothing: the shared http client belongs to the caller."""
+        path = f"/rooms/{_http.seg(room_id, what)}/redact/{_http.seg(reply_id, what)}/{_http.seg(txn, what)}"
+        self._delete("PUT", path, reply_id, json={"reason": "duplicate reply"})

@@ -21,8 +21,10 @@ from typing import Any
 import httpx
 
 from replyd.clock import Clock, SystemClock
-from replyd.errors import AlreadyLanded, BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, RateLimited, Rejected
-from replyd.platform import Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, register_platform
+from replyd.errors import AlreadyLanded, BadResponse, DefinitelyNotSent, MaybeSent, RateLimited, Rejected
+from replyd.platforms.base import (
+    Identity, OwnReply, Page, Parent, Pending, PlatformSettings, ReadBack, Sent, Text, register_platform,
+)
 
 # What a scripted send can meet.
 STEPS = (
@@ -68,19 +70,17 @@ class MemoryPlatform:
         self._replies: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
+    class Settings(PlatformSettings):
+        """``platform = "memory"``: a scripted platform, alone or shared between processes by a journal file."""
+
+        instance: Text = "memory:test"
+        sender_id: Text = "bot-1"  # the bot's id on this platform
+        journal: Text | None = None  # a file every process appends its replies to (one platform for all)
+
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock) -> MemoryPlatform:
-        """Build from config keys ``instance``, ``sender_id``, ``listing_delay_s``, ``journal``."""
-        try:
-            return cls(
-                instance=str(settings.get("instance", "memory:test")),
-                sender_id=str(settings.get("sender_id", "bot-1")),
-                listing_delay_s=float(settings.get("listing_delay_s", 0.0)),
-                journal=settings.get("journal"),
-                clock=clock,
-            )
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"memory platform: {exc}") from None
+        """Validate ``settings`` (``ConfigError`` names the key) and build the platform."""
+        return cls(**cls.Settings.load(cls.kind, settings).model_dump(exclude={"kind"}), clock=clock)
 
     # -- world setup for tests ----------------------------------------------------
 

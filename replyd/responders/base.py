@@ -30,7 +30,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, Va
 
 from replyd import log as rlog
 from replyd.errors import ConfigError, ResponderError
-from replyd.platform import Parent  # the kind modules take it from here: one import line to move with it
+from replyd.platforms.base import Parent  # the kind modules take it from here: one import line to move with it
 
 log = structlog.get_logger("replyd.responder")
 

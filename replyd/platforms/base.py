@@ -1,4 +1,4 @@
-"""The platform Protocol, the values adapters exchange with the core, and the registry.
+"""The platform Protocol, its optional features, the values adapters exchange, settings and the registry.
 
 An adapter speaks one platform's API and nothing else: it never touches the
 store and never decides whether to answer. Every error it meets is mapped into
@@ -11,22 +11,18 @@ convert them to int, fold their case or rewrite URIs.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+import importlib
+import pkgutil
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Annotated, Any, ClassVar, Protocol, Self, runtime_checkable
 
 import httpx
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, StringConstraints, ValidationError
 
 from replyd.clock import Clock
 from replyd.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who the bot is on one platform: the stable id is the sender half of the key."""
-
-    sender_id: str
-    handle: str = ""
 
 
 @dataclass(frozen=True)
@@ -102,6 +98,14 @@ class ReadBack:
     checked: set[str] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class Identity:
+    """Who the bot is on one platform: the stable id is the sender half of the key."""
+
+    sender_id: str
+    handle: str = ""
+
+
 @runtime_checkable
 class Platform(Protocol):
     """What replyd needs from a platform: who am I, find, send, read back, delete."""
@@ -147,6 +151,9 @@ class Platform(Protocol):
         ...
 
 
+# --- optional features: small Protocols the core checks with isinstance ----------------------
+
+
 @runtime_checkable
 class ReplyLinks(Protocol):
     """Optional: an adapter that knows the web address of one of the bot's own replies from its id."""
@@ -156,11 +163,111 @@ class ReplyLinks(Protocol):
         ...
 
 
+@runtime_checkable
+class ThreadDepth(Protocol):
+    """Optional: an adapter that can count a parent's ancestors (the ``max_depth`` policy asks it)."""
+
+    def thread_depth(self, parent: Parent, limit: int) -> int:
+        """Return how many ancestors ``parent`` has, counting at most ``limit + 1``."""
+        ...
+
+
+@runtime_checkable
+class ProviderKeys(Protocol):
+    """Optional: an adapter whose idempotency key has a platform-specific form (a Bluesky record key)."""
+
+    def provider_key(self, sender_id: str, parent_id: str) -> str:
+        """Return the key for (sender, parent): the same on every attempt."""
+        ...
+
+
+@runtime_checkable
+class WebhookSource(Protocol):
+    """Optional: an adapter that can read its platform's webhook deliveries."""
+
+    def parse_webhook(self, event: str, payload: Any) -> list[Parent] | str:
+        """Return the parents a delivery of ``event`` names, or a short reason it names none to answer."""
+        ...
+
+
+@runtime_checkable
+class WebhookChallenge(Protocol):
+    """Optional: an adapter whose platform checks the webhook URL with a handshake delivery (Slack's url_verification)."""
+
+    def webhook_challenge(self, payload: Any) -> dict[str, Any] | None:
+        """Return the body answering a handshake delivery, or None when ``payload`` is not one."""
+        ...
+
+
+@runtime_checkable
+class StreamSource(Protocol):
+    """Optional: an adapter that can hold its platform's push stream open."""
+
+    instance: str
+
+    def stream(self, stop: threading.Event) -> Iterator[Parent]:
+        """Yield parents as the platform pushes them, until the stream ends or ``stop`` is set."""
+        ...
+
+
 def default_provider_key(instance: str, sender_id: str, parent_id: str) -> str:
     """Return the idempotency key for a (sender, parent): the same on every attempt."""
     raw = f"replyd\x1f{instance}\x1f{sender_id}\x1f{parent_id}".encode()
     return hashlib.sha256(raw).hexdigest()[:40]
 
+
+# --- settings ----------------------------------------------------------------------------
+
+
+class PlatformSettings(BaseModel):
+    """An adapter's settings: unknown keys refused, types strict, each error one line naming the key.
+
+    Every adapter subclasses it once (``<Adapter>.Settings``); secrets are ``SecretStr`` so a
+    model's repr never shows them.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+    kind: str | None = None  # the config's selector, passed along with the rest
+    # The first part of the answered-log key (default "<kind>:<the adapter's root URL>").
+    instance: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)] | None = None
+    listing_delay_s: float = Field(0.0, ge=0)  # seconds before a sweep may trust a read-back
+
+    @classmethod
+    def load(cls, kind: str, raw: Mapping[str, Any]) -> Self:
+        """Validate ``raw``; raise ``ConfigError("<kind> setting '<key>': …")`` for the first problem."""
+        try:
+            return cls.model_validate(dict(raw), context={"kind": kind})
+        except ValidationError as exc:
+            err = exc.errors(include_url=False, include_input=False)[0]
+            key = str(err["loc"][0]) if err["loc"] else "?"
+            if err["type"] == "extra_forbidden":
+                known = ", ".join(sorted(set(cls.model_fields) - {"kind"}))
+                raise ConfigError(f"{kind} setting {key!r}: unknown key (known: {known})") from None
+            # A validator's own words ("required, …") replace pydantic's prefix; values are never quoted.
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            raise ConfigError(f"{kind} setting {key!r}: {msg}") from None
+
+
+def _token(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("required, a non-empty string")
+    value = value.strip()
+    # The value is deliberately never echoed: it is a secret.
+    if any(c.isspace() for c in value) or not value.isprintable() or not value.isascii():
+        raise ValueError("contains whitespace or non-ASCII characters")
+    return value
+
+
+# A token-like secret: printable ASCII without whitespace, hidden in every repr.
+Token = Annotated[SecretStr, BeforeValidator(_token)]
+# A non-empty string, whitespace trimmed.
+Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+# A list of non-empty strings (a tuple is accepted too).
+Texts = Annotated[list[Text], Field(strict=False)]
+
+
+# --- registry ----------------------------------------------------------------------------
 
 _REGISTRY: dict[str, type] = {}
 
@@ -174,29 +281,36 @@ def register_platform(kind: str) -> Callable[[type], type]:
     """
 
     def deco(cls: type) -> type:
-        cls.kind = kind
+        cls.kind = kind  # type: ignore[attr-defined]
         _REGISTRY[kind] = cls
         return cls
 
     return deco
 
 
+def _load_builtin() -> None:
+    """Import every adapter module of this package (each registers itself): a new platform is one module."""
+    import replyd.platforms as package
+
+    for mod in pkgutil.iter_modules(package.__path__):
+        if not mod.name.startswith("_") and mod.name != "base":
+            importlib.import_module(f"{package.__name__}.{mod.name}")
+
+
 def make_platform(
     kind: str, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock
 ) -> Platform:
     """Build the adapter registered as ``kind`` (importing the built-in adapters first)."""
-    import replyd.platforms  # noqa: F401  (registers the built-in adapters)
-
+    _load_builtin()
     try:
         cls = _REGISTRY[kind]
     except KeyError:
         known = ", ".join(sorted(_REGISTRY)) or "none"
         raise ConfigError(f"unknown platform kind {kind!r} (known: {known})") from None
-    return cls.from_settings(settings, http=http, clock=clock)
+    return cls.from_settings(settings, http=http, clock=clock)  # type: ignore[attr-defined,no-any-return]
 
 
 def registered_kinds() -> list[str]:
     """Return the platform kinds that can be configured."""
-    import replyd.platforms  # noqa: F401
-
+    _load_builtin()
     return sorted(_REGISTRY)
