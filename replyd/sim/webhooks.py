@@ -1,7 +1,8 @@
 """The sim's webhook sender: each new mention of an account leaves as a signed delivery, misbehaving on request.
 
 GitHub and Discourse deliver at least once: a delivery is redelivered (GitHub's redelivery keeps the
-``X-GitHub-Delivery`` GUID), arrives late, out of order, or never. The sender reproduces each on purpose,
+``X-GitHub-Delivery`` GUID; Discourse's retry of a failed delivery runs its job again, which makes a new
+``web_hook_event`` and so a new ``X-Discourse-Event-Id``), arrives late, out of order, or never. The sender reproduces each on purpose,
 from a seeded random source, so the demo, the tests and chaos can drive replyd's receiver with push.
 
 The body is the mention notification exactly as the notification stream sends it (Mastodon has no
@@ -40,7 +41,7 @@ KINDS = ("github", "discourse")
 class SenderFaults:
     """How the sender misbehaves; everything off by default (one delivery per mention, at once, in order)."""
 
-    duplicates: int = 0  # extra copies of a duplicated delivery (same delivery id: a redelivery)
+    duplicates: int = 0  # extra copies of a duplicated delivery (GitHub: the same GUID; Discourse: a new event id)
     duplicate_rate: float = 1.0  # the fraction of deliveries that get the extra copies
     drop_rate: float = 0.0  # the fraction of deliveries never sent at all (no copy)
     delay_s: float = 0.0  # every copy leaves this long after the mention...
@@ -102,7 +103,8 @@ class WebhookSender:
         self.account_id = world.account(account).id
         self.faults = faults or SenderFaults()
         self._secret = secret.encode()
-        self._rng = random.Random(f"{seed}:webhooks")
+        self._rng = random.Random(f"{seed}:webhooks")  # the fates: the same for every kind at one seed
+        self._id_rng = random.Random(f"{seed}:webhook-ids")
         self._queue: list[_Copy] = []
         self._lock = threading.Lock()
         self._pump_lock = threading.Lock()  # one copy on the wire at a time: the send order is the due order
@@ -119,7 +121,7 @@ class WebhookSender:
 
     def _delivery_id(self) -> str:
         if self.kind == "github":
-            return str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+            return str(uuid.UUID(int=self._id_rng.getrandbits(128), version=4))
         return str(self._deliveries)  # Discourse numbers its web_hook_events
 
     def _on_mention(self, note: Notification) -> None:
@@ -135,6 +137,10 @@ class WebhookSender:
             copies = 1 + (f.duplicates if self._rng.random() < f.duplicate_rate else 0)
             body = json.dumps(notification_json(self.world, note)).encode()
             for n in range(copies):
+                if n and self.kind == "discourse":
+                    # Discourse retries by running its job again, which creates a new web_hook_event: a new id.
+                    self._deliveries += 1
+                    delivery_id = self._delivery_id()
                 due = note.created_at + f.delay_s + self._rng.uniform(0, f.reorder_s)
                 self._seq += 1
                 heapq.heappush(self._queue, _Copy(due, self._seq, delivery_id, note.status_id, n, body))
@@ -186,13 +192,13 @@ class WebhookSender:
         return self
 
     def report(self) -> dict[str, Any]:
-        """Deliveries made, copies sent (by HTTP status), mentions dropped, copies still queued."""
+        """Mentions delivered, copies sent (by HTTP status), mentions dropped, copies still queued."""
         with self._lock:
             by_status: dict[str, int] = {}
             for s in self.log:
                 by_status[str(s.http_status)] = by_status.get(str(s.http_status), 0) + 1
             return {"kind": self.kind, "url": self.url, "faults": asdict(self.faults),
-                    "deliveries": len({s.delivery_id for s in self.log}), "copies_sent": len(self.log),
+                    "mentions_delivered": len({s.status_id for s in self.log}), "copies_sent": len(self.log),
                     "by_status": by_status, "dropped": list(self.dropped), "pending": len(self._queue)}
 
     def close(self) -> None:
