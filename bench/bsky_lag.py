@@ -118,14 +118,8 @@ def measure(net: BskyNetwork, n: int, interval_s: float = 0.01, timeout_s: float
     return lags
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-n", type=int, default=100, help="number of posts (default 100)")
-    ap.add_argument("--interval-ms", type=float, default=10.0, help="poll interval per listing (default 10)")
-    args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, start_network(Path(tmp)) as net:
-        print(f"network up in {net.startup_ms} ms: pds {net.pds}, appview {net.bsky}", file=sys.stderr)
-        lags = measure(net, args.n, interval_s=args.interval_ms / 1000)
+def summarize(lags: dict[str, list[float]], width: int = 14) -> dict[str, dict[str, float]]:
+    """Print one line per source (p50/p90/p99/max in ms) and return the figures."""
     summary = {}
     for name, xs in lags.items():
         ms = [x * 1000 for x in xs]
@@ -138,8 +132,20 @@ def main() -> int:
             "mean_ms": round(statistics.fmean(ms), 1),
         }
         s = summary[name]
-        print(f"{name:14s} n={s['n']}  p50 {s['p50_ms']:7.1f} ms  p90 {s['p90_ms']:7.1f} ms  "
+        print(f"{name:{width}s} n={s['n']}  p50 {s['p50_ms']:7.1f} ms  p90 {s['p90_ms']:7.1f} ms  "
               f"p99 {s['p99_ms']:7.1f} ms  max {s['max_ms']:7.1f} ms")
+    return summary
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", type=int, default=100, help="number of posts (default 100)")
+    ap.add_argument("--interval-ms", type=float, default=10.0, help="poll interval per listing (default 10)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, start_network(Path(tmp)) as net:
+        print(f"network up in {net.startup_ms} ms: pds {net.pds}, appview {net.bsky}", file=sys.stderr)
+        lags = measure(net, args.n, interval_s=args.interval_ms / 1000)
+    summary = summarize(lags)
     print(json.dumps(summary))
     return 0
 

@@ -213,7 +213,7 @@ class ResponderConfig(BaseModel):
 class PushConfig(_Strict):
     """Push discovery for one bot: webhook deliveries (received by the API) or a held stream."""
 
-    kind: Literal["github", "discourse", "mastodon_stream"]
+    kind: Literal["github", "discourse", "mastodon_stream", "bluesky_firehose"]
     # Webhooks: the environment variable holding the secret the platform signs deliveries with.
     secret_env: str = ""
     # The inbox poll stays on as the backstop, at this interval unless pollers.inbox_interval_s is set.
@@ -222,7 +222,7 @@ class PushConfig(_Strict):
     @property
     def webhook(self) -> bool:
         """Whether deliveries arrive through the API (else the daemon holds a stream open)."""
-        return self.kind != "mastodon_stream"
+        return self.kind not in ("mastodon_stream", "bluesky_firehose")
 
     @model_validator(mode="after")
     def _secret_for_webhooks(self) -> PushConfig:

@@ -87,7 +87,7 @@ import hashlib
 import math
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, ClassVar
@@ -307,6 +307,7 @@ _KNOWN_SETTINGS = frozenset(
         "page_limit",
         "max_pages",
         "instance",
+        "firehose_url",
     }
 )
 
@@ -333,8 +334,11 @@ class BlueskyPlatform:
         page_limit: int = 50,
         max_pages: int = 5,
         instance: str | None = None,
+        firehose_url: str | None = None,
     ) -> None:
         self._service = service.rstrip("/")
+        self.firehose_url = firehose_url or self._service  # push: the PDS's (or a relay's) subscribeRepos
+        self._firehose: Any = None
         self._identifier = identifier
         self._password = _Secret(app_password)
         self._http = http
@@ -390,6 +394,12 @@ class BlueskyPlatform:
         instance = settings.get("instance")
         if instance is not None and (not isinstance(instance, str) or not instance.strip()):
             raise ConfigError("bluesky setting 'instance': must be a non-empty string")
+        firehose = settings.get("firehose_url", service)
+        if not isinstance(firehose, str):
+            raise ConfigError("bluesky setting 'firehose_url': must be a URL string")
+        from replyd.platforms.bluesky_firehose import firehose_url
+
+        firehose_url(firehose)  # checked now: a bad URL is a config error, not a stream that never opens
         return cls(
             service=service,
             identifier=identifier,
@@ -404,6 +414,7 @@ class BlueskyPlatform:
             page_limit=_http.setting_int(settings, "bluesky", "page_limit", 50, 1, 100),
             max_pages=_http.setting_int(settings, "bluesky", "max_pages", 5, 1, 1000),
             instance=instance.strip() if isinstance(instance, str) else None,
+            firehose_url=firehose,
         )
 
     # --- transport ------------------------------------------------------------------
@@ -630,6 +641,14 @@ class BlueskyPlatform:
         if item.get("reason") not in INBOX_REASONS:
             return None
         return self._post_parent(item, what)
+
+    def stream(self, stop: threading.Event) -> Iterator[Parent]:
+        """Yield mentions and replies to the bot as the firehose carries them (``bluesky_firehose``)."""
+        from replyd.platforms.bluesky_firehose import Firehose
+
+        if self._firehose is None:
+            self._firehose = Firehose(self, self.firehose_url)  # one per adapter: it keeps the cursor
+        return self._firehose.stream(stop)
 
     def search(self, query: str, cursor: str | None) -> Page:
         """Return posts matching ``query`` indexed after ``cursor``, oldest first."""

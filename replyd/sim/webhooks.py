@@ -48,12 +48,11 @@ class SenderFaults:
     reorder_s: float = 0.0  # ...plus a random 0..reorder_s, drawn per copy: mentions closer than this can cross
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
+        for name, value in asdict(self).items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"webhook fault {f.name}: {value!r} is not a number >= 0")
-            if f.name.endswith("_rate") and value > 1:
-                raise ValueError(f"webhook fault {f.name}: {value!r} is not a fraction 0..1")
+                raise ValueError(f"webhook fault {name}: {value!r} is not a number >= 0")
+            if name.endswith("_rate") and value > 1:
+                raise ValueError(f"webhook fault {name}: {value!r} is not a fraction 0..1")
         if not isinstance(self.duplicates, int):
             raise ValueError(f"webhook fault duplicates: {self.duplicates!r} is not a whole number")
 

@@ -1,0 +1,226 @@
+"""Bluesky push: the PDS's repo firehose on the real reference network (@atproto/dev-env) feeds the pipeline.
+
+A post about the bot, committed on the PDS, arrives as a binary subscribeRepos frame, is decoded (DAG-CBOR,
+CAR) and read back from the AppView as the notification poll's own parent. Replies are counted on the
+network (the AppView's thread), never from replyd's log. The firehose is cut by a TCP proxy in front of it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from replyd import store as st
+from replyd.config import Config
+from replyd.daemon import Daemon
+from replyd.platforms.bluesky_firehose import Firehose, about, firehose_url
+from replyd.store import Store
+from tests.test_bluesky_network import World, bsky_network, eventually, mention, tag, world  # noqa: F401
+from tests.test_daemon import wait_until
+
+BOT = "did:plc:bot"
+
+
+def test_about_reads_mention_facets_and_replies_to_the_bot() -> None:
+    """A mention facet naming the bot's DID, or a reply whose parent or root is the bot's post, is about the bot;
+    text that merely says the handle, another DID's facet or a reply elsewhere is not."""
+    facet = {"features": [{"$type": "app.bsky.richtext.facet#mention", "did": BOT}]}
+    assert about({"text": "@replybot.test hi", "facets": [facet]}, BOT)
+    assert not about({"text": "@replybot.test hi"}, BOT)
+    assert not about({"facets": [{"features": [{"$type": "app.bsky.richtext.facet#mention", "did": "did:plc:x"}]}]},
+                     BOT)
+    ref = {"uri": f"at://{BOT}/app.bsky.feed.post/3k", "cid": "bafy"}
+    other = {"uri": "at://did:plc:x/app.bsky.feed.post/3k", "cid": "bafy"}
+    assert about({"reply": {"root": other, "parent": ref}}, BOT)
+    assert about({"reply": {"root": ref, "parent": other}}, BOT)
+    assert not about({"reply": {"root": other, "parent": other}}, BOT)
+    assert not about(None, BOT) and not about({"facets": ["x"], "reply": "y"}, BOT)
+
+
+def test_firehose_url_is_the_servers_subscribe_repos() -> None:
+    """http(s) becomes ws(s) with the subscribeRepos path; anything else is a config error naming the setting."""
+    assert firehose_url("https://pds.example") == "wss://pds.example/xrpc/com.atproto.sync.subscribeRepos"
+    assert firehose_url("ws://127.0.0.1:2583/") == "ws://127.0.0.1:2583/xrpc/com.atproto.sync.subscribeRepos"
+    with pytest.raises(Exception, match="firehose_url"):
+        firehose_url("ftp://pds.example")
+
+
+# -- the real network ----------------------------------------------------------------------------
+
+
+def test_firehose_yields_the_notification_polls_parent(world: World) -> None:
+    """A mention and a reply to the bot's post arrive on the firehose as the inbox poll's own parents (equal, so
+    one key); a post about something else does not arrive."""
+    net, w = world.net, tag()
+    got: list[Any] = []
+    stop = threading.Event()
+    firehose = Firehose(world.platform, net.pds)
+
+    def read() -> None:
+        for parent in firehose.stream(stop):
+            got.append(parent)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert wait_until(lambda: firehose.opened == 1, 10)  # open before the posts: no cursor, only what is new
+        bot_post = net.post(net.bot, f"I answer questions about {w}")
+        net.wait_indexed(bot_post["uri"])
+        asked = mention(world, "alice.test", f"what does {w} do?")
+        net.post(net.people["bob.test"], f"unrelated {w}")
+        replied = net.post(net.people["carol.test"], f"thanks, {w}", reply_to=net.reply_refs(bot_post, bot_post))
+        assert wait_until(lambda: {p.id for p in got} >= {asked["uri"], replied["uri"]}, 15)
+    finally:
+        stop.set()
+        reader.join(5)
+    inbox = eventually(lambda: world.platform.inbox(None),
+                       lambda pg: {asked["uri"], replied["uri"]} <= {p.id for p in pg.parents})
+    polled = {p.id: p for p in inbox.parents}
+    assert [p.id for p in got] == [asked["uri"], replied["uri"]]
+    assert all(p == polled[p.id] for p in got)
+    assert firehose.cursor is not None and firehose.frames >= 4
+
+
+class Cut:
+    """A TCP proxy in front of the PDS that can cut every connection and refuse new ones for a while."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.split("//", 1)[1].split(":")
+        self.target = (host, int(port.rstrip("/")))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.refuse_until = 0.0
+        self.conns: list[socket.socket] = []
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if time.monotonic() < self.refuse_until:
+                client.close()
+                continue
+            self.accepted += 1
+            upstream = socket.create_connection(self.target)
+            self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def cut(self, refuse_s: float) -> None:
+        """Close every open connection and refuse new ones for ``refuse_s`` seconds."""
+        self.refuse_until = time.monotonic() + refuse_s
+        for s in self.conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.conns = []
+
+    def close(self) -> None:
+        """Stop listening."""
+        self.cut(0)
+        self.listener.close()
+
+
+def _config(tmp_path: Path, world: World, firehose: str, *, backstop_s: float) -> Path:
+    net = world.net
+    cfg = tmp_path / "bsky.toml"
+    cfg.write_text(f"""
+[store]
+url = "sqlite:///{tmp_path / 'r.sqlite3'}"
+
+[guard]
+send_timeout_s = 5.0
+
+[[bots]]
+name = "bsky"
+platform = "bluesky"
+
+[bots.settings]
+service = "{net.pds}"
+allow_insecure_http = true
+identifier = "{net.bot.handle}"
+app_password_env = "BSKY_TEST_APP_PASSWORD"
+appview_did = "{net.appview_did}"
+firehose_url = "{firehose}"
+listing_delay_s = 2.0
+
+[bots.pollers]
+refind_interval_s = 0
+jitter_s = 0
+
+[bots.push]
+kind = "bluesky_firehose"
+backstop_interval_s = {backstop_s}
+
+[bots.responder]
+kind = "template"
+""")
+    os.chmod(cfg, 0o600)
+    return cfg
+
+
+def _paths(tmp_path: Path, world: World) -> dict[str, str]:
+    s = Store.open(f"sqlite:///{tmp_path / 'r.sqlite3'}")
+    try:
+        return {r.parent_id: r.path for r in s.rows_in(world.platform.instance, world.me.sender_id, [st.CLOSED],
+                                                        limit=1000)}
+    finally:
+        s.dispose()
+
+
+@pytest.mark.slow
+def test_daemon_answers_from_the_firehose_and_the_backstop_covers_a_cut(world: World, tmp_path, monkeypatch) -> None:
+    """replyd's daemon with the firehose: a mention is answered once through it (path stream); with the firehose
+    cut and refused for 30 s, a mention is answered once by the notification poll; after the reconnect (cursor
+    replay) nothing is answered twice. Replies are counted on the AppView."""
+    monkeypatch.setenv("BSKY_TEST_APP_PASSWORD", world.net.bot_app_password)
+    cut = Cut(world.net.pds)
+    d = Daemon(Config.load(_config(tmp_path, world, cut.url, backstop_s=2.0)))
+    d.start()
+    try:
+        assert wait_until(lambda: cut.accepted >= 1, 20)
+        time.sleep(1.0)
+        first = mention(world, "alice.test", f"first {tag()}?")
+        assert world.bot_replies(first["uri"]) and _paths(tmp_path, world).get(first["uri"]) in ("stream", "inbox")
+        cut.cut(refuse_s=30.0)
+        gap = mention(world, "bob.test", f"in the gap {tag()}?")
+        # Answered while the firehose is still refused: by the notification poll (the 2 s backstop, or the
+        # catch-up poll that each reconnect attempt runs), never by the firehose.
+        assert wait_until(lambda: bool(world.net.replies_by(gap["uri"], world.me.sender_id)), 15)
+        accepted = cut.accepted
+        assert wait_until(lambda: cut.accepted > accepted, 90)  # the firehose reconnected, replaying from its cursor
+        later = mention(world, "carol.test", f"later {tag()}?")
+        assert wait_until(lambda: bool(world.net.replies_by(later["uri"], world.me.sender_id)), 20)
+        time.sleep(2.5)  # one more backstop poll and any replay have run: nothing may answer again
+    finally:
+        d.stop(grace_s=3)
+        cut.close()
+    for post in (first, gap, later):
+        assert len(world.net.replies_by(post["uri"], world.me.sender_id)) == 1, post
+    paths = _paths(tmp_path, world)
+    assert paths[gap["uri"]] == "inbox"
+    assert "stream" in {paths[first["uri"]], paths[later["uri"]]}
