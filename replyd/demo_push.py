@@ -26,7 +26,12 @@ from statistics import median
 from typing import Any
 
 import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
+from replyd.api import ApiServer
 from replyd.clock import SystemClock
 from replyd.sim import SimServer, World
 from replyd.sim.webhooks import SenderFaults, WebhookSender
@@ -60,13 +65,6 @@ class NaiveHookBot:
     """A framework-style webhook handler: verify the signature, answer the mention, optionally skip seen ids."""
 
     def __init__(self, sim_url: str, token: str, secret: str, kind: str, *, seen_set: bool) -> None:
-        from starlette.applications import Starlette
-        from starlette.requests import Request
-        from starlette.responses import JSONResponse
-        from starlette.routing import Route
-
-        from replyd.api import ApiServer
-
         self.http = httpx.Client(base_url=sim_url, headers={"Authorization": f"Bearer {token}"}, timeout=5.0)
         self.secret = secret.encode()
         self.sig_header, self.id_header = (("x-hub-signature-256", "x-github-delivery") if kind == "github"
@@ -140,8 +138,11 @@ kind = "template"
         yield f"{d.api.url}/v1/hooks/demo"
     finally:
         d.stop(grace_s=2)
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        for k, v in saved.items():  # the demo's process environment as it was
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _times(world: World, bot_id: str, parents: list[str]) -> list[float]:
@@ -197,6 +198,7 @@ def run_row(world: World, sim_url: str, row: PushRow, n: int, tmp: Path, timeout
 
 @contextmanager
 def _naive(sim_url: str, token: str, secret: str, row: PushRow) -> Iterator[str]:
+    """A naive webhook bot for ``row``, serving; yields its hook URL."""
     bot = NaiveHookBot(sim_url, token, secret, row.kind, seen_set=row.bot == "naive-seen")
     try:
         yield bot.url
@@ -233,6 +235,7 @@ def table(rows: list[dict[str, Any]]) -> Any:
 
 
 def _mark(v: int, replyd: bool) -> str:
+    """A replyd figure in green when 0, red otherwise; a naive bot's plain."""
     return str(v) if not replyd else (f"[green]{v}[/]" if v == 0 else f"[red]{v}[/]")
 
 

@@ -21,6 +21,7 @@ from replyd.api import ApiServer
 from replyd.clock import FakeClock, SystemClock
 from replyd.config import Config
 from replyd.daemon import Daemon
+from replyd.errors import BadResponse
 from replyd.hooks import KINDS, Hook, Receiver
 from replyd.platform import Parent, make_platform
 from replyd.sim import SimServer, World
@@ -101,6 +102,26 @@ def test_signed_deliveries_verify_and_carry_the_inbox_parent(world_on_fake_clock
     inbox = {p.id: p for p in plat.inbox(None).parents}
     assert [p.id for p in rec.offered] == posted
     assert all(p == inbox[p.id] for p in rec.offered)  # the same Parent, so the same guard key
+
+
+def test_a_delivery_that_is_not_a_mention_is_refused_with_a_reason(world_on_fake_clock) -> None:
+    """Another event is ignored with its name; a signed mention delivery that is no notification is a 422 naming
+    the problem; neither offers anything."""
+    world, plat = world_on_fake_clock
+    assert plat.parse_webhook("status.created", {}) == "status.created is not answered"
+    with pytest.raises(BadResponse, match="notification object of type mention"):
+        plat.parse_webhook("mention", {"type": "follow"})
+    rec = _receiver(plat, "github")
+    sender = WebhookSender(world, f"{rec.server.url}/hook", SECRET, account=BOT)
+    try:
+        with httpx.Client(timeout=5.0) as http:
+            for body in (b'{"type": "mention", "status": []}', b'["not", "an", "object"]'):
+                answer = http.post(f"{rec.server.url}/hook", content=body, headers=sender.headers("d-1", body))
+                assert answer.status_code == 422 and answer.json()["error"] == "unreadable_delivery"
+        rec.receiver.close(wait=True)
+    finally:
+        sender.close(), rec.server.stop()
+    assert rec.offered == []
 
 
 def test_duplicates_drops_and_delays_are_what_the_receiver_counts(world_on_fake_clock) -> None:
