@@ -268,6 +268,14 @@ class BotConfig(_Strict):
             raise ValueError("must be letters, digits, '-' or '_'")
         return v
 
+    @model_validator(mode="after")
+    def _stream_fits_platform(self) -> BotConfig:
+        # A stream is one platform's own (webhook kinds only name a signature scheme, so they are not checked).
+        wants = {"mastodon_stream": "mastodon", "bluesky_firehose": "bluesky"}.get(self.push.kind if self.push else "")
+        if wants and self.platform != wants:
+            raise ValueError(f"push.kind {self.push.kind!r} is for platform {wants!r}, not {self.platform!r}")  # type: ignore[union-attr]
+        return self
+
 
 class Config(BaseSettings):
     """The whole replyd configuration."""

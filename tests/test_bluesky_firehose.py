@@ -19,6 +19,7 @@ import pytest
 from replyd import store as st
 from replyd.config import Config
 from replyd.daemon import Daemon
+from replyd.errors import ConfigError
 from replyd.platforms.bluesky_firehose import Firehose, about, firehose_url
 from replyd.store import Store
 from tests.test_bluesky_network import World, bsky_network, eventually, mention, tag, world  # noqa: F401
@@ -49,6 +50,14 @@ def test_firehose_url_is_the_servers_subscribe_repos() -> None:
     assert firehose_url("ws://127.0.0.1:2583/") == "ws://127.0.0.1:2583/xrpc/com.atproto.sync.subscribeRepos"
     with pytest.raises(Exception, match="firehose_url"):
         firehose_url("ftp://pds.example")
+
+
+def test_a_stream_kind_of_another_platform_is_a_config_error(tmp_path) -> None:
+    """push.kind bluesky_firehose on a Mastodon bot is refused at load, naming the kind and both platforms."""
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[[bots]]\nname = "m"\nplatform = "mastodon"\n[bots.push]\nkind = "bluesky_firehose"\n')
+    with pytest.raises(ConfigError, match="bluesky_firehose.*'bluesky', not 'mastodon'"):
+        Config.load(cfg, secrets=False)
 
 
 # -- the real network ----------------------------------------------------------------------------
