@@ -7,19 +7,25 @@ network (the AppView's thread), never from replyd's log. The firehose is cut by 
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import libipld
 import pytest
+from websockets.sync.server import serve
 
 from replyd import store as st
 from replyd.config import Config
 from replyd.daemon import Daemon
-from replyd.errors import ConfigError
+from replyd.errors import ConfigError, DefinitelyNotSent, Rejected
+from replyd.platform import Identity, Parent
 from replyd.platforms.bluesky_firehose import Firehose, about, firehose_url
 from replyd.store import Store
 from tests.test_bluesky_network import World, bsky_network, eventually, mention, tag, world  # noqa: F401
@@ -58,6 +64,82 @@ def test_a_stream_kind_of_another_platform_is_a_config_error(tmp_path) -> None:
     cfg.write_text('[[bots]]\nname = "m"\nplatform = "mastodon"\n[bots.push]\nkind = "bluesky_firehose"\n')
     with pytest.raises(ConfigError, match="bluesky_firehose.*'bluesky', not 'mastodon'"):
         Config.load(cfg, secrets=False)
+
+
+# -- recorded frames on a local websocket ----------------------------------------------------------
+
+FRAMES = Path(__file__).parent / "fixtures" / "bluesky_firehose"
+
+
+class StubBluesky:
+    """The adapter's side the firehose uses: whoami, resolve (the AppView read-back) and instance."""
+
+    instance = "bluesky:stub"
+
+    def __init__(self, bot_did: str, indexed_after: int = 0) -> None:
+        self.bot_did = bot_did
+        self.indexed_after = indexed_after  # resolve answers Rejected (not indexed yet) this many times first
+        self.resolved: list[str] = []
+
+    def whoami(self) -> Identity:
+        """The bot's DID."""
+        return Identity(sender_id=self.bot_did, handle="replybot.test")
+
+    def resolve(self, uri: str) -> Parent:
+        """The post as the AppView would serve it, once it is 'indexed'."""
+        self.resolved.append(uri)
+        if len(self.resolved) <= self.indexed_after:
+            raise Rejected(f"resolve: no post found at {uri}")
+        return Parent(id=uri, author_id=uri.split("/")[2], author_handle="alice.test")
+
+
+@contextmanager
+def ws_server(messages: list[bytes | str]) -> Iterator[tuple[str, list[str]]]:
+    """A local websocket server that sends ``messages`` to each client and closes; yields its URL and the paths
+    clients asked for (with their cursor)."""
+    paths: list[str] = []
+
+    def handler(conn) -> None:  # noqa: ANN001
+        paths.append(conn.request.path)
+        for m in messages:
+            conn.send(m)
+
+    with serve(handler, "127.0.0.1", 0, compression=None) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        yield f"http://127.0.0.1:{server.socket.getsockname()[1]}", paths
+        server.shutdown()
+
+
+def test_recorded_frames_yield_the_mention_skip_the_rest_and_keep_the_cursor() -> None:
+    """Frames recorded from dev-env: the mention of the bot is yielded (read back after one 'not indexed yet'),
+    the unrelated post, a text frame and garbage bytes are not; the cursor is the last seq, sent on reconnect."""
+    meta = json.loads((FRAMES / "frames.json").read_text())
+    mention_frame, unrelated = (FRAMES / "mention.bin").read_bytes(), (FRAMES / "unrelated.bin").read_bytes()
+    stub = StubBluesky(meta["bot_did"], indexed_after=1)
+    with ws_server(["a text frame", b"\xff\x00garbage", unrelated, mention_frame]) as (url, paths):
+        firehose = Firehose(stub, url)  # type: ignore[arg-type]
+        got = list(firehose.stream(threading.Event()))  # the server closes after the last frame: the stream ends
+        seq = libipld.decode_dag_cbor_multi(mention_frame)[1]["seq"]
+        assert [p.id for p in got] == [meta["mention_uri"]] and stub.resolved == [meta["mention_uri"]] * 2
+        assert firehose.cursor == seq and firehose.frames == 2  # the garbage and the text frame are not frames
+        list(firehose.stream(threading.Event()))
+    assert paths == ["/xrpc/com.atproto.sync.subscribeRepos", f"/xrpc/com.atproto.sync.subscribeRepos?cursor={seq}"]
+
+
+def test_a_post_not_indexed_in_time_is_left_to_the_poll_and_an_error_frame_ends_the_stream() -> None:
+    """With no time to wait, a mention the AppView has not indexed yields nothing; an error frame (op -1) is a
+    DefinitelyNotSent naming the server's error."""
+    meta = json.loads((FRAMES / "frames.json").read_text())
+    stub = StubBluesky(meta["bot_did"], indexed_after=99)
+    error = libipld.encode_dag_cbor({"op": -1}) + libipld.encode_dag_cbor(
+        {"error": "FutureCursor", "message": "Cursor in the future."})
+    with ws_server([(FRAMES / "mention.bin").read_bytes(), error]) as (url, _paths):
+        firehose = Firehose(stub, url, hydrate_timeout_s=0)  # type: ignore[arg-type]
+        got: list[Parent] = []
+        with pytest.raises(DefinitelyNotSent, match="FutureCursor: Cursor in the future"):
+            for parent in firehose.stream(threading.Event()):
+                got.append(parent)
+    assert got == [] and stub.resolved == [meta["mention_uri"]]
 
 
 # -- the real network ----------------------------------------------------------------------------

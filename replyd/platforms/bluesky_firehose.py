@@ -96,12 +96,13 @@ class Firehose:
     """Reads one server's repo firehose and yields the bot's mentions and replies as the poller's parents."""
 
     def __init__(self, platform: BlueskyPlatform, url: str, *, hydrate_timeout_s: float = 5.0,
-                 open_timeout_s: float = 10.0, idle_timeout_s: float = 90.0) -> None:
+                 open_timeout_s: float = 10.0, ping_s: float = 20.0) -> None:
         self.platform = platform
         self.url = firehose_url(url)
         self.hydrate_timeout_s = hydrate_timeout_s
         self.open_timeout_s = open_timeout_s
-        self.idle_timeout_s = idle_timeout_s  # a PDS sends nothing while nothing is committed: pings keep it alive
+        # A PDS sends nothing while nothing is committed: a ping every ping_s, unanswered for ping_s, ends the socket.
+        self.ping_s = ping_s
         self.cursor: int | None = None  # the last sequence number read: a reconnect replays from here
         self.opened = 0  # connections opened (for tests and logs)
         self.frames = 0
@@ -123,22 +124,16 @@ class Firehose:
         url = self.url + (f"?cursor={self.cursor}" if self.cursor is not None else "")
         try:
             with connect(url, open_timeout=self.open_timeout_s, max_size=MAX_FRAME_BYTES, compression=None,
-                         proxy=None) as ws:
+                         proxy=None, ping_interval=self.ping_s, ping_timeout=self.ping_s) as ws:
                 self.opened += 1
                 log.info("replyd.bluesky.firehose_open", platform=self.instance, cursor=self.cursor)
-                idle_s = 0.0
                 while not stop.is_set():
                     try:
-                        frame = ws.recv(timeout=1.0)
+                        frame = ws.recv(timeout=1.0)  # a second at most between looks at ``stop``
                     except TimeoutError:
-                        idle_s += 1.0
-                        if idle_s >= self.idle_timeout_s:
-                            ws.ping().wait(10.0)  # raises TimeoutError on a dead peer: reconnect
-                            idle_s = 0.0
                         continue
                     except ConnectionClosedOK:
                         return
-                    idle_s = 0.0
                     if isinstance(frame, str):
                         continue  # the protocol is binary; a text frame is not ours to read
                     yield from self._frame(libipld, frame, bot_did, stop)
