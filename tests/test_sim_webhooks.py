@@ -98,6 +98,8 @@ def test_signed_deliveries_verify_and_carry_the_inbox_parent(world_on_fake_clock
     finally:
         sender.close(), forger.close(), rec.server.stop()
     assert [s for _d, s, _p in rec.arrivals] == [202] * 3 + [401] * 3
+    world.post("alice", "after the senders closed?", mention=[BOT])
+    assert sender.pending() == 0 and forger.pending() == 0  # a closed sender hears no more mentions
     assert len({d for d, _s, _p in rec.arrivals[:3]}) == 3  # one delivery id per mention
     inbox = {p.id: p for p in plat.inbox(None).parents}
     assert [p.id for p in rec.offered] == posted

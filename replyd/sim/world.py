@@ -481,7 +481,7 @@ class World:
     def unsubscribe(self, listener: Callable[[Notification], None]) -> None:
         """Stop calling ``listener``."""
         with self.lock:
-            self._listeners = [fn for fn in self._listeners if fn is not listener]
+            self._listeners = [fn for fn in self._listeners if fn != listener]  # a bound method is new each time
 
     def notifications_for(self, account_id: str) -> list[Notification]:
         """Return the account's readable mention notifications, newest first."""
