@@ -28,7 +28,7 @@ from replyd.errors import ConfigError, DefinitelyNotSent, Rejected
 from replyd.platform import Identity, Parent
 from replyd.platforms.bluesky_firehose import Firehose, about, firehose_url
 from replyd.store import Store
-from tests.test_bluesky_network import World, bsky_network, eventually, mention, tag, world  # noqa: F401
+from tests.test_bluesky_network import World, eventually, mention, tag, world  # noqa: F401
 from tests.test_daemon import wait_until
 
 BOT = "did:plc:bot"
