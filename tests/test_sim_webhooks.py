@@ -3,7 +3,11 @@ and drops that do what they say (counted at the receiver), and a daemon that ans
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -28,6 +32,7 @@ from replyd.sim import SimServer, World
 from replyd.sim.webhooks import SenderFaults, WebhookSender
 from replyd.store import Store
 from tests.test_daemon import wait_until
+from tests.test_hooks import COUNTING_RESPONDER, ROOT, _free_port, _up
 from tests.test_streams import _config as stream_config
 
 BOT = "replybot"
@@ -266,3 +271,61 @@ def test_daemon_answers_each_mention_once_and_the_backstop_answers_the_dropped(t
         s.dispose()
     assert {paths[p] for p in sender.dropped} == {"inbox"}
     assert "webhook" in {paths[p] for p in parents if p not in sender.dropped}
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_two_replicas_on_postgres_behind_a_balancer_answer_each_mention_once(tmp_path, pg_url, monkeypatch) -> None:
+    """Two `replyd run` processes on one PostgreSQL; the sim sends every delivery three times, reordered, 20 %
+    dropped, each copy to a random replica: one reply per mention (counted by the sim), one responder call each."""
+    import sqlalchemy as sa
+
+    eng = sa.create_engine(pg_url)
+    with eng.begin() as c:
+        c.exec_driver_sql("TRUNCATE replies, events, cursors")
+    eng.dispose()
+    world = World(SystemClock(), seed=6, listing_delay_s=0.2)
+    bot = world.add_account(BOT, bot=True)
+    world.add_account("alice")
+    calls, script = tmp_path / "calls.txt", tmp_path / "responder.py"
+    script.write_text(COUNTING_RESPONDER)
+    calls.touch()
+    procs, ports = [], []
+    with SimServer(world) as srv:
+        for rid in ("a", "b"):
+            ports.append(_free_port())
+            (tmp_path / rid).mkdir()
+            cfg = _config(tmp_path / rid, srv.base_url, backstop_s=1.0)
+            text = cfg.read_text().replace("port = 0", f"port = {ports[-1]}").replace(
+                f'url = "sqlite:///{tmp_path / rid / "r.sqlite3"}"', f'url = "{pg_url}"').replace(
+                'kind = "template"', f'kind = "command"\ncommand = ["{sys.executable}", "{script}", "{calls}"]')
+            assert pg_url in text and "command" in text
+            cfg.write_text(text)
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "REPLYD_REPLICA_ID": rid, "SIM_TOKEN": bot.token,
+                   "SIM_HOOK_SECRET": SECRET}
+            procs.append(subprocess.Popen([sys.executable, "-m", "replyd", "run", "--config", str(cfg), "--grace-s",
+                                           "5"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                          stderr=(tmp_path / f"{rid}.log").open("wb")))
+        faults = SenderFaults(duplicates=2, drop_rate=0.2, reorder_s=0.5)
+        sender = WebhookSender(world, [f"http://127.0.0.1:{p}/v1/hooks/sim" for p in ports], SECRET,
+                               kind="discourse", account=BOT, faults=faults, seed=13)
+        try:
+            with httpx.Client(timeout=5.0) as http:
+                assert wait_until(lambda: all(_up(http, p) for p in ports), 30), (tmp_path / "a.log").read_text()[-2000:]
+            sender.start()
+            parents = [world.post("alice", f"question {i}?", mention=[BOT]).id for i in range(12)]
+            assert wait_until(lambda: all(world.replies_by(bot.id).get(p) for p in parents), 40)
+            assert wait_until(lambda: sender.pending() == 0, 10)
+            time.sleep(2.0)  # queued offers and one more backstop poll on each replica have run
+        finally:
+            sender.close()
+            for p in procs:
+                p.send_signal(signal.SIGTERM)
+            for p in procs:
+                p.wait(20)
+    assert world.report()["duplicates"] == 0
+    assert [world.replies_by(bot.id).get(p, 0) for p in parents] == [1] * len(parents)
+    assert {s.url for s in sender.log} == {f"http://127.0.0.1:{p}/v1/hooks/sim" for p in ports}  # both got copies
+    assert {s.http_status for s in sender.log} == {202} and sender.dropped
+    made = Counter(calls.read_text().split())
+    assert sorted(made) == sorted(parents) and set(made.values()) == {1}, made

@@ -23,6 +23,7 @@ import json
 import random
 import threading
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -65,6 +66,7 @@ class _Copy:
     status_id: str = field(compare=False)
     copy: int = field(compare=False)  # 0: the first send; 1..: redeliveries
     body: bytes = field(compare=False, repr=False)
+    url: str = field(compare=False)
 
 
 @dataclass(frozen=True)
@@ -75,15 +77,19 @@ class Sent:
     status_id: str
     copy: int
     http_status: int  # 0: no answer (connection refused, reset or timed out)
+    url: str = ""  # where it went (one of the sender's URLs)
 
 
 class WebhookSender:
-    """Delivers ``account``'s new mentions to ``url`` as ``kind`` (github or discourse) webhooks, with ``faults``."""
+    """Delivers ``account``'s new mentions to ``url`` as ``kind`` (github or discourse) webhooks, with ``faults``.
+
+    Several URLs are replicas behind a load balancer: each copy goes to one of them at random.
+    """
 
     def __init__(
         self,
         world: World,
-        url: str,
+        url: str | Sequence[str],
         secret: str,
         *,
         kind: str = "github",
@@ -97,7 +103,9 @@ class WebhookSender:
         if not secret:
             raise ValueError("webhook secret: empty (the platform signs every delivery with it)")
         self.world = world
-        self.url = url
+        self.urls = [url] if isinstance(url, str) else list(url)
+        if not self.urls:
+            raise ValueError("webhook url: none given")
         self.kind = kind
         self.account_id = world.account(account).id
         self.faults = faults or SenderFaults()
@@ -141,8 +149,10 @@ class WebhookSender:
                     self._deliveries += 1
                     delivery_id = self._delivery_id()
                 due = note.created_at + f.delay_s + self._rng.uniform(0, f.reorder_s)
+                # One URL draws nothing: the fates of a seed stay the same as before replicas existed.
+                url = self.urls[0] if len(self.urls) == 1 else self._rng.choice(self.urls)
                 self._seq += 1
-                heapq.heappush(self._queue, _Copy(due, self._seq, delivery_id, note.status_id, n, body))
+                heapq.heappush(self._queue, _Copy(due, self._seq, delivery_id, note.status_id, n, body, url))
 
     # -- sending -----------------------------------------------------------------------------------
 
@@ -171,13 +181,13 @@ class WebhookSender:
                         return sent
                     c = heapq.heappop(self._queue)
                 try:
-                    status = self._http.post(self.url, content=c.body, headers=self.headers(c.delivery_id, c.body)
+                    status = self._http.post(c.url, content=c.body, headers=self.headers(c.delivery_id, c.body)
                                              ).status_code
                 except httpx.HTTPError as exc:
                     status = 0  # the receiver was down or slow: this copy is lost, as GitHub's would be
                     log.warning("replyd.sim.webhooks.unanswered", delivery=c.delivery_id, error=type(exc).__name__)
                 with self._lock:
-                    self.log.append(Sent(c.delivery_id, c.status_id, c.copy, status))
+                    self.log.append(Sent(c.delivery_id, c.status_id, c.copy, status, c.url))
                 sent += 1
 
     def start(self, every_s: float = 0.02) -> WebhookSender:
@@ -196,7 +206,7 @@ class WebhookSender:
             by_status: dict[str, int] = {}
             for s in self.log:
                 by_status[str(s.http_status)] = by_status.get(str(s.http_status), 0) + 1
-            return {"kind": self.kind, "url": self.url, "faults": asdict(self.faults),
+            return {"kind": self.kind, "urls": self.urls, "faults": asdict(self.faults),
                     "mentions_delivered": len({s.status_id for s in self.log}), "copies_sent": len(self.log),
                     "by_status": by_status, "dropped": list(self.dropped), "pending": len(self._queue)}
 
@@ -218,17 +228,18 @@ class Senders:
 
     def handle(self, d: dict[str, Any]) -> dict[str, Any]:
         """``{"stop": true}`` stops the sender; otherwise start one (replacing any) from ``d``; answer its report."""
-        if self.sender is not None and (d.get("stop") or "url" in d):
+        if self.sender is not None and (d.get("stop") or "url" in d or "urls" in d):
             self.sender.close()
         if d.get("stop"):
             report, self.sender = (self.sender.report() if self.sender else {}), None
             return {"stopped": True, **report}
-        known = {"url", "secret", "kind", "account", "seed"} | {f.name for f in fields(SenderFaults)}
+        known = {"url", "urls", "secret", "kind", "account", "seed"} | {f.name for f in fields(SenderFaults)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown webhook setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         faults = SenderFaults(**{k: d[k] for k in d if k in {f.name for f in fields(SenderFaults)}})
-        self.sender = WebhookSender(self.world, str(d["url"]), str(d["secret"]), kind=str(d.get("kind", "github")),
+        urls = [str(u) for u in d["urls"]] if "urls" in d else str(d["url"])
+        self.sender = WebhookSender(self.world, urls, str(d["secret"]), kind=str(d.get("kind", "github")),
                                     account=str(d["account"]), faults=faults, seed=int(d.get("seed", 0))).start()
         return self.sender.report()
 
