@@ -126,8 +126,8 @@ def poll_all(checks: dict[str, Callable[[], bool]], t0: float, interval_s: float
     return seen
 
 
-def report(lags: dict[str, list[float]]) -> dict[str, dict[str, float]]:
-    """Print p50 / p90 / p99 / max per listing and the JSON line; return the summary."""
+def summarize(lags: dict[str, list[float]], width: int = 14) -> dict[str, dict[str, float]]:
+    """Print one line per source (p50/p90/p99/max in ms) and return the figures."""
     summary = {}
     for name, xs in lags.items():
         ms = [x * 1000 for x in xs]
@@ -140,8 +140,14 @@ def report(lags: dict[str, list[float]]) -> dict[str, dict[str, float]]:
             "mean_ms": round(statistics.fmean(ms), 1),
         }
         s = summary[name]
-        print(f"{name:14s} n={s['n']}  p50 {s['p50_ms']:7.1f} ms  p90 {s['p90_ms']:7.1f} ms  "
+        print(f"{name:{width}s} n={s['n']}  p50 {s['p50_ms']:7.1f} ms  p90 {s['p90_ms']:7.1f} ms  "
               f"p99 {s['p99_ms']:7.1f} ms  max {s['max_ms']:7.1f} ms")
+    return summary
+
+
+def report(lags: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Print p50 / p90 / p99 / max per listing and the JSON line; return the summary."""
+    summary = summarize(lags)
     print(json.dumps(summary))
     return summary
 

@@ -213,7 +213,7 @@ class ResponderConfig(BaseModel):
 class PushConfig(_Strict):
     """Push discovery for one bot: webhook deliveries (received by the API) or a held stream."""
 
-    kind: Literal["github", "discourse", "slack", "mastodon_stream", "slack_socket"]
+    kind: Literal["github", "discourse", "slack", "mastodon_stream", "slack_socket", "bluesky_firehose"]
     # Webhooks: the environment variable holding the secret the platform signs deliveries with.
     secret_env: str = ""
     # The inbox poll stays on as the backstop, at this interval unless pollers.inbox_interval_s is set.
@@ -222,7 +222,7 @@ class PushConfig(_Strict):
     @property
     def webhook(self) -> bool:
         """Whether deliveries arrive through the API (else the daemon holds a stream open)."""
-        return self.kind not in ("mastodon_stream", "slack_socket")
+        return self.kind not in ("mastodon_stream", "slack_socket", "bluesky_firehose")
 
     @model_validator(mode="after")
     def _secret_for_webhooks(self) -> PushConfig:
@@ -267,6 +267,14 @@ class BotConfig(_Strict):
         if not v or not v.replace("-", "").replace("_", "").isalnum():
             raise ValueError("must be letters, digits, '-' or '_'")
         return v
+
+    @model_validator(mode="after")
+    def _stream_fits_platform(self) -> BotConfig:
+        # A stream is one platform's own (webhook kinds only name a signature scheme, so they are not checked).
+        wants = {"mastodon_stream": "mastodon", "bluesky_firehose": "bluesky"}.get(self.push.kind if self.push else "")
+        if wants and self.platform != wants:
+            raise ValueError(f"push.kind {self.push.kind!r} is for platform {wants!r}, not {self.platform!r}")  # type: ignore[union-attr]
+        return self
 
 
 class Config(BaseSettings):

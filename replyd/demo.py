@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import structlog
 
+from replyd import demo_push
 from replyd import log as rlog
 from replyd import store as st
 from replyd.clock import SystemClock
@@ -366,7 +367,8 @@ def main(*, as_json: bool = False, quick: bool = False) -> int:
     console = Console(stderr=as_json, width=None if Console().is_terminal else 120)
     if as_json:
         rows = run_all(n)
-        print(json.dumps({"scenarios": rows}, indent=2))
+        push = demo_push.run_push(n + 4)
+        print(json.dumps({"scenarios": rows, "push": push}, indent=2))
     else:
         console.print(f"[bold]replyd demo[/]: a simulated Mastodon-compatible platform over real HTTP, {n} parents per scenario,")
         console.print("a naive bot (per-path seen-set written after the send, blind retries, text match) against replyd.")
@@ -406,8 +408,9 @@ def main(*, as_json: bool = False, quick: bool = False) -> int:
                 console.print(f"learned delay ({r['name']}): configured {r['replyd']['configured_delay_s']:g} s, "
                               f"in use {r['replyd']['delay_in_use_s']:g} s (learned from the replies it saw listed "
                               f"late): replyd dup {r['replyd']['duplicates']}.")
+        push = demo_push.show(console, n + 4)
     bad = [r for r in rows if r["listing_delay_ok"] and (r["replyd"]["duplicates"] or r["replyd"]["lost"])]
-    return 1 if bad else 0
+    return 1 if bad or demo_push.failed(push) else 0
 
 
 def _good(v: int) -> str:

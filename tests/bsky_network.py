@@ -10,9 +10,8 @@ When ``tests/bsky/node_modules`` is missing (``make bsky-deps``), or node,
 PostgreSQL or Redis is unreachable, the tests are skipped locally with the
 reason, and FAIL when ``CI=true``.
 
-Import the fixture into a test module::
-
-    from tests.bsky_network import bsky_network  # noqa: F401
+``tests/conftest.py`` imports the fixture, so one network serves every module of a session (a module that
+imported it again would get a network of its own).
 """
 
 from __future__ import annotations

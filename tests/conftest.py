@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from replyd.clock import FakeClock
 from replyd.store import Store
-from tests.bsky_network import bsky_network  # noqa: F401  (one dev-env network per session: platform and contract tests)
+from tests.bsky_network import bsky_network  # noqa: F401  (one dev-env network per session for every Bluesky test)
 from tests.synapse_server import synapse  # noqa: F401  (one Synapse per session for every Matrix test)
 
 PG_ADMIN_URL = os.environ.get("REPLYD_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/postgres")

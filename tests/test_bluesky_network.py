@@ -30,7 +30,7 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from tests.bsky_network import BskyNetwork, _create_account, crash_before_close  # noqa: F401  (bsky_network: tests/conftest.py)
+from tests.bsky_network import BskyNetwork, _create_account, crash_before_close
 from replyd import store as st
 from replyd.clock import FakeClock, SystemClock
 from replyd.guard import Guard, Status

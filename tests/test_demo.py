@@ -39,6 +39,9 @@ def test_demo_json_replyd_zero_duplicates_where_delay_is_right(tmp_path):
     assert learned["learned_delay"] and not learned["listing_delay_ok"]
     assert learned["replyd"]["delay_in_use_s"] >= 3.0 > learned["replyd"]["configured_delay_s"]
     assert learned["replyd"]["duplicates"] == 0 and learned["replyd"]["lost"] == 0
+    push = {r["name"]: r for r in json.loads(r.stdout)["push"]}
+    assert [push[name]["duplicates"] + push[name]["lost"] for name in push if name.startswith("replyd")] == [0, 0]
+    assert push["naive: answers each delivery"]["duplicates"] > 0
 
 
 def test_piped_demo_prints_a_line_per_scenario_as_it_finishes(monkeypatch, capsys):
@@ -62,6 +65,7 @@ def test_piped_demo_prints_a_line_per_scenario_as_it_finishes(monkeypatch, capsy
         return rows
 
     monkeypatch.setattr(demo, "run_all", fake_run_all)
+    monkeypatch.setattr(demo.demo_push, "run_push", lambda n, done=None: [])  # its own test below
     # main() configures logging for the whole process (errors only): keep later tests' log capture intact.
     monkeypatch.setattr(demo.rlog, "configure", lambda *a, **k: None)
     assert demo.main(quick=True) == 0
@@ -155,3 +159,24 @@ def test_demo_toml_documented_commands_work(tmp_path):
             assert daemon.wait(30) == 0
         sim.terminate()
         sim.wait(10)
+
+
+def test_push_rows_naive_bots_duplicate_or_lose_and_replyd_does_neither(tmp_path) -> None:
+    """The sim's webhooks (each sent twice, some dropped): answering each delivery duplicates, a seen-set of
+    Discourse event ids still duplicates (a retry has a new id), both lose the dropped; replyd does neither."""
+    from replyd import demo_push
+    from replyd.clock import SystemClock
+    from replyd.sim import SimServer, World
+
+    world = World(SystemClock(), seed=7)
+    world.add_account(demo_push.BOT, bot=True)
+    rows = {r.name: r for r in demo_push.ROWS}
+    with SimServer(world) as srv:
+        got = {name: demo_push.run_row(world, srv.base_url, rows[name], 8, tmp_path) for name in (
+            "naive: answers each delivery", "naive: seen-set of X-Discourse-Event-Id",
+            "replyd: webhooks + backstop poll")}
+    each, seen, rep = got.values()
+    assert each["deliveries_dropped"] > 0 and each["copies_sent"] == 2 * (8 - each["deliveries_dropped"])
+    assert each["duplicates"] == 8 - each["deliveries_dropped"] and each["lost"] == each["deliveries_dropped"]
+    assert seen["duplicates"] > 0 and seen["lost"] == seen["deliveries_dropped"]
+    assert rep["duplicates"] == 0 and rep["lost"] == 0 and rep["deliveries_dropped"] > 0

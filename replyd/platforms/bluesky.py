@@ -81,7 +81,8 @@ import structlog
 
 from pydantic import AfterValidator, Field, SecretStr, StringConstraints
 
-from replyd.errors import AlreadyLanded, BadResponse, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
+from replyd.errors import (AlreadyLanded, BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, PlatformError,
+                           RateLimited, Rejected)
 from replyd.platforms.base import (
     Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Text, Texts, Token, register_platform,
 )
@@ -239,6 +240,18 @@ class _Cursor:
         return cls(t, raw, frozenset(uris))
 
 
+def _firehose(value: str | None) -> str | None:
+    """A ``firehose_url`` checked now: a bad URL is a config error, not a stream that never opens."""
+    from replyd.platforms.bluesky_firehose import firehose_url
+
+    if value is not None:
+        try:
+            firehose_url(value)
+        except ConfigError:
+            raise ValueError(f"{value!r} is not an http(s):// or ws(s):// URL") from None
+    return value
+
+
 def _identifier(value: str) -> str:
     value = value.removeprefix("@")
     if any(c.isspace() for c in value):
@@ -265,6 +278,8 @@ class BlueskyPlatform(_http.HttpPlatform):
         langs: Texts = []  # BCP-47 language tags put on every reply
         page_limit: int = Field(50, ge=1, le=100)  # items per listing page
         max_pages: int = Field(5, ge=1, le=1000)  # pages per poll / re-find / read-back
+        # push.kind = "bluesky_firehose": the PDS's (or a relay's) subscribeRepos; default: the service.
+        firehose_url: Annotated[str | None, AfterValidator(_firehose)] = None
 
     s: Settings
     ITEM_ID = "uri"
@@ -276,6 +291,8 @@ class BlueskyPlatform(_http.HttpPlatform):
         self.search_queries = list(self.s.search_queries)
         self._lock = threading.Lock()
         self._session: _Session | None = None
+        self.firehose_url = self.s.firehose_url or self.s.service
+        self._firehose: Any = None  # one per adapter: it keeps the stream's cursor
 
     @property
     def root(self) -> str:
@@ -476,6 +493,14 @@ class BlueskyPlatform(_http.HttpPlatform):
         if item.get("reason") not in INBOX_REASONS:
             return None
         return self._post_parent(item, what)
+
+    def stream(self, stop: threading.Event) -> Iterator[Parent]:
+        """Yield mentions and replies to the bot as the firehose carries them (``push.kind = "bluesky_firehose"``)."""
+        from replyd.platforms.bluesky_firehose import Firehose
+
+        if self._firehose is None:
+            self._firehose = Firehose(self, self.firehose_url)
+        return self._firehose.stream(stop)
 
     def search(self, query: str, cursor: str | None) -> Page:
         """Return posts matching ``query`` indexed after ``cursor``, oldest first."""

@@ -240,6 +240,17 @@ class MastodonPlatform(_http.HttpPlatform):
             for _nid, parent in found.values():
                 yield parent
 
+    def parse_webhook(self, event: str, payload: Any) -> list[Parent] | str:
+        """Return the parent of a ``mention`` delivery (a notification as the stream sends it), or why none."""
+        # Mastodon has no per-account webhooks (its admin webhooks need an admin): this serves the sim's sender,
+        # which pushes the stream's notification JSON; a real bot holds the stream (kind mastodon_stream).
+        if event != "mention":
+            return f"{event or 'an unnamed event'} is not answered"
+        if not isinstance(payload, dict) or payload.get("type") != "mention":
+            raise BadResponse("webhook: a mention delivery must be a notification object of type mention")
+        parent = self._parent(payload, "webhook", "status")
+        return [parent] if parent is not None else "a reblog is not answered"
+
     def search(self, query: str, cursor: str | None) -> Page:
         """Return statuses matching ``query`` newer than ``cursor`` (a status id), oldest first."""
         what = "search"

@@ -610,6 +610,14 @@ def build_app(world: World) -> ASGIApp:
         """GET /_sim/config."""
         return JSONResponse(world.configure())
 
+    from replyd.sim.webhooks import Senders  # here, not at the top: it renders deliveries with this module
+
+    senders = Senders(world)
+
+    async def get_webhooks(request: Request) -> Response:
+        """GET /_sim/webhooks: the sender's report."""
+        return JSONResponse(senders.report())
+
     routes = [
         Route("/api/v1/accounts/verify_credentials", _api(world, verify_credentials)),
         Route("/api/v1/notifications", _api(world, notifications)),
@@ -630,5 +638,7 @@ def build_app(world: World) -> ASGIApp:
         Route("/_sim/clock", _admin(world, _admin_clock), methods=["POST"]),
         Route("/_sim/report", get_report, methods=["GET"]),
         Route("/_sim/reset", _admin(world, _admin_reset), methods=["POST"]),
+        Route("/_sim/webhooks", _admin(world, lambda w, d: senders.handle(d)), methods=["POST"]),
+        Route("/_sim/webhooks", get_webhooks, methods=["GET"]),
     ]
     return _Edge(Starlette(routes=routes), world)

@@ -16,7 +16,7 @@ import re
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
@@ -204,6 +204,8 @@ class World:
         # Public so the HTTP layer can render a response from one consistent snapshot.
         self.lock = threading.RLock()
         self._traffic: list[Traffic] = []
+        # Told of each new mention notification, under the lock (the webhook sender queues a delivery).
+        self._listeners: list[Callable[[Notification], None]] = []
         self.accounts: dict[str, Account] = {}
         self._clear(seed)
         self.configure(**knobs)
@@ -396,9 +398,10 @@ class World:
             for mid in mention_ids:
                 if mid != acc.id:
                     self._last_notification_id += 1
-                    self.notifications.append(
-                        Notification(str(self._last_notification_id), mid, acc.id, status.id, now, status.visible_at)
-                    )
+                    note = Notification(str(self._last_notification_id), mid, acc.id, status.id, now, status.visible_at)
+                    self.notifications.append(note)
+                    for listener in self._listeners:
+                        listener(note)
             if idempotency_key and self.knobs.idempotency:
                 self._idem[(acc.id, idempotency_key)] = (status.id, now)
             return status, True
@@ -469,6 +472,16 @@ class World:
             self.stream_generation += 1
             self.stream_refused_until = self.clock.now() + refuse_s
             self.faults_injected["stream_cut"] += 1
+
+    def subscribe(self, listener: Callable[[Notification], None]) -> None:
+        """Call ``listener`` with each new mention notification (under the world's lock: it must only queue)."""
+        with self.lock:
+            self._listeners.append(listener)
+
+    def unsubscribe(self, listener: Callable[[Notification], None]) -> None:
+        """Stop calling ``listener``."""
+        with self.lock:
+            self._listeners = [fn for fn in self._listeners if fn != listener]  # a bound method is new each time
 
     def notifications_for(self, account_id: str) -> list[Notification]:
         """Return the account's readable mention notifications, newest first."""
