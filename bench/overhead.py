@@ -651,7 +651,7 @@ def tables(res: dict[str, Any], scen: dict[str, Any], cmd: str) -> list[Table]:
                             str(r["duplicates"]), str(r["unanswered"])])
         p = scen.get(f"powertools_{scen_key}")
         if p:
-            t3.rows.append([f"Powertools (Redis), retry at once", label, f"first: {_fmt_counts(p['first'])}; retry: {_fmt_counts(p['retry'])}",
+            t3.rows.append(["Powertools (Redis), retry at once", label, f"first: {_fmt_counts(p['first'])}; retry: {_fmt_counts(p['retry'])}",
                             str(p["dups_before_expiry"]), "–"])
             t3.rows.append([f"Powertools (Redis), the same parents retried once more after the record expired "
                             f"({p['ttl_s']} s here, 1 h default)", label,

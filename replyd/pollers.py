@@ -12,7 +12,6 @@ from collections.abc import Iterable
 import structlog
 
 from replyd import metrics
-from replyd import store as st
 from replyd.clock import Clock
 from replyd.config import PollerConfig
 from replyd.errors import ContentionError, PlatformError, RateLimited, StoreError

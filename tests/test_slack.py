@@ -219,7 +219,7 @@ def test_send_refused_by_the_error_table(api, world) -> None:
     """channel_not_found, not_in_channel, msg_too_long are Rejected; invalid_auth is DefinitelyNotSent."""
     plat = make(api)
     ts = mention(world).partition(":")[2]
-    for channel, text, code in ((f"C0GONE0001", "x", "channel_not_found"), (RANDOM, "x", "not_in_channel"),
+    for channel, text, code in (("C0GONE0001", "x", "channel_not_found"), (RANDOM, "x", "not_in_channel"),
                                 (GENERAL, "x" * 40_001, "msg_too_long")):
         with pytest.raises(Rejected, match=code):
             plat.send(Parent(id=f"{channel}:{ts}", author_id=ALICE), text, provider_key="k")

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import structlog
 
-from replyd.sim.app import notification_json
+from replyd.sim.render import notification_json
 from replyd.sim.world import Notification, World
 
 log = structlog.get_logger("replyd.sim.webhooks")

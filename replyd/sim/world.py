@@ -17,133 +17,18 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, TypeVar
+from dataclasses import asdict, fields
+from typing import Any
 
 import structlog
 
 from replyd.clock import Clock, SystemClock
-
-log = structlog.get_logger("replyd.sim")
-
-FIRST_ID = 113_000_000_000_000_000
-IDEMPOTENCY_TTL_S = 3600.0  # Mastodon keeps Idempotency-Key for one hour
-MAX_CHARS = 500  # Mastodon's default character limit
-VISIBILITIES = ("public", "unlisted", "private", "direct")
-
-CREATE_FAULTS = ("ok", "lost_drop", "lost_504", "error_500_before", "error_503_before", "rate_limit_429")
-READ_FAULTS = ("ok", "error_502")
-
-# Local mentions only; a trailing @domain is tolerated and ignored.
-_MENTION_RE = re.compile(r"(?<![\w/@])@([A-Za-z0-9_]+)(?:@[A-Za-z0-9.-]+\w)?")
-
-_WORDS = (
-    "coffee", "weather", "release", "train", "garden", "concert", "bug", "deploy",
-    "recipe", "library", "river", "bicycle", "meeting", "podcast", "sunset",
+from replyd.sim.model import (  # noqa: F401  (re-exported: importers name them from the world)
+    _MENTION_RE, _WORDS, CREATE_FAULTS, FIRST_ID, IDEMPOTENCY_TTL_S, MAX_CHARS, READ_FAULTS, VISIBILITIES, Account,
+    Knobs, Notification, SimError, Status, paginate,
 )
 
-
-class SimError(Exception):
-    """A request the simulated platform refuses; carries the HTTP status and JSON body."""
-
-    def __init__(self, status: int, error: str) -> None:
-        super().__init__(f"{status}: {error}")
-        self.status = status
-        self.body = {"error": error}
-
-
-@dataclass
-class Knobs:
-    """Timing and fault settings; each field is settable in-process and by ``POST /_sim/config``."""
-
-    listing_delay_s: float = 0.0
-    latency_s: float = 0.0
-    lost_drop_rate: float = 0.0
-    lost_504_rate: float = 0.0
-    error_500_before_rate: float = 0.0
-    rate_limit_rate: float = 0.0
-    readback_error_rate: float = 0.0
-    retry_after_s: int = 1
-    # X-RateLimit-* headers only; no request is refused for it. Real Mastodon allows 300
-    # per 5 minutes; the default is higher so fast tests never see "remaining 0".
-    rate_limit_budget: int = 10_000
-    idempotency: bool = True
-
-
-@dataclass
-class Account:
-    """A simulated user or bot; ``token`` is its bearer token."""
-
-    id: str
-    username: str
-    token: str
-    bot: bool = False
-    display_name: str = ""
-    created_at: float = 0.0
-
-
-@dataclass
-class Status:
-    """One post. ``visible_at`` is when read endpoints start showing it."""
-
-    id: str
-    account_id: str
-    text: str
-    created_at: float
-    visible_at: float
-    in_reply_to_id: str | None = None
-    in_reply_to_account_id: str | None = None
-    visibility: str = "public"
-    mention_ids: list[str] = field(default_factory=list)
-    spoiler_text: str = ""
-    sensitive: bool = False
-    language: str = "en"
-    via_api: bool = False
-    idempotency_key: str | None = None
-    deleted_at: float | None = None
-
-
-@dataclass
-class Notification:
-    """A mention notification for ``account_id`` about ``status_id``."""
-
-    id: str
-    account_id: str
-    from_account_id: str
-    status_id: str
-    created_at: float
-    visible_at: float
-    type: str = "mention"
-
-
-T = TypeVar("T")
-
-
-def paginate(
-    items: Sequence[T],
-    *,
-    key: Any,
-    limit: int,
-    max_id: int | None = None,
-    since_id: int | None = None,
-    min_id: int | None = None,
-) -> list[T]:
-    """Mastodon paging over ``items`` sorted newest first; the result is newest first too.
-
-    ``since_id`` keeps the newest ``limit`` items above it (a gap may be skipped);
-    ``min_id`` keeps the ``limit`` items just above it, which is what a poller
-    walking forward needs.
-    """
-    sel = [
-        x
-        for x in items
-        if (max_id is None or key(x) < max_id)
-        and (since_id is None or key(x) > since_id)
-        and (min_id is None or key(x) > min_id)
-    ]
-    if limit <= 0:
-        return []
-    return sel[-limit:] if min_id is not None else sel[:limit]
+log = structlog.get_logger("replyd.sim")
 
 
 class Traffic:
