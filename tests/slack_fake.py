@@ -49,7 +49,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from replyd.hooks import slack_sign
-from tests.fakes_forum import AppServer, _LostResponse
+from tests.fakes_forum import AppServer
+from tests.fixtures_server import DropResponse
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slack"
 TEAM, BOT_USER, BOT_ID, APP_ID = "T0FAKE001", "U0BOT0001", "B0BOT0001", "A0APP0001"
@@ -360,7 +361,7 @@ class SlackWebApi:
             ch.messages.append(msg)
             w.post_tokens[token] += 1
         if fault == "lost":
-            return _LostResponse()
+            return DropResponse(status_code=200)
         if fault == "error_after":
             return JSONResponse({"ok": False, "error": "internal_error"}, status_code=500)
         if fault == "hold":
