@@ -48,6 +48,7 @@ UNACCOUNTED_LOOKS = 10.0  # a close with an attempt's reply unaccounted for is l
 class SweepResult:
     """Counts from one sweep pass."""
 
+    by_platform: Counter[str] = field(default_factory=Counter)  # rows leased per platform instance
     leased: int = 0
     closed: int = 0
     not_landed: int = 0
@@ -59,7 +60,6 @@ class SweepResult:
     reconciled: int = 0
     waiting: int = 0  # looked at, given a later look (a close not yet verified, a judged row with no reply yet)
     verified_on_close: int = 0  # of ``verified``: closed by this pass's read-back, which was late enough to verify
-    by_platform: Counter[str] = field(default_factory=Counter)
 
     def add(self, other: SweepResult) -> None:
         """Accumulate another pass's counts."""
