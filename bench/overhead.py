@@ -580,7 +580,7 @@ def tables(res: dict[str, Any], scen: dict[str, Any], cmd: str) -> list[Table]:
     t1.notes.append(
         "Durability: replyd commits the claim (the open row, the only write that must survive a crash before the send) "
         "with `synchronous=FULL` / a synchronous commit, and the close with `synchronous=NORMAL` / "
-        "`synchronous_commit = off` (DESIGN.md, \"Where the cost is\": a lost close leaves the row open and the sweep "
+        "`synchronous_commit = off` (docs/RELIABILITY.md: a lost close leaves the row open and the sweep "
         "closes it). The fair floor is therefore \"FULL + NORMAL\" (two raw autocommit statements on two connections, "
         "one per durability); the all-FULL floor and a replyd with a durable close are shown too. \"replyd's exact SQL\" "
         "replays replyd's own prebuilt statements (the same SQL text, from `replyd.store.hot_sql`) straight through the "

@@ -1,6 +1,6 @@
 """The one posting function: every reply replyd sends leaves through ``Guard.post``.
 
-Order of work for one parent (DESIGN.md, "States"):
+Order of work for one parent (docs/ARCHITECTURE.md, "States of a row"):
 
 1. pre-check and claim in one write transaction: insert the key's row if absent
    (``ON CONFLICT DO NOTHING``), or compare-and-set a claimable row (released,

@@ -17,7 +17,7 @@ After every step:
 
 * at most one reply per parent exists on the platform;
 * every row's history (its events, in order) follows the allowed transitions
-  of DESIGN.md, attempts never go down and never exceed ``max_attempts``, and
+  of docs/ARCHITECTURE.md ("States of a row"), attempts never go down and never exceed ``max_attempts``, and
   the last event's state is the row's state;
 * states that say "nothing landed" (released, not_landed, gave_up, rejected,
   declined) have no reply on the platform, and a closed row names a reply that
