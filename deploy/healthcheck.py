@@ -37,12 +37,16 @@ def check(config: str | None) -> str:
         if not parsed.database or not path.is_file():
             raise RuntimeError(f"no answered-log at {path} yet (the daemon creates it at start)")
         engine = sa.create_engine(f"sqlite:///file:{path}?mode=ro&uri=true")
+        try:
+            current, head = migrate.revisions(engine)
+        finally:
+            engine.dispose()
     else:
-        engine = st.make_engine(url)
-    try:
-        current, head = migrate.revisions(engine)
-    finally:
-        engine.dispose()
+        store = st.Store.open(url, migrate=None)  # reads the revision, writes nothing
+        try:
+            current, head = store.schema_revision()
+        finally:
+            store.dispose()
     if current != head:
         raise RuntimeError(f"schema at {current or 'nothing'}, this replyd needs {head}: run `replyd db upgrade`")
     return f"ok: {st.redact_url(url)} at revision {current}"

@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from replyd.clock import FakeClock, SystemClock
 from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, RateLimited, Rejected
 from replyd.hooks import Hook, Receiver, slack_sign, slack_verify
-from replyd.platforms.base import Parent, Pending
+from replyd.platforms.base import Parent, Pending, ThreadDepth
 from replyd.platforms.slack import SlackPlatform
 from tests.slack_fake import (
     APP_TOKEN,
@@ -158,6 +158,16 @@ def test_a_thread_reply_is_answered_in_its_thread(api, world) -> None:
     plat.send(p, "here", provider_key="k")
     [reply] = world.thread_replies(root)
     assert reply.thread_ts == root_ts and reply.metadata["event_payload"]["parent"] == inner
+
+
+def test_thread_depth_is_one_inside_a_thread_and_zero_outside(api, world) -> None:
+    """Slack threads are flat: the max_depth policy sees 1 for a message in a thread, 0 for any other, with no request."""
+    plat = make(api)
+    root = world.say(GENERAL, ALICE, "a question for everyone")
+    inner = plat.resolve(mention(world, "and you?", thread_ts=root.partition(":")[2]))
+    top = plat.resolve(mention(world, "a new question"))
+    assert isinstance(plat, ThreadDepth)
+    assert (plat.thread_depth(inner, 5), plat.thread_depth(top, 5)) == (1, 0)
 
 
 # -- resolve -----------------------------------------------------------------------------------------

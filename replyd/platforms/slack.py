@@ -473,6 +473,11 @@ class SlackPlatform(_http.HttpPlatform):
             out.extend(self._read_channel(channel, f"{max(0.0, since):.6f}")[0])
         return sorted(out, key=lambda p: (ts_order(p.extra["ts"]), p.id))
 
+    def thread_depth(self, parent: Parent, limit: int) -> int:
+        """Return the parent's ancestors without a request: Slack threads are one level deep, so a message in a
+        thread (``thread_ts`` not its own ``ts``) has one, its root, and any other message none."""
+        return parent.thread_depth
+
     def resolve(self, ref: str) -> Parent:
         """A served id ``C…:ts`` or a permalink (``…/archives/C…/p1700000000000100``) as the parent."""
         ref = ref.strip()
