@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 
 from bench.common import Table, configure_quiet_logs, machine  # noqa: E402
 
-SECTIONS = ("overhead", "races", "readback", "growth", "economy", "profile", "commitlevels", "timetoanswer")
+SECTIONS = ("overhead", "races", "readback", "growth", "economy", "profile", "commitlevels", "timetoanswer", "slack")
 
 
 def _load() -> str:
@@ -124,8 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         res = t.measure(60 if q else 200)
         return res, t.tables(res, cmd)
 
+    def slack() -> tuple[Any, list[Table]]:
+        from bench import slack_duplicates as sd
+
+        res = sd.measure(1 if q else 5)
+        return res, sd.tables(res, cmd)
+
     plan = {"overhead": overhead, "races": races, "readback": readback, "growth": growth, "economy": economy,
-            "profile": profile, "commitlevels": commitlevels, "timetoanswer": timetoanswer}
+            "profile": profile, "commitlevels": commitlevels, "timetoanswer": timetoanswer, "slack": slack}
     started = datetime.now(timezone.utc)
     t_all = time.monotonic()
     info = machine()
