@@ -292,3 +292,22 @@ def test_ambiguous_send_pushes_deadline_past_its_return(store, plat, clock):
     g.post(plat.add_parent("p1"), "x")
     row = store.get(g.key("p1"))
     assert row.deadline_at == pytest.approx(clock.now() + plat.listing_delay_s)
+
+
+class _KeyedPlatform(MemoryPlatform):
+    """A memory platform that names its own idempotency keys (as Bluesky does with its rkeys)."""
+
+    def provider_key(self, sender_id: str, parent_id: str) -> str:
+        """The platform's own key for this parent."""
+        return f"own-{sender_id}-{parent_id}"
+
+
+def test_provider_key_is_the_adapters_own_when_it_offers_one(store, clock):
+    """An adapter offering ProviderKeys names the key the guard stores and sends; another gets replyd's default."""
+    kp, pp = _KeyedPlatform(clock=clock), MemoryPlatform(instance="memory:plain", clock=clock)
+    keyed = Guard(store, kp, kp.whoami(), clock=clock, send_timeout_s=10.0)
+    plain = Guard(store, pp, pp.whoami(), clock=clock, send_timeout_s=10.0)
+    assert keyed.provider_key("p1") == f"own-{keyed.identity.sender_id}-p1"
+    assert plain.provider_key("p1") != f"own-{plain.identity.sender_id}-p1" and len(plain.provider_key("p1")) > 0
+    assert keyed.post(keyed.platform.add_parent("p2"), "x").status is Status.POSTED
+    assert store.get(keyed.key("p2")).provider_key == f"own-{keyed.identity.sender_id}-p2"
