@@ -11,6 +11,7 @@ themselves are real.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -28,6 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+from pydantic import SecretStr
 from structlog.testing import capture_logs
 
 from tests.bsky_network import BskyNetwork, _create_account, bsky_network, crash_before_close  # noqa: F401
@@ -509,7 +511,7 @@ def test_expired_token_is_refreshed_transparently(world: World) -> None:
     session = plat._session
     assert session is not None
     expired = _expired_jwt(session.did, "did:web:localhost")
-    object.__setattr__(session.access, "_value", expired)
+    plat._session = dataclasses.replace(session, access=SecretStr(expired))
     with capture_logs() as logs:
         page = plat.inbox(None)
     assert isinstance(page.parents, list)
