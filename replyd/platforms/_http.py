@@ -876,9 +876,10 @@ class HttpPlatform:
     def _skipped(self, what: str, problem: BadResponse | str, item: Any) -> None:
         """Log an unreadable listing item that a poll skips (the others are still offered)."""
         item_id = item.get(self.ITEM_ID) if isinstance(item, dict) else None
-        self.log.warning(f"replyd.{self.kind}.skipped", what=what,
-                         problem=problem.detail if isinstance(problem, BadResponse) else problem,
-                         item_id=str(item_id) if isinstance(item_id, (int, str)) and not isinstance(item_id, bool) else None)
+        if isinstance(item_id, bool) or not isinstance(item_id, (int, str)):
+            item_id = None
+        self.log.warning(f"replyd.{self.kind}.skipped", what=what, item_id=None if item_id is None else str(item_id),
+                         problem=problem.detail if isinstance(problem, BadResponse) else problem)
 
     def _created(self, method: str, path: str, parent: Parent, *, what: str, read: Callable[[dict[str, Any]], T],
                  **kwargs: Any) -> T:

@@ -368,7 +368,8 @@ class BlueskyPlatform(_http.HttpPlatform):
                 self.log.info("replyd.bluesky.session_relogin", what=what, error=_xrpc_error(resp) or resp.status_code)
                 self._session = self._create_session(what)
             else:
-                self._raise_for_status(resp, what=f"{what}: refreshSession", bucket="com.atproto.server.refreshSession", acts=False)
+                self._raise_for_status(resp, what=f"{what}: refreshSession", bucket="com.atproto.server.refreshSession",
+                                       acts=False)
                 self._session = self._parse_session(resp, f"{what}: refreshSession", stale.did)
             return self._session
 

@@ -447,7 +447,8 @@ class GitHubPlatform(_http.HttpPlatform):
             items = _http.json_body(resp, what, list)
             batch = []
             for item in items:
-                got = self._read(what, item, lambda it: (self._issue_parent(it, what), _http.iso_field(it, "updated_at", what)))
+                got = self._read(what, item, lambda it: (self._issue_parent(it, what),
+                                                         _http.iso_field(it, "updated_at", what)))
                 if got is None:
                     continue
                 parent, updated = got

@@ -300,7 +300,8 @@ class MastodonPlatform(_http.HttpPlatform):
             items = _http.json_body(resp, what, list)
             oldest: float | None = None
             for item in items:
-                got = self._read(what, item, lambda it: (_http.field(it, "id", what), _http.iso_field(it, "created_at", what)))
+                got = self._read(what, item, lambda it: (_http.field(it, "id", what),
+                                                         _http.iso_field(it, "created_at", what)))
                 if got is None:
                     continue
                 nid, created = got

@@ -157,9 +157,8 @@ class MatrixPlatform(_http.HttpPlatform):
         """The body's ``retry_after_ms``, else ``Retry-After``."""
         data = _http.error_json(resp)
         wait_ms = data.get("retry_after_ms") if isinstance(data, dict) else None
-        if isinstance(wait_ms, (int, float)) and not isinstance(wait_ms, bool) and math.isfinite(wait_ms) and wait_ms >= 0:
-            return wait_ms / 1000.0
-        return super()._wait_s(resp)
+        usable = isinstance(wait_ms, (int, float)) and not isinstance(wait_ms, bool) and math.isfinite(wait_ms)
+        return wait_ms / 1000.0 if usable and wait_ms >= 0 else super()._wait_s(resp)
 
     def _error_text(self, resp: httpx.Response) -> str:
         """The server's text and the ``errcode`` (the only part anything may branch on)."""
