@@ -145,23 +145,23 @@ def summarize(lags: dict[str, list[float]], width: int = 14) -> dict[str, dict[s
     return summary
 
 
-def report(lags: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+def report(lags: dict[str, list[float]], width: int = 14) -> dict[str, dict[str, float]]:
     """Print p50 / p90 / p99 / max per listing and the JSON line; return the summary."""
-    summary = summarize(lags)
+    summary = summarize(lags, width)
     print(json.dumps(summary))
     return summary
 
 
-def cli(measure: Callable[..., dict[str, list[float]]], doc: str) -> int:
-    """The command line both Bluesky lag scripts share: start a network, ``measure(net, n, interval_s)``, report."""
+def cli(measure: Callable[..., dict[str, list[float]]], doc: str, *, n: int = 100, width: int = 14) -> int:
+    """The command line the Bluesky lag scripts share: start a network, ``measure(net, n, interval_s)``, report."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
-    ap.add_argument("-n", type=int, default=100, help="number of posts (default 100)")
+    ap.add_argument("-n", type=int, default=n, help=f"number of posts (default {n})")
     ap.add_argument("--interval-ms", type=float, default=10.0, help="poll interval per listing (default 10)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp, start_network(Path(tmp)) as net:
         print(f"network up in {net.startup_ms} ms: pds {net.pds}, appview {net.bsky}", file=sys.stderr)
         lags = measure(net, args.n, interval_s=args.interval_ms / 1000)
-    report(lags)
+    report(lags, width)
     return 0
 
 

@@ -19,10 +19,7 @@ Needs ``make bsky-deps``, PostgreSQL (root@127.0.0.1), Redis (127.0.0.1:6379) an
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -33,11 +30,11 @@ import httpx  # noqa: E402
 import libipld  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
-from bench.bsky_lag import _login, summarize  # noqa: E402
+from bench.bsky_lag import _login, cli  # noqa: E402
 from replyd.clock import SystemClock  # noqa: E402
 from replyd.platforms.bluesky import BlueskyPlatform  # noqa: E402
 from replyd.platforms.bluesky_firehose import Firehose, commit_posts, firehose_url  # noqa: E402
-from tests.bsky_network import BskyNetwork, start_network  # noqa: E402
+from tests.bsky_network import BskyNetwork  # noqa: E402
 
 SOURCES = ("firehose frame", "firehose parent", "listNotifications")
 
@@ -104,16 +101,7 @@ def measure(net: BskyNetwork, n: int, interval_s: float = 0.01, timeout_s: float
 
 def main() -> int:
     """Start a network, measure, print the table and a JSON line."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-n", type=int, default=50, help="number of mentions (default 50)")
-    ap.add_argument("--interval-ms", type=float, default=10.0, help="notification poll interval (default 10)")
-    args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, start_network(Path(tmp)) as net:
-        print(f"network up in {net.startup_ms} ms: pds {net.pds}, appview {net.bsky}", file=sys.stderr)
-        lags = measure(net, args.n, interval_s=args.interval_ms / 1000)
-    summary = summarize(lags, width=18)
-    print(json.dumps(summary))
-    return 0
+    return cli(measure, __doc__, n=50, width=18)
 
 
 if __name__ == "__main__":
