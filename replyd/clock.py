@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class Clock(Protocol):
@@ -16,6 +16,26 @@ class Clock(Protocol):
         ...
 
 
+@runtime_checkable
+class Steady(Protocol):
+    """A clock that also measures intervals no wall-clock step moves (an interval's ends on one clock)."""
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never steps; only differences mean anything."""
+        ...
+
+
+def monotonic_of(clock: object) -> Callable[[], float]:
+    """The step-free clock that goes with ``clock``: its own when it has one, else the process's."""
+    return clock.monotonic if isinstance(clock, Steady) else time.monotonic
+
+
+def shared(clock: object) -> bool:
+    """Whether every replica reads the same step-free time from ``clock`` (the database's), so that a time
+    one replica wrote can be subtracted from another's ``now``."""
+    return isinstance(clock, DatabaseClock)
+
+
 class SystemClock:
     """The real wall clock."""
 
@@ -23,12 +43,17 @@ class SystemClock:
         """Return ``time.time()``."""
         return time.time()
 
+    def monotonic(self) -> float:
+        """Return ``time.monotonic()`` (NTP or an operator stepping the wall clock does not move it)."""
+        return time.monotonic()
+
 
 class FakeClock:
     """A clock that only moves when told to; thread-safe."""
 
     def __init__(self, start: float = 1_800_000_000.0) -> None:
         self._t = start
+        self._mono = 0.0  # moved by advance only: set() is a wall-clock step
         self._lock = threading.Lock()
 
     def now(self) -> float:
@@ -36,14 +61,20 @@ class FakeClock:
         with self._lock:
             return self._t
 
+    def monotonic(self) -> float:
+        """Return the seconds ``advance`` has moved the clock (a ``set`` step does not count)."""
+        with self._lock:
+            return self._mono
+
     def advance(self, seconds: float) -> float:
         """Move the clock forward by ``seconds`` and return the new time."""
         with self._lock:
             self._t += seconds
+            self._mono += seconds
             return self._t
 
     def set(self, t: float) -> None:
-        """Jump to ``t`` (backwards too, to test clock jumps)."""
+        """Jump to ``t`` (backwards too, to test clock jumps), like NTP stepping a wall clock."""
         with self._lock:
             self._t = t
 
@@ -82,6 +113,10 @@ class DatabaseClock:
             self._anchor_epoch, self._anchor_mono = db, mid
             self.skew_s = db - time.time() + (t1 - mid)
         return db - before
+
+    def monotonic(self) -> float:
+        """Return the local monotonic clock this clock is carried forward by."""
+        return self._monotonic()
 
     def now(self) -> float:
         """Return the database's epoch time as of the last sync, plus the monotonic time since."""

@@ -504,6 +504,8 @@ class Guard:
     def _close(self, key: Key, attempt: int, reply_id: str, kind: str, status: Status = Status.POSTED) -> Outcome:
         """Close our row with the reply id; a lost close is left to the sweep."""
         now = self.clock.now()
+        if kind == "closed":
+            self.lag.sent(reply_id)  # the listing lag is timed from here, on a clock no wall-clock step moves
         # Every close keeps a deadline: from the configured delay on the sweep measures this reply's listing lag,
         # and once the delay in use has passed it verifies that no other reply (an earlier attempt's) landed.
         verify_at = now + self.lag.configured_s

@@ -18,12 +18,21 @@ and saw unlisted at age A proves the platform can take A, and without it every l
 minutes is judged at the configured delay. After the warm-up the percentile rules, so that one reply the
 platform never lists (deleted at once) cannot hold the delay at the cap. The proofs are this process's own
 looks; other replicas learn the lag at their next refresh, once the samples are complete in the store.
+
+A lag is an interval, and both its ends are read on one step-free clock: the process that sent the reply
+notes its monotonic time (``sent``) and measures the age of its own looks on it. A wall clock that NTP or an
+operator steps between the send and a look would otherwise prove a lag the platform never had (a replica
+stepped back 30 s makes every reply it sends look 30 s old to the others: the chaos campaign's seed 1201
+found the learned delay at 90 s that way). Looks by another replica count only on the database's clock
+(``store.db_clock``), which every replica shares and no local step moves; elsewhere they still verify the
+close but are no sample.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +40,7 @@ from typing import Any
 import structlog
 
 from replyd import metrics
-from replyd.clock import Clock, SystemClock
+from replyd.clock import Clock, SystemClock, monotonic_of, shared
 from replyd.config import SweepConfig
 from replyd.errors import ReplydError
 from replyd.store import Store, Tx
@@ -41,6 +50,7 @@ log = structlog.get_logger("replyd.lag")
 RETENTION_S = 7 * 86_400.0  # samples older than this are forgotten
 FAR_BELOW = 2.0  # a configured delay below observed / FAR_BELOW is a warning
 MIN_STEP_S = 0.5  # the finest resolution a lag is measured at (between two looks)
+MAX_SENT = 100_000  # sends remembered for their monotonic time (a bound on memory at any send rate)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -93,13 +103,19 @@ class ListingLag:
         self.configured_s = float(configured_s)
         self.cfg = cfg or SweepConfig()
         self.clock = clock or store.clock or SystemClock()
+        self._monotonic = monotonic_of(self.clock)
+        # Another process's send time is comparable with our now only on the database's clock.
+        self._wall_is_shared = shared(self.clock)
         self.bot = bot
         self._in_use = self._published = self.configured_s
         self._next_refresh = float("-inf")
         self._refreshes = 0
         self._warned = False
         self._lock = threading.Lock()
-        # Warm-up: reply id -> (sent_at, longest proven lag) of this process's looks; _samples: the store's lower_s.
+        # This process's sends: reply id -> monotonic time of the send's response (oldest first).
+        self._sent: OrderedDict[str, float] = OrderedDict()
+        self._sent_lock = threading.Lock()
+        # Warm-up: reply id -> (monotonic sent, longest proven lag) of this process's looks; _samples: lower_s.
         self._proven: dict[str, tuple[float, float]] = {}
         self._samples: list[float] = []
         self._proven_lock = threading.Lock()
@@ -153,7 +169,7 @@ class ListingLag:
             self._refreshes += 1
             self.summary = LagSummary.of(self.platform, samples)
             self._samples = [lo for lo, _ in samples]
-            new = effective_delay(self.configured_s, self._samples, self.cfg, self._proven_now(now))
+            new = effective_delay(self.configured_s, self._samples, self.cfg, self._proven_now())
             self._warn_if_short(len(samples))
             # Compared with what was last published: the warm-up raises _in_use between refreshes.
             old, self._in_use = self._published, new
@@ -186,31 +202,54 @@ class ListingLag:
                     hint="the platform lists replies much later than configured: raise the key"
                     + ("" if self.cfg.listing_delay_auto else " (or set sweep.listing_delay_auto = true)"))
 
+    def sent(self, reply_id: str) -> None:
+        """Note that this process's send just made ``reply_id`` (the guard, as it closes the row): its looks
+        measure the reply's age on the monotonic clock from now."""
+        mono = self._monotonic()
+        horizon = mono - 2 * self.cfg.listing_delay_max_s  # a reply is looked at until listing_delay_max_s
+        with self._sent_lock:
+            self._sent[reply_id] = mono
+            while self._sent and (len(self._sent) > MAX_SENT or next(iter(self._sent.values())) < horizon):
+                self._sent.popitem(last=False)
+
+    def age_s(self, reply_id: str, sent_at: float, now: float) -> float | None:
+        """An own reply's age at a look now, on one step-free clock; None when no such clock measured it."""
+        with self._sent_lock:
+            mono_sent = self._sent.get(reply_id)
+        if mono_sent is not None:
+            return max(0.0, self._monotonic() - mono_sent)
+        if self._wall_is_shared:
+            return max(0.0, now - sent_at)
+        return None  # sent by another replica (or before a restart) and timed on a wall clock that can step
+
     def look(self, tx: Tx, sender_id: str, reply_id: str, *, sent_at: float, now: float,
              listed: bool) -> None:
         """Record one read-back's look for an own reply sent at ``sent_at`` (inside the sweep's transaction)."""
-        age = max(0.0, now - sent_at)
+        age = self.age_s(reply_id, sent_at, now)
+        if age is None:
+            return
         if tx.lag_look(self.platform, sender_id, reply_id, sent_at=sent_at, age_s=age, listed=listed, now=now):
             metrics.listing_lag(self.platform, age)
         if not listed:
-            self._prove(reply_id, sent_at, age, now)
+            self._prove(reply_id, age)
 
-    def _prove(self, reply_id: str, sent_at: float, age_s: float, now: float) -> None:
+    def _prove(self, reply_id: str, age_s: float) -> None:
         """Warm-up: a known reply unlisted at ``age_s`` raises the delay in use at once (no store read)."""
         if not self.cfg.listing_delay_auto or len(self._samples) >= self.cfg.listing_delay_min_samples:
             return
+        mono = self._monotonic()
         with self._proven_lock:
-            _, before = self._proven.get(reply_id, (sent_at, 0.0))
-            self._proven[reply_id] = (sent_at, max(before, age_s))
-        new = effective_delay(self.configured_s, self._samples, self.cfg, self._proven_now(now))
+            sent, before = self._proven.get(reply_id, (mono - age_s, 0.0))
+            self._proven[reply_id] = (sent, max(before, age_s))
+        new = effective_delay(self.configured_s, self._samples, self.cfg, self._proven_now())
         if new > self._in_use:
             # Only up between refreshes: the refresh publishes it (and logs the change) from the sweep's thread.
             self._in_use = new
 
-    def _proven_now(self, now: float) -> list[float]:
+    def _proven_now(self) -> list[float]:
         """The warm-up's proven lags of replies sent within ``listing_delay_max_s`` (older ones are dropped)."""
         with self._proven_lock:
-            horizon = now - self.cfg.listing_delay_max_s
+            horizon = self._monotonic() - self.cfg.listing_delay_max_s
             self._proven = {k: v for k, v in self._proven.items() if v[0] >= horizon}
             return [lo for _, lo in self._proven.values()]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import structlog.testing
 
+from replyd.clock import FakeClock
 from replyd.config import SweepConfig
 from replyd.guard import Guard, Status
 from replyd.lag import ListingLag, effective_delay, percentile, summaries
@@ -181,3 +182,69 @@ def test_a_look_in_the_same_pass_counts_before_an_open_row_is_judged(store, cloc
     clock.advance(1.0)
     r = sw.run_once()
     assert r.leased == 2 and r.not_landed == 0 and lag.delay_s() == 2.0
+
+
+def _stepped(store, replica: FakeClock, platform_clock: FakeClock, real_s: float):
+    """A bot on ``replica``'s wall clock against a platform on its own clock (real lag ``real_s``, configured 1 s)."""
+    plat = MemoryPlatform(clock=platform_clock, listing_delay_s=1.0)
+    plat.real_listing_delay_s = real_s
+    lag = ListingLag(store, plat.instance, 1.0, cfg(), clock=replica, bot="b1")
+    guard = Guard(store, plat, plat.whoami(), clock=replica, send_timeout_s=0.5, lag=lag, watch_interval_s=None)
+    return plat, lag, guard
+
+
+def _tick(clocks, sweepers, seconds: float, every: float = 0.25) -> None:
+    """Advance every clock together (real time passing) and run each sweeper at every step."""
+    for _ in range(int(seconds / every)):
+        for c in clocks:
+            c.advance(every)
+        for sw in sweepers:
+            sw.run_once()
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("step_s", [30.0, -30.0])
+def test_a_wall_clock_step_between_send_and_look_proves_no_lag(store, clock, step_s):
+    """The sender's wall clock steps 30 s (NTP, an operator) after a send: its looks time the lag on the monotonic
+    clock, so the proven lag stays the platform's 3 s and the delay in use 2 x that, not 2 x 33 s."""
+    platform_clock = FakeClock(clock.now())
+    plat, lag, guard = _stepped(store, clock, platform_clock, 3.0)
+    sw = Sweeper(store, [Bot(plat, plat.whoami(), lag)], clock=clock, retry_s=5.0, config=cfg())
+    for i in range(6):
+        assert guard.post(plat.add_parent(f"p{i}"), "x").status is Status.POSTED
+        if i == 0:
+            clock.set(clock.now() + step_s)  # the step: wall time only, the platform and monotonic go on
+        _tick([clock, platform_clock], [sw], 1.0)
+    _tick([clock, platform_clock], [sw], 60.0)
+    lag.refresh()
+    assert lag.summary.samples == 6
+    assert 2.0 <= lag.summary.p99_s < 3.0, lag.summary
+    assert 3.0 <= lag.delay_s() <= 6.0
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_another_replicas_stepped_send_time_is_no_sample(store, clock):
+    """Replica A's wall clock is 30 s behind B's: B's looks at A's replies (sent_at 30 s in B's past) prove
+    nothing, A's own looks still measure the platform's 3 s; no replica's delay in use goes near 60 s."""
+    platform_clock = FakeClock(clock.now())
+    clock_b = FakeClock(clock.now())
+    clock.set(clock.now() - 30.0)  # replica A, stepped back before it sends
+    plat, lag_a, guard_a = _stepped(store, clock, platform_clock, 3.0)
+    lag_b = ListingLag(store, plat.instance, 1.0, cfg(), clock=clock_b, bot="b1")
+    sweepers = [Sweeper(store, [Bot(plat, plat.whoami(), lag)], clock=c, retry_s=5.0, config=cfg(), owner=o)
+                for lag, c, o in ((lag_b, clock_b, "b"), (lag_a, clock, "a"))]  # B first: it sees them due first
+    for i in range(6):
+        assert guard_a.post(plat.add_parent(f"p{i}"), "x").status is Status.POSTED
+        _tick([clock, clock_b, platform_clock], sweepers, 1.0)
+    _tick([clock, clock_b, platform_clock], sweepers, 60.0)
+    for lag in (lag_a, lag_b):
+        lag.refresh()
+        assert lag.summary.p99_s < 3.0 and lag.delay_s() <= 6.0, (lag.summary, lag.delay_s())
+
+
+def test_only_the_database_clock_is_shared_between_replicas():
+    """A wall clock (system or fake) can step, so another process's time on it is no end of an interval."""
+    from replyd.clock import DatabaseClock, SystemClock, shared
+
+    assert not shared(SystemClock()) and not shared(FakeClock())
+    assert shared(DatabaseClock(lambda: 1_800_000_000.0))

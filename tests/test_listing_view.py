@@ -73,8 +73,8 @@ def test_api_status_reports_the_live_delay_in_use(tmp_path, monkeypatch):
         with h.daemon.store.transaction() as tx:
             for i in range(6):
                 sent = h.daemon.store.clock.now() - 10
-                lag.look(tx, h.bot.id, f"r{i}", sent_at=sent, now=sent + 3.0, listed=False)
-                lag.look(tx, h.bot.id, f"r{i}", sent_at=sent, now=sent + 3.5, listed=True)
+                tx.lag_look(lag.platform, h.bot.id, f"r{i}", sent_at=sent, age_s=3.0, listed=False, now=sent + 3.0)
+                tx.lag_look(lag.platform, h.bot.id, f"r{i}", sent_at=sent, age_s=3.5, listed=True, now=sent + 3.5)
         lag.refresh()
         with h.client() as c:
             after = c.get("/v1/status").json()["bots"]["sim"]["listing"]
