@@ -337,17 +337,22 @@ class BlueskyPlatform(_http.HttpPlatform):
                          params=params, body=body)
         if _auth_failure(resp):
             # The PDS checks the token before the handler runs: nothing acted, a retry is safe.
-            self.log.info("replyd.bluesky.session_renew", what=what, error=_xrpc_error(resp) or resp.status_code)
+            self.log.info("replyd.bluesky.session_renew", what=what, error=self._server_says(resp, resp.status_code))
             session = self._renew(session, what)
             resp = self._raw(method, nsid, what=what, token=session.access, proxy=proxy, acts=acts,
                              params=params, body=body)
             if _auth_failure(resp):
                 raise DefinitelyNotSent(
-                    f"{what}: HTTP {resp.status_code} ({_xrpc_error(resp) or 'auth'}) after renewing the session",
+                    f"{what}: HTTP {resp.status_code} ({self._server_says(resp, 'auth')}) after renewing the session",
                     status=resp.status_code,
                 )
         self._raise_for_status(resp, what=what, bucket=nsid, acts=acts)
         return resp
+
+    def _server_says(self, resp: httpx.Response, default: object) -> str:
+        """The XRPC error of ``resp`` (or ``default``), redacted: a server may quote what it was sent (a token,
+        the app password) back in its error text."""
+        return _http.redact(str(_xrpc_error(resp) or default), self._secrets())
 
     # --- session ----------------------------------------------------------------------
 
@@ -365,7 +370,7 @@ class BlueskyPlatform(_http.HttpPlatform):
             resp = self._raw("POST", "com.atproto.server.refreshSession", what=f"{what}: refreshSession",
                              token=stale.refresh, acts=False)
             if _auth_failure(resp):
-                self.log.info("replyd.bluesky.session_relogin", what=what, error=_xrpc_error(resp) or resp.status_code)
+                self.log.info("replyd.bluesky.session_relogin", what=what, error=self._server_says(resp, resp.status_code))
                 self._session = self._create_session(what)
             else:
                 self._raise_for_status(resp, what=f"{what}: refreshSession", bucket="com.atproto.server.refreshSession",
@@ -378,7 +383,7 @@ class BlueskyPlatform(_http.HttpPlatform):
         resp = self._raw("POST", "com.atproto.server.createSession", what=w, token=None, acts=False,
                          body={"identifier": self._identifier, "password": self.s.app_password.get_secret_value()})
         if _auth_failure(resp):
-            raise DefinitelyNotSent(f"{w}: HTTP {resp.status_code} ({_xrpc_error(resp) or 'refused'})",
+            raise DefinitelyNotSent(f"{w}: HTTP {resp.status_code} ({self._server_says(resp, 'refused')})",
                                     status=resp.status_code)
         self._raise_for_status(resp, what=w, bucket="com.atproto.server.createSession", acts=False)
         session = self._parse_session(resp, w, None)

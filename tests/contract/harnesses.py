@@ -560,9 +560,6 @@ class BlueskyHarness(Harness):
     small_pages = {"page_limit": 2, "max_pages": 1}
     known_bugs = {
         "test_search_cursor_moves_forward": SEARCH_SKIPS + " (its 'refind closes the gap' covers the inbox only)",
-        "test_secret_never_in_errors_logs_or_repr":
-            "a 401 on a send logs replyd.bluesky.session_renew with the server's error text unredacted "
-            "(error='token <the app password> is odd'); errors and repr are clean",
     }
     url_key = "service"
     send_route = ("POST", r"^/xrpc/com\.atproto\.repo\.createRecord")
