@@ -242,6 +242,34 @@ def test_inbox_partial_failure_keeps_the_cursor(fixture_server: FixtureServer, h
     assert second.param("cursor") == body["cursor"]
 
 
+def test_page_budget_ending_before_the_cursor_resumes_there(fixture_server: FixtureServer,
+                                                             http_client: httpx.Client) -> None:
+    """max_pages ends before the old cursor: the next poll pages on from where it stopped (nothing between is
+    skipped), then moves to the newest item the first poll saw; a resume that keeps failing is given up."""
+    body = fx("listNotifications.json")
+    older = {"notifications": [], "cursor": None}  # the page after: nothing more before the old cursor
+    fixture_server.route("GET", NOTIFS, Reply(body=body), Reply(body=older))
+    p = make(fixture_server, http_client, max_pages=1)
+    old = "2023-01-01T00:00:00.000Z"
+    first = p.inbox(old)
+    assert len(first.parents) == 20 and first.cursor is not None and first.cursor != old
+    second = p.inbox(first.cursor)
+    assert second.parents == []
+    resumed = fixture_server.requests_to("GET", NOTIFS)[1]
+    assert resumed.param("cursor") == body["cursor"]  # where the first poll stopped, not the newest page
+    whole = make(fixture_server, http_client)
+    fixture_server.route("GET", NOTIFS, Reply(body=body), Reply(body=older))
+    assert second.cursor == whole.inbox(old).cursor  # the gap closed: the same cursor as one unlimited poll
+    # A listing that no longer takes its own cursor: three failed resumes, then the newest (refind's backstop).
+    fixture_server.route("GET", NOTIFS, Reply(body=body), Reply(status=400, body={"error": "InvalidCursor"}))
+    cursor = p.inbox(old).cursor
+    for _ in range(3):
+        page = p.inbox(cursor)
+        assert page.parents == []
+        cursor = page.cursor
+    assert cursor == second.cursor
+
+
 def test_refind_fixture_pages_back_to_since(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
     """refind returns mentions and replies indexed at or after since, and stops paging once past it."""
     body = fx("listNotifications.json")

@@ -240,6 +240,42 @@ class _Cursor:
         return cls(t, raw, frozenset(uris))
 
 
+@dataclass(frozen=True)
+class _Gap:
+    """A backwards scan that ran out of pages before ``since``: the next poll resumes at ``page`` (the
+    listing's own cursor) until it reaches ``since``, then moves on to ``newest`` (what the first scan saw)."""
+
+    PREFIX: ClassVar[str] = "gap\x1f"
+    MAX_FAILED: ClassVar[int] = 3  # resumes that failed before the gap is given up (a page cursor can expire)
+
+    since: _Cursor
+    newest: _Cursor
+    page: str
+    failed: int = 0
+
+    def encode(self) -> str:
+        return self.PREFIX + "\x1f".join([self.since.encode(), self.newest.encode(), self.page, str(self.failed)])
+
+    @classmethod
+    def decode(cls, cursor: str | None) -> _Gap | None:
+        if not cursor or not cursor.startswith(cls.PREFIX):
+            return None
+        try:
+            since, newest, page, failed = cursor[len(cls.PREFIX):].split("\x1f")
+            a, b = _Cursor.decode(since), _Cursor.decode(newest)
+            if a is None or b is None or not page:
+                return None
+            return cls(a, b, page, int(failed))
+        except ValueError:
+            return None
+
+
+def _since(cursor: str | None) -> _Cursor | None:
+    """Where a scan from ``cursor`` stops: the cursor itself, or the start of the gap it is resuming."""
+    gap = _Gap.decode(cursor)
+    return gap.since if gap is not None else _Cursor.decode(cursor)
+
+
 def _firehose(value: str | None) -> str | None:
     """A ``firehose_url`` checked now: a bad URL is a config error, not a stream that never opens."""
     from replyd.platforms.bluesky_firehose import firehose_url
@@ -511,7 +547,7 @@ class BlueskyPlatform(_http.HttpPlatform):
     def search(self, query: str, cursor: str | None) -> Page:
         """Return posts matching ``query`` indexed after ``cursor``, oldest first."""
         what = "search"
-        since = _Cursor.decode(cursor)
+        since = _since(cursor)
 
         def fetch(page_cursor: str | None) -> Any:
             params = [("q", query), ("sort", "latest"), ("limit", str(min(self.s.page_limit, 100)))]
@@ -532,17 +568,31 @@ class BlueskyPlatform(_http.HttpPlatform):
         cursor: str | None,
         parse: Callable[[Any, str], Parent | None],
     ) -> Page:
-        """Page back from the newest item until one at or before ``cursor``; new parents oldest first."""
-        since = _Cursor.decode(cursor)
-        newest = since
+        """Page back from the newest item until one at or before ``cursor``; new parents oldest first.
+
+        When ``max_pages`` ends before the cursor, the returned cursor is a gap (``_Gap``): the next poll pages
+        on from where this one stopped, so the items in between are offered too, before newer ones.
+        """
+        gap = _Gap.decode(cursor)
+        since = gap.since if gap is not None else _Cursor.decode(cursor)
+        newest = gap.newest if gap is not None else since
         found: dict[str, tuple[float, Parent]] = {}
-        page_cursor: str | None = None
+        page_cursor: str | None = gap.page if gap is not None else None
         pages = self.s.max_pages if since is not None else 1
         for page_no in range(pages):
             try:
                 body = fetch(page_cursor)
                 items = _http.field(body, items_key, what, list)
             except PlatformError as exc:
+                if gap is not None and page_no == 0 and isinstance(exc, Rejected):
+                    # The listing refuses its own page cursor (it may expire): a few tries, then the gap is
+                    # given up to the refind backstop. Other failures are the poll's, and the cursor stays.
+                    failed = gap.failed + 1
+                    self.log.warning("replyd.bluesky.gap_refused", what=what, failed=failed, problem=exc.detail,
+                                     abandoned=failed >= _Gap.MAX_FAILED)
+                    if failed >= _Gap.MAX_FAILED:
+                        return Page(parents=[], cursor=gap.newest.encode())
+                    return Page(parents=[], cursor=_Gap(gap.since, gap.newest, gap.page, failed).encode())
                 self._partial(what, page_no, exc)
                 # Pages so far do not reach the cursor: offer what was read, keep the old cursor.
                 return Page(parents=_oldest_first(found), cursor=cursor)
@@ -569,9 +619,10 @@ class BlueskyPlatform(_http.HttpPlatform):
                 break
             page_cursor = nxt
         else:
-            if since is not None:
-                # Refind re-reads the lookback window and closes this gap.
+            if since is not None and newest is not None and page_cursor:
+                # The budget ended before the cursor: the next poll resumes at the next page.
                 self.log.warning("replyd.bluesky.gap", what=what, pages=pages)
+                return Page(parents=_oldest_first(found), cursor=_Gap(since, newest, page_cursor).encode())
         return Page(parents=_oldest_first(found), cursor=newest.encode() if newest else cursor)
 
     def refind(self, since: float) -> list[Parent]:
