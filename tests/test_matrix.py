@@ -333,3 +333,21 @@ def test_invites_are_joined_only_by_policy(world: World) -> None:
     assert not joined()
     world.adapter(join_invites=True).inbox(None)
     assert joined()
+
+
+def test_a_search_gap_whose_next_batch_synapse_refuses_is_given_up(world: World) -> None:
+    """A gap cursor whose next_batch Synapse refuses (400): counted three polls, then the newest cursor (re-find's
+    backstop covers the gap); each refused poll offers nothing and raises nothing."""
+    from replyd.platforms._http import GapCursor
+
+    word = f"gapword{uuid.uuid4().hex[:8]}"
+    world.parent(text=f"{word} first")
+    first = world.platform.search(word, None)
+    assert first.cursor and len(first.parents) == 1
+    cursor = GapCursor(first.cursor, first.cursor, "not-a-next-batch").encode()
+    for i in range(GapCursor.MAX_REFUSED):
+        page = world.platform.search(word, cursor)
+        assert page.parents == []
+        cursor = page.cursor
+        assert (GapCursor.decode(cursor) is None) == (i == GapCursor.MAX_REFUSED - 1), cursor
+    assert cursor == first.cursor

@@ -629,6 +629,49 @@ def link_param(resp: httpx.Response, rel: str, name: str) -> str | None:
 # --- ids and HTML ----------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class GapCursor:
+    """A newest-first scan that ran out of ``max_pages`` before its old cursor ``since``.
+
+    The next poll resumes at ``page`` (the listing's own page token) until it meets ``since``, then moves on
+    to ``newest`` (the cursor the first scan would have returned), so the items in between are offered, older
+    ones before newer. ``since`` and ``newest`` are the adapter's own cursors, opaque here.
+    """
+
+    PREFIX: ClassVar[str] = "gap\x1f"
+    SEP: ClassVar[str] = "\x1f"
+    MAX_REFUSED: ClassVar[int] = 3  # resumes the listing refused (a page token can expire) before the gap is given up
+
+    since: str
+    newest: str
+    page: str
+    refused: int = 0
+
+    def encode(self) -> str:
+        """The persisted form: never a valid plain cursor of any adapter (they hold no control characters)."""
+        return self.PREFIX + self.SEP.join([self.since, self.newest, self.page, str(self.refused)])
+
+    @classmethod
+    def decode(cls, cursor: str | None) -> GapCursor | None:
+        """The gap ``cursor`` encodes, or None for a plain cursor (or a gap cursor that does not parse)."""
+        if not cursor or not cursor.startswith(cls.PREFIX):
+            return None
+        parts = cursor[len(cls.PREFIX):].split(cls.SEP)
+        if len(parts) != 4 or not parts[2] or not parts[3].isdigit():
+            return None
+        return cls(parts[0], parts[1], parts[2], int(parts[3]))
+
+    def refused_once_more(self, log: Any, what: str, exc: PlatformError) -> str:
+        """The cursor after the listing refused ``page``: the same gap counted once more, or (at the limit) the
+        newest, leaving the gap to the adapter's re-find backstop."""
+        refused = self.refused + 1
+        log.warning("replyd.platform.gap_refused", what=what, refused=refused, problem=exc.detail,
+                    abandoned=refused >= self.MAX_REFUSED)
+        if refused >= self.MAX_REFUSED:
+            return self.newest
+        return GapCursor(self.since, self.newest, self.page, refused).encode()
+
+
 def id_order(value: str) -> tuple[int, str]:
     """Sort key for numeric-string ids without converting them: shorter is older."""
     return (len(value), value)

@@ -240,40 +240,10 @@ class _Cursor:
         return cls(t, raw, frozenset(uris))
 
 
-@dataclass(frozen=True)
-class _Gap:
-    """A backwards scan that ran out of pages before ``since``: the next poll resumes at ``page`` (the
-    listing's own cursor) until it reaches ``since``, then moves on to ``newest`` (what the first scan saw)."""
-
-    PREFIX: ClassVar[str] = "gap\x1f"
-    MAX_FAILED: ClassVar[int] = 3  # resumes that failed before the gap is given up (a page cursor can expire)
-
-    since: _Cursor
-    newest: _Cursor
-    page: str
-    failed: int = 0
-
-    def encode(self) -> str:
-        return self.PREFIX + "\x1f".join([self.since.encode(), self.newest.encode(), self.page, str(self.failed)])
-
-    @classmethod
-    def decode(cls, cursor: str | None) -> _Gap | None:
-        if not cursor or not cursor.startswith(cls.PREFIX):
-            return None
-        try:
-            since, newest, page, failed = cursor[len(cls.PREFIX):].split("\x1f")
-            a, b = _Cursor.decode(since), _Cursor.decode(newest)
-            if a is None or b is None or not page:
-                return None
-            return cls(a, b, page, int(failed))
-        except ValueError:
-            return None
-
-
 def _since(cursor: str | None) -> _Cursor | None:
     """Where a scan from ``cursor`` stops: the cursor itself, or the start of the gap it is resuming."""
-    gap = _Gap.decode(cursor)
-    return gap.since if gap is not None else _Cursor.decode(cursor)
+    gap = _http.GapCursor.decode(cursor)
+    return _Cursor.decode(gap.since if gap is not None else cursor)
 
 
 def _firehose(value: str | None) -> str | None:
@@ -570,12 +540,12 @@ class BlueskyPlatform(_http.HttpPlatform):
     ) -> Page:
         """Page back from the newest item until one at or before ``cursor``; new parents oldest first.
 
-        When ``max_pages`` ends before the cursor, the returned cursor is a gap (``_Gap``): the next poll pages
-        on from where this one stopped, so the items in between are offered too, before newer ones.
+        When ``max_pages`` ends before the cursor, the returned cursor is a gap (``_http.GapCursor``): the next
+        poll pages on from where this one stopped, so the items in between are offered too, before newer ones.
         """
-        gap = _Gap.decode(cursor)
-        since = gap.since if gap is not None else _Cursor.decode(cursor)
-        newest = gap.newest if gap is not None else since
+        gap = _http.GapCursor.decode(cursor)
+        since = _since(cursor)
+        newest = _Cursor.decode(gap.newest) if gap is not None else since
         found: dict[str, tuple[float, Parent]] = {}
         page_cursor: str | None = gap.page if gap is not None else None
         pages = self.s.max_pages if since is not None else 1
@@ -585,14 +555,8 @@ class BlueskyPlatform(_http.HttpPlatform):
                 items = _http.field(body, items_key, what, list)
             except PlatformError as exc:
                 if gap is not None and page_no == 0 and isinstance(exc, Rejected):
-                    # The listing refuses its own page cursor (it may expire): a few tries, then the gap is
-                    # given up to the refind backstop. Other failures are the poll's, and the cursor stays.
-                    failed = gap.failed + 1
-                    self.log.warning("replyd.bluesky.gap_refused", what=what, failed=failed, problem=exc.detail,
-                                     abandoned=failed >= _Gap.MAX_FAILED)
-                    if failed >= _Gap.MAX_FAILED:
-                        return Page(parents=[], cursor=gap.newest.encode())
-                    return Page(parents=[], cursor=_Gap(gap.since, gap.newest, gap.page, failed).encode())
+                    # The listing refuses its own page cursor (it may expire). Other failures are the poll's.
+                    return Page(parents=[], cursor=gap.refused_once_more(self.log, what, exc))
                 self._partial(what, page_no, exc)
                 # Pages so far do not reach the cursor: offer what was read, keep the old cursor.
                 return Page(parents=_oldest_first(found), cursor=cursor)
@@ -622,7 +586,8 @@ class BlueskyPlatform(_http.HttpPlatform):
             if since is not None and newest is not None and page_cursor:
                 # The budget ended before the cursor: the next poll resumes at the next page.
                 self.log.warning("replyd.bluesky.gap", what=what, pages=pages)
-                return Page(parents=_oldest_first(found), cursor=_Gap(since, newest, page_cursor).encode())
+                return Page(parents=_oldest_first(found),
+                            cursor=_http.GapCursor(since.encode(), newest.encode(), page_cursor).encode())
         return Page(parents=_oldest_first(found), cursor=newest.encode() if newest else cursor)
 
     def refind(self, since: float) -> list[Parent]:

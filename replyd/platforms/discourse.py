@@ -460,17 +460,23 @@ class DiscoursePlatform(_http.HttpPlatform):
         """
         what = "search"
         q = query if "order:" in query else f"{query} order:latest"
+        # Resuming a gap (the last poll ran out of max_pages before its cursor): read on from its page. Posts
+        # made since push the gap's hits to later pages, never earlier, so reading on from there skips none.
+        gap = _http.GapCursor.decode(cursor)
+        base = gap.since if gap is not None else cursor
+        start = int(gap.page) if gap is not None else 1
         hits: dict[str, Any] = {}
-        for page in range(1, (self.s.max_pages if cursor is not None else 1) + 1):
+        gap_page: int | None = None  # set when max_pages ends before the cursor
+        for page in range(start, start + (self.s.max_pages if base is not None else 1)):
             params = [("q", q)] + ([("page", str(page))] if page > 1 else [])
             try:
                 resp = self._call("GET", "/search.json", what=what, params=params)
                 body = _http.json_body(resp, what, dict)
                 posts = _http.field(body, "posts", what, list, default=[])
             except PlatformError as exc:
-                self._partial(what, page - 1, exc)
+                self._partial(what, page - start, exc)
                 break
-            new, older = self._newer(posts, cursor, what)
+            new, older = self._newer(posts, base, what)
             for pid, post in new:
                 hits.setdefault(pid, post)
             more = _http.field(body, "grouped_search_result.more_full_page_results", what, bool, default=None)
@@ -478,8 +484,11 @@ class DiscoursePlatform(_http.HttpPlatform):
                 more = bool(_http.field(body, "grouped_search_result.more_posts", what, bool, default=False))
             if older or not more or not posts:
                 break
+        else:
+            gap_page = (start + self.s.max_pages) if base is not None else None
         found: list[Parent] = []
-        newest = cursor
+        newest = base
+        complete = True
         for pid in sorted(hits, key=id_order):
             try:
                 parent = self._post_by_id(pid, what, cached=True)
@@ -487,11 +496,20 @@ class DiscoursePlatform(_http.HttpPlatform):
                 self._skipped(what, exc.detail, hits[pid])
             except PlatformError as exc:
                 self.log.warning("replyd.discourse.search_partial", post_id=pid, problem=exc.detail)
+                complete = False
                 break
             else:
                 found.append(parent)
             newest = pid if newest is None or id_order(pid) > id_order(newest) else newest
-        return Page(parents=found, cursor=newest)
+        if gap_page is None and gap is None:
+            return Page(parents=found, cursor=newest)  # hits past a partial read are newer: read again next poll
+        if not complete:
+            return Page(parents=found, cursor=cursor)  # a gap half read: all of it again next poll
+        newest_cursor = gap.newest if gap is not None else (newest or "")
+        if gap_page is None:
+            return Page(parents=found, cursor=newest_cursor or None)  # the gap is closed
+        self.log.warning("replyd.discourse.gap", what=what, pages=self.s.max_pages)
+        return Page(parents=found, cursor=_http.GapCursor(base or "", newest_cursor, str(gap_page)).encode())
 
     # resolve ---------------------------------------------------------------------------
 

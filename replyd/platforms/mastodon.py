@@ -254,9 +254,14 @@ class MastodonPlatform(_http.HttpPlatform):
     def search(self, query: str, cursor: str | None) -> Page:
         """Return statuses matching ``query`` newer than ``cursor`` (a status id), oldest first."""
         what = "search"
-        newest = cursor
+        # Resuming a gap (the last poll ran out of max_pages before its cursor): read on from its offset. Hits
+        # made since push the gap's hits to later offsets, never earlier, so reading on from there skips none.
+        gap = _http.GapCursor.decode(cursor)
+        base = gap.since if gap is not None else cursor
+        newest = base
         found: dict[str, Parent] = {}
-        offset = 0
+        offset = int(gap.page) if gap is not None else 0
+        gap_offset: int | None = None  # set when max_pages ends before the cursor
         for _ in range(self.s.max_pages):
             params = [
                 ("q", query),
@@ -264,8 +269,8 @@ class MastodonPlatform(_http.HttpPlatform):
                 ("resolve", "false"),
                 ("limit", str(self.s.page_limit)),
             ]
-            if cursor is not None:
-                params.append(("min_id", cursor))
+            if base is not None:
+                params.append(("min_id", base))
             if offset:
                 params.append(("offset", str(offset)))
             resp = self._call("GET", "/api/v2/search", what=what, params=params)
@@ -277,7 +282,7 @@ class MastodonPlatform(_http.HttpPlatform):
                 except BadResponse as exc:
                     self._skipped(what, exc, item)
                     continue
-                if parent is None or (cursor is not None and id_order(parent.id) <= id_order(cursor)):
+                if parent is None or (base is not None and id_order(parent.id) <= id_order(base)):
                     continue
                 found.setdefault(parent.id, parent)
                 if newest is None or id_order(parent.id) > id_order(newest):
@@ -285,8 +290,15 @@ class MastodonPlatform(_http.HttpPlatform):
             if len(statuses) < self.s.page_limit:
                 break
             offset += len(statuses)
+        else:
+            gap_offset = offset if base is not None else None
         parents = sorted(found.values(), key=lambda p: id_order(p.id))
-        return Page(parents=parents, cursor=newest)
+        # After a gap, the newest the first scan saw: a newer hit read while resuming is read again next poll.
+        newest_cursor = gap.newest if gap is not None else newest
+        if gap_offset is None:
+            return Page(parents=parents, cursor=newest_cursor)
+        self.log.warning("replyd.mastodon.gap", what=what, pages=self.s.max_pages)
+        return Page(parents=parents, cursor=_http.GapCursor(base or "", newest_cursor or "", str(gap_offset)).encode())
 
     def refind(self, since: float) -> list[Parent]:
         """Re-read mentions notified at or after epoch ``since``, paging back (no cursor)."""

@@ -316,18 +316,27 @@ class MatrixPlatform(_http.HttpPlatform):
         """
         what = "search"
         me = self._my_id()
+        # Resuming a gap (the last poll ran out of max_pages before its cursor): page on from its next_batch.
+        gap = _http.GapCursor.decode(cursor)
+        base = gap.since if gap is not None else cursor
         since_ts, seen = -1, set[str]()
-        if cursor:
-            head, *ids = cursor.split("|")
+        if base:
+            head, *ids = base.split("|")
             since_ts, seen = (int(head), set(ids)) if head.isdigit() else (-1, set())
         body = {"search_categories": {"room_events": {
             "search_term": query, "keys": ["content.body"], "order_by": "recent",
             "filter": {"types": ["m.room.message"], "limit": self.s.page_limit}}}}
         found: dict[str, Parent] = {}
-        next_batch: str | None = None
-        for _ in range(self.s.max_pages):
+        next_batch: str | None = gap.page if gap is not None else None
+        gap_page: str | None = None  # set when max_pages ends before the cursor
+        for page_no in range(self.s.max_pages):
             params = {"next_batch": next_batch} if next_batch else None
-            data = self._api("POST", "/search", what=what, body=body, params=params, acts=False)
+            try:
+                data = self._api("POST", "/search", what=what, body=body, params=params, acts=False)
+            except Rejected as exc:
+                if gap is None or page_no:
+                    raise
+                return Page(parents=[], cursor=gap.refused_once_more(self.log, what, exc))  # next_batch refused
             events = _http.field(data, "search_categories.room_events", what, dict, default={})
             results = events.get("results") if isinstance(events.get("results"), list) else []
             older = False
@@ -351,14 +360,24 @@ class MatrixPlatform(_http.HttpPlatform):
             next_batch = events.get("next_batch") if isinstance(events.get("next_batch"), str) else None
             if older or not results or next_batch is None:
                 break
-        newest = max((round((p.created_at or 0) * 1000) for p in found.values()), default=since_ts)
-        if newest < 0:
-            return Page(parents=[], cursor=cursor)
-        at_newest = sorted(p.id for p in found.values() if round((p.created_at or 0) * 1000) == newest)
-        if newest == since_ts:
-            at_newest = sorted(seen | set(at_newest))
+        else:
+            gap_page = next_batch if since_ts >= 0 else None  # a first poll (no cursor) has no gap to close
         parents = sorted(found.values(), key=lambda p: (p.created_at or 0.0, p.id))
-        return Page(parents=parents, cursor="|".join([str(newest), *at_newest]))
+        if gap is not None:
+            newest_cursor = gap.newest  # what the scan that left the gap saw first
+        else:
+            newest = max((round((p.created_at or 0) * 1000) for p in found.values()), default=since_ts)
+            if newest < 0:
+                return Page(parents=[], cursor=cursor)
+            at_newest = sorted(p.id for p in found.values() if round((p.created_at or 0) * 1000) == newest)
+            if newest == since_ts:
+                at_newest = sorted(seen | set(at_newest))
+            newest_cursor = "|".join([str(newest), *at_newest])
+        if gap_page is not None and base:
+            # max_pages ended before the cursor: the next poll resumes at next_batch instead of skipping.
+            self.log.warning("replyd.matrix.gap", what=what, pages=self.s.max_pages)
+            return Page(parents=parents, cursor=_http.GapCursor(base, newest_cursor, gap_page).encode())
+        return Page(parents=parents, cursor=newest_cursor)
 
     def refind(self, since: float) -> list[Parent]:
         """Re-read every joined room's ``/messages`` back to epoch ``since``; the events mentioning the bot."""

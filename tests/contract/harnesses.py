@@ -61,13 +61,6 @@ def bad(base: dict[str, Any], *, missing: tuple[str, ...] = (), wrong: tuple[tup
     return out + [({**base, key: value}, key) for key, value in wrong]
 
 
-# Why a search cursor skips results today (Mastodon, Discourse, Matrix): pages are read newest first and the
-# cursor moves to the newest hit even when the page budget ended before the old cursor. The inbox of Discourse
-# does the same, but there re-find reads the gap again (the inbox case checks that). Bluesky resumes the gap.
-SEARCH_SKIPS = ("search reads hits newest first and moves the cursor to the newest even when max_pages ended "
-                "before the old cursor: the hits in between are never offered")
-
-
 def _html_502() -> Reply:
     return html_error(502)
 
@@ -307,7 +300,6 @@ class MastodonHarness(Harness):
         ("visibility", "everyone"), ("mention_author", 1), ("page_limit", 0), ("max_pages", True), ("instance", ""),
         ("visiblity", "direct")))
     small_pages = {"page_limit": 2, "max_pages": 1}
-    known_bugs = {"test_search_cursor_moves_forward": SEARCH_SKIPS + " (inbox pages forward from min_id and passes)"}
     send_route = ("POST", r"^/api/v1/statuses$")
     delete_route = ("DELETE", r"^/api/v1/statuses/")
 
@@ -373,7 +365,6 @@ class DiscourseHarness(Harness):
         ("api_secret", SECRET))) + [({"base_url": "https://f.example", "user_api_key": SECRET, "api_key": SECRET},
                                      "user_api_key")]
     small_pages = {"max_pages": 1}
-    known_bugs = {"test_search_cursor_moves_forward": SEARCH_SKIPS}
     send_route = ("POST", r"^/posts\.json$")
     delete_route = ("DELETE", r"^/posts/\d+\.json$")
 
@@ -646,7 +637,6 @@ class MatrixHarness(Harness):
         ("msgtype", "m.emote"), ("room", "x"), ("base_url", "http://example.org"), ("device_id", "a b"),
         ("page_limit", 0)))
     small_pages = {"page_limit": 2, "max_pages": 1}
-    known_bugs = {"test_search_cursor_moves_forward": SEARCH_SKIPS + " (/search order_by=recent)"}
     send_route = ("PUT", r"/rooms/[^/]+/send/m\.room\.message/")
     delete_route = ("PUT", r"/rooms/[^/]+/redact/")
 
