@@ -206,7 +206,8 @@ def _tick(clocks, sweepers, seconds: float, every: float = 0.25) -> None:
 @pytest.mark.parametrize("step_s", [30.0, -30.0])
 def test_a_wall_clock_step_between_send_and_look_proves_no_lag(store, clock, step_s):
     """The sender's wall clock steps 30 s (NTP, an operator) after a send: its looks time the lag on the monotonic
-    clock, so the proven lag stays the platform's 3 s and the delay in use 2 x that, not 2 x 33 s."""
+    clock, so the proven lag stays the platform's 3 s and the delay in use 2 x that, not 2 x 33 s; stepped back,
+    the first reply's look comes 31 s later and is timed 31 s old, not 0."""
     platform_clock = FakeClock(clock.now())
     plat, lag, guard = _stepped(store, clock, platform_clock, 3.0)
     sw = Sweeper(store, [Bot(plat, plat.whoami(), lag)], clock=clock, retry_s=5.0, config=cfg())
@@ -220,6 +221,8 @@ def test_a_wall_clock_step_between_send_and_look_proves_no_lag(store, clock, ste
     assert lag.summary.samples == 6
     assert 2.0 <= lag.summary.p99_s < 3.0, lag.summary
     assert 3.0 <= lag.delay_s() <= 6.0
+    listed_at = max(upper for _, upper in store.lag_samples(plat.instance, 100))
+    assert (listed_at >= 30.0) == (step_s < 0), listed_at  # the wall clock would read 0 s (or 33 s) for it
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)

@@ -251,6 +251,25 @@ def test_search_cursor_sends_min_id_and_filters(fixture_server: FixtureServer, h
     assert empty.parents == [] and empty.cursor == "116388149027005349"
 
 
+def test_search_gap_resumes_at_its_offset_and_a_refused_one_is_given_up(fixture_server: FixtureServer,
+                                                                         http_client: httpx.Client) -> None:
+    """max_pages ends before the cursor: the next poll reads on from that offset (same min_id); if the server
+    refuses the resume (4xx) three polls in a row, nothing is offered and the cursor moves to the newest."""
+    fixture_server.route("GET", SEARCH, Reply(body=fx("search_v2.json")),
+                         Reply(status=422, body={"error": "offset too large"}))
+    p = make(fixture_server.url, http_client, page_limit=1, max_pages=1)
+    first = p.search("halcy", "1")
+    assert [q.id for q in first.parents] == ["116388107849695302", "116388149027005349"]
+    cursor = first.cursor
+    for i in range(3):
+        page = p.search("halcy", cursor)
+        assert page.parents == []
+        resumed = fixture_server.requests[-1]
+        assert (resumed.param("min_id"), resumed.param("offset")) == ("1", "2")
+        cursor = page.cursor
+        assert (cursor == "116388149027005349") == (i == 2), cursor
+
+
 def test_status_context_fixture_used_by_read_back(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
     """With the own feed failing, read_back reads the recorded context and finds the own direct reply."""
     pid = "110446983926957470"

@@ -59,7 +59,7 @@ from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, model_val
 from replyd import deadline
 from replyd.clock import Clock
 from replyd.errors import BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
-from replyd.platforms.base import Identity, OwnReply, Parent, Pending, PlatformSettings, ReadBack
+from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, PlatformSettings, ReadBack
 
 ACTING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -958,6 +958,14 @@ class HttpPlatform:
         except BadResponse as exc:
             self._skipped(what, exc, item)
             return None
+
+    def _gap_refused(self, what: str, gap: GapCursor | None, page_no: int, exc: PlatformError) -> Page | None:
+        """A gap's resume whose first page the listing refused (a 4xx: its page token expired, an offset past a
+        limit): nothing offered and the gap counted once more, so a refused resume cannot stall the path
+        forever. None when it is the poll's own failure (the caller raises it, and the cursor stays)."""
+        if gap is None or page_no or not isinstance(exc, Rejected):
+            return None
+        return Page(parents=[], cursor=gap.refused_once_more(self.log, what, exc))
 
     def _partial(self, what: str, page_no: int, exc: PlatformError) -> None:
         """A listing's page failed: the first one raises ``exc``; after it, what was read is kept (logged)."""

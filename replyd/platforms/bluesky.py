@@ -554,9 +554,9 @@ class BlueskyPlatform(_http.HttpPlatform):
                 body = fetch(page_cursor)
                 items = _http.field(body, items_key, what, list)
             except PlatformError as exc:
-                if gap is not None and page_no == 0 and isinstance(exc, Rejected):
-                    # The listing refuses its own page cursor (it may expire). Other failures are the poll's.
-                    return Page(parents=[], cursor=gap.refused_once_more(self.log, what, exc))
+                refused = self._gap_refused(what, gap, page_no, exc)
+                if refused is not None:
+                    return refused
                 self._partial(what, page_no, exc)
                 # Pages so far do not reach the cursor: offer what was read, keep the old cursor.
                 return Page(parents=_oldest_first(found), cursor=cursor)

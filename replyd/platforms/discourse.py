@@ -474,6 +474,9 @@ class DiscoursePlatform(_http.HttpPlatform):
                 body = _http.json_body(resp, what, dict)
                 posts = _http.field(body, "posts", what, list, default=[])
             except PlatformError as exc:
+                refused = self._gap_refused(what, gap, page - start, exc)
+                if refused is not None:
+                    return refused
                 self._partial(what, page - start, exc)
                 break
             new, older = self._newer(posts, base, what)

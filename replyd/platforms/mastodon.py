@@ -262,7 +262,7 @@ class MastodonPlatform(_http.HttpPlatform):
         found: dict[str, Parent] = {}
         offset = int(gap.page) if gap is not None else 0
         gap_offset: int | None = None  # set when max_pages ends before the cursor
-        for _ in range(self.s.max_pages):
+        for page_no in range(self.s.max_pages):
             params = [
                 ("q", query),
                 ("type", "statuses"),
@@ -273,7 +273,13 @@ class MastodonPlatform(_http.HttpPlatform):
                 params.append(("min_id", base))
             if offset:
                 params.append(("offset", str(offset)))
-            resp = self._call("GET", "/api/v2/search", what=what, params=params)
+            try:
+                resp = self._call("GET", "/api/v2/search", what=what, params=params)
+            except PlatformError as exc:
+                refused = self._gap_refused(what, gap, page_no, exc)
+                if refused is None:
+                    raise
+                return refused
             body = _http.json_body(resp, what, dict)
             statuses = _http.field(body, "statuses", what, list)
             for item in statuses:

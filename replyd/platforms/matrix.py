@@ -333,10 +333,11 @@ class MatrixPlatform(_http.HttpPlatform):
             params = {"next_batch": next_batch} if next_batch else None
             try:
                 data = self._api("POST", "/search", what=what, body=body, params=params, acts=False)
-            except Rejected as exc:
-                if gap is None or page_no:
+            except PlatformError as exc:
+                refused = self._gap_refused(what, gap, page_no, exc)
+                if refused is None:
                     raise
-                return Page(parents=[], cursor=gap.refused_once_more(self.log, what, exc))  # next_batch refused
+                return refused
             events = _http.field(data, "search_categories.room_events", what, dict, default={})
             results = events.get("results") if isinstance(events.get("results"), list) else []
             older = False
