@@ -188,7 +188,8 @@ def test_forged_unsigned_replayed_oversize_deliveries_post_nothing(fake, host, e
         forged = {**headers, "X-Hub-Signature-256": sign("not-the-secret-0123456789", body)}
         unsigned = {k: v for k, v in headers.items() if k != "X-Hub-Signature-256"}
         with httpx.Client(timeout=5.0) as http:
-            assert http.post(url, headers=forged, content=body).status_code == 401
+            bad = http.post(url, headers=forged, content=body)
+            assert bad.status_code == 401
             assert http.post(url, headers=unsigned, content=body).status_code == 401
             replayed = http.post(url, headers=headers, content=json.dumps(other).encode())  # signature of another body
             assert replayed.status_code == 401 and replayed.json()["error"] == "bad_signature"
@@ -199,7 +200,8 @@ def test_forged_unsigned_replayed_oversize_deliveries_post_nothing(fake, host, e
             r = http.post(url, headers={**headers, "X-GitHub-Event": "ping", "X-Hub-Signature-256": sign(SECRET, ping)},
                           content=ping)
             assert r.status_code == 202 and r.json() == {"accepted": 0, "ignored": "ping is not answered"}
-            assert http.post(f"{d.api.url}/v1/hooks/nobody", headers=headers, content=body).status_code == 404
+            nobody = http.post(f"{d.api.url}/v1/hooks/nobody", headers=headers, content=body)
+            assert (nobody.status_code, nobody.content) == (401, bad.content)  # unknown bot = bad signature
             garbage = b"not json"
             assert http.post(url, headers={**headers, "X-Hub-Signature-256": sign(SECRET, garbage)},
                              content=garbage).status_code == 400
@@ -330,9 +332,13 @@ def test_discourse_post_created_addressing_the_bot_is_a_parent() -> None:
     [p] = plat.parse_webhook("post_created", _post(raw="hey @replybot, any idea?", user_id=12))
     assert (p.id, p.extra["topic_id"], p.extra["post_number"]) == ("29", 21, 1)
     reply = _post(raw="thanks", user_id=12, reply_to_post_number=3, reply_to_user={"username": "ReplyBot"})
-    assert [q.id for q in plat.parse_webhook("post_created", reply)] == ["29"]
-    assert plat.parse_webhook("post_created", _post(raw="hey @replybotter and @someone", user_id=12)).startswith(
-        "post_created does not address the bot")
+    [q] = plat.parse_webhook("post_created", reply)
+    assert q.id == "29"
+    assert plat.webhook_scope("post_created", reply, q) is None and plat.webhook_scope("post_created", _post(
+        raw="hey @replybot", user_id=12), p) is None
+    other = _post(raw="hey @replybotter and @someone", user_id=12)
+    [o] = plat.parse_webhook("post_created", other)  # a parent, outside the scope: dropped and counted
+    assert plat.webhook_scope("post_created", other, o) == "not_addressed"
     assert plat.parse_webhook("post_created", _post(raw="@replybot note to self", user_id=7)) == "the bot's own post"
     assert plat.parse_webhook("topic_created", {"topic": {}}) == "topic_created is not answered"
 

@@ -142,7 +142,9 @@ def test_published_events_parse_to_the_served_id_and_both_events_of_a_mention_ar
     plain = {**msg_ev, "event": {**msg_ev["event"], "text": "no name here"}}
     assert plat.parse_webhook("", own) == "own message"
     assert "message_changed" in plat.parse_webhook("", edited) and "bot_message" in plat.parse_webhook("", bot)
-    assert plat.parse_webhook("", plain) == "does not mention the bot"
+    [unaddressed] = plat.parse_webhook("", plain)  # a parent, outside the scope: dropped, counted (not ignored)
+    assert plat.webhook_scope("", plain, unaddressed) == "not_addressed"
+    assert plat.webhook_scope("", msg_ev, plat.parse_webhook("", msg_ev)[0]) is None
     assert plat.webhook_challenge(fixture("url_verification")) == {"challenge": fixture("url_verification")["challenge"]}
     assert plat.webhook_challenge(msg_ev) is None
 
