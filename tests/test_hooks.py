@@ -499,6 +499,12 @@ def test_discourse_post_created_addressing_the_bot_is_a_parent() -> None:
     other = _post(raw="hey @replybotter and @someone", user_id=12)
     [o] = plat.parse_webhook("post_created", other)  # a parent, outside the scope: dropped and counted
     assert plat.webhook_scope("post_created", other, o) == "not_addressed"
+    for raw in ('[quote="replybot, post:3, topic:21"]\nyes\n[/quote]\nmore?',
+                '[quote="Reply Bot, post:3, topic:21, username:replybot"]\nyes\n[/quote]'):
+        quoted = _post(raw=raw, user_id=12)
+        assert plat.webhook_scope("post_created", quoted, plat.parse_webhook("post_created", quoted)[0]) is None
+    plat._types = frozenset({1})  # notification_types = ["mentioned"]: a reply or a quote notifies nothing wanted
+    assert plat.webhook_scope("post_created", reply, q) == "not_addressed"
     assert plat.parse_webhook("post_created", _post(raw="@replybot note to self", user_id=7)) == "the bot's own post"
     assert plat.parse_webhook("topic_created", {"topic": {}}) == "topic_created is not answered"
 
@@ -523,3 +529,86 @@ def test_discourse_signature_header_is_the_one_checked() -> None:
     ok = rec.receive("d", {**head, KINDS["discourse"].signature: sign(SECRET, body)}, body)
     rec.close(wait=True)
     assert (ok.status, ok.body["parents"], offered) == (202, ["29"], ["29"])
+
+
+def test_discourse_posts_that_notify_nobody_are_dropped_over_http(host, monkeypatch, tmp_path, capfd) -> None:
+    """A Discourse webhook sends every post of the forum: over HTTP, correctly signed, a post that neither
+    mentions, quotes nor replies to the bot is acked 202 and dropped (logged, counted), nothing is posted on it;
+    a mention and a reply to the bot are answered once each."""
+    from tests.fakes_forum import FakeDiscourse
+
+    fake = FakeDiscourse(FakeClock(time.time()))
+    host.fake = fake
+    alice = fake.add_user("alice")
+    chatter = fake.create_topic(alice, "Lunch", "anyone for lunch? (not for @replybotter)")
+    asked = fake.create_topic(alice, "Help", "hey @replybot, any idea?")
+    bot_post = fake.reply(fake.bot, asked.topic_id, "try turning it off and on")
+    thanks = fake.reply(alice, asked.topic_id, "that worked", reply_to=bot_post.post_number)
+    monkeypatch.setenv("DC_KEY", FakeDiscourse.API_KEY)
+    monkeypatch.setenv("DC_HOOK_SECRET", SECRET)
+    cfg = _config(tmp_path, host, f"sqlite:///{tmp_path / 'r.sqlite3'}")
+    text = cfg.read_text()
+    text = text[:text.index("[[bots]]")] + f"""[[bots]]
+name = "dc"
+platform = "discourse"
+
+[bots.settings]
+base_url = "{host.url}"
+api_key_env = "DC_KEY"
+api_username = "replybot"
+listing_delay_s = 0.5
+
+[bots.pollers]
+inbox_interval_s = 0
+refind_interval_s = 0
+
+[bots.push]
+kind = "discourse"
+secret_env = "DC_HOOK_SECRET"
+
+[bots.responder]
+kind = "template"
+"""
+    cfg.write_text(text)
+    d = Daemon(Config.load(cfg))
+    d.start()
+    try:
+        url = f"{d.api.url}/v1/hooks/dc"
+        before = scraped(d.api.url, "replyd_webhook_dropped_total", platform="dc", reason="not_addressed")
+        with httpx.Client(timeout=5.0) as http:
+            got = []
+            for post in (chatter, asked, thanks):
+                raw = json.dumps({"post": fake._post_json(post, raw=True)}).encode()
+                got.append(http.post(url, content=raw, headers={
+                    "X-Discourse-Event": "post_created", "X-Discourse-Event-Id": str(post.id),
+                    "X-Discourse-Event-Signature": sign(SECRET, raw), "Content-Type": "application/json"}))
+        assert [(r.status_code, r.json().get("dropped"), r.json()["accepted"]) for r in got] == [
+            (202, ["not_addressed"], 0), (202, None, 1), (202, None, 1)]
+        assert _wait(lambda: fake.replies(asked.id) and fake.replies(thanks.id))
+        time.sleep(1.0)
+        after = scraped(d.api.url, "replyd_webhook_dropped_total", platform="dc", reason="not_addressed")
+    finally:
+        d.stop(grace_s=5)
+        host.fake = None
+    assert [len(fake.replies(p.id)) for p in (chatter, asked, thanks)] == [0, 1, 1]
+    assert after - before == 1
+    out, err = capfd.readouterr()
+    assert [(e["bot"], e["reason"], e["parent_id"]) for e in dropped_lines(out + err)] == [
+        ("dc", "not_addressed", str(chatter.id))]
+
+
+def test_an_api_without_hooks_answers_like_a_bad_signature(tmp_path) -> None:
+    """POST /v1/hooks/<bot> of an API serving no webhooks at all: the same 401 and body as a forged delivery to a
+    real bot, so the answer tells nothing of what is configured."""
+    from replyd.api import Api, ApiServer
+    from replyd.hooks import BAD_SIGNATURE
+    from replyd.store import Store
+
+    store = Store.open(f"sqlite:///{tmp_path / 'r.sqlite3'}")
+    api = Api(store, {}, expected=[])
+    try:
+        with ApiServer(api.app) as srv, httpx.Client(base_url=srv.url, timeout=5.0) as c:
+            r = c.post("/v1/hooks/gh", content=b"{}", headers={"X-Hub-Signature-256": sign(SECRET, b"{}")})
+    finally:
+        store.dispose()
+    assert (r.status_code, r.json()) == (BAD_SIGNATURE.status, BAD_SIGNATURE.body)
