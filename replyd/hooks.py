@@ -155,11 +155,6 @@ class Hook:
     instance: str = ""
 
 
-def dropped(platform: str, reason: str) -> None:
-    """Count one parent a delivery named outside the bot's scope (``reason`` from ``DROP_REASONS``)."""
-    metrics.webhook_dropped(platform, reason if reason in DROP_REASONS else "out_of_scope")
-
-
 class Receiver:
     """Checks, parses and hands deliveries to the bots' pipelines in the background (two worker threads)."""
 
@@ -232,7 +227,9 @@ class Receiver:
         for parent in found:
             try:
                 reason = hook.source.webhook_scope(event, payload, parent)
-            except ReplydError:  # a field the scope reads is unreadable: not provably inside, so not offered
+            except Exception as exc:  # unreadable or a bug: not provably inside, so not offered (fail closed)
+                log.error("replyd.hooks.scope_failed", bot=hook.bot, platform=hook.instance, delivery=delivery,
+                          error=f"{type(exc).__name__}: {exc}"[:300])
                 reason = "out_of_scope"
             if reason is None:
                 inside.append(parent)
@@ -240,7 +237,7 @@ class Receiver:
             reason = reason if reason in DROP_REASONS else "out_of_scope"
             log.info("replyd.hook.dropped", bot=hook.bot, platform=hook.instance, reason=reason, delivery=delivery,
                      hook_event=event, parent_id=printable(parent.id), url=printable(parent.url, 200))
-            dropped(hook.instance, reason)
+            metrics.webhook_dropped(hook.instance, reason)
             reasons.append(reason)
         return inside, reasons
 

@@ -150,7 +150,32 @@ def test_signed_mutated_payloads_offer_only_parents_in_scope(data: hs.DataObject
     finally:
         rec.close(wait=True)
     assert answer.status in (200, 202, 400, 422), (what, answer)
+    assert not [e for e in logs if e["event"] == "replyd.hooks.scope_failed"], (what, logs)
     payload = json.loads(body) if answer.status in (200, 202) else None
     for _, parent in offered:
         assert parent.id and sources[bot].webhook_scope(event.strip()[:64], payload, parent) is None, what
     _printable(logs)
+
+
+@FUZZ
+@given(team=hs.none() | hs.integers() | hs.lists(hs.text(max_size=3), max_size=2) | hs.dictionaries(
+    hs.text(max_size=3), hs.text(max_size=3), max_size=2) | NASTY_TEXT, auths=hs.lists(
+    hs.none() | hs.dictionaries(hs.sampled_from(["team_id", "user_id"]), hs.none() | hs.integers() | hs.lists(
+        hs.integers(), max_size=2) | NASTY_TEXT, max_size=2), max_size=3))
+def test_slack_scope_of_odd_workspace_fields_never_raises(team: Any, auths: list) -> None:
+    """``team_id`` and ``authorizations`` of any JSON type (a list or an object is unhashable): a signed
+    delivery is 2xx, its parent dropped as ``other_workspace`` unless the bot's workspace is named."""
+    offered: list = []
+    rec, _ = _receiver(offered)
+    doc = json.loads((FIXTURES / "slack/event_app_mention.json").read_bytes())
+    doc["team_id"], doc["authorizations"] = team, auths
+    body = json.dumps(doc).encode()
+    headers = {"x-slack-request-timestamp": str(int(NOW)), "x-slack-signature": slack_sign(SECRET, str(int(NOW)), body)}
+    try:
+        with capture_logs() as logs:
+            answer = rec.receive("sl", headers, body)
+    finally:
+        rec.close(wait=True)
+    assert not [e for e in logs if e["event"] == "replyd.hooks.scope_failed"], logs
+    named = team == "T123ABC456" or any(isinstance(a, dict) and a.get("team_id") == "T123ABC456" for a in auths)
+    assert answer.status == 202 and (len(offered) == 1) == named, answer

@@ -341,17 +341,16 @@ class SlackPlatform(_http.HttpPlatform):
         every workspace's events on one URL and signing secret: another workspace's are ``other_workspace``.
         """
         me = self._identity()
-        teams = {payload.get("team_id")} if isinstance(payload, dict) else set()
-        auths = payload.get("authorizations") if isinstance(payload, dict) else None
-        if isinstance(auths, list):
-            teams |= {a.get("team_id") for a in auths if isinstance(a, dict) and a.get("team_id")}
-        teams.discard(None)
+        body = payload if isinstance(payload, dict) else {}
+        auths = body.get("authorizations") if isinstance(body.get("authorizations"), list) else []
+        named = [body.get("team_id"), *(a.get("team_id") for a in auths if isinstance(a, dict))]
+        teams = {t for t in named if isinstance(t, str)}
         if self._team is not None and self._team not in teams:
             return "other_workspace"  # a delivery naming no workspace is not provably this bot's either
         channel = parent.extra.get("channel")
         if self.s.channels and channel not in self.s.channels:
             return "channel_not_listed"
-        event_body = payload.get("event") if isinstance(payload, dict) else None
+        event_body = body.get("event")
         channel_type = event_body.get("channel_type") if isinstance(event_body, dict) else None
         is_dm = channel_type == "im" or str(channel).startswith("D")
         if not is_dm and f"<@{me.sender_id}>" not in parent.text:
