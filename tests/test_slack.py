@@ -506,6 +506,25 @@ def test_socket_mode_acks_every_envelope_and_reads_redeliveries_after_a_reconnec
     reader.join(5)
 
 
+def test_socket_mode_offers_only_the_listed_channels(api, world, socket_server) -> None:
+    """With `channels` set, a Socket Mode envelope of a DM outside them is acked and not offered (the poll would
+    not read it either); a mention in a listed channel is."""
+    plat = make(api, channels=[GENERAL])
+    got: list[str] = []
+    stop = threading.Event()
+    reader = threading.Thread(target=lambda: got.extend(p.id for p in plat.stream(stop)), daemon=True)
+    reader.start()
+    try:
+        assert wait_until(lambda: socket_server.connections == 1, 10)
+        world.say(DM, ALICE, "hello bot")
+        pid = mention(world)
+        assert wait_until(lambda: pid in got and not socket_server.unacked, 10)
+    finally:
+        stop.set()
+        reader.join(5)
+    assert set(got) == {pid}
+
+
 def test_socket_mode_without_an_app_token_or_with_a_refused_one_is_not_sent(api) -> None:
     """No app token, or one Slack refuses: DefinitelyNotSent (the stream runner backs off and retries)."""
     plain = SlackPlatform.from_settings({"token": BOT_TOKENS[0], "api_url": api.url}, http=httpx.Client(),

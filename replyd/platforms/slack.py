@@ -410,8 +410,14 @@ class SlackPlatform(_http.HttpPlatform):
                     except BadResponse as exc:
                         self.log.warning("replyd.slack.socket_unreadable", platform=self.instance, problem=exc.detail)
                         continue
-                    if not isinstance(found, str):
-                        yield from found
+                    for parent in [] if isinstance(found, str) else found:
+                        # The same scope as a webhook's: another workspace's or an unlisted channel's is not offered.
+                        reason = self.webhook_scope("", msg.get("payload"), parent)
+                        if reason is None:
+                            yield parent
+                        else:
+                            self.log.info("replyd.slack.socket_dropped", platform=self.instance, reason=reason,
+                                          parent_id=parent.id)
         except (WebSocketException, OSError) as exc:
             raise DefinitelyNotSent(_http.redact(f"socket mode: {type(exc).__name__}: {exc}", self._secrets())) from None
 
