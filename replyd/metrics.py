@@ -85,8 +85,14 @@ LISTING_LAG = Histogram(
 )
 WEBHOOKS = Counter(
     "replyd_webhook_deliveries",
-    "Webhook deliveries by result (accepted, ignored, bad_signature, bad_body, unreadable).",
+    "Webhook deliveries by result (accepted, ignored, dropped, bad_signature, bad_body, unreadable).",
     ["platform", "result"],
+    registry=None,
+)
+WEBHOOK_DROPS = Counter(
+    "replyd_webhook_dropped",
+    "Parents a signed webhook delivery named outside the bot's scope (what its pollers would find), by reason.",
+    ["platform", "reason"],
     registry=None,
 )
 POLLS = Counter(
@@ -96,7 +102,7 @@ POLLS = Counter(
     registry=None,
 )
 SHARED = (SENDS, SEND_SECONDS, OUTCOMES, PLATFORM_ERRORS, RESPONDER_CALLS, RESPONDER_SECONDS, SWEEP_ROWS, DUPLICATES,
-          SKIPS, POLLS, WEBHOOKS, LISTING_LAG)
+          SKIPS, POLLS, WEBHOOKS, WEBHOOK_DROPS, LISTING_LAG)
 
 # The `platform` label is the bot's name (or a short instance), never a URL: instance -> label.
 _LABELS: dict[str, str] = {}
@@ -158,6 +164,11 @@ def skipped(platform: str, reason: str) -> None:
 def webhook(platform: str, result: str) -> None:
     """Count one webhook delivery by what the receiver did with it."""
     _child(WEBHOOKS, platform, result).inc()
+
+
+def webhook_dropped(platform: str, reason: str) -> None:
+    """Count one webhook parent dropped as outside the bot's scope, by reason word."""
+    _child(WEBHOOK_DROPS, platform, reason).inc()
 
 
 def outcome(platform: str, status: str) -> None:

@@ -25,6 +25,7 @@ from replyd.api.models import (MAX_PARENT_ID, BotState, Event, Health, OpenRow, 
 from replyd.api.openapi import ROUTES, openapi_document
 from replyd.errors import PlatformError, RateLimited, Rejected, ReplydError
 from replyd.guard import Guard
+from replyd.hooks import BAD_SIGNATURE
 from replyd.liveness import Liveness
 from replyd.store import Reply, Store
 
@@ -174,8 +175,8 @@ class Api:
 
     async def hook(self, request: Request) -> Response:
         """POST /v1/hooks/{bot}: a signed webhook delivery; parents are offered in the background."""
-        if self.hooks is None:
-            return error(404, "unknown_hook", "no webhooks are configured (bots.push)", field="bot")
+        if self.hooks is None:  # as for an unknown bot: before authentication nothing says which bots exist
+            return JSONResponse(BAD_SIGNATURE.body, status_code=BAD_SIGNATURE.status)
         bot = request.path_params["bot"]
         raw = await self._body(request, self.hooks.max_body_bytes)
         if isinstance(raw, Response):

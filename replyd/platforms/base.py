@@ -189,6 +189,14 @@ class WebhookSource(Protocol):
         """Return the parents a delivery of ``event`` names, or a short reason it names none to answer."""
         ...
 
+    def webhook_scope(self, event: str, payload: Any, parent: Parent) -> str | None:
+        """None when the bot's own polling would find ``parent``; else why not, as one reason word (no I/O).
+
+        A webhook (a GitHub App's, an organisation's, a Slack app in several workspaces) delivers more than
+        the bot's config asks for: a parent is offered only inside what the pollers would have found.
+        """
+        ...
+
 
 @runtime_checkable
 class WebhookChallenge(Protocol):

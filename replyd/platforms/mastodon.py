@@ -251,6 +251,10 @@ class MastodonPlatform(_http.HttpPlatform):
         parent = self._parent(payload, "webhook", "status")
         return [parent] if parent is not None else "a reblog is not answered"
 
+    def webhook_scope(self, event: str, payload: Any, parent: Parent) -> str | None:
+        """Always None: a mention delivery is the account's own notification, the inbox poll's own item."""
+        return None
+
     def search(self, query: str, cursor: str | None) -> Page:
         """Return statuses matching ``query`` newer than ``cursor`` (a status id), oldest first."""
         what = "search"
