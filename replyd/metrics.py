@@ -71,6 +71,12 @@ DUPLICATES = Counter(
     ["platform"],
     registry=None,
 )
+TOO_LATE = Counter(
+    "replyd_sends_too_late",
+    "Sends the guard did not make: past the row's deadline when due to leave (a stall after the open commit).",
+    ["platform"],
+    registry=None,
+)
 SKIPS = Counter(
     "replyd_policy_skips",
     "Found parents the policy did not answer, by reason (author_is_bot, too_deep, hourly_cap, ...).",
@@ -96,7 +102,7 @@ POLLS = Counter(
     registry=None,
 )
 SHARED = (SENDS, SEND_SECONDS, OUTCOMES, PLATFORM_ERRORS, RESPONDER_CALLS, RESPONDER_SECONDS, SWEEP_ROWS, DUPLICATES,
-          SKIPS, POLLS, WEBHOOKS, LISTING_LAG)
+          TOO_LATE, SKIPS, POLLS, WEBHOOKS, LISTING_LAG)
 
 # The `platform` label is the bot's name (or a short instance), never a URL: instance -> label.
 _LABELS: dict[str, str] = {}
@@ -158,6 +164,11 @@ def skipped(platform: str, reason: str) -> None:
 def webhook(platform: str, result: str) -> None:
     """Count one webhook delivery by what the receiver did with it."""
     _child(WEBHOOKS, platform, result).inc()
+
+
+def too_late(platform: str) -> None:
+    """Count a send the guard held back because the row's deadline had passed before it could leave."""
+    _child(TOO_LATE, platform).inc()
 
 
 def outcome(platform: str, status: str) -> None:
