@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from replyd.errors import MaybeSent, PlatformError
@@ -96,3 +98,41 @@ def test_read_back_failed_checks_nothing(harness: Harness, failure: str) -> None
         return
     assert rb.checked == set()
     assert rb.found == {}
+
+
+def test_read_parents_finds_the_reply_without_the_own_feed(harness: Harness) -> None:
+    """``ParentReplies``: a reply whose answer was lost is found by its parent's own listing, and checked."""
+    from replyd.platforms.base import ParentReplies
+
+    adapter = harness.adapter()
+    if not isinstance(adapter, ParentReplies):
+        pytest.skip(f"{harness.kind}: the adapter has no per-parent read (ParentReplies)")
+    parent, other = harness.parent(adapter), harness.parent(adapter)
+    opened = harness.clock.now()
+    harness.fail_next_send("lost")
+    try:
+        adapter.send(parent, "here is how", provider_key=harness.provider_key(adapter, parent.id))
+    except MaybeSent:
+        pass
+    assert harness.reply_count(parent.id) == 1
+    me = adapter.whoami().sender_id
+    pending = [_pending(harness, adapter, parent, opened), _pending(harness, adapter, other, opened)]
+    paths: list[str] = []
+    hooks = getattr(harness, "http", None)
+    if hooks is not None:
+        hooks.event_hooks["request"].append(lambda req: paths.append(req.url.path))
+    try:
+        rb = harness.eventually(lambda: adapter.read_parents(pending, sender_id=me),
+                                lambda rb: parent.id in rb.found and other.id in rb.checked)
+    finally:
+        if hooks is not None:
+            hooks.event_hooks["request"].pop()
+    assert len(rb.found[parent.id]) == 1 and parent.id in rb.checked
+    assert other.id not in rb.found
+    feed = FEED_PATHS.get(harness.kind)
+    assert feed is None or not [p for p in paths if re.search(feed, p)], paths  # no own-feed walk
+
+
+# The own-feed listing of each adapter that has one: read_parents must not read it.
+FEED_PATHS = {"mastodon": r"/accounts/[^/]+/statuses$", "discourse": r"/user_actions", "github": r"/issues/comments$",
+              "bluesky": r"getAuthorFeed"}
