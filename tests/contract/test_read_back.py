@@ -7,7 +7,7 @@ import re
 import pytest
 
 from replyd.errors import MaybeSent, PlatformError
-from replyd.platforms.base import Parent, Pending, Platform, ReadBack
+from replyd.platforms.base import ParentReplies, Parent, Pending, Platform, ReadBack
 from tests.contract.harnesses import Harness
 
 
@@ -19,17 +19,22 @@ def _answer(harness: Harness, adapter: Platform, parent: Parent) -> str:
     return adapter.send(parent, "here is how", provider_key=harness.provider_key(adapter, parent.id)).reply_id
 
 
-def test_read_back_found_after_a_lost_response(harness: Harness) -> None:
-    """A reply whose answer was lost is found under its parent, and that parent counts as checked."""
-    adapter = harness.adapter()
-    parent = harness.parent(adapter)
-    opened = harness.clock.now()
+def _lost_answer(harness: Harness, adapter: Platform, parent: Parent) -> None:
+    """Answer ``parent`` with the send's response lost on the way back (the reply exists on the platform)."""
     harness.fail_next_send("lost")
     try:
         adapter.send(parent, "here is how", provider_key=harness.provider_key(adapter, parent.id))
     except MaybeSent:
         pass
     assert harness.reply_count(parent.id) == 1
+
+
+def test_read_back_found_after_a_lost_response(harness: Harness) -> None:
+    """A reply whose answer was lost is found under its parent, and that parent counts as checked."""
+    adapter = harness.adapter()
+    parent = harness.parent(adapter)
+    opened = harness.clock.now()
+    _lost_answer(harness, adapter, parent)
     me = adapter.whoami().sender_id
     rb = harness.eventually(lambda: adapter.read_back([_pending(harness, adapter, parent, opened)], sender_id=me),
                             lambda rb: parent.id in rb.found)
@@ -102,19 +107,12 @@ def test_read_back_failed_checks_nothing(harness: Harness, failure: str) -> None
 
 def test_read_parents_finds_the_reply_without_the_own_feed(harness: Harness) -> None:
     """``ParentReplies``: a reply whose answer was lost is found by its parent's own listing, and checked."""
-    from replyd.platforms.base import ParentReplies
-
     adapter = harness.adapter()
     if not isinstance(adapter, ParentReplies):
         pytest.skip(f"{harness.kind}: the adapter has no per-parent read (ParentReplies)")
     parent, other = harness.parent(adapter), harness.parent(adapter)
     opened = harness.clock.now()
-    harness.fail_next_send("lost")
-    try:
-        adapter.send(parent, "here is how", provider_key=harness.provider_key(adapter, parent.id))
-    except MaybeSent:
-        pass
-    assert harness.reply_count(parent.id) == 1
+    _lost_answer(harness, adapter, parent)
     me = adapter.whoami().sender_id
     pending = [_pending(harness, adapter, parent, opened), _pending(harness, adapter, other, opened)]
     paths: list[str] = []
