@@ -149,7 +149,8 @@ class Sweeper:
         # Read once per pass, outside the rows' transactions (a refresh reads and writes the store).
         delay_s = bot.lag.refresh_if_due() if bot.lag is not None else bot.platform.listing_delay_s
         verify_s = bot.lag.verify_delay_s() if bot.lag is not None else delay_s
-        rb = self._parent_look(bot, rows, pending, rb, now, verify_s)
+        if not res.readback_errors:  # a platform failing its listings gets no second round of reads this pass
+            rb = self._parent_look(bot, rows, pending, rb, now, verify_s)
         # Closed rows first: their looks may prove a longer lag (the warm-up) before an open row is judged.
         for r in sorted(rows, key=lambda r: r.state != st.CLOSED):
             self._decide(bot, r, rb, now, delay_s, verify_s, res)
