@@ -71,6 +71,12 @@ DUPLICATES = Counter(
     ["platform"],
     registry=None,
 )
+TOO_LATE = Counter(
+    "replyd_sends_too_late",
+    "Sends the guard did not make: past the row's deadline when due to leave (a stall after the open commit).",
+    ["platform"],
+    registry=None,
+)
 SKIPS = Counter(
     "replyd_policy_skips",
     "Found parents the policy did not answer, by reason (author_is_bot, too_deep, hourly_cap, ...).",
@@ -102,7 +108,7 @@ POLLS = Counter(
     registry=None,
 )
 SHARED = (SENDS, SEND_SECONDS, OUTCOMES, PLATFORM_ERRORS, RESPONDER_CALLS, RESPONDER_SECONDS, SWEEP_ROWS, DUPLICATES,
-          SKIPS, POLLS, WEBHOOKS, WEBHOOK_DROPS, LISTING_LAG)
+          TOO_LATE, SKIPS, POLLS, WEBHOOKS, WEBHOOK_DROPS, LISTING_LAG)
 
 # The `platform` label is the bot's name (or a short instance), never a URL: instance -> label.
 _LABELS: dict[str, str] = {}
@@ -169,6 +175,11 @@ def webhook(platform: str, result: str) -> None:
 def webhook_dropped(platform: str, reason: str) -> None:
     """Count one webhook parent dropped as outside the bot's scope, by reason word."""
     _child(WEBHOOK_DROPS, platform, reason).inc()
+
+
+def too_late(platform: str) -> None:
+    """Count a send the guard held back because the row's deadline had passed before it could leave."""
+    _child(TOO_LATE, platform).inc()
 
 
 def outcome(platform: str, status: str) -> None:

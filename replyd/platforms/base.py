@@ -155,6 +155,15 @@ class Platform(Protocol):
 
 
 @runtime_checkable
+class ParentReplies(Protocol):
+    """Optional: read own replies from each parent itself (its thread, its comments), with no own-feed walk."""
+
+    def read_parents(self, pending: Sequence[Pending], *, sender_id: str) -> ReadBack:
+        """Like ``read_back``, every parent by its own listing: a look that does not share the walk's blind spots."""
+        ...
+
+
+@runtime_checkable
 class ReplyLinks(Protocol):
     """Optional: an adapter that knows the web address of one of the bot's own replies from its id."""
 

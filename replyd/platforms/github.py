@@ -712,8 +712,13 @@ class GitHubPlatform(_http.HttpPlatform):
             since = opened_at[pid] - self.READ_BACK_MARGIN_S
             return self._scan_issue_comments(owner, repo, number, since, sender_id, pid, found)
 
-        return self._read_back(pending, source=("issue", "parent_id"), feed=by_repo, fallback=issue,
-                               units=lambda opened, checked: ((pid, [pid]) for pid in fallback))
+        def issues(opened: dict[str, float], checked: set[str]) -> Iterable[tuple[str, list[str]]]:
+            if self._per_parent():  # read_parents: no repository listing ran, every issue is read by itself
+                opened_at.update(opened)
+                return ((pid, [pid]) for pid in where)
+            return ((pid, [pid]) for pid in fallback)
+
+        return self._read_back(pending, source=("issue", "parent_id"), feed=by_repo, fallback=issue, units=issues)
 
     def _own_comment(self, item: Any, what: str) -> tuple[str, str, str, float]:
         """``(comment id, author id, issue_url, created_at)`` of a listed comment."""
