@@ -29,7 +29,7 @@ STALE_S = 2.0  # health.stale_min_s, above 3 × every interval below: the bound 
 def test_liveness_words_and_bound_on_a_fake_clock():
     """A path is stale only past max(factor × interval, minimum) since its last success; failures are counted."""
     clock = FakeClock(1_000.0)
-    live = Liveness(clock, stale_after_intervals=3, stale_min_s=10)
+    live = Liveness(clock, stale_after_intervals=3, stale_min_s=10, failures_not_ready=8)  # only staleness here
     live.track("bot", "inbox", 30)
     live.track("bot", "sweep", 1)
     clock.advance(9)
@@ -47,6 +47,48 @@ def test_liveness_words_and_bound_on_a_fake_clock():
     live.ok("bot", "inbox")
     assert live.snapshot()["bot"]["paths"]["inbox"]["failures"] == 0 and live.snapshot()["bot"]["stale"] == ["sweep"]
     assert (ago(59), ago(180), ago(7300), ago(200_000)) == ("59 s", "3 min", "2 h", "2 d")
+
+
+def test_failing_stuck_start_and_breaker_on_a_fake_clock():
+    """Not ready at once on N failures in a row, on a run in flight past interval + timeout, on a bot not started
+    and on an open breaker, long before the path is stale; each cleared by its own recovery; generic words hide detail."""
+    clock = FakeClock(1_000.0)
+    live = Liveness(clock, stale_after_intervals=3, stale_min_s=600, failures_not_ready=2)
+    live.expect("a")
+    live.expect("b")
+    live.started("a")
+    live.track("a", "inbox", 5, timeout_s=2)
+    live.ok("a", "inbox")
+    live.failed("a", "inbox", "inbox: timed out")
+    assert live.snapshot()["a"]["failing"] == [] and "bot a" not in " ".join(live.problems())  # one failure: ready
+    live.failed("a", "inbox", "inbox: timed out")
+    assert live.snapshot()["a"]["failing"] == ["inbox"]
+    assert live.problems(detail=False) == ["bot a: inbox failing", "bot b: not started"]
+    live.ok("a", "inbox")
+    assert live.snapshot()["a"]["failing"] == []
+    with live.running("a", "inbox"):  # a frozen platform: the run hangs instead of failing
+        clock.advance(7)
+        assert live.snapshot()["a"]["failing"] == []  # 7 s = interval + timeout: not yet
+        clock.advance(0.5)
+        p = live.snapshot()["a"]["paths"]["inbox"]
+        assert p["failing"] and p["stuck"] and p["running_s"] == 7.5 and "in flight for 7 s" in p["words"], p
+    assert live.snapshot()["a"]["failing"] == []  # the run ended: no longer in flight
+    live.starting("b", "cannot log in at mastodon:http://10.0.0.9: connection refused", 4)
+    clock.advance(1)
+    assert live.retry_in_s("b") == 3 and live.not_running() == {"b"}
+    detail = live.problems()
+    assert detail == ["bot b: starting (1 attempt failed, next in 3 s): cannot log in at mastodon:http://10.0.0.9: "
+                      "connection refused"], detail
+    assert "10.0.0.9" not in " ".join(live.problems(detail=False))
+    live.started("b")
+    live.set_breaker("a", True, "9 of the last 10 sends failed: HTTP 500")
+    assert live.problems() == ["bot a: write breaker open: 9 of the last 10 sends failed: HTTP 500"]
+    assert live.problems(detail=False) == ["bot a: write breaker open"]
+    live.beat("a").breaker(False)
+    assert live.problems() == [] and live.not_running() == set()
+    live.start_failed("b", "bot b: refused the login (HTTP 401): check SIM_TOKEN")
+    assert live.problems() == ["bot b: failed to start: bot b: refused the login (HTTP 401): check SIM_TOKEN"]
+    assert live.retry_in_s("b") is None
 
 
 STALE_RGB = (0xB3, 0x26, 0x1E)  # statuspage.py's red for a stale path and a bad card
