@@ -38,10 +38,9 @@ def _counting(settings):
     return respond
 
 
-def write_config(path: Path, base_url: str, db: Path, token_env: str = "SIM_TOKEN", responder: str = "template",
-                 search: bool = True) -> Path:
-    """Write a daemon config for the sim with short intervals."""
-    path.write_text(f"""
+def _head(db: Path) -> str:
+    """The store, log, guard and sweep sections every daemon config here shares: short intervals."""
+    return f"""
 [store]
 url = "sqlite:///{db}"
 
@@ -55,7 +54,13 @@ send_timeout_s = 1.0
 [sweep]
 interval_s = 0.5
 retry_s = 0.5
+"""
 
+
+def write_config(path: Path, base_url: str, db: Path, token_env: str = "SIM_TOKEN", responder: str = "template",
+                 search: bool = True) -> Path:
+    """Write a daemon config for the sim with short intervals."""
+    path.write_text(f"""{_head(db)}
 [[bots]]
 name = "sim"
 platform = "mastodon"
@@ -261,21 +266,7 @@ jitter_s = 0
 [bots.responder]
 kind = "template"
 """ for name, url in (("a", url_a), ("b", url_b)))
-    path.write_text(f"""
-[store]
-url = "sqlite:///{db}"
-
-[log]
-format = "json"
-level = "info"
-
-[guard]
-send_timeout_s = 2.0
-
-[sweep]
-interval_s = 0.5
-retry_s = 0.5
-
+    path.write_text(f"""{_head(db)}
 [health]
 start_retry_s = 1.0
 start_retry_max_s = 4.0
