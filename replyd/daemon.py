@@ -511,6 +511,8 @@ class Daemon:
 
     def sweep_once(self) -> None:
         """Run one sweep pass for every started bot (tests; the scheduler runs ``sweep_bot`` per bot)."""
+        if self._clock_stale.is_set() and not self.stopping.is_set():
+            self.sync_clock()  # a reconnect re-anchors the clock at the next tick, bots or not
         for name in list(self.sweepers):
             self.sweep_bot(name)
 
