@@ -97,10 +97,18 @@ class SweepConfig(_Strict):
 
 
 class HealthConfig(_Strict):
-    """When readiness turns false: a path (inbox, search, refind, the sweep) with no success for this long."""
+    """When readiness turns false, and how a bot whose platform cannot be reached at start retries its start.
+
+    A path (inbox, search, refind, the sweep) is failing after ``failures_not_ready`` failed runs in a row,
+    or while a run is in flight longer than its interval plus the adapter's ``timeout_s``; stale after no
+    success for ``stale_after_intervals`` × its interval (at least ``stale_min_s``).
+    """
 
     stale_after_intervals: float = Field(3.0, gt=0)  # × the path's interval
     stale_min_s: float = Field(60.0, ge=0)  # never stale sooner than this
+    failures_not_ready: int = Field(2, ge=1)  # failed runs in a row that make a path (and so the daemon) not ready
+    start_retry_s: float = Field(1.0, gt=0)  # first wait before a start attempt again; doubles per failure
+    start_retry_max_s: float = Field(60.0, gt=0)  # the doubling's cap
 
 
 class ApiConfig(_Strict):

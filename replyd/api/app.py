@@ -52,14 +52,18 @@ class Api:
         max_body_bytes: int = 65_536,
         liveness: Liveness | None = None,
         hooks: Receiver | None = None,
+        webhook_bots: Sequence[str] = (),
     ) -> None:
         self.store = store
         self.liveness = liveness
         self.hooks = hooks
+        self.webhook_bots = frozenset(webhook_bots)  # configured push bots: 503 until they started, not 404
         self.guards = guards
         self.expected = list(expected) if expected is not None else None
         self.token = token or None
         gate = {"token": self.token, "hosts": HostCheck(host, hosts), "open_paths": open_paths(open_routes)}
+        # The same gate with nothing opened: whether an opened probe's caller showed the token (then: detail).
+        self._token_gate = Gate(None, token=self.token, hosts=gate["hosts"], open_paths=frozenset())
         self.refresh_s = refresh_s
         self.max_body_bytes = max_body_bytes
         self.registry = metrics.registry(store, liveness)
@@ -178,6 +182,11 @@ class Api:
         if self.hooks is None:  # as for an unknown bot: before authentication nothing says which bots exist
             return JSONResponse(BAD_SIGNATURE.body, status_code=BAD_SIGNATURE.status)
         bot = request.path_params["bot"]
+        if bot in self.webhook_bots and bot not in self.hooks.hooks:
+            # Configured, but its platform was not reached yet: a 5xx with Retry-After makes the platform redeliver.
+            wait_s = self.liveness.retry_in_s(bot) if self.liveness is not None else None
+            return error(503, "bot_starting", f"bot {bot!r} has not started yet (its platform was not reached); "
+                         "deliver again later", field="bot", headers=retry_after(min(60.0, (wait_s or 0) + 1)))
         raw = await self._body(request, self.hooks.max_body_bytes)
         if isinstance(raw, Response):
             return raw
@@ -292,7 +301,9 @@ class Api:
         return body(Health(status="ok"))
 
     async def readyz(self, request: Request) -> Response:
-        """GET /readyz: the store answers, every configured bot is logged in (and still claiming) and no path is stale."""
+        """GET /readyz: the store answers, every configured bot started (and still claiming), no write breaker is
+        open and no path is failing or stale. Opened without the token (``api.open_routes``), only generic reasons."""
+        detail = self.token is None or self._token_gate.admit(request) is None
 
         def check() -> Ready:
             """Ask the store one real query and look at every expected bot."""
@@ -300,11 +311,14 @@ class Api:
             try:
                 self.store.ping()
             except ReplydError as exc:
-                store_info = {"up": False, "error": str(exc)}
+                # The error names the database's address: only for a caller who showed the token.
+                store_info = {"up": False, "error": str(exc) if detail else "unavailable"}
             bots = {n: b.ready for n, b in self._bots_state().items()}
             reasons = [] if store_info["up"] else [f"store: {store_info['error']}"]
-            reasons += [f"bot {n}: not logged in" for n, ok in bots.items() if not ok]
-            reasons += self.liveness.problems() if self.liveness else []
+            starting = self.liveness.not_running() if self.liveness else set()
+            # A bot still starting (or refused) is said by liveness, with its reason.
+            reasons += [f"bot {n}: not logged in" for n, ok in bots.items() if not ok and n not in starting]
+            reasons += self.liveness.problems(detail=detail) if self.liveness else []
             return Ready(ready=not reasons, reasons=reasons, store=ReadyStore(**store_info), bots=bots)
 
         data = await run_in_threadpool(check)

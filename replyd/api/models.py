@@ -153,7 +153,29 @@ class PathHealth(Body):
     runs: int
     stale_after_s: float
     stale: bool
+    running_s: float | None = Field(default=None, description="Seconds the run in flight has run (null: none is).")
+    stuck: bool = Field(default=False, description="The run in flight has run past the interval + the request timeout.")
+    failing: bool = Field(default=False, description="health.failures_not_ready runs in a row failed, or stuck: not ready.")
     words: str = Field(description="inbox: last ok 3 min ago, 7 failures in a row: HTTP 503")
+
+
+class BotStart(Body):
+    """Whether a bot started: ``starting`` (its platform not reached yet, retried), ``running`` or ``failed``."""
+
+    state: Literal["starting", "running", "failed"]
+    reason: str | None
+    attempts: int
+    since: float
+    next_try_s: float | None
+    words: str
+
+
+class Breaker(Body):
+    """A bot's write breaker: open while sends fail as a platform-wide pattern (not ready)."""
+
+    open: bool
+    reason: str | None
+    since: float | None
 
 
 class BotLiveness(Body):
@@ -161,7 +183,10 @@ class BotLiveness(Body):
 
     paths: dict[str, PathHealth] = Field(description="inbox, search, refind and sweep, as scheduled.")
     stale: list[str]
+    failing: list[str] = []
     oldest_due_open_age_s: float | None
+    start: BotStart | None = None
+    breaker: Breaker | None = None
 
 
 class BotState(Body):
@@ -212,4 +237,4 @@ class Ready(Body):
 
 # Every body the document names, in the order its components list them.
 RESPONSES: tuple[type[BaseModel], ...] = (Error, Outcome, PostOutcome, Row, Event, ReplyHistory, Rearmed,
-                                          StatusSummary, BotState, BotLiveness, Health, Ready)
+                                          StatusSummary, BotState, BotLiveness, BotStart, Breaker, Health, Ready)

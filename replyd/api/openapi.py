@@ -122,7 +122,7 @@ ROUTES: tuple[Op, ...] = (
     }),
     Op("GET", "/healthz", "healthz", "healthz", "Liveness.", "open",
        {200: Answer("The process serves requests.", Health)}),
-    Op("GET", "/readyz", "readyz", "readyz", "Readiness: store reachable, every bot logged in, no path stale.", "read",
+    Op("GET", "/readyz", "readyz", "readyz", "Readiness: store reachable, every bot started, no write breaker open, no path failing or stale.", "read",
        {200: Answer("Ready.", Ready), 503: Answer("Not ready; the body says why.", Ready)}),
     Op("GET", "/metrics", "metrics", "metrics", "Prometheus metrics.", "read",
        {200: Answer("Prometheus text exposition.", TEXT)}),
