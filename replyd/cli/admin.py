@@ -10,7 +10,7 @@ from rich.table import Table
 
 from replyd import store as st
 from replyd.cli.common import (ConfigOpt, JsonOpt, ParentArg, StoreOpt, _bot_config, _emit_json, _existing_store,
-                               _instance_of, _load, _require_file, _store, err, out)
+                               _instance_of, _load, _require_file, _store, err, out, preflight)
 from replyd.config import Config
 from replyd.errors import ConfigError, StoreError
 from replyd.store import Key, Store
@@ -165,72 +165,58 @@ def config_check(
     online: Annotated[bool, typer.Option("--online", help="Also open the store (no migration) and log every bot "
                                                           "in once (no retry), as the daemon would.")] = False,
 ) -> None:
-    """Validate a config file (and the environment variables it names) without starting anything."""
+    """Validate a config file as `replyd run` does before it starts anything (and the variables it names)."""
+    cfg = _load(path)
+    preflight(cfg)  # exactly run's checks: a config passes both or neither
+    if online:
+        _check_online(cfg)
+    out.print(f"{path}: ok ({len(cfg.bots)} bot(s))")  # last: never "ok" before an online check failed
+
+
+def _check_online(cfg: Config) -> None:
+    """Open the store, then try each bot's identity once, as `run` does; one line per check; exit 2 on a failure."""
     import httpx
 
     from replyd.clock import SystemClock
-    from replyd.platforms.base import make_platform, registered_kinds
-    from replyd.responders import make_responder
-
-    cfg = Config.load(path)
-    kinds = registered_kinds()
-    platforms = []
-    http = httpx.Client(timeout=httpx.Timeout(10.0, connect=5.0))  # building adapters makes no request
-    try:
-        for b in cfg.bots:
-            if b.platform not in kinds:
-                raise ConfigError(f"{path}: bots.{b.name}.platform: unknown platform {b.platform!r} (known: {', '.join(kinds)})")
-            try:
-                platforms.append((b, make_platform(b.platform, b.settings, http=http, clock=SystemClock())))
-                make_responder(b.responder.kind, b.responder.model_dump(exclude={"kind"}))
-            except ConfigError as exc:
-                raise ConfigError(f"{path}: bots.{b.name}: {exc}") from None
-        if cfg.api.enabled:
-            from replyd.api import check_bind
-
-            try:
-                check_bind(cfg.api.host, cfg.api.token())
-            except ConfigError as exc:
-                raise ConfigError(f"{path}: {exc}") from None
-        try:
-            if cfg.mcp.token_env:  # `replyd mcp --transport http` needs it; stdio does not
-                cfg.mcp.http_token()
-        except ConfigError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
-        out.print(f"{path}: ok ({len(cfg.bots)} bot(s))")
-        if online:
-            _check_online(cfg, platforms)
-    finally:
-        http.close()
-
-
-def _check_online(cfg: Config, platforms: list) -> None:
-    """Try the store and each bot's identity once; print one line per check; raise when any failed."""
     from replyd.errors import PlatformError
+    from replyd.platforms.base import make_platform
 
     failed = 0
     url = cfg.store.url or st.default_url()
     try:
         path = st.sqlite_file(url) if url.startswith("sqlite") else None
         if path is not None and not path.is_file():
+            if not cfg.store.auto_migrate:  # `run` would create the file and then find no schema
+                raise StoreError(f"store {st.redact_url(url)}: no file, and store.auto_migrate is false: "
+                                 "run `replyd db upgrade` first")
             out.print(f"store {st.redact_url(url)}: no file yet (the daemon creates it on its first start)")
         else:
-            s = Store.open(url, migrate=False)
-            s.dispose()
-            out.print(f"store {s.url}: ok, schema current")
+            # As `run` opens it, but never migrating: a behind schema is fine when run would migrate it.
+            s = Store.open(url, migrate=None if cfg.store.auto_migrate else False)
+            try:
+                s.ping()
+                current, head = s.schema_revision()
+            except StoreError as exc:  # say which store
+                raise type(exc)(f"store {s.url}: {exc}") from None
+            finally:
+                s.dispose()
+            note = "schema current" if current == head else f"schema {current or 'none'}, `run` migrates to {head}"
+            out.print(f"store {s.url}: ok, {note}")
     except StoreError as exc:
-        failed += 1
         err.print(f"replyd: {exc}")
-    for bc, plat in platforms:
-        try:
-            ident = plat.whoami()
-            out.print(f"bot {bc.name}: logged in at {plat.instance} as {ident.handle or ident.sender_id}")
-        except PlatformError as exc:
-            failed += 1
-            if exc.status in (401, 403):
-                names = ", ".join(bc.variables()) or "the config file"
-                err.print(f"replyd: bot {bc.name}: {plat.instance} refused the login (HTTP {exc.status}): check {names}")
-            else:
-                err.print(f"replyd: bot {bc.name}: cannot log in at {plat.instance}: {exc.detail or exc}")
+        raise typer.Exit(2) from None  # as `run`, which never logs a bot in without its store
+    with httpx.Client(timeout=httpx.Timeout(10.0, connect=5.0)) as http:
+        for bc in cfg.bots:
+            plat = make_platform(bc.platform, bc.settings, http=http, clock=SystemClock())
+            try:
+                ident = plat.whoami()
+                out.print(f"bot {bc.name}: logged in at {plat.instance} as {ident.handle or ident.sender_id}")
+            except PlatformError as exc:
+                failed += 1
+                if exc.status in (401, 403):
+                    names = ", ".join(bc.variables()) or "the config file"
+                    err.print(f"replyd: bot {bc.name}: {plat.instance} refused the login (HTTP {exc.status}): check {names}")
+                else:
+                    err.print(f"replyd: bot {bc.name}: cannot log in at {plat.instance}: {exc.detail or exc}")
     if failed:
         raise typer.Exit(2)

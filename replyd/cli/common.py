@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
@@ -88,6 +90,96 @@ def _store(cfg: Config) -> Store:
     if not embedded and cfg.store.db_clock:
         s.clock = DatabaseClock(s.db_epoch)  # `sweep --once` from another machine decides on the daemons' time
     return s
+
+
+def preflight(cfg: Config) -> None:
+    """Every check ``replyd run`` makes before it opens the store or contacts a platform; ConfigError/StoreError.
+
+    ``replyd run`` and ``replyd config check`` both call this, so the two never disagree on a config: the
+    secrets (resolved by ``Config.load``), every bot's adapter and responder settings, push (a webhook needs the
+    API and a secret of 16+ characters; the adapter must read webhooks or hold the stream), the API's bind,
+    token and opened routes, a set MCP token's length on a public bind, and the store's URL and directory.
+    """
+    import httpx
+
+    from replyd.clock import SystemClock
+    from replyd.platforms.base import StreamSource, WebhookSource, make_platform, registered_kinds
+    from replyd.responders import make_responder
+
+    where = cfg.source
+    if not cfg.bots:
+        raise ConfigError(f"{where}: no [[bots]] configured; see config/ for examples, or try `replyd demo`")
+    kinds = registered_kinds()
+    with httpx.Client() as http:  # building an adapter makes no request
+        for b in cfg.bots:
+            if b.platform not in kinds:
+                raise ConfigError(f"{where}: bots.{b.name}.platform: unknown platform {b.platform!r} "
+                                  f"(known: {', '.join(kinds)})")
+            try:
+                plat = make_platform(b.platform, b.settings, http=http, clock=SystemClock())
+                make_responder(b.responder.kind, b.responder.model_dump(exclude={"kind"}))
+                if b.push is not None and b.push.webhook:
+                    if not cfg.api.enabled:
+                        raise ConfigError(f"push: {b.push.kind} webhooks arrive through the API: set api.enabled = true")
+                    b.push.secret()
+                    if not isinstance(plat, WebhookSource):
+                        raise ConfigError(f"push: the {b.platform} adapter cannot read webhook deliveries")
+                elif b.push is not None and not isinstance(plat, StreamSource):
+                    raise ConfigError(f"push: the {b.platform} adapter has no push stream")
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: bots.{b.name}: {exc}") from None
+    try:
+        if cfg.api.enabled:
+            from replyd.api import check_bind
+            from replyd.api.gate import open_paths
+
+            check_bind(cfg.api.host, cfg.api.token())
+            open_paths(cfg.api.open_routes)
+        # `replyd run` never serves MCP: an unset token is fine (stdio, or `replyd mcp` refuses it itself), but a
+        # token that is set and too short for the configured public bind is a broken config either way.
+        if cfg.mcp.token_env and os.environ.get(cfg.mcp.token_env):
+            cfg.mcp.http_token()
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    check_store_url(cfg.store.url or st.default_url())
+
+
+def check_store_url(url: str) -> None:
+    """Refuse (StoreError) a store URL ``Store.open`` would refuse for its scheme or, for SQLite, its file or
+    directory, without connecting or creating anything (a probe file or directory is made and removed)."""
+    from replyd.store.engine import is_sqlite_url, parse_url
+    from replyd.store.postgres import PostgresStore
+
+    parsed = parse_url(url)
+    if not is_sqlite_url(parsed):
+        PostgresStore.make_engine(parsed).dispose()  # the scheme and its driver; an engine connects lazily
+        return
+    db = st.sqlite_file(url)
+    if db is None:
+        return
+    if db.exists():
+        if not db.is_file():
+            raise StoreError(f"store {db}: not a regular file")
+        try:
+            os.close(os.open(db, os.O_RDWR))  # opened for writing, nothing written
+        except OSError as exc:
+            raise StoreError(f"store {db}: cannot write it: {exc.strerror}") from None
+    # The nearest directory that exists must take a new entry: the database (and its -wal and -shm files) or the
+    # missing directories above it.
+    near = db.parent
+    while not near.exists() and near != near.parent:
+        near = near.parent
+    if not near.is_dir():
+        raise StoreError(f"cannot create the store {db}: {near} is not a directory")
+    try:
+        if near == db.parent:
+            fd, probe = tempfile.mkstemp(prefix=".replyd-probe-", dir=near)
+            os.close(fd)
+            os.unlink(probe)
+        else:
+            os.rmdir(tempfile.mkdtemp(prefix=".replyd-probe-", dir=near))
+    except OSError as exc:
+        raise StoreError(f"cannot create the store {db}: {near}: {exc.strerror}") from None
 
 
 def _existing_store(cfg: Config) -> Store:
