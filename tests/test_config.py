@@ -359,3 +359,22 @@ def test_online_check_says_ok_only_after_every_online_check(tmp_path, monkeypatc
     db.unlink()
     res = CliRunner().invoke(app, ["config", "check", "--online", str(p)])
     assert res.exit_code == 0 and res.stdout.rstrip().endswith(f"{p}: ok (1 bot(s))"), res.output
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "config").glob("*.toml")), ids=lambda p: p.name)
+def test_bot_instance_without_secrets(path, monkeypatch):
+    """A bot's platform instance (its keys' first part) comes from its settings alone: with no variable set it
+    is the one the adapter has when built with its secrets (`replyd rearm BOT` needs no platform token)."""
+    from replyd.cli.common import _instance_of
+
+    for var in _example_env(path):
+        monkeypatch.delenv(var, raising=False)
+    bare = Config.load(path, secrets=False)
+    for var, value in _example_env(path).items():
+        monkeypatch.setenv(var, value)
+    full = Config.load(path)
+    with httpx.Client() as http:
+        for b, fb in zip(bare.bots, full.bots):
+            want = make_platform(fb.platform, {"listing_delay_s": 10.0, **fb.settings}, http=http,
+                                 clock=SystemClock()).instance
+            assert _instance_of(bare, b.name) == want

@@ -249,16 +249,41 @@ def _bot_config(cfg: Config, name: str | None) -> list:
     return hits
 
 
+# Stand-ins for a bot's credentials, to build its adapter for its instance alone; the next is tried when an adapter
+# refuses one for its form (Slack tells its token kinds by prefix).
+_STAND_INS = ("replyd-unresolved", "xoxb-replyd-unresolved", "xapp-replyd-unresolved")
+
+
 def _instance_of(cfg: Config, name: str) -> str | None:
-    """Return the platform instance of bot ``name`` without any request, or None if no such bot."""
+    """Return the platform instance of bot ``name`` from its settings alone, or None if no bot has that name.
+
+    The instance (the first part of every key the bot writes) comes from settings such as ``base_url``,
+    ``instance`` or ``team_id``, never from a credential: each ``*_env`` setting gets a stand-in value, so no
+    secret is read and no request is made.
+    """
     import httpx
 
     from replyd.clock import SystemClock
     from replyd.platforms.base import make_platform
 
-    for b in cfg.bots:
-        if b.name == name:
+    bc = next((b for b in cfg.bots if b.name == name), None)
+    if bc is None:
+        return None
+    plain = {k: v for k, v in bc.settings.items() if not k.endswith("_env")}
+    tries = {k[: -len("_env")]: 0 for k in bc.settings if k.endswith("_env")}
+    while True:
+        settings = {"listing_delay_s": 10.0, **plain, **{k: _STAND_INS[i] for k, i in tries.items()}}
+        try:
             with httpx.Client() as http:  # building an adapter makes no request
-                return make_platform(b.platform, {"listing_delay_s": 10.0, **b.settings}, http=http,
-                                     clock=SystemClock()).instance
-    return None
+                return make_platform(bc.platform, settings, http=http, clock=SystemClock()).instance
+        except ConfigError as exc:
+            m = re.search(r"setting '(\w+)'", str(exc))
+            key = m.group(1) if m else ""
+            if key not in tries or tries[key] + 1 >= len(_STAND_INS):
+                raise ConfigError(f"{cfg.source}: bots.{name}: {exc}") from None
+            tries[key] += 1
+
+
+def _senders_on(s: Store, instance: str) -> list[str]:
+    """The sender ids the store has rows for on platform ``instance`` (one per account posting there)."""
+    return sorted({sender for platform, sender, *_ in s.path_counts() if platform == instance})
