@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, RootModel, create_model
 
 from replyd import library
 from replyd import store as st
@@ -114,6 +114,13 @@ class Rearmed(Body):
     row: Row
 
 
+def _json_integer(value: Any) -> Any:
+    """A JSON integer, written ``3`` or ``3.0`` (JSON Schema's integer is a number with no fraction)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 class RearmIn(BaseModel):
     """The body of ``POST /v1/rearm``: which terminal rows to send back to claimable."""
 
@@ -121,14 +128,15 @@ class RearmIn(BaseModel):
 
     state: Literal[library.REARMABLE] = Field(  # type: ignore[valid-type]
         "gave_up", description="Rearm the rows in this terminal state.")
-    since: float | None = Field(None, ge=0, allow_inf_nan=False, strict=False,
+    since: float | None = Field(None, ge=0, allow_inf_nan=False,
                                 description="Only rows that changed at or after this time (epoch seconds); "
                                             "default: any time.")
     bot: str | None = Field(None, min_length=1, max_length=255, pattern=NO_NUL,
                             description="Only this bot (name, or platform instance); default: every logged-in bot.")
     dry_run: bool = Field(False, description="List what would be rearmed; change nothing.")
     reason: str = Field("", max_length=500, pattern=NO_NUL, description="Why, recorded on every rearmed event.")
-    limit: int = Field(1000, ge=1, le=10_000, description="At most this many rows.")
+    limit: Annotated[int, BeforeValidator(_json_integer)] = Field(1000, ge=1, le=10_000,
+                                                                  description="At most this many rows.")
 
 
 class RearmItem(Body):
