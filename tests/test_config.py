@@ -286,7 +286,7 @@ def _verdict(args: list[str]) -> str:
         raise httpx.ConnectError("stopped at the first platform contact", request=request)
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    guard = threading.Timer(20.0, os.kill, (os.getpid(), signal.SIGTERM))  # a run that never contacts: no hang
+    guard = threading.Timer(30.0, os.kill, (os.getpid(), signal.SIGTERM))  # a run that never contacts: no hang
     guard.start()
     try:
         with pytest.MonkeyPatch.context() as mp:

@@ -22,7 +22,7 @@ from replyd.errors import ConfigError, StoreError
 from replyd.store import Store
 
 EXIT_CODES = """Exit codes: 0 done; 1 a negative answer (check: not answered; explain, rearm: no such row;
-adopt: not every parent read back); 2 an error (config, store, platform, usage), one line on stderr;
+rearm --state: a row moved on before it was rearmed; adopt: not every parent read back); 2 an error (config, store, platform, usage), one line on stderr;
 130 interrupted."""
 
 _CTX = {"help_option_names": ["-h", "--help"]}
