@@ -225,6 +225,8 @@ def _corpus(tmp: Path) -> list[tuple[str, str, dict[str, str], str, bool]]:
     afile.write_text("")
     corrupt = tmp / "corrupt.sqlite3"
     corrupt.write_bytes(b"not a database " * 100)
+    empty = tmp / "empty.sqlite3"  # a database with no schema yet: `run` migrates it
+    empty.write_bytes(b"")
     tok = {"T_TOK": "t0ken-value"}
     cases = [
         ("baseline", BOT, tok, "starts", False),
@@ -237,6 +239,7 @@ def _corpus(tmp: Path) -> list[tuple[str, str, dict[str, str], str, bool]]:
         ("store-under-a-file", f'[store]\nurl = "sqlite:///{afile}/s.sqlite3"\n{BOT}', tok, "not a directory", False),
         ("store-scheme", f'[store]\nurl = "foo://bar"\n{BOT}', tok, "unsupported store URL scheme", False),
         ("store-corrupt", f'[store]\nurl = "sqlite:///{corrupt}"\n{BOT}', tok, "not a database", True),
+        ("store-empty-file-migrated", f'[store]\nurl = "sqlite:///{empty}"\n{BOT}', tok, "starts", False),
         ("store-pg-refused", f'[store]\nurl = "postgresql+psycopg://nobody@127.0.0.1:1/x"\n{BOT}', tok,
          "127.0.0.1", True),
         ("store-no-schema-no-migrate", f'[store]\nurl = "sqlite:///{tmp / "new.sqlite3"}"\nauto_migrate = false\n'

@@ -271,8 +271,7 @@ def _check_online(cfg: Config) -> None:
         else:
             # As `run` opens it, but never migrating: a behind schema is fine when run would migrate it.
             s = Store.open(url, migrate=None if cfg.store.auto_migrate else False)
-            try:
-                s.ping()
+            try:  # one real round trip; never a query of the tables, which `run` may be about to create
                 current, head = s.schema_revision()
             except StoreError as exc:  # say which store
                 raise type(exc)(f"store {s.url}: {exc}") from None
