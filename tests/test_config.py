@@ -16,6 +16,7 @@ from replyd.clock import SystemClock
 from replyd.config import Config, _env_names
 from replyd.platforms.base import make_platform
 from replyd.errors import ConfigError
+from replyd.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -225,6 +226,11 @@ def _corpus(tmp: Path) -> list[tuple[str, str, dict[str, str], str, bool]]:
     afile.write_text("")
     corrupt = tmp / "corrupt.sqlite3"
     corrupt.write_bytes(b"not a database " * 100)
+    ahead = tmp / "ahead.sqlite3"  # migrated by a newer replyd: a revision this one does not know
+    s = Store.open(f"sqlite:///{ahead}")
+    with s.engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = 'ffff0000'")
+    s.dispose()
     empty = tmp / "empty.sqlite3"  # a database with no schema yet: `run` migrates it
     empty.write_bytes(b"")
     tok = {"T_TOK": "t0ken-value"}
@@ -239,6 +245,7 @@ def _corpus(tmp: Path) -> list[tuple[str, str, dict[str, str], str, bool]]:
         ("store-under-a-file", f'[store]\nurl = "sqlite:///{afile}/s.sqlite3"\n{BOT}', tok, "not a directory", False),
         ("store-scheme", f'[store]\nurl = "foo://bar"\n{BOT}', tok, "unsupported store URL scheme", False),
         ("store-corrupt", f'[store]\nurl = "sqlite:///{corrupt}"\n{BOT}', tok, "not a database", True),
+        ("store-schema-unknown", f'[store]\nurl = "sqlite:///{ahead}"\n{BOT}', tok, "ffff0000", True),
         ("store-empty-file-migrated", f'[store]\nurl = "sqlite:///{empty}"\n{BOT}', tok, "starts", False),
         ("store-pg-refused", f'[store]\nurl = "postgresql+psycopg://nobody@127.0.0.1:1/x"\n{BOT}', tok,
          "127.0.0.1", True),

@@ -255,8 +255,9 @@ def _check_online(cfg: Config) -> None:
     """Open the store, then try each bot's identity once, as `run` does; one line per check; exit 2 on a failure."""
     import httpx
 
+    from replyd import migrate
     from replyd.clock import SystemClock
-    from replyd.errors import PlatformError
+    from replyd.errors import PlatformError, SchemaError
     from replyd.platforms.base import make_platform
 
     failed = 0
@@ -277,6 +278,9 @@ def _check_online(cfg: Config) -> None:
                 raise type(exc)(f"store {s.url}: {exc}") from None
             finally:
                 s.dispose()
+            if current and not migrate.known(current):  # as `run` would find when it migrates
+                raise SchemaError(f"store {s.url}: the schema is at {current}, a revision this replyd does not know "
+                                  "(a newer replyd may have migrated this store)")
             note = "schema current" if current == head else f"schema {current or 'none'}, `run` migrates to {head}"
             out.print(f"store {s.url}: ok, {note}")
     except StoreError as exc:
