@@ -330,27 +330,30 @@ def test_config_check_and_run_agree_on_every_config(tmp_path, monkeypatch):
     named = {"T_TOK", "T_HOOK", "T_API", "T_MCP", "SIM_TOKEN", "REPLYD_API_TOKEN", "REPLYD_MCP_TOKEN"}
     for p in (ROOT / "config").glob("*.toml"):
         named |= set(_example_env(p))
-    for case, text, env, expected, opens in _corpus(tmp_path):
-        p = tmp_path / f"{case.replace('/', '_')}.toml"
-        p.write_text(text)
-        os.chmod(p, 0o600)
-        with monkeypatch.context() as mp:
-            for var in named:
-                mp.delenv(var, raising=False)
-            for var, value in env.items():
-                mp.setenv(var, value)
-            if "[store]\nurl" not in text or 'url = ""' in text:  # a fresh store per case
-                mp.setenv("REPLYD_STORE__URL", f"sqlite:///{tmp_path / 'stores' / p.stem / 's.sqlite3'}")
-            verdicts = {name: _verdict(args) for name, args in (
-                ("check", ["config", "check", str(p)]), ("online", ["config", "check", "--online", str(p)]),
-                ("run", ["run", "--config", str(p)]))}
-        run, check, online = verdicts["run"], verdicts["check"], verdicts["online"]
-        assert (run == "starts") if expected == "starts" else (expected in run), (case, verdicts)
-        assert (online == "starts") == (run == "starts"), (case, verdicts)
-        if not opens:
-            assert check == run, (case, verdicts)
-        else:
-            assert check == "starts" and expected in online, (case, verdicts)
+    try:
+        for case, text, env, expected, opens in _corpus(tmp_path):
+            p = tmp_path / f"{case.replace('/', '_')}.toml"
+            p.write_text(text)
+            os.chmod(p, 0o600)
+            with monkeypatch.context() as mp:
+                for var in named:
+                    mp.delenv(var, raising=False)
+                for var, value in env.items():
+                    mp.setenv(var, value)
+                if "[store]\nurl" not in text or 'url = ""' in text:  # a fresh store per case
+                    mp.setenv("REPLYD_STORE__URL", f"sqlite:///{tmp_path / 'stores' / p.stem / 's.sqlite3'}")
+                verdicts = {name: _verdict(args) for name, args in (
+                    ("check", ["config", "check", str(p)]), ("online", ["config", "check", "--online", str(p)]),
+                    ("run", ["run", "--config", str(p)]))}
+            run, check, online = verdicts["run"], verdicts["check"], verdicts["online"]
+            assert (run == "starts") if expected == "starts" else (expected in run), (case, verdicts)
+            assert (online == "starts") == (run == "starts"), (case, verdicts)
+            if not opens:
+                assert check == run, (case, verdicts)
+            else:
+                assert check == "starts" and expected in online, (case, verdicts)
+    finally:  # an immutable directory outlives its test unless made mutable again
+        subprocess.run(["chattr", "-i", str(tmp_path / "immutable")], capture_output=True)
 
 
 def test_online_check_says_ok_only_after_every_online_check(tmp_path, monkeypatch):
