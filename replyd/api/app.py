@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -20,8 +20,8 @@ from replyd import library, metrics, statuspage
 from replyd import store as st
 from replyd.api.answers import EXCEPTION_HANDLERS, body, error, outcome_response, retry_after, row_dict
 from replyd.api.gate import Gate, HostCheck, open_paths
-from replyd.api.models import (MAX_PARENT_ID, BotState, Event, Health, OpenRow, Ready, ReadyStore, Rearmed,
-                               ReplyHistory, ReplyIn, StateCount, StatusSummary, StoreInfo)
+from replyd.api.models import (MAX_PARENT_ID, BotState, Event, Health, OpenRow, Ready, ReadyStore, Rearmed, RearmedMany,
+                               RearmIn, RearmItem, ReplyHistory, ReplyIn, StateCount, StatusSummary, StoreInfo)
 from replyd.api.openapi import ROUTES, openapi_document
 from replyd.errors import PlatformError, RateLimited, Rejected, ReplydError
 from replyd.guard import Guard
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from replyd.hooks import Receiver
 
 log = structlog.get_logger("replyd.api")
+M = TypeVar("M", bound=BaseModel)
 
 
 class Api:
@@ -131,12 +132,8 @@ class Api:
                          field="body")
         return b"".join(chunks)
 
-    # -- writes ----------------------------------------------------------------------------------
-
-    async def post_reply(self, request: Request) -> Response:
-        """POST /v1/replies: resolve the parent and post through Guard.post, at most once."""
-        if (deny := self._writes_disabled()) is not None:
-            return deny
+    async def _json(self, request: Request, model: type[M], shape: str) -> M | Response:
+        """The request's JSON body validated as ``model``; a refusal naming the first bad field otherwise."""
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype != "application/json":
             return error(415, "unsupported_media_type", "send the body as application/json", field="body")
@@ -150,15 +147,24 @@ class Api:
         except RecursionError:
             return error(400, "invalid_json", "body: JSON nested too deeply", field="body")
         if not isinstance(data, dict):
-            return error(422, "invalid_body", "body: must be a JSON object with platform, parent_id and text",
-                         field="body")
+            return error(422, "invalid_body", f"body: must be {shape}", field="body")
         try:
-            req = ReplyIn.model_validate(data)
+            return model.model_validate(data)
         except ValidationError as exc:
             errs = exc.errors(include_url=False, include_input=False)
             first = ".".join(str(x) for x in errs[0]["loc"]) or "body"
             detail = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'body'}: {e['msg']}" for e in errs)
             return error(422, "invalid_body", detail, field=first)
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    async def post_reply(self, request: Request) -> Response:
+        """POST /v1/replies: resolve the parent and post through Guard.post, at most once."""
+        if (deny := self._writes_disabled()) is not None:
+            return deny
+        req = await self._json(request, ReplyIn, "a JSON object with platform, parent_id and text")
+        if isinstance(req, Response):
+            return req
         found = self._bot(req.platform)
         if isinstance(found, Response):
             return found
@@ -211,6 +217,34 @@ class Api:
                          state=res.row.state)
         log.info("replyd.api.rearmed", bot=name, parent_id=key.parent_id, previous=res.previous)
         return body(Rearmed(rearmed=True, bot=name, previous_state=res.previous, row=row_dict(res.row)))
+
+    async def rearm_many(self, request: Request) -> Response:
+        """POST /v1/rearm: an operator sends every row in a terminal state (since a time, one bot or all) back."""
+        if (deny := self._writes_disabled()) is not None:
+            return deny
+        req = await self._json(request, RearmIn, "a JSON object (state, since, bot, dry_run, reason, limit)")
+        if isinstance(req, Response):
+            return req
+        if req.bot is not None:
+            found = self._bot(req.bot)
+            if isinstance(found, Response):
+                return found
+            bots = [found]
+        else:
+            bots = sorted(self.guards.items())
+        by_key = {(g.platform.instance, g.identity.sender_id): name for name, g in bots}
+        owner = bots[0][1].owner if bots else None
+        results = await run_in_threadpool(library.rearm_many, self.store, list(by_key), state=req.state,
+                                          since=req.since, by="api", reason=req.reason, owner=owner,
+                                          dry_run=req.dry_run, limit=req.limit)
+        items = [RearmItem(bot=by_key[(r.key.platform, r.key.sender_id)], platform=r.key.platform,
+                           sender_id=r.key.sender_id, parent_id=r.key.parent_id, previous_state=r.previous or "",
+                           rearmed=r.rearmed, state=r.row.state if r.row else None) for r in results]
+        done = sum(i.rearmed for i in items)
+        log.info("replyd.api.rearmed_many", bot=req.bot or "*", platform=",".join(sorted({p for p, _ in by_key})),
+                 state=req.state, matched=len(items), rearmed=done, dry_run=req.dry_run)
+        return body(RearmedMany(dry_run=req.dry_run, state=req.state, since=req.since, matched=len(items),
+                                rearmed=done, parents=items))
 
     # -- reads -----------------------------------------------------------------------------------
 

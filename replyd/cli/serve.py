@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from replyd.cli.common import ConfigOpt, JsonOpt, _load
+from replyd.cli.common import ConfigOpt, JsonOpt, _load, preflight
 from replyd.errors import ConfigError
 
 
@@ -15,8 +15,7 @@ def run(config: ConfigOpt = None, grace_s: Annotated[float, typer.Option(help="S
     from replyd.daemon import Daemon
 
     cfg = _load(config)
-    if not cfg.bots:
-        raise ConfigError(f"{cfg.source}: no [[bots]] configured; see config/ for examples, or try `replyd demo`")
+    preflight(cfg)  # the checks `replyd config check` makes: the same config passes both or neither
     raise typer.Exit(Daemon(cfg).run_forever(grace_s))
 
 
