@@ -193,8 +193,8 @@ def config_check(
             except ConfigError as exc:
                 raise ConfigError(f"{path}: {exc}") from None
         try:
-            if cfg.mcp.token_env:  # `replyd mcp --transport http` needs it; stdio does not
-                cfg.mcp.http_token()
+            if cfg.mcp.token_env or cfg.mcp.tokens:  # `replyd mcp --transport http` needs them; stdio does not
+                cfg.mcp.http_tokens()
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
         out.print(f"{path}: ok ({len(cfg.bots)} bot(s))")
