@@ -177,6 +177,8 @@ class McpScope(_Strict):
     parents: McpParents = "addressed"
     # begin_reply leases plus reply_once calls that reach the guard, per MCP session
     max_replies_per_session: int = Field(20, ge=1, le=100_000)
+    # Protocol 2026-07-28 has no sessions: such requests of one token count together over this rolling window.
+    stateless_window_s: float = Field(3600.0, gt=0)
 
     @field_validator("bots")
     @classmethod

@@ -184,12 +184,13 @@ class Scope:
     bots: frozenset[str] | None = None
     addressed_only: bool = True
     max_replies_per_session: int = 20
+    stateless_window_s: float = 3600.0  # requests without a transport session: one rolling bucket per token
 
     @classmethod
     def from_config(cls, name: str, sc: McpScope) -> Scope:
         """The scope an ``[mcp]`` section or one ``[[mcp.tokens]]`` entry configures."""
         return cls(name, None if sc.bots is None else frozenset(sc.bots), sc.parents == "addressed",
-                   sc.max_replies_per_session)
+                   sc.max_replies_per_session, sc.stateless_window_s)
 
     def allows(self, bot: str) -> bool:
         """Whether this scope may use ``bot``."""
@@ -197,26 +198,51 @@ class Scope:
 
 
 class Caller:
-    """One MCP session under one scope: its claims are counted against ``max_replies_per_session``."""
+    """One MCP session under one scope: its claims are counted against ``max_replies_per_session``.
 
-    def __init__(self, scope: Scope, session: str) -> None:
+    A session is the stdio process, or the transport's ``mcp-session-id`` over HTTP. Protocol 2026-07-28 has no
+    sessions (every request stands alone): those requests share one bucket per token, counted over the last
+    ``stateless_window_s`` (``window_s``), so a client cannot reset its cap by sending requests on their own.
+    """
+
+    def __init__(self, scope: Scope, session: str, clock: Clock, *, window_s: float | None = None) -> None:
         self.scope = scope
         self.session = session
-        self.used = 0
+        self.clock = clock
+        self.window_s = window_s
+        self._claims: list[float] = []  # when each counted claim was reserved
         self._lock = threading.Lock()
+
+    @property
+    def used(self) -> int:
+        """Claims counted now."""
+        with self._lock:
+            return len(self._live())
+
+    def _live(self) -> list[float]:
+        if self.window_s is not None:
+            since = self.clock.now() - self.window_s
+            self._claims = [t for t in self._claims if t > since]
+        return self._claims
 
     def reserve(self) -> None:
         """Take one of the session's replies before a claim; ToolFailure naming ``session`` when none is left."""
+        cap = self.scope.max_replies_per_session
         with self._lock:
-            if self.used >= self.scope.max_replies_per_session:
-                raise ToolFailure(f"session: this session has used its {self.scope.max_replies_per_session} replies "
-                                  "(mcp.max_replies_per_session); nothing sent")
-            self.used += 1
+            if len(self._live()) >= cap:
+                if self.window_s is None:
+                    raise ToolFailure(f"session: this session has used its {cap} replies "
+                                      "(mcp.max_replies_per_session); nothing sent")
+                raise ToolFailure(f"session: this client has used its {cap} replies in the last {self.window_s:g} s "
+                                  "(mcp.max_replies_per_session; requests without an MCP session count per token); "
+                                  "nothing sent")
+            self._claims.append(self.clock.now())
 
     def refund(self) -> None:
         """Give back a reservation whose call claimed nothing (answered, in flight, skipped, dry run)."""
         with self._lock:
-            self.used = max(0, self.used - 1)
+            if self._claims:
+                self._claims.pop()
 
 
 def encode_lease(bot: str, lease: library.Lease, secret: str) -> str:
@@ -256,14 +282,16 @@ class Service:
 
     # -- helpers -----------------------------------------------------------------------------------
 
-    def caller(self, scope: Scope | None = None, session: str = "local") -> Caller:
-        """The caller for one session under ``scope`` (default: the server's), created on first use."""
+    def caller(self, scope: Scope | None = None, session: str | None = "local") -> Caller:
+        """The caller for one session under ``scope`` (default: the server's), created on first use; ``session``
+        None: requests without a session, one rolling bucket per token."""
         scope = scope or self.scope
-        key = (scope.name, session)
+        key = (scope.name, session if session is not None else "\x00stateless")
         with self._callers_lock:
             got = self._callers.get(key)
             if got is None:
-                got = self._callers[key] = Caller(scope, session)
+                window = scope.stateless_window_s if session is None else None
+                got = self._callers[key] = Caller(scope, key[1], self.clock, window_s=window)
                 if len(self._callers) > _SESSIONS_KEPT:
                     self._callers.popitem(last=False)
             else:
@@ -582,8 +610,8 @@ SCOPE_KEY = "replyd.mcp.scope"  # the ASGI scope key under which the Gate leaves
 def caller_of(service: Service, ctx: Any) -> Caller:
     """The caller of one request: the token scope the Gate admitted (HTTP) or the server's (stdio), and the session.
 
-    Over HTTP the session is the transport's ``mcp-session-id``; a request without one (a stateless protocol
-    version) counts against one bucket per token. Over stdio the process is the session.
+    Over HTTP the session is the transport's ``mcp-session-id``; a request without one (protocol 2026-07-28 has
+    no sessions) counts in one rolling bucket per token. Over stdio the process is the session.
     """
     request = getattr(ctx, "request", None)
     asgi = getattr(request, "scope", None)
@@ -592,8 +620,8 @@ def caller_of(service: Service, ctx: Any) -> Caller:
     scope = asgi.get(SCOPE_KEY)
     if not isinstance(scope, Scope):  # the Gate always sets it; a request that bypassed it gets nothing
         return service.caller(Scope("none", frozenset(), True, 1))
-    sid = request.headers.get("mcp-session-id") or "-"
-    return service.caller(scope, sid[:128])
+    sid = request.headers.get("mcp-session-id")
+    return service.caller(scope, sid[:128] if sid else None)
 
 
 def make_server(service: Service) -> Server[Any]:
