@@ -139,6 +139,7 @@ def argument_error(exc: ValidationError) -> str:
     parts = []
     for e in exc.errors(include_url=False, include_input=False):
         name = ".".join(str(x) for x in e["loc"]) or "arguments"
+        name = name if name.isprintable() else ascii(name)  # a caller's key with a terminal escape is shown escaped
         if e["type"] == "extra_forbidden":
             parts.append(f"{name}: unknown argument")
         elif e["type"] == "string_pattern_mismatch" and name == "lease":

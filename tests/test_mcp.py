@@ -507,6 +507,21 @@ def test_per_session_cap(tmp_path, monkeypatch):
     assert [e.replies(p) for p in (p1, p2, p3, p4, p5, p6)] == [1, 0, 1, 1, 1, 0]
 
 
+def test_session_cap_counts_only_calls_that_claim(lite):
+    """A call that reaches the guard but claims nothing (dry run) gives its reservation back: a cap of 1 still
+    allows any number of them, over stdio (the process is the session)."""
+    pids = [lite.parent() for _ in range(3)]
+
+    async def main() -> None:
+        async with lite.stdio(REPLYD_GUARD__DRY_RUN="true", REPLYD_MCP__MAX_REPLIES_PER_SESSION="1") as c:
+            for pid in pids:
+                assert (await tool(c, "reply_once", bot="sim", parent=pid, text="would say"))["status"] == "dry_run"
+                assert (await tool(c, "begin_reply", bot="sim", parent=pid))["status"] == "dry_run"
+
+    anyio.run(main)
+    assert [lite.replies(p) for p in pids] == [0, 0, 0]
+
+
 def test_origin_foreign_refused_absent_and_allowed_served(tmp_path, monkeypatch):
     """MCP over HTTP: a foreign Origin (or null, a path, a repeated header) is 403 before the token is looked at;
     no Origin and a configured one (any case, default port) are served."""
