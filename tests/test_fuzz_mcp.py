@@ -120,11 +120,15 @@ def scoped(tmp_path_factory):
     sb.close()
 
 
-ids = hs.one_of(hs.sampled_from(["to-bot-a", "to-bot-b", "to-nobody"]),
+# The real names and ids are drawn often (an injected call names them), mangled ones the rest of the time.
+known_ids = hs.sampled_from(["to-bot-a", "to-bot-b", "to-nobody"])
+ids = hs.one_of(known_ids, known_ids, known_ids,
                 hs.builds(lambda i, c, front: c + i if front else i + c,
                           hs.sampled_from(["to-bot-a", "to-bot-b"]), controls, hs.booleans()),
                 controls, hs.text(min_size=1, max_size=12))
-bots = hs.one_of(hs.sampled_from(["a", "b", "c", "A", " a"]), hs.builds(lambda c: "a" + c, controls), controls)
+known_bots = hs.sampled_from(["a", "b"])
+bots = hs.one_of(known_bots, known_bots, known_bots, hs.sampled_from(["c", "A", " a", "b\x00"]),
+                 hs.builds(lambda c: "a" + c, controls), controls)
 calls = hs.tuples(hs.sampled_from(sorted(TOOLS) + ["finish_reply"]), bots, ids,
                   hs.one_of(hs.none(), controls), hs.booleans())
 
