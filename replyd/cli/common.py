@@ -137,8 +137,10 @@ def preflight(cfg: Config) -> None:
             open_paths(cfg.api.open_routes)
         # `replyd run` never serves MCP: an unset token is fine (stdio, or `replyd mcp` refuses it itself), but a
         # token that is set and too short for the configured public bind is a broken config either way.
-        if cfg.mcp.token_env and os.environ.get(cfg.mcp.token_env):
-            cfg.mcp.http_token()
+        set_main = bool(cfg.mcp.token_env and os.environ.get(cfg.mcp.token_env))
+        set_scoped = bool(cfg.mcp.tokens) and all(os.environ.get(t.token_env) for t in cfg.mcp.tokens)
+        if set_main or set_scoped:
+            cfg.mcp.http_tokens()
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     check_store_url(cfg.store.url or st.default_url())

@@ -45,13 +45,13 @@ def mcp(
     cfg = _load(config)
     mc = cfg.mcp
     # Checked first: a missing token fails before any bot logs in.
-    token = mc.http_token(host) if transport == "http" else ""
+    tokens = mcp_mod.http_scopes(cfg, host) if transport == "http" else {}
     service, close = mcp_mod.open_service(cfg)
     try:
         if transport == "stdio":
             mcp_mod.serve_stdio(service)
         else:
             mcp_mod.serve_http(service, host=host or mc.host, port=mc.port if port is None else port, path=mc.path,
-                               token=token, names=mc.hosts)
+                               tokens=tokens, names=mc.hosts, origins=mc.origins)
     finally:
         close()

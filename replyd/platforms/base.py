@@ -173,6 +173,16 @@ class ReplyLinks(Protocol):
 
 
 @runtime_checkable
+class Addressing(Protocol):
+    """Optional: an adapter that can tell whether a parent addresses the bot (MCP's ``addressed`` scope asks it)."""
+
+    def addresses(self, parent: Parent, identity: Identity) -> bool:
+        """Whether ``parent`` mentions the bot, replies to it or is a direct message to it, per the platform's own
+        fields (never its text)."""
+        ...
+
+
+@runtime_checkable
 class ThreadDepth(Protocol):
     """Optional: an adapter that can count a parent's ancestors (the ``max_depth`` policy asks it)."""
 

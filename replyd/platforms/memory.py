@@ -129,6 +129,10 @@ class MemoryPlatform:
         """Return parents created since ``since``."""
         return [p for p in self.parents.values() if (p.created_at or 0) >= since]
 
+    def addresses(self, parent: Parent, identity: Identity) -> bool:
+        """Whether the parent lists the bot in ``extra["mention_ids"]`` (tests set it with ``add_parent``)."""
+        return identity.sender_id in (parent.extra.get("mention_ids") or [])
+
     def resolve(self, ref: str) -> Parent:
         """Return the parent with id ``ref`` (or a bare parent if unknown)."""
         return self.parents.get(ref) or Parent(id=ref, author_id="")
