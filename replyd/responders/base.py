@@ -160,6 +160,8 @@ def _problem(model: type[ResponderSettings], err: Any) -> str:
     secret = field is not None and _is_secret(field.annotation)
     if err["type"].endswith("_type") or err["type"].endswith("_parsing"):
         msg += f", got {type(value).__name__}"
+    elif err["type"] == "literal_error" and not secret:  # one of a few words: show what was written instead
+        msg += f", got {value!r:.40}" if isinstance(value, str) else f", got {type(value).__name__}"
     elif not secret and isinstance(value, int | float) and not isinstance(value, bool):
         msg += f", got {value!r}"
     return f"responder.{path}: {msg}"
