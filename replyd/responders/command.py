@@ -102,13 +102,20 @@ class _CallCgroup:
         except OSError:
             return False
 
-    async def end(self, program: str) -> None:
-        """SIGKILL everything in it (``cgroup.kill``), wait until it is empty (bounded), remove it."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _DRAIN_S
+    def kill(self) -> None:
+        """SIGKILL every process in it (``cgroup.kill``), if any is left (a failure shows when ``end`` removes it)."""
         try:
             if self._populated():
                 (self.path / "cgroup.kill").write_text("1")
+        except OSError:
+            pass
+
+    async def end(self, program: str) -> None:
+        """Kill everything in it, wait until it is empty (bounded), remove it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _DRAIN_S
+        try:
+            self.kill()
             while self._populated() and loop.time() < deadline:
                 await asyncio.sleep(0.005)  # the kernel's kill is asynchronous: a few ms for the last exit
             self.path.rmdir()
@@ -250,6 +257,23 @@ class _End:
         return end
 
 
+@dataclass
+class _Call:
+    """One call's pipes, cgroup and what its supervisor reported so far."""
+
+    fds: _Fds = field(default_factory=_Fds)
+    cgroup: _CallCgroup | None = None
+    status: str = ""
+
+    def read_status(self) -> None:
+        """Take in the status lines the supervisor has written by now."""
+        self.status += _read_now(self.fds.fds["status_r"]).decode("utf-8", "replace")
+
+    def finished(self) -> bool:
+        """Whether the supervisor reported the end (after its cleanup): nothing of the call is left."""
+        return any(line.split(" ", 1)[0] in ("exit", "spawn-failed", "stopped") for line in self.status.splitlines())
+
+
 class CommandResponder:
     """Runs a program (argv, never a shell) with the parent as JSON on stdin; its stdout is the reply.
 
@@ -287,26 +311,25 @@ class CommandResponder:
 
     async def respond(self, parent: Parent) -> str | None:
         """Run the command once for ``parent``; return its stdout (empty declines); raise ResponderError."""
-        fds = _Fds()
-        cgroup: _CallCgroup | None = None
+        call = _Call()
         out = _Output(bytearray(), bytearray())
         try:
             if self._cgroups is not None:
-                cgroup = self._new_cgroup()
-            proc = await self._spawn(fds, cgroup)
+                call.cgroup = self._new_cgroup()
+            proc = await self._spawn(call)
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    await asyncio.gather(self._stdout(proc, fds.fds["stdout_r"], out),
-                                         _stderr_tail(fds.fds["stderr_r"], out), _feed(fds, responder_payload(parent)))
-                    await proc.wait()
+                    await asyncio.gather(self._stdout(proc, call.fds.fds["stdout_r"], out),
+                                         _stderr_tail(call.fds.fds["stderr_r"], out),
+                                         _feed(call.fds, responder_payload(parent)), self._after_exit(proc, call))
             except TimeoutError:
                 raise ResponderError(f"{self.name}: timed out after {self.timeout_s:g} s (killed)") from None
             finally:
                 # Always, whatever the command did: kill what is left of the call, reap the supervisor.
-                end = await self._end(proc, fds, cgroup)
+                end = await self._end(proc, call)
                 self._log_stderr(end.code, out)
         finally:
-            fds.close_all()
+            call.fds.close_all()
         return self._reply(end, out)
 
     def _new_cgroup(self) -> _CallCgroup | None:
@@ -319,39 +342,54 @@ class CommandResponder:
                         error=exc.strerror or str(exc))
             return None
 
-    async def _spawn(self, fds: _Fds, cgroup: _CallCgroup | None) -> asyncio.subprocess.Process:
+    async def _spawn(self, call: _Call) -> asyncio.subprocess.Process:
         """Start the supervisor (in a session of its own) running the command on pipes replyd owns."""
+        fds = call.fds
         child_ends = [fds.open("stdin_w")[0], fds.open("stdout_r")[1], fds.open("stderr_r")[1], fds.open("status_r")[1]]
         stdin, stdout, stderr, status = child_ends
         argv = [sys.executable, "-I", "-S", SUPERVISOR, str(status), str(os.getpid()),
-                str(cgroup.path) if cgroup else "-", "--", *self.argv]
+                str(call.cgroup.path) if call.cgroup else "-", "--", *self.argv]
         try:
             return await asyncio.create_subprocess_exec(
                 *argv, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=(status,), env=self.child_env(),
                 cwd=self.cwd, start_new_session=True)
         except OSError as exc:
-            if cgroup is not None:
-                await cgroup.end(self.program)
+            if call.cgroup is not None:
+                await call.cgroup.end(self.program)
             raise ResponderError(f"{self.name}: cannot start: {exc.strerror or exc}") from None
         finally:
             for fd in child_ends:  # the child has its copies: EOF on each comes when the call's processes are gone
                 os.close(fd)
 
-    async def _end(self, proc: asyncio.subprocess.Process, fds: _Fds, cgroup: _CallCgroup | None) -> _End:
+    async def _after_exit(self, proc: asyncio.subprocess.Process, call: _Call) -> None:
+        """Wait for the supervisor to exit; then kill at once what is left of the call (it would hold the pipes).
+
+        Normally nothing is: the supervisor killed it. But a command that killed its
+        supervisor leaves its processes to the cgroup (or, without one, to its group).
+        """
+        await proc.wait()
+        call.read_status()
+        if call.cgroup is not None:
+            call.cgroup.kill()
+        if not call.finished():
+            _signal(proc.pid, signal.SIGKILL, group=True)
+
+    async def _end(self, proc: asyncio.subprocess.Process, call: _Call) -> _End:
         """Kill whatever is left of the call and reap the supervisor, in at most about 0.8 s; its report."""
         if proc.returncode is None:
             _signal(proc.pid, signal.SIGTERM)  # the supervisor kills and reaps every descendant, then exits
             await _wait(proc, _GRACE_S)
-        if cgroup is not None:
-            await cgroup.end(self.program)  # whatever is still in the call's cgroup, the supervisor included
-        end = _End.parse(_read_now(fds.fds["status_r"]).decode("utf-8", "replace"))
-        if proc.returncode is None or (end.code is None and end.spawn_error is None):
+        call.read_status()
+        if call.cgroup is not None:
+            await call.cgroup.end(self.program)  # whatever is still in the call's cgroup, the supervisor included
+        if proc.returncode is None or not call.finished():
             # A supervisor stuck, or killed before its cleanup: its process group (the command's) by hand.
             _signal(proc.pid, signal.SIGKILL, group=True)
             _signal(proc.pid, signal.SIGKILL)
             await _wait(proc, _REAP_S)
             if proc.returncode is None:
                 log.warning("replyd.responder.unreaped", responder="command", program=self.program, pid=proc.pid)
+        end = _End.parse(call.status)
         for note in end.notes:
             log.warning("replyd.responder.containment_degraded", responder="command", program=self.program, note=note)
         return end
