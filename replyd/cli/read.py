@@ -1,4 +1,12 @@
-"""The read commands: status, explain, check, log, export. They open only an existing store and never migrate."""
+"""The read commands: status, explain, check, log, export. They open only an existing store and never migrate.
+
+What they print comes from platforms (ids, handles) and API callers (the free-form
+``path``), so every value is passed through ``shown`` on its way to the terminal:
+control characters (C0, DEL, C1, so every ESC/CSI/OSC sequence) and the Unicode
+bidirectional and line-separator controls are printed as ``\\x1b`` / ``\\u202e``
+escapes, never interpreted by the terminal. The store keeps the values as they came.
+JSON output is already safe (``json.dumps`` escapes every control character).
+"""
 
 from __future__ import annotations
 
