@@ -389,6 +389,33 @@ def test_database_password_hidden_everywhere(where, pg_url, tmp_path, monkeypatc
     assert "revision" in out and not leaks(out), out
 
 
+def test_export_file_is_owner_only(tmp_path, monkeypatch) -> None:
+    """``replyd export -o FILE`` writes 0600 whatever the umask: a new file, and an existing 0644 one; stdout works."""
+    from replyd.store import Key, Store
+
+    state = tmp_path / "state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    clock = FakeClock()
+    s = Store.open(None, clock=clock)
+    new = {"state": "open", "attempt": 1, "created_at": clock.now(), "updated_at": clock.now(), "owner": "t"}
+    assert s.claim(Key("p", "me", "1"), new, lambda r: None, {"kind": "claimed"}).won
+    s.dispose()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_STATE_HOME": str(state)}
+    fresh, loose = tmp_path / "fresh.csv", tmp_path / "loose.csv"
+    loose.write_text("old\n")
+    loose.chmod(0o644)
+    for target in (fresh, loose):
+        # umask 0: a file opened with the default mode would be 0666 (world-writable, too)
+        p = subprocess.run([sys.executable, "-m", "replyd", "export", "-o", str(target)], capture_output=True,
+                           env=env, cwd=ROOT, timeout=120, preexec_fn=lambda: os.umask(0))
+        assert p.returncode == 0, p.stderr
+        assert mode(target) == 0o600, (target, oct(mode(target)))
+        assert target.read_text().splitlines()[1].startswith("p,me,1,")  # written in full: header, the row
+    p = subprocess.run([sys.executable, "-m", "replyd", "export", "-o", "/dev/stdout"], capture_output=True, env=env,
+                       cwd=ROOT, timeout=120)
+    assert p.returncode == 0 and b"p,me,1," in p.stdout, p.stderr
+
+
 def test_short_secrets_are_masked_too() -> None:
     """A secret under 6 characters is masked like any other; a secret inside a longer one does not split it."""
     from replyd import log as rlog

@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import re
+import stat
 import sys
 import time
 from pathlib import Path
@@ -319,6 +320,22 @@ def export(
     if output is None:
         n = library.export(s, sys.stdout, table=table, fmt=fmt, since=start)
     else:
-        with output.open("w", newline="", encoding="utf-8") as fh:
+        with _owner_only(output) as fh:
             n = library.export(s, fh, table=table, fmt=fmt, since=start)
         err.print(f"wrote {n} {table} row(s) to {output}")
+
+
+def _owner_only(path: Path) -> Any:
+    """Open ``path`` for writing text, readable by its owner only (0600): the log holds who was answered, and how.
+
+    A new file is created with mode 0600 (no window in which it has another mode);
+    an existing regular file is truncated and set to 0600 through the open descriptor.
+    A device or pipe (``-o /dev/stdout``) is written as it is.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"--output: cannot write {str(path)!r}: {exc.strerror or exc}") from None
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "w", newline="", encoding="utf-8")
