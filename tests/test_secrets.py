@@ -389,6 +389,60 @@ def test_database_password_hidden_everywhere(where, pg_url, tmp_path, monkeypatc
     assert "revision" in out and not leaks(out), out
 
 
+def test_resolved_secrets_are_hidden_in_the_config(tmp_path, monkeypatch, fixture_server: FixtureServer) -> None:
+    """Tokens read through ``*_env`` (and one written in the file) are SecretStr in the loaded config: no repr, str or
+    dump shows them, yet the adapters and the responder built from it use the values and the log masks them."""
+    from replyd import log as rlog
+    from replyd.config import Config
+    from replyd.platforms.base import make_platform
+    from replyd.responders import ResponderRunner, make_responder
+
+    token, key, literal = "tok-HIDDEN-5e1f0a9b7c3d", "sk-HIDDEN-0123456789ab", "ghp_HIDDEN0123456789abcdef"
+    monkeypatch.setenv("HIDDEN_TOKEN", token)
+    monkeypatch.setenv("HIDDEN_KEY", key)
+    path = tmp_path / "c.toml"
+    path.write_text(f"""
+[[bots]]
+name = "m"
+platform = "mastodon"
+[bots.settings]
+base_url = "https://mastodon.example"
+token_env = "HIDDEN_TOKEN"
+[bots.responder]
+kind = "openai"
+base_url = "{fixture_server.url}/v1"
+model = "m"
+api_key_env = "HIDDEN_KEY"
+
+[[bots]]
+name = "g"
+platform = "github"
+[bots.settings]
+token = "{literal}"
+repos = ["o/r"]
+""")
+    path.chmod(0o600)
+    cfg = Config.load(path)
+    shown = [repr(cfg), str(cfg), repr(cfg.bots), cfg.model_dump_json(), repr(cfg.model_dump()),
+             repr([b.responder.model_dump() for b in cfg.bots])]
+    for secret in (token, key, literal):
+        assert not [text for text in shown if secret in text], secret
+        assert rlog.mask(f"a {secret} b") == "a *** b"  # still registered for masking
+    with httpx.Client() as http:
+        mastodon = make_platform("mastodon", cfg.bots[0].settings, http=http, clock=SystemClock())
+        github = make_platform("github", cfg.bots[1].settings, http=http, clock=SystemClock())
+    assert mastodon.s.token.get_secret_value() == token and github.s.token.get_secret_value() == literal
+    completions = "/v1/chat/completions"
+    fixture_server.route("POST", completions, Reply(body={"choices": [{"message": {"content": "ok"},
+                                                                        "finish_reason": "stop"}]}))
+    runner = ResponderRunner(make_responder("openai", cfg.bots[0].responder.model_dump(exclude={"kind"})))
+    try:
+        assert runner(Parent(id="1", author_id="2", text="q")) == "ok"
+    finally:
+        runner.close()
+    assert fixture_server.requests_to("POST", completions)[0].headers["authorization"] == f"Bearer {key}"
+
+
 def test_export_file_is_owner_only(tmp_path, monkeypatch) -> None:
     """``replyd export -o FILE`` writes 0600 whatever the umask: a new file, and an existing 0644 one; stdout works."""
     from replyd.store import Key, Store

@@ -30,7 +30,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, Va
 
 from replyd import log as rlog
 from replyd.errors import ConfigError, ResponderError
-from replyd.platforms.base import Parent  # the kind modules take it from here: one import line to move with it
+from replyd.platforms.base import Parent, plain_settings  # the kind modules take it from here: one import line to move with it
 
 log = structlog.get_logger("replyd.responder")
 
@@ -125,7 +125,7 @@ class ResponderSettings(BaseModel):
 
             raw = resolve_env(raw, "responder")
         try:
-            return cls.model_validate(raw)
+            return cls.model_validate(plain_settings(raw))  # a resolved secret arrives as a SecretStr
         except ValidationError as exc:
             raise settings_error(cls, exc) from None
 
