@@ -400,6 +400,7 @@ def test_resolved_secrets_are_hidden_in_the_config(tmp_path, monkeypatch, fixtur
     token, key, literal = "tok-HIDDEN-5e1f0a9b7c3d", "sk-HIDDEN-0123456789ab", "ghp_HIDDEN0123456789abcdef"
     monkeypatch.setenv("HIDDEN_TOKEN", token)
     monkeypatch.setenv("HIDDEN_KEY", key)
+    monkeypatch.setenv("LLM_MODEL", "gpt-from-env")  # any key may be read through *_env: a plain string setting too
     path = tmp_path / "c.toml"
     path.write_text(f"""
 [[bots]]
@@ -411,7 +412,7 @@ token_env = "HIDDEN_TOKEN"
 [bots.responder]
 kind = "openai"
 base_url = "{fixture_server.url}/v1"
-model = "m"
+model_env = "LLM_MODEL"
 api_key_env = "HIDDEN_KEY"
 
 [[bots]]
@@ -440,7 +441,8 @@ repos = ["o/r"]
         assert runner(Parent(id="1", author_id="2", text="q")) == "ok"
     finally:
         runner.close()
-    assert fixture_server.requests_to("POST", completions)[0].headers["authorization"] == f"Bearer {key}"
+    [request] = fixture_server.requests_to("POST", completions)
+    assert request.headers["authorization"] == f"Bearer {key}" and json.loads(request.body)["model"] == "gpt-from-env"
 
 
 def test_export_file_is_owner_only(tmp_path, monkeypatch) -> None:
