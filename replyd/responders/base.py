@@ -256,9 +256,15 @@ PAYLOAD_VERSION = 1
 
 
 def responder_payload(parent: Parent) -> bytes:
-    """The JSON a ``command`` (stdin) or ``webhook`` (POST body) gets: the parent plus ``replyd_version``."""
+    """The JSON a ``command`` (stdin) or ``webhook`` (POST body) gets: the parent plus ``replyd_version``.
+
+    Raise ResponderError for a parent no UTF-8 can carry (a lone surrogate), before anything is started or sent.
+    """
     doc = {"replyd_version": PAYLOAD_VERSION, **parent.snapshot()}
-    return json.dumps(doc, ensure_ascii=False, default=str).encode("utf-8")
+    try:
+        return json.dumps(doc, ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError as exc:  # a platform's JSON may carry a lone surrogate ("\ud800"): no UTF-8 holds it
+        raise ResponderError(f"the parent's text cannot be sent as UTF-8 (a lone surrogate at character {exc.start})") from None
 
 
 def declined(text: str) -> str | None:

@@ -311,6 +311,7 @@ class CommandResponder:
 
     async def respond(self, parent: Parent) -> str | None:
         """Run the command once for ``parent``; return its stdout (empty declines); raise ResponderError."""
+        payload = responder_payload(parent)  # before any process: a parent it cannot encode starts none
         call = _Call()
         out = _Output(bytearray(), bytearray())
         try:
@@ -321,7 +322,7 @@ class CommandResponder:
                 async with asyncio.timeout(self.timeout_s):
                     await asyncio.gather(self._stdout(proc, call.fds.fds["stdout_r"], out),
                                          _stderr_tail(call.fds.fds["stderr_r"], out),
-                                         _feed(call.fds, responder_payload(parent)), self._after_exit(proc, call))
+                                         _feed(call.fds, payload), self._after_exit(proc, call))
             except TimeoutError:
                 raise ResponderError(f"{self.name}: timed out after {self.timeout_s:g} s (killed)") from None
             finally:
