@@ -307,6 +307,35 @@ def test_command_cgroup_kills_what_outlived_a_killed_supervisor(tmp_path: Path, 
     assert call_cgroups() == []
 
 
+def test_command_cgroups_of_a_dead_replyd_are_removed(tmp_path: Path, call_mark: str):
+    """The empty call groups a SIGKILLed replyd left are removed by the next one's probe; groups in use are not."""
+    from replyd.responders.command import cgroup_parent, remove_stale_cgroups
+
+    contained({}, "cgroup")  # skips where there is no writable cgroup v2
+    base = cgroup_parent()[0]
+    assert base is not None
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = base / f"call-{int(dead.stdout)}-1-test{call_mark[:6]}"
+    busy = base / f"call-{int(dead.stdout)}-2-test{call_mark[:6]}"
+    stale.mkdir()
+    busy.mkdir()
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        (busy / "cgroup.procs").write_text(str(sleeper.pid))
+        removed = remove_stale_cgroups(base)
+        assert stale.name in removed and busy.name not in removed
+        assert not stale.exists() and busy.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        deadline = time.monotonic() + 2
+        while busy.exists() and time.monotonic() < deadline:
+            try:
+                busy.rmdir()
+            except OSError:  # the killed sleep still counted for a few ms
+                time.sleep(0.01)
+
+
 DRIVER = """
 import sys
 from replyd.platforms.base import Parent

@@ -85,7 +85,27 @@ def cgroup_parent() -> tuple[Path | None, str]:
         return None, f"{own_dir} has no cgroup.kill (Linux before 5.14)"
     if not movable:
         return None, f"{own_dir}/cgroup.procs is not writable (delegate the group to replyd's user)"
+    remove_stale_cgroups(base)
     return base, f"a cgroup per call in {base}"
+
+
+def remove_stale_cgroups(base: Path) -> list[str]:
+    """Remove the empty call groups of replyd processes that are gone (SIGKILLed mid-call); return their names.
+
+    Their processes died with them (the supervisor's parent-death signal), but a
+    process cannot remove the group it is in. ``rmdir`` only succeeds on an empty
+    group, so a group still in use, whoever's, is never touched.
+    """
+    removed = []
+    for group in base.glob("call-*"):
+        pid = group.name.split("-")[1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            try:
+                group.rmdir()
+                removed.append(group.name)
+            except OSError:  # populated, or someone else's to remove
+                pass
+    return removed
 
 
 class _CallCgroup:
