@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator,
+                      model_validator)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from replyd import log as rlog
@@ -475,6 +476,9 @@ class Config(BaseSettings):
                 if isinstance(v, str) and not k.endswith("_env") and any(w in k.lower() for w in SECRET_WORDS):
                     rlog.add_secret(v)
                     literal = True
+            b.settings = _hide_literal_secrets(b.settings)
+            b.responder = ResponderConfig(kind=b.responder.kind,
+                                          **_hide_literal_secrets(dict(b.responder.model_extra or {})))
             b._env_vars = {k[: -len("_env")]: v for k, v in b.settings.items() if k.endswith("_env") and isinstance(v, str)}
             if not secrets:
                 continue
@@ -592,8 +596,18 @@ def _env_names(data: Any) -> list[str]:
 SECRET_WORDS = ("token", "password", "secret", "api_key", "apikey")
 
 
+def _hide_literal_secrets(settings: dict[str, Any]) -> dict[str, Any]:
+    """A secret written into the file itself (a string under a key naming a secret) as a ``SecretStr``."""
+    return {k: SecretStr(v) if isinstance(v, str) and not k.endswith("_env") and any(w in k.lower() for w in SECRET_WORDS)
+            else v for k, v in settings.items()}
+
+
 def resolve_env(settings: dict[str, Any], where: str) -> dict[str, Any]:
-    """Replace every ``<key>_env = "VAR"`` by ``<key> = $VAR``; register the value as a secret."""
+    """Replace every ``<key>_env = "VAR"`` by ``<key> = SecretStr($VAR)``; register the value as a secret.
+
+    The platform and responder settings models read a ``SecretStr`` wherever they read
+    a string (``platforms.base.plain_settings``), so a secret stays hidden until the adapter uses it.
+    """
     out: dict[str, Any] = {}
     for k, v in settings.items():
         if k.endswith("_env") and not isinstance(v, str):
@@ -604,7 +618,7 @@ def resolve_env(settings: dict[str, Any], where: str) -> dict[str, Any]:
             if value is None or value == "":
                 raise ConfigError(f"{where}.{k}: environment variable {v!r} is not set")
             rlog.add_secret(value)
-            out[name] = value
+            out[name] = SecretStr(value)  # hidden in every repr of the config; the settings models take it as is
         else:
             out[k] = v
     return out

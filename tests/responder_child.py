@@ -9,7 +9,11 @@ Stdlib only (it runs with a stripped environment). Modes:
 - ``fail CODE [LAST]``: write 50 noise lines then ``fatal: quota exhausted`` (or LAST) to stderr, exit CODE
 - ``stderr-ok S``: write ``S`` to stderr, print ``ok``
 - ``sleep PIDFILE``: start a grandchild, write both pids to PIDFILE, sleep 60 s
+- ``kill-parent PIDFILE``: start ``setsid sleep 60``, write its pid, SIGKILL its own parent, sleep 60 s
 - ``flood``: write to stdout for ever
+- ``daemonize PIDFILE wait|exit``: double-fork (fork, setsid, fork) a ``sleep 60`` in a new session, write its pid
+  to PIDFILE, then sleep 60 s (``wait``) or print ``ok`` and exit (``exit``), the orphan holding stdout
+- ``setsid PIDFILE wait|exit``: start ``setsid sleep 60`` (a new session), write its pid, then as above
 - ``env``: print the environment as JSON
 """
 
@@ -17,9 +21,26 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+
+
+def _daemonize(pidfile: str) -> None:
+    """The classic double fork: a child starts a session, forks ``sleep 60`` and exits; wait for its pid file."""
+    middle = os.fork()
+    if middle == 0:
+        os.setsid()
+        if os.fork() == 0:
+            with open(pidfile + ".tmp", "w") as f:
+                f.write(f"{os.getpid()}\n")
+            os.rename(pidfile + ".tmp", pidfile)
+            os.execvp("sleep", ["sleep", "60"])
+        os._exit(0)
+    os.waitpid(middle, 0)
+    while not os.path.exists(pidfile):
+        time.sleep(0.01)
 
 
 def main() -> int:
@@ -48,6 +69,23 @@ def main() -> int:
         grandchild = subprocess.Popen([sys.executable, "-I", "-c", "import time; time.sleep(60)"])
         with open(args[0], "w") as f:
             f.write(f"{os.getpid()} {grandchild.pid}\n")
+        time.sleep(60)
+    elif mode in ("daemonize", "setsid"):
+        if mode == "setsid":
+            orphan = subprocess.Popen(["setsid", "sleep", "60"])
+            with open(args[0], "w") as f:
+                f.write(f"{orphan.pid}\n")
+        else:
+            _daemonize(args[0])
+        if args[1] == "exit":
+            print("ok")
+            return 0
+        time.sleep(60)
+    elif mode == "kill-parent":
+        orphan = subprocess.Popen(["setsid", "sleep", "60"])
+        with open(args[0], "w") as f:
+            f.write(f"{orphan.pid}\n")
+        os.kill(os.getppid(), signal.SIGKILL)
         time.sleep(60)
     elif mode == "flood":
         while True:

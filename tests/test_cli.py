@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,62 @@ def test_explain_shows_timeline(answered, env):
     doc = json.loads(r.stdout)[0]
     assert doc["row"]["state"] == "open"
     assert [e["kind"] for e in doc["events"]] == ["claimed", "maybe_sent"]
+
+
+# Ids from a platform and the API's free-form path, made of what a terminal would act on: OSC (set the title),
+# CSI (clear the screen), a one-byte C1 CSI, BEL, a newline that would fake a row, a bidi override.
+EVIL_ID = "9\x1b]0;owned\x07\x1b[2J\x9b31m\nfake row\u202edi"
+EVIL_PATH = "api\x1b[31m\x85"
+CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]")  # any control but the line ends rich writes
+
+
+@pytest.fixture
+def evil(env):
+    """A default store holding an answered and an in-flight parent whose ids and path carry terminal controls."""
+    store = Store.open()
+    plat = MemoryPlatform(instance="memory:cli")
+    g = Guard(store, plat, plat.whoami())
+    g.post(plat.add_parent(EVIL_ID), "hello", path=EVIL_PATH)
+    plat.script = ["lost"]
+    g.post(plat.add_parent(EVIL_ID + "-open"), "hello", path=EVIL_PATH)
+    yield store
+    store.dispose()
+
+
+SHOWN_ID = "9\\x1b]0;owned\\x07\\x1b[2J\\x9b31m\\x0afake row\\u202edi"  # the newline too: the id keeps its line
+SHOWN_PATH = "api\\x1b[31m\\x85"
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["log"], [SHOWN_ID, SHOWN_PATH]),
+    (["explain", EVIL_ID], [SHOWN_ID, SHOWN_PATH]),  # the path as the row's "found by"
+    (["explain", EVIL_ID + "-open"], [SHOWN_ID]),
+    (["status"], [SHOWN_ID]),  # the in-flight one among the oldest open rows
+    (["check", EVIL_ID], ["already answered"]),
+    (["check", EVIL_ID + "x"], ["no row for '9\\x1b]0;owned\\x07\\x1b[2J\\x9b31m\\nfake row\\u202edix'"]),  # a repr
+    (["explain", "\x1b[2Jnothing"], ["\\x1b[2Jnothing"]),
+], ids=repr)
+def test_read_commands_escape_terminal_controls(evil, env, args, expected):
+    """Control characters from ids and paths reach the terminal as visible escapes, never as controls."""
+    r = replyd(*args, env=env)
+    assert r.returncode in (0, 1), r.stderr
+    shown = r.stdout + r.stderr
+    assert not CONTROL.findall(shown)
+    assert all(text in shown for text in expected), shown
+
+
+def test_log_follow_escapes_terminal_controls(evil, env):
+    """log --follow writes each event on one line with its controls escaped."""
+    proc = subprocess.Popen([sys.executable, "-m", "replyd", "log", "--follow"], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **env}, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(3)]  # claimed, closed (the answered one), then claimed
+    finally:
+        proc.kill()
+        proc.wait()
+    assert all(line.endswith("\n") and not CONTROL.findall(line) for line in lines), lines
+    assert SHOWN_ID in lines[0] and SHOWN_PATH in lines[0]
 
 
 def test_db_upgrade_and_current(env, tmp_path):

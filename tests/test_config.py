@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
 from replyd.clock import SystemClock
 from replyd.config import Config, _env_names
@@ -92,7 +93,8 @@ def test_secret_env_resolved(tmp_path, monkeypatch):
     monkeypatch.setenv("T_TOKEN", "s3cr3t-value")
     p = tmp_path / "c.toml"
     p.write_text('[[bots]]\nname = "b"\nplatform = "mastodon"\n[bots.settings]\ntoken_env = "T_TOKEN"\n')
-    assert Config.load(p).bots[0].settings == {"token": "s3cr3t-value"}
+    token = Config.load(p).bots[0].settings["token"]
+    assert isinstance(token, SecretStr) and token.get_secret_value() == "s3cr3t-value"  # hidden in the config's repr
 
 
 def test_duplicate_bot_names(tmp_path):

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -184,19 +185,18 @@ def wait_gone(pid: int, timeout_s: float = 5.0) -> str | None:
     return pid_state(pid)
 
 
-@pytest.mark.parametrize("finish", ["timeout", "exit"])
+@pytest.mark.parametrize("finish", ["holds-stdout", "lets-go"])
 def test_command_helper_dies_whatever_the_main_child_did(tmp_path: Path, finish: str):
-    """A background helper is killed with the group after a timeout (its main child already exited) or a clean exit."""
+    """A background helper dies when its main child exits, whether it kept stdout open or not; the reply comes at once."""
     pidfile = tmp_path / "helper"
-    # "timeout": the helper keeps stdout open, so replyd waits for EOF until the timeout, the shell long gone.
-    # "exit": the helper lets go of stdout, so the reply comes at once and the helper would live on.
-    redirect = "" if finish == "timeout" else " >/dev/null 2>&1"
+    # "holds-stdout": the helper keeps stdout open, so EOF comes only when the supervisor kills it after the shell.
+    # "lets-go": the helper lets go of stdout, so the reply would come at once and the helper live on.
+    redirect = "" if finish == "holds-stdout" else " >/dev/null 2>&1"
     script = f"sleep 31337{redirect} & echo $! > {pidfile}; echo hi"
-    settings = {"command": ["/bin/sh", "-c", script], "timeout_s": 1.0}
-    if finish == "timeout":
-        assert "timed out after 1 s (killed)" in fails("command", settings)
-    else:
-        assert run("command", settings) == "hi"
+    settings = {"command": ["/bin/sh", "-c", script], "timeout_s": 5.0}
+    started = time.monotonic()
+    assert run("command", settings) == "hi"
+    assert time.monotonic() - started < 3.0
     helper = int(pidfile.read_text())
     try:
         assert wait_gone(helper) in (None, "Z"), f"helper {helper} outlived the responder"
@@ -212,6 +212,169 @@ def test_runner_cancellation_kills_the_child(tmp_path: Path):
     assert "no answer within 1 s" in msg
     child, _ = (int(p) for p in pidfile.read_text().split())
     assert pid_state(child) is None
+
+
+MARK = "REPLYD_TEST_CALL"  # passed to the child (env_pass): every process of one call carries it in /proc/<pid>/environ
+
+
+def marked(token: str) -> list[int]:
+    """The live (not zombie) processes whose environment holds ``MARK=token``: what is left of one call."""
+    needle = f"{MARK}={token}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{name}/environ").read_bytes()
+        except OSError:  # gone meanwhile
+            continue
+        if needle in environ.split(b"\0") and pid_state(int(name)) not in (None, "Z"):
+            found.append(int(name))
+    return found
+
+
+def alive_after(token: str, deadline: float) -> list[int]:
+    """Poll until no process of the call is left or ``deadline`` (monotonic) passes; return those left."""
+    while (left := marked(token)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left
+
+
+# "auto" leaves the key out (a cgroup where the machine offers one); the other two force a mechanism.
+CONTAINMENTS = ["auto", "cgroup", "subreaper"]
+
+
+def contained(settings: dict[str, Any], containment: str) -> dict[str, Any]:
+    """``settings`` with ``containment`` set (left out for auto); skip cgroup where this machine has none."""
+    if containment == "auto":
+        return settings
+    if containment == "cgroup":
+        from replyd.responders.command import cgroup_parent
+
+        base, why = cgroup_parent()
+        if base is None:
+            pytest.skip(f"no writable cgroup v2 here: {why}")
+    return {**settings, "containment": containment}
+
+
+@pytest.fixture
+def call_mark(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh marker passed to the command's processes; any of them still alive at the end is killed."""
+    token = os.urandom(8).hex()
+    monkeypatch.setenv(MARK, token)
+    yield token
+    for pid in marked(token):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("containment", CONTAINMENTS)
+@pytest.mark.parametrize("escape", ["daemonize", "setsid"])
+def test_command_timeout_kills_descendants_in_other_sessions(tmp_path: Path, call_mark: str, escape: str,
+                                                             containment: str):
+    """A child that double-forks (or setsid-starts) a `sleep 60`: at the 2 s timeout no process of the call lives
+    1 s on, and respond() returns within timeout + 1 s."""
+    pidfile = tmp_path / "orphan"
+    settings = contained({"command": [*PY, escape, str(pidfile), "wait"], "timeout_s": 2.0, "env_pass": [MARK]},
+                         containment)
+    started = time.monotonic()
+    msg = fails("command", settings, timeout_s=30.0)
+    took_s = time.monotonic() - started
+    assert "timed out after 2 s (killed)" in msg
+    assert took_s < 2.0 + 1.0, f"respond() took {took_s:.1f} s"
+    orphan = int(pidfile.read_text())
+    assert alive_after(call_mark, started + 2.0 + 1.0) == []
+    assert pid_state(orphan) in (None, "Z")
+    assert call_cgroups() == []
+
+
+def call_cgroups() -> list[str]:
+    """This process's per-call cgroups still on disk (each is removed when its call ends)."""
+    from replyd.responders.command import cgroup_parent
+
+    base, _ = cgroup_parent()
+    return [] if base is None else sorted(p.name for p in base.glob(f"call-{os.getpid()}-*"))
+
+
+def test_command_cgroup_kills_what_outlived_a_killed_supervisor(tmp_path: Path, call_mark: str):
+    """With a cgroup per call, a command that SIGKILLs its supervisor fails at once and its setsid orphan dies too."""
+    settings = contained({"command": [*PY, "kill-parent", str(tmp_path / "orphan")], "timeout_s": 10.0,
+                          "env_pass": [MARK]}, "cgroup")
+    started = time.monotonic()
+    msg = fails("command", settings, timeout_s=30.0)
+    assert "was killed before it finished (its supervisor died)" in msg
+    assert time.monotonic() - started < 3.0
+    assert alive_after(call_mark, time.monotonic() + 1.0) == []
+    assert call_cgroups() == []
+
+
+def test_command_cgroups_of_a_dead_replyd_are_removed(tmp_path: Path, call_mark: str):
+    """The empty call groups a SIGKILLed replyd left are removed by the next one's probe; groups in use are not."""
+    from replyd.responders.command import cgroup_parent, remove_stale_cgroups
+
+    contained({}, "cgroup")  # skips where there is no writable cgroup v2
+    base = cgroup_parent()[0]
+    assert base is not None
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = base / f"call-{int(dead.stdout)}-1-test{call_mark[:6]}"
+    busy = base / f"call-{int(dead.stdout)}-2-test{call_mark[:6]}"
+    stale.mkdir()
+    busy.mkdir()
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        (busy / "cgroup.procs").write_text(str(sleeper.pid))
+        removed = remove_stale_cgroups(base)
+        assert stale.name in removed and busy.name not in removed
+        assert not stale.exists() and busy.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        deadline = time.monotonic() + 2
+        while busy.exists() and time.monotonic() < deadline:
+            try:
+                busy.rmdir()
+            except OSError:  # the killed sleep still counted for a few ms
+                time.sleep(0.01)
+
+
+DRIVER = """
+import sys
+from replyd.platforms.base import Parent
+from replyd.responders import ResponderRunner, make_responder
+runner = ResponderRunner(make_responder("command", {"command": sys.argv[1:], "timeout_s": 60, "env_pass": ["%s"]}),
+                         timeout_s=60)
+runner(Parent(id="1", author_id="2", text="x"))
+""" % MARK
+
+
+@pytest.mark.parametrize("escape", ["daemonize", "setsid"])
+def test_command_processes_die_with_replyd(tmp_path: Path, call_mark: str, escape: str):
+    """replyd SIGKILLed while its command runs: the supervisor's parent-death signal kills every process of the call."""
+    pidfile = tmp_path / "orphan"
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, *PY, escape, str(pidfile), "wait"],
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        deadline = time.monotonic() + 20
+        while not pidfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert pidfile.exists(), "the command never started"
+        assert len(marked(call_mark)) >= 3  # supervisor, command, orphan
+    finally:
+        driver.kill()
+        driver.wait()
+    assert alive_after(call_mark, time.monotonic() + 1.0) == []
+
+
+@pytest.mark.parametrize("containment", CONTAINMENTS)
+@pytest.mark.parametrize("escape", ["daemonize", "setsid"])
+def test_command_reply_is_not_held_by_an_orphan_in_another_session(tmp_path: Path, call_mark: str, escape: str,
+                                                                   containment: str):
+    """The main child prints and exits, its new-session orphan holding stdout: the reply comes at once, the orphan dies."""
+    settings = contained({"command": [*PY, escape, str(tmp_path / "orphan"), "exit"], "timeout_s": 10.0,
+                          "env_pass": [MARK]}, containment)
+    started = time.monotonic()
+    assert run("command", settings, timeout_s=30.0) == "ok"
+    assert time.monotonic() - started < 3.0
+    assert alive_after(call_mark, time.monotonic() + 1.0) == []
 
 
 def test_command_output_cap_kills_a_flooding_child():

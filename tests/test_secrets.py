@@ -389,6 +389,89 @@ def test_database_password_hidden_everywhere(where, pg_url, tmp_path, monkeypatc
     assert "revision" in out and not leaks(out), out
 
 
+def test_resolved_secrets_are_hidden_in_the_config(tmp_path, monkeypatch, fixture_server: FixtureServer) -> None:
+    """Tokens read through ``*_env`` (and one written in the file) are SecretStr in the loaded config: no repr, str or
+    dump shows them, yet the adapters and the responder built from it use the values and the log masks them."""
+    from replyd import log as rlog
+    from replyd.config import Config
+    from replyd.platforms.base import make_platform
+    from replyd.responders import ResponderRunner, make_responder
+
+    token, key, literal = "tok-HIDDEN-5e1f0a9b7c3d", "sk-HIDDEN-0123456789ab", "ghp_HIDDEN0123456789abcdef"
+    monkeypatch.setenv("HIDDEN_TOKEN", token)
+    monkeypatch.setenv("HIDDEN_KEY", key)
+    monkeypatch.setenv("LLM_MODEL", "gpt-from-env")  # any key may be read through *_env: a plain string setting too
+    path = tmp_path / "c.toml"
+    path.write_text(f"""
+[[bots]]
+name = "m"
+platform = "mastodon"
+[bots.settings]
+base_url = "https://mastodon.example"
+token_env = "HIDDEN_TOKEN"
+[bots.responder]
+kind = "openai"
+base_url = "{fixture_server.url}/v1"
+model_env = "LLM_MODEL"
+api_key_env = "HIDDEN_KEY"
+
+[[bots]]
+name = "g"
+platform = "github"
+[bots.settings]
+token = "{literal}"
+repos = ["o/r"]
+""")
+    path.chmod(0o600)
+    cfg = Config.load(path)
+    shown = [repr(cfg), str(cfg), repr(cfg.bots), cfg.model_dump_json(), repr(cfg.model_dump()),
+             repr([b.responder.model_dump() for b in cfg.bots])]
+    for secret in (token, key, literal):
+        assert not [text for text in shown if secret in text], secret
+        assert rlog.mask(f"a {secret} b") == "a *** b"  # still registered for masking
+    with httpx.Client() as http:
+        mastodon = make_platform("mastodon", cfg.bots[0].settings, http=http, clock=SystemClock())
+        github = make_platform("github", cfg.bots[1].settings, http=http, clock=SystemClock())
+    assert mastodon.s.token.get_secret_value() == token and github.s.token.get_secret_value() == literal
+    completions = "/v1/chat/completions"
+    fixture_server.route("POST", completions, Reply(body={"choices": [{"message": {"content": "ok"},
+                                                                        "finish_reason": "stop"}]}))
+    runner = ResponderRunner(make_responder("openai", cfg.bots[0].responder.model_dump(exclude={"kind"})))
+    try:
+        assert runner(Parent(id="1", author_id="2", text="q")) == "ok"
+    finally:
+        runner.close()
+    [request] = fixture_server.requests_to("POST", completions)
+    assert request.headers["authorization"] == f"Bearer {key}" and json.loads(request.body)["model"] == "gpt-from-env"
+
+
+def test_export_file_is_owner_only(tmp_path, monkeypatch) -> None:
+    """``replyd export -o FILE`` writes 0600 whatever the umask: a new file, and an existing 0644 one; stdout works."""
+    from replyd.store import Key, Store
+
+    state = tmp_path / "state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    clock = FakeClock()
+    s = Store.open(None, clock=clock)
+    new = {"state": "open", "attempt": 1, "created_at": clock.now(), "updated_at": clock.now(), "owner": "t"}
+    assert s.claim(Key("p", "me", "1"), new, lambda r: None, {"kind": "claimed"}).won
+    s.dispose()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_STATE_HOME": str(state)}
+    fresh, loose = tmp_path / "fresh.csv", tmp_path / "loose.csv"
+    loose.write_text("old\n")
+    loose.chmod(0o644)
+    for target in (fresh, loose):
+        # umask 0: a file opened with the default mode would be 0666 (world-writable, too)
+        p = subprocess.run([sys.executable, "-m", "replyd", "export", "-o", str(target)], capture_output=True,
+                           env=env, cwd=ROOT, timeout=120, preexec_fn=lambda: os.umask(0))
+        assert p.returncode == 0, p.stderr
+        assert mode(target) == 0o600, (target, oct(mode(target)))
+        assert target.read_text().splitlines()[1].startswith("p,me,1,")  # written in full: header, the row
+    p = subprocess.run([sys.executable, "-m", "replyd", "export", "-o", "/dev/stdout"], capture_output=True, env=env,
+                       cwd=ROOT, timeout=120)
+    assert p.returncode == 0 and b"p,me,1," in p.stdout, p.stderr
+
+
 def test_short_secrets_are_masked_too() -> None:
     """A secret under 6 characters is masked like any other; a secret inside a longer one does not split it."""
     from replyd import log as rlog

@@ -1,10 +1,20 @@
-"""The read commands: status, explain, check, log, export. They open only an existing store and never migrate."""
+"""The read commands: status, explain, check, log, export. They open only an existing store and never migrate.
+
+What they print comes from platforms (ids, handles) and API callers (the free-form
+``path``), so every value is passed through ``shown`` on its way to the terminal:
+control characters (C0, DEL, C1, so every ESC/CSI/OSC sequence) and the Unicode
+bidirectional and line-separator controls are printed as ``\\x1b`` / ``\\u202e``
+escapes, never interpreted by the terminal. The store keeps the values as they came.
+JSON output is already safe (``json.dumps`` escapes every control character).
+"""
 
 from __future__ import annotations
 
 import itertools
 import json
 import os
+import re
+import stat
 import sys
 import time
 from pathlib import Path
@@ -22,6 +32,29 @@ from replyd.config import Config
 from replyd.errors import ConfigError
 from replyd.guard import Status, _classify
 from replyd.store import Key, Store
+
+# What a terminal could act on: C0 controls (newline included: a value never spans lines), DEL, C1 controls
+# (0x9b is a one-byte CSI), and the bidi overrides, isolates and marks and the line/paragraph separators that
+# reorder or break what is shown.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def shown(value: object) -> str:
+    """``value`` as text safe for a terminal: each control character written as a visible escape."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", str(value))
+
+
+class _Table(Table):
+    """A rich Table whose text cells go through ``shown`` (rich passes ESC and C1 through as they are)."""
+
+    def add_row(self, *cells: Any, **kw: Any) -> None:
+        """Add a row, escaping every text cell."""
+        super().add_row(*(shown(c) if isinstance(c, str) else c for c in cells), **kw)
+
+
+def _say(text: str, style: str | None = None) -> None:
+    """Print one line made of stored values, escaped."""
+    out.print(Text(shown(text), style=style or ""))
 
 
 def status(
@@ -53,20 +86,20 @@ def status(
         }
         _emit_json(data)
         return
-    out.print(f"store: {s.url}")
+    _say(f"store: {s.url}")
     _print_liveness(daemon)
-    t = Table("platform", *st.STATES, title="rows by state")
+    t = _Table("platform", *st.STATES, title="rows by state")
     for plat in sorted({p for p, _ in counts}):
         t.add_row(plat, *[str(counts.get((plat, state), 0)) for state in st.STATES])
     out.print(t if counts else "no rows yet: nothing answered")
     if oldest:
-        o = Table("platform", "parent id", "opened", "age (s)", title="oldest open rows")
+        o = _Table("platform", "parent id", "opened", "age (s)", title="oldest open rows")
         for r in oldest:
             o.add_row(r.platform, r.parent_id, _ts(r.opened_at), f"{now - (r.opened_at or now):.0f}")
         out.print(o)
     _print_listing(lag.summaries(s))
     if overdue:
-        t = Table("platform", "parent id", "state", "attempt", "past its bound (s)",
+        t = _Table("platform", "parent id", "state", "attempt", "past its bound (s)",
                   title=f"rows waiting more than {overdue_after_s:.0f} s past their bound")
         for r, over in overdue:
             t.add_row(r.platform, r.parent_id, r.state, str(r.attempt), f"{over:.0f}")
@@ -77,7 +110,7 @@ def _print_listing(rows: list[dict[str, Any]]) -> None:
     """The listing delay per platform instance: configured, in use (learned), observed lag."""
     if not rows:
         return
-    t = Table("platform", "configured (s)", "in use (s)", "samples", "observed p50 (s)", "observed p99 (s)",
+    t = _Table("platform", "configured (s)", "in use (s)", "samples", "observed p50 (s)", "observed p99 (s)",
               title="listing delay")
     for r in rows:
         used = "—" if r["in_use_s"] is None else f"{r['in_use_s']:g}"
@@ -115,9 +148,9 @@ def _daemon_liveness(cfg: Config) -> dict[str, Any]:
 def _print_liveness(daemon: dict[str, Any]) -> None:
     """Each bot's paths in words; a stale path red and marked STALE."""
     if not daemon["reachable"]:
-        out.print(Text(f"daemon: {daemon['error']}", style="yellow"))
+        _say(f"daemon: {daemon['error']}", "yellow")
         return
-    out.print(f"daemon: {daemon['url']}")
+    _say(f"daemon: {daemon['url']}")
     for bot, b in sorted(daemon["liveness"].items()):
         start, brk = b.get("start"), b.get("breaker")
         if start and start["state"] != "running":  # not ready: its platform not reached yet, or the login refused
@@ -127,10 +160,9 @@ def _print_liveness(daemon: dict[str, Any]) -> None:
                            style="bold red"))
         for path, p in sorted(b["paths"].items()):
             style = "bold red" if p["stale"] or p.get("failing") else ("yellow" if p["failures"] else "green")
-            out.print(Text(f"  {bot} {p['words']}", style=style))
+            _say(f"  {bot} {p['words']}", style)
         if b.get("oldest_due_open_age_s") is not None:
-            out.print(Text(f"  {bot} oldest due open row: {b['oldest_due_open_age_s']:.0f} s past its deadline",
-                           style="yellow"))
+            _say(f"  {bot} oldest due open row: {b['oldest_due_open_age_s']:.0f} s past its deadline", "yellow")
 
 
 def _parent_rows(parent: str, platform: str | None, config: Path | None, store: str | None) -> tuple[Store, list[st.Reply]]:
@@ -153,7 +185,7 @@ def explain(
         # A parent the policy skipped (or a dry run showed) has events but no row.
         events = s.find_events(parent, platform)
         if not events:
-            err.print(f"no row for parent id {parent!r}" + (f" on {platform}" if platform else "") + " (ids are exact: case and leading zeros matter)")
+            err.print(shown(f"no row for parent id {parent!r}") + (f" on {platform}" if platform else "") + " (ids are exact: case and leading zeros matter)")
             raise typer.Exit(1)
         _explain_unclaimed(parent, events, as_json)
         return
@@ -164,9 +196,9 @@ def explain(
                "events": [{**e.model_dump(exclude={"detail"}), "detail": json.loads(e.detail)} for e in events]}
         docs.append(doc)
         if not as_json:
-            out.print(f"{r.platform} sender {r.sender_id} parent {r.parent_id}: "
-                      f"{r.state} attempt {r.attempt} reply {r.reply_id or '-'} (found by {r.path or '-'})")
-            t = Table("at", "event", "state", "attempt", "owner", "detail")
+            _say(f"{r.platform} sender {r.sender_id} parent {r.parent_id}: "
+                 f"{r.state} attempt {r.attempt} reply {r.reply_id or '-'} (found by {r.path or '-'})")
+            t = _Table("at", "event", "state", "attempt", "owner", "detail")
             for e in events:
                 t.add_row(_ts(e.at), e.kind, e.state or "", str(e.attempt or ""), e.owner or "", e.detail)
             out.print(t)
@@ -184,8 +216,8 @@ def _explain_unclaimed(parent: str, events: list[st.Event], as_json: bool) -> No
                      "events": [{**e.model_dump(exclude={"detail"}), "detail": json.loads(e.detail)} for e in evs]})
         if not as_json:
             why = f"skipped by policy ({', '.join(reasons)})" if reasons else "never claimed"
-            out.print(f"{platform} sender {sender} parent {parent}: no row, {why}")
-            t = Table("at", "event", "detail")
+            _say(f"{platform} sender {sender} parent {parent}: no row, {why}")
+            t = _Table("at", "event", "detail")
             for e in evs:
                 t.add_row(_ts(e.at), e.kind, e.detail)
             out.print(t)
@@ -206,10 +238,10 @@ def check(parent: ParentArg, platform: Annotated[str | None, typer.Option(help="
     if as_json:
         _emit_json({"parent_id": parent, "answered": code == 0, "keys": results})
     elif not rows:
-        out.print(f"not answered: no row for {parent!r}; a post would claim it")
+        _say(f"not answered: no row for {parent!r}; a post would claim it")
     for x in [] if as_json else results:
         extra = f" (reply {x['reply_id']})" if x["reply_id"] else ""
-        out.print(f"{x['status'].replace('_', ' ')}{extra}: {x['platform']} sender {x['sender_id']}; nothing sent")
+        _say(f"{x['status'].replace('_', ' ')}{extra}: {x['platform']} sender {x['sender_id']}; nothing sent")
     raise typer.Exit(code)
 
 
@@ -244,7 +276,7 @@ def log_cmd(
         elif not evs:
             out.print("no events match")
         else:
-            t = Table("at (UTC)", "platform", "parent id", "event", "state", "attempt", "path", "detail", title="recent events")
+            t = _Table("at (UTC)", "platform", "parent id", "event", "state", "attempt", "path", "detail", title="recent events")
             for e in evs:
                 t.add_row(*_event_cells(e))
             out.print(t)
@@ -257,7 +289,7 @@ def log_cmd(
                 if as_json:
                     sys.stdout.write(json.dumps(e, default=str) + "\n")
                 else:
-                    sys.stdout.write("  ".join(c for c in _event_cells(e) if c) + "\n")
+                    sys.stdout.write(shown("  ".join(c for c in _event_cells(e) if c)) + "\n")
                 last = max(last, e["id"])
             sys.stdout.flush()
             time.sleep(every_s)
@@ -294,6 +326,22 @@ def export(
     if output is None:
         n = library.export(s, sys.stdout, table=table, fmt=fmt, since=start)
     else:
-        with output.open("w", newline="", encoding="utf-8") as fh:
+        with _owner_only(output) as fh:
             n = library.export(s, fh, table=table, fmt=fmt, since=start)
         err.print(f"wrote {n} {table} row(s) to {output}")
+
+
+def _owner_only(path: Path) -> Any:
+    """Open ``path`` for writing text, readable by its owner only (0600): the log holds who was answered, and how.
+
+    A new file is created with mode 0600 (no window in which it has another mode);
+    an existing regular file is truncated and set to 0600 through the open descriptor.
+    A device or pipe (``-o /dev/stdout``) is written as it is.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"--output: cannot write {str(path)!r}: {exc.strerror or exc}") from None
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "w", newline="", encoding="utf-8")

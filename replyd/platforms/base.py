@@ -264,7 +264,7 @@ class PlatformSettings(BaseModel):
     def load(cls, kind: str, raw: Mapping[str, Any]) -> Self:
         """Validate ``raw``; raise ``ConfigError("<kind> setting '<key>': …")`` for the first problem."""
         try:
-            return cls.model_validate(dict(raw), context={"kind": kind})
+            return cls.model_validate(plain_settings(raw), context={"kind": kind})
         except ValidationError as exc:
             err = exc.errors(include_url=False, include_input=False)[0]
             key = str(err["loc"][0]) if err["loc"] else "?"
@@ -284,6 +284,14 @@ def _token(value: Any) -> str:
     if any(c.isspace() for c in value) or not value.isprintable() or not value.isascii():
         raise ValueError("contains whitespace or non-ASCII characters")
     return value
+
+
+def plain_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw`` with each ``SecretStr`` (a secret the config loader resolved) as its string, for a settings model.
+
+    The model validates it like any value and wraps it again where the field is a secret.
+    """
+    return {k: v.get_secret_value() if isinstance(v, SecretStr) else v for k, v in raw.items()}
 
 
 # A token-like secret: printable ASCII without whitespace, hidden in every repr.

@@ -30,7 +30,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, Va
 
 from replyd import log as rlog
 from replyd.errors import ConfigError, ResponderError
-from replyd.platforms.base import Parent  # the kind modules take it from here: one import line to move with it
+from replyd.platforms.base import Parent, plain_settings  # the kind modules take it from here: one import line to move with it
 
 log = structlog.get_logger("replyd.responder")
 
@@ -125,7 +125,7 @@ class ResponderSettings(BaseModel):
 
             raw = resolve_env(raw, "responder")
         try:
-            return cls.model_validate(raw)
+            return cls.model_validate(plain_settings(raw))  # a resolved secret arrives as a SecretStr
         except ValidationError as exc:
             raise settings_error(cls, exc) from None
 
@@ -160,6 +160,8 @@ def _problem(model: type[ResponderSettings], err: Any) -> str:
     secret = field is not None and _is_secret(field.annotation)
     if err["type"].endswith("_type") or err["type"].endswith("_parsing"):
         msg += f", got {type(value).__name__}"
+    elif err["type"] == "literal_error" and not secret:  # one of a few words: show what was written instead
+        msg += f", got {value!r:.40}" if isinstance(value, str) else f", got {type(value).__name__}"
     elif not secret and isinstance(value, int | float) and not isinstance(value, bool):
         msg += f", got {value!r}"
     return f"responder.{path}: {msg}"
@@ -254,9 +256,15 @@ PAYLOAD_VERSION = 1
 
 
 def responder_payload(parent: Parent) -> bytes:
-    """The JSON a ``command`` (stdin) or ``webhook`` (POST body) gets: the parent plus ``replyd_version``."""
+    """The JSON a ``command`` (stdin) or ``webhook`` (POST body) gets: the parent plus ``replyd_version``.
+
+    Raise ResponderError for a parent no UTF-8 can carry (a lone surrogate), before anything is started or sent.
+    """
     doc = {"replyd_version": PAYLOAD_VERSION, **parent.snapshot()}
-    return json.dumps(doc, ensure_ascii=False, default=str).encode("utf-8")
+    try:
+        return json.dumps(doc, ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError as exc:  # a platform's JSON may carry a lone surrogate ("\ud800"): no UTF-8 holds it
+        raise ResponderError(f"the parent's text cannot be sent as UTF-8 (a lone surrogate at character {exc.start})") from None
 
 
 def declined(text: str) -> str | None:
