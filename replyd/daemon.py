@@ -24,6 +24,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from replyd import metrics
 from replyd import store as st
+from replyd.breaker import Breaker, BreakerListener
 from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import BotConfig, Config
 from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, PlatformError
@@ -87,7 +88,7 @@ def login(bc: BotConfig, platform: Platform) -> Identity:
 
 
 def build_guard(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock,
-                owner: str) -> tuple[Platform, Identity, Guard]:
+                owner: str, breaker_listener: BreakerListener | None = None) -> tuple[Platform, Identity, Guard]:
     """Build one bot's adapter, log it in, and return it with its identity and guard."""
     # Each adapter owns its listing-delay default (Discourse 30 s, GitHub 60 s…); never override it here.
     platform = make_platform(bc.platform, bc.settings, http=http, clock=clock)
@@ -114,14 +115,16 @@ def build_guard(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cl
         dry_run=cfg.guard.dry_run or bc.policy.dry_run,
         responder_backoff_s=cfg.guard.responder_backoff_s,
         responder_backoff_max_s=cfg.guard.responder_backoff_max_s,
+        breaker=Breaker(cfg.guard.breaker, clock, bot=bc.name, platform=platform.instance,
+                        listener=breaker_listener),
     )
     return platform, identity, guard
 
 
 def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock, owner: str,
-              heartbeat: Heartbeat | None = None) -> BotRuntime:
+              heartbeat: Heartbeat | None = None, breaker_listener: BreakerListener | None = None) -> BotRuntime:
     """Build one bot's adapter, identity, guard, pipeline and pollers."""
-    platform, identity, guard = build_guard(cfg, bc, store, http, clock, owner)
+    platform, identity, guard = build_guard(cfg, bc, store, http, clock, owner, breaker_listener)
     rsettings = bc.responder.model_dump(exclude={"kind"})
     responder = make_responder(bc.responder.kind, rsettings)
     # The runner's bound is a backstop: a responder's own timeout (which also kills a child) fires first.
@@ -190,8 +193,10 @@ class Daemon:
             self.api = ApiServer(api.app, host=ac.host, port=ac.port, grace_s=self.cfg.guard.send_timeout_s).start()
         try:
             for bc in self.cfg.bots:
+                # The readiness record shows an open breaker when it offers the hook (BreakerListener).
+                listener = self.liveness if isinstance(self.liveness, BreakerListener) else None
                 bot = build_bot(self.cfg, bc, self.store, self.http, self.clock, self.owner,
-                                self.liveness.beat(bc.name))
+                                self.liveness.beat(bc.name), listener)
                 self._watch(bot)
                 self.bots.append(bot)
                 self.guards[bc.name] = bot.guard
@@ -206,7 +211,7 @@ class Daemon:
         sc = self.cfg.sweep
         self.sweeper = Sweeper(
             self.store,
-            [Bot(b.platform, b.identity, b.guard.lag) for b in self.bots],
+            [Bot(b.platform, b.identity, b.guard.lag, b.guard.breaker) for b in self.bots],
             clock=self.clock,
             owner=self.owner,
             batch=sc.batch,
@@ -215,6 +220,7 @@ class Daemon:
             max_attempts=self.cfg.guard.max_attempts,
             on_duplicate=sc.on_duplicate,
             config=sc,
+            guard_config=self.cfg.guard,
         )
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(max_workers=max(4, 3 * len(self.bots) + 1))},
@@ -257,6 +263,7 @@ class Daemon:
                 self.liveness.track(name, path, every_s)
         self.liveness.identify(name, bot.platform.instance, bot.identity.sender_id)
         metrics.name_platform(bot.platform.instance, name)
+        metrics.breaker_state(bot.platform.instance, bool(bot.guard.breaker and bot.guard.breaker.is_open))
 
     def _use_db_clock(self) -> None:
         """On PostgreSQL, replace the wall clock by the database's (see ``DatabaseClock``)."""

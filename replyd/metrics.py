@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from prometheus_client import PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Histogram
+from prometheus_client import PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from replyd.errors import (
@@ -95,8 +95,14 @@ POLLS = Counter(
     ["platform", "path", "result"],
     registry=None,
 )
+BREAKER_OPEN = Gauge(
+    "replyd_breaker_open",
+    "1 while the bot's write-path breaker is open (sends paused by a platform-wide failure), else 0.",
+    ["platform"],
+    registry=None,
+)
 SHARED = (SENDS, SEND_SECONDS, OUTCOMES, PLATFORM_ERRORS, RESPONDER_CALLS, RESPONDER_SECONDS, SWEEP_ROWS, DUPLICATES,
-          SKIPS, POLLS, WEBHOOKS, LISTING_LAG)
+          SKIPS, POLLS, WEBHOOKS, LISTING_LAG, BREAKER_OPEN)
 
 # The `platform` label is the bot's name (or a short instance), never a URL: instance -> label.
 _LABELS: dict[str, str] = {}
@@ -163,6 +169,11 @@ def webhook(platform: str, result: str) -> None:
 def outcome(platform: str, status: str) -> None:
     """Count one post result that did not go through ``Guard.post`` (a pre-check answered it)."""
     _child(OUTCOMES, platform, status).inc()
+
+
+def breaker_state(platform: str, is_open: bool) -> None:
+    """Set the ``replyd_breaker_open`` gauge of ``platform``'s bot."""
+    _child(BREAKER_OPEN, platform).set(1 if is_open else 0)
 
 
 def platform_error(platform: str, op: str, exc: BaseException) -> None:
