@@ -92,6 +92,7 @@ def events_in(log: Path, name: str) -> int:
     return sum(1 for line in log.read_text(errors="replace").splitlines() if f'"{name}"' in line)
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("outage_s,rate_per_s", [(40.0, 1.0), (300.0, 0.5)], ids=["40s", "5min"])
 def test_outage_pauses_sends_and_spends_no_attempt(outage_s, rate_per_s, fresh_pg, tmp_path):  # noqa: F811
     """Every parent is answered exactly once, within the bound after the outage's end; no row gave up and
