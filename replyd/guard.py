@@ -361,11 +361,32 @@ class Guard:
             failed = out.status is Status.UNCERTAIN
         for k, a in self.breaker.record(ticket, (key, attempt), failed):  # type: ignore[misc]
             try:
-                with self.store.transaction(relaxed=True, doing="marking a send the outage swallowed") as tx:
-                    tx.append_event(k, "outage_send", state=None, attempt=a, owner=self.owner,
-                                    detail={"reason": self.breaker.reason})
+                self._mark_outage(k, a)
             except StoreError as exc:  # the sweep's own look at the breaker still excuses it in this process
                 log.warning("replyd.guard.outage_mark_failed", parent_id=k.parent_id, error=str(exc))
+
+    def _mark_outage(self, key: Key, attempt: int) -> None:
+        """Mark ``attempt``'s send as swallowed by an outage, so the sweep's not-landed proof of it is excused.
+
+        The sends that open the breaker fail over several seconds: the sweep may already have judged the first
+        ones (counted) before the pattern was seen. Such an attempt is excused here, once, in the same
+        transaction; a ``gave_up`` it caused is undone when the attempts left then allow a retry.
+        """
+        assert self.breaker is not None
+        with self.store.transaction(relaxed=True, doing="marking a send the outage swallowed") as tx:
+            tx.append_event(key, "outage_send", state=None, attempt=attempt, owner=self.owner,
+                            detail={"reason": self.breaker.reason})
+            row = tx.get(key)
+            judged = tx.has_event(key, st.NOT_LANDED, attempt) or tx.has_event(key, st.GAVE_UP, attempt)
+            if row is None or not judged or tx.has_event(key, "excused", attempt):
+                return
+            excused = (row.excused or 0) + 1
+            values: dict[str, Any] = {"excused": excused}
+            if row.state == st.GAVE_UP and row.attempt == attempt and row.attempt - excused < self.max_attempts:
+                values.update(state=st.NOT_LANDED, updated_at=self.clock.now(), not_before=None)
+            tx.cas_event(key, states=[row.state], attempt=row.attempt, values=values,
+                         event={"kind": "excused", "state": values.get("state", row.state), "attempt": attempt,
+                                "owner": self.owner, "detail": {"counted": attempt - excused, "late": True}})
 
     def _claim(self, key: Key, parent: Parent, path: str, text: str | None) -> st.Row | Outcome:
         """Take the key atomically; return the claimed row, or an Outcome if not ours."""

@@ -254,3 +254,25 @@ def test_the_breaker_opening_while_composing_releases_before_the_open_commit(sto
     assert out.status is Status.NOT_SENT and plat.send_calls == 0
     row = store.get(g.key("c1"))
     assert row.state == st.RELEASED and row.attempt == 1 and row.opened_at is None
+
+
+def test_a_send_judged_before_the_outage_was_seen_is_excused_when_the_breaker_opens(store, plat, clock):
+    """The first failed send is proven not landed (and, with max_attempts 1, given up) before two more open
+    the breaker: opening excuses it late, back to not_landed, and the parent is answered after the outage."""
+    g, sw, brk = rig(store, plat, clock, max_attempts=1)
+    plat.script = ["error_before"] * 3
+    first = plat.add_parent("early")
+    assert g.post(first, compose).status is Status.UNCERTAIN
+    clock.advance(16.0)
+    sw.run_once()
+    assert store.get(g.key("early")).state == st.GAVE_UP  # counted: nothing showed an outage yet
+    for i in range(2):
+        g.post(plat.add_parent(f"late{i}"), compose)
+    assert brk.is_open
+    row = store.get(g.key("early"))
+    assert row.state == st.NOT_LANDED and row.excused == 1 and row.attempt - row.excused == 0
+    clock.advance(brk.retry_in_s())
+    assert g.post(first, compose).status is Status.POSTED  # the probe lands: closed, answered once
+    assert not brk.is_open and plat.reply_count("early") == 1
+    row = store.get(g.key("early"))
+    assert row.state == st.CLOSED and row.attempt - row.excused == 1
