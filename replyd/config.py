@@ -56,10 +56,28 @@ class LogConfig(_Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
+class BreakerConfig(_Strict):
+    """The per-bot write-path breaker (``replyd.breaker``): a platform-wide send failure pauses sending."""
+
+    enabled: bool = True
+    window: int = Field(10, ge=2, le=1000)  # the last N sends judged
+    min_failures: int = Field(5, ge=1)  # at least this many of them failed (5xx, timeout, maybe sent, refused)
+    failure_ratio: float = Field(0.6, gt=0, le=1.0)  # and at least this share of the window ("most")
+    probe_s: float = Field(5.0, gt=0)  # first probe (one real send) this long after opening
+    probe_max_s: float = Field(120.0, gt=0)  # the probe interval doubles per failed probe, up to this
+
+
 class GuardConfig(_Strict):
     """The posting function's limits."""
 
+    # Sends that may each have landed (outside an outage) before a parent is given up.
     max_attempts: int = Field(2, ge=1, le=5)
+    # A parent whose sends an outage swallowed (proven not landed while the breaker was open) is retried, with
+    # a back-off from retry_backoff_s doubling up to retry_backoff_max_s, until this long after its first claim.
+    retry_horizon_s: float = Field(6 * 3600.0, gt=0)
+    retry_backoff_s: float = Field(5.0, ge=0)
+    retry_backoff_max_s: float = Field(300.0, ge=0)
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
     send_timeout_s: float = Field(30.0, gt=0)
     compose_lease_s: float = Field(120.0, gt=0)
     dry_run: bool = False  # every bot: log what would be sent, send and claim nothing

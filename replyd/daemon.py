@@ -40,12 +40,13 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from replyd import metrics
 from replyd import store as st
+from replyd.breaker import Breaker, BreakerListener
 from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import BotConfig, Config
 from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, PlatformError, ReplydError
 from replyd.guard import Guard
 from replyd.lag import ListingLag
-from replyd.liveness import SWEEP, BreakerReport, Heartbeat, Liveness, error_words
+from replyd.liveness import SWEEP, Heartbeat, Liveness, error_words
 from replyd.pipeline import Pipeline
 from replyd.platforms.base import Identity, Platform, StreamSource, WebhookSource, make_platform
 from replyd.platforms._http import make_client
@@ -126,7 +127,8 @@ def login_once(bc: BotConfig, platform: Platform) -> Identity:
 
 def build_guard(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock,
                 owner: str, *, platform: Platform | None = None,
-                identity: Identity | None = None) -> tuple[Platform, Identity, Guard]:
+                identity: Identity | None = None,
+                breaker_listener: BreakerListener | None = None) -> tuple[Platform, Identity, Guard]:
     """Build one bot's adapter (unless given), log it in (unless its identity is given), return both and its guard."""
     # Each adapter owns its listing-delay default (Discourse 30 s, GitHub 60 s…); never override it here.
     platform = platform or make_platform(bc.platform, bc.settings, http=http, clock=clock)
@@ -153,15 +155,19 @@ def build_guard(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cl
         dry_run=cfg.guard.dry_run or bc.policy.dry_run,
         responder_backoff_s=cfg.guard.responder_backoff_s,
         responder_backoff_max_s=cfg.guard.responder_backoff_max_s,
+        breaker=Breaker(cfg.guard.breaker, clock, bot=bc.name, platform=platform.instance,
+                        listener=breaker_listener),
     )
     return platform, identity, guard
 
 
 def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock, owner: str,
               heartbeat: Heartbeat | None = None, *, platform: Platform | None = None,
-              identity: Identity | None = None, responder: Responder | None = None) -> BotRuntime:
+              identity: Identity | None = None, responder: Responder | None = None,
+              breaker_listener: BreakerListener | None = None) -> BotRuntime:
     """Build one bot's adapter, identity, guard, pipeline and pollers (reusing any of them already built)."""
-    platform, identity, guard = build_guard(cfg, bc, store, http, clock, owner, platform=platform, identity=identity)
+    platform, identity, guard = build_guard(cfg, bc, store, http, clock, owner, platform=platform, identity=identity,
+                                            breaker_listener=breaker_listener)
     rsettings = bc.responder.model_dump(exclude={"kind"})
     responder = responder or make_responder(bc.responder.kind, rsettings)
     # The runner's bound is a backstop: a responder's own timeout (which also kills a child) fires first.
@@ -185,14 +191,6 @@ class Prepared:
     platform: Platform
     responder: Responder
     timeout_s: float  # the adapter's per-request timeout: a run in flight past interval + this counts as stuck
-
-
-@runtime_checkable
-class BreakerSource(Protocol):
-    """A guard with a write breaker that reports its state (open/closed, why) to a ``BreakerReport``."""
-
-    def watch_breaker(self, report: BreakerReport, bot: str) -> None:
-        """Call ``report.set_breaker(bot, open, reason)`` on every change of the breaker's state."""
 
 
 class Daemon:
@@ -360,15 +358,15 @@ class Daemon:
             if self.stopping.is_set():
                 return
             bot = build_bot(self.cfg, bc, self.store, self.http, self.clock, self.owner, self.liveness.beat(name),
-                            platform=p.platform, identity=identity, responder=p.responder)
+                            platform=p.platform, identity=identity, responder=p.responder,
+                            breaker_listener=self.liveness)  # an open breaker makes the bot not ready
             self._watch(bot, p.timeout_s)
-            if isinstance(bot.guard, BreakerSource):
-                bot.guard.watch_breaker(self.liveness, name)
             sc = self.cfg.sweep
             self.sweepers[name] = Sweeper(
-                self.store, [Bot(bot.platform, bot.identity, bot.guard.lag)], clock=self.clock, owner=self.owner,
-                batch=sc.batch, lease_s=sc.lease_s, retry_s=sc.retry_s, max_attempts=self.cfg.guard.max_attempts,
-                on_duplicate=sc.on_duplicate, config=sc,
+                self.store, [Bot(bot.platform, bot.identity, bot.guard.lag, bot.guard.breaker)], clock=self.clock,
+                owner=self.owner, batch=sc.batch, lease_s=sc.lease_s, retry_s=sc.retry_s,
+                max_attempts=self.cfg.guard.max_attempts, on_duplicate=sc.on_duplicate, config=sc,
+                guard_config=self.cfg.guard,
             )
             self.bots.append(bot)
             self.guards[name] = bot.guard
@@ -441,6 +439,7 @@ class Daemon:
                 self.liveness.track(name, path, every_s, timeout_s)
         self.liveness.identify(name, bot.platform.instance, bot.identity.sender_id)
         metrics.name_platform(bot.platform.instance, name)
+        metrics.breaker_state(bot.platform.instance, bool(bot.guard.breaker and bot.guard.breaker.is_open))
 
     def _use_db_clock(self) -> None:
         """On PostgreSQL, replace the wall clock by the database's (see ``DatabaseClock``)."""

@@ -31,6 +31,7 @@ import structlog
 
 from replyd import deadline, metrics
 from replyd import store as st
+from replyd.breaker import SEND, Admit, Breaker, Ticket
 from replyd.clock import Clock, SystemClock
 from replyd.errors import (
     AlreadyLanded,
@@ -125,7 +126,7 @@ def _classify(row: Reply | st.Row, key: Key, now: float) -> Outcome:
         return Outcome(Status.DECLINED, key, s, row.attempt)
     if s == st.SKIPPED:  # retired by re-find: the policy rules the parent out (the reason is in error)
         return Outcome(Status.SKIPPED, key, s, row.attempt, detail=(row.error or "").removeprefix("policy: "))
-    if s == st.RELEASED and row.not_before and row.not_before > now:
+    if s in (st.RELEASED, st.NOT_LANDED) and row.not_before and row.not_before > now:
         return Outcome(Status.NOT_SENT, key, s, row.attempt, detail="backing off", retry_after_s=row.not_before - now)
     return Outcome(Status.IN_FLIGHT, key, s, row.attempt)
 
@@ -198,8 +199,10 @@ class Guard:
         responder_backoff_max_s: float = 3600.0,
         watch_interval_s: float | None = 1.0,
         lag: ListingLag | None = None,
+        breaker: Breaker | None = None,
     ) -> None:
         self.store = store
+        self.breaker = breaker  # the bot's write-path breaker (replyd.breaker); None: never paused
         self.platform = platform
         self.identity = identity
         self.clock = clock or store.clock or SystemClock()
@@ -271,6 +274,18 @@ class Guard:
         compose = None if isinstance(text, str) else text
         if self.dry_run:
             return self._shadow(key, parent, text, path)
+        ticket = self._breaker_admit(key, parent, path, hold=compose is not None)
+        if isinstance(ticket, Outcome):
+            return ticket
+        try:
+            return self._post(key, parent, text, compose, path, ticket)
+        finally:
+            if self.breaker is not None:
+                self.breaker.abandon(ticket)  # a no-op once the send was recorded
+
+    def _post(self, key: Key, parent: Parent, text: str | Compose, compose: Compose | None, path: str,
+              ticket: Ticket) -> Outcome:
+        """``post`` once the breaker let the call through: claim, compose, open, send."""
         claim = self._claim(key, parent, path, None if compose else text)
         if isinstance(claim, Outcome):
             return claim
@@ -280,12 +295,17 @@ class Guard:
             if isinstance(written, Outcome):
                 return written
             body = written
+            paused = self._breaker_paused(key, row, ticket)
+            if paused is not None:
+                return paused
             row = self._open_composed(key, row, body)
             if isinstance(row, Outcome):
                 return row
         else:
             body = text  # type: ignore[assignment]
-        return self._send(key, parent, row, body)
+        out = self._send(key, parent, row, body)
+        self._breaker_record(ticket, key, row.attempt, out)
+        return out
 
     def _claimable(self, row: Reply | st.Row, now: float, *, backoff: bool = True) -> bool:
         if row.state == st.RELEASED:
@@ -293,8 +313,84 @@ class Guard:
         if row.state == st.COMPOSING:
             return row.lease_until is not None and row.lease_until < now
         if row.state == st.NOT_LANDED:
-            return row.attempt < self.max_attempts
+            # Attempts an outage swallowed (excused) do not count; their retry waits out its back-off.
+            counted = row.attempt - (row.excused or 0)
+            return counted < self.max_attempts and (not backoff or not row.not_before or row.not_before <= now)
         return False
+
+    # -- the write-path breaker (replyd.breaker) -----------------------------------------------
+
+    def _breaker_admit(self, key: Key, parent: Parent, path: str, *, hold: bool) -> Ticket | Outcome:
+        """Ask the bot's breaker before any claim; refused: an Outcome, and (``hold``) a new parent is kept
+        as a ``released`` row, no attempt used, so a discovery path whose cursor moves on does not lose it."""
+        if self.breaker is None:
+            return SEND
+        ticket = self.breaker.admit()
+        if ticket.kind is not Admit.REFUSED:
+            return ticket
+        wait_s = self.breaker.retry_in_s()
+        if hold:
+            now = self.clock.now()
+            values = {"state": st.RELEASED, "attempt": 1, "created_at": now, "updated_at": now, "path": path,
+                      "snapshot": snapshot_json(parent), "author_id": parent.author_id[:255], "owner": self.owner,
+                      "provider_key": self.provider_key(parent.id), "not_before": now + wait_s,
+                      "error": "breaker open: sends paused"}
+            try:
+                with self.store.transaction(relaxed=True, doing="holding a parent while sends are paused") as tx:
+                    if tx.insert_new(key, values):
+                        tx.append_event(key, "held", state=st.RELEASED, attempt=1, owner=self.owner,
+                                        detail={"path": path, "reason": self.breaker.reason})
+            except StoreError as exc:  # nothing was claimed or sent: the next discovery offers it again
+                log.warning("replyd.guard.hold_failed", parent_id=key.parent_id, error=str(exc))
+        return Outcome(Status.NOT_SENT, key, detail="breaker open: sends paused", retry_after_s=wait_s)
+
+    def _breaker_paused(self, key: Key, row: Reply | st.Row, ticket: Ticket) -> Outcome | None:
+        """The breaker opened while this claim composed: release it before the open commit (no attempt used)."""
+        if self.breaker is None or ticket.kind is not Admit.SEND or not self.breaker.is_open:
+            return None
+        wait_s = self.breaker.retry_in_s()
+        detail = {"error": "breaker open: sends paused", "not_before": self.clock.now() + wait_s}
+        if not self._transition(key, [st.COMPOSING], row.attempt, st.RELEASED, "held", detail, relaxed=True,
+                                lease_owner=self.owner):
+            return self._lost_lease(key)
+        return Outcome(Status.NOT_SENT, key, st.RELEASED, row.attempt, detail=detail["error"], retry_after_s=wait_s)
+
+    def _breaker_record(self, ticket: Ticket, key: Key, attempt: int, out: Outcome) -> None:
+        """Tell the breaker the send's fate; mark the sends an outage swallowed (the sweep excuses them)."""
+        if self.breaker is None:
+            return
+        if out.status is Status.NOT_SENT:
+            failed: bool | None = None if out.retry_after_s is not None else True  # a 429 says nothing
+        else:
+            failed = out.status is Status.UNCERTAIN
+        for k, a in self.breaker.record(ticket, (key, attempt), failed):  # type: ignore[misc]
+            try:
+                self._mark_outage(k, a)
+            except StoreError as exc:  # the sweep's own look at the breaker still excuses it in this process
+                log.warning("replyd.guard.outage_mark_failed", parent_id=k.parent_id, error=str(exc))
+
+    def _mark_outage(self, key: Key, attempt: int) -> None:
+        """Mark ``attempt``'s send as swallowed by an outage, so the sweep's not-landed proof of it is excused.
+
+        The sends that open the breaker fail over several seconds: the sweep may already have judged the first
+        ones (counted) before the pattern was seen. Such an attempt is excused here, once, in the same
+        transaction; a ``gave_up`` it caused is undone when the attempts left then allow a retry.
+        """
+        assert self.breaker is not None
+        with self.store.transaction(relaxed=True, doing="marking a send the outage swallowed") as tx:
+            tx.append_event(key, "outage_send", state=None, attempt=attempt, owner=self.owner,
+                            detail={"reason": self.breaker.reason})
+            row = tx.get(key)
+            judged = tx.has_event(key, st.NOT_LANDED, attempt) or tx.has_event(key, st.GAVE_UP, attempt)
+            if row is None or not judged or tx.has_event(key, "excused", attempt):
+                return
+            excused = (row.excused or 0) + 1
+            values: dict[str, Any] = {"excused": excused}
+            if row.state == st.GAVE_UP and row.attempt == attempt and row.attempt - excused < self.max_attempts:
+                values.update(state=st.NOT_LANDED, updated_at=self.clock.now(), not_before=None)
+            tx.cas_event(key, states=[row.state], attempt=row.attempt, values=values,
+                         event={"kind": "excused", "state": values.get("state", row.state), "attempt": attempt,
+                                "owner": self.owner, "detail": {"counted": attempt - excused, "late": True}})
 
     def _claim(self, key: Key, parent: Parent, path: str, text: str | None) -> st.Row | Outcome:
         """Take the key atomically; return the claimed row, or an Outcome if not ours."""

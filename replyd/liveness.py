@@ -16,7 +16,7 @@ tracking it: the backstop for a path that neither fails nor succeeds.
 A bot is *starting* until its first login worked (the daemon retries a
 platform it cannot reach in the background), *failed* when the platform
 refused the login, *running* after. Its write breaker (``set_breaker``, called
-by the guard's per-bot breaker through the ``BreakerReport`` Protocol) makes it
+by the guard's per-bot breaker through ``breaker.BreakerListener``) makes it
 not ready while open.
 
 Time comes from the daemon's clock (injected), so tests move it without sleeping.
@@ -47,14 +47,6 @@ class Heartbeat(Protocol):
 
     def failed(self, path: str, error: str) -> None:
         """Record a run of ``path`` that failed with ``error`` (short, secret-free)."""
-
-
-@runtime_checkable
-class BreakerReport(Protocol):
-    """Where a bot's write breaker reports its state (``Liveness`` is one): open makes the bot not ready."""
-
-    def set_breaker(self, bot: str, open: bool, reason: str = "") -> None:  # noqa: A002 - the state's plain name
-        """Record that ``bot``'s write breaker is now ``open`` (or closed), and why (short, secret-free)."""
 
 
 @dataclass
@@ -190,7 +182,7 @@ class Liveness:
         return None if at is None else max(0.0, at - self.clock.now())
 
     def set_breaker(self, bot: str, open: bool, reason: str = "") -> None:  # noqa: A002
-        """Record ``bot``'s write breaker state (the ``BreakerReport`` Protocol); open makes the bot not ready."""
+        """Record ``bot``'s write breaker state (``breaker.BreakerListener``); open makes the bot not ready."""
         now = self.clock.now()
         with self._lock:
             b = self._bots.setdefault(bot, BotStart(since=now))

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from prometheus_client import PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Histogram
+from prometheus_client import PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from replyd.errors import (
@@ -107,6 +107,12 @@ POLLS = Counter(
     ["platform", "path", "result"],
     registry=None,
 )
+BREAKER_OPEN = Gauge(
+    "replyd_breaker_open",
+    "1 while the bot's write-path breaker is open (sends paused by a platform-wide failure), else 0.",
+    ["platform"],
+    registry=None,
+)
 POLL_SKIPS = Counter(
     "replyd_poll_skipped",
     "Scheduled runs of a path skipped because its previous run still ran (a slow or frozen platform).",
@@ -114,7 +120,7 @@ POLL_SKIPS = Counter(
     registry=None,
 )
 SHARED = (SENDS, SEND_SECONDS, OUTCOMES, PLATFORM_ERRORS, RESPONDER_CALLS, RESPONDER_SECONDS, SWEEP_ROWS, DUPLICATES,
-          TOO_LATE, SKIPS, POLLS, WEBHOOKS, WEBHOOK_DROPS, LISTING_LAG, POLL_SKIPS)
+          TOO_LATE, SKIPS, POLLS, WEBHOOKS, WEBHOOK_DROPS, LISTING_LAG, POLL_SKIPS, BREAKER_OPEN)
 
 # The `platform` label is the bot's name (or a short instance), never a URL: instance -> label.
 _LABELS: dict[str, str] = {}
@@ -191,6 +197,11 @@ def too_late(platform: str) -> None:
 def outcome(platform: str, status: str) -> None:
     """Count one post result that did not go through ``Guard.post`` (a pre-check answered it)."""
     _child(OUTCOMES, platform, status).inc()
+
+
+def breaker_state(platform: str, is_open: bool) -> None:
+    """Set the ``replyd_breaker_open`` gauge of ``platform``'s bot."""
+    _child(BREAKER_OPEN, platform).set(1 if is_open else 0)
 
 
 def platform_error(platform: str, op: str, exc: BaseException) -> None:
@@ -353,8 +364,6 @@ class LivenessCollector:
         attempts = GaugeMetricFamily("replyd_bot_start_failures",
                                      "Failed start attempts of a bot not running yet (0 once it runs).",
                                      labels=["platform"])
-        breaker = GaugeMetricFamily("replyd_breaker_open", "1 while the bot's write breaker is open (sends paused).",
-                                    labels=["platform"])
         for bot, b in sorted(self.liveness.snapshot().items()):
             for path, p in sorted(b["paths"].items()):
                 last.add_metric([bot, path], p["last_ok"] or 0.0)
@@ -366,10 +375,7 @@ class LivenessCollector:
             if start is not None:
                 up.add_metric([bot], 1 if start["state"] == "running" else 0)
                 attempts.add_metric([bot], 0 if start["state"] == "running" else start["attempts"])
-            brk = b.get("breaker")
-            if brk is not None:
-                breaker.add_metric([bot], 1 if brk["open"] else 0)
-        yield from (last, fails, stale, failing, running, up, attempts, breaker)
+        yield from (last, fails, stale, failing, running, up, attempts)  # replyd_breaker_open: BREAKER_OPEN
 
 
 def build_info() -> Metric:

@@ -33,8 +33,9 @@ import structlog
 
 from replyd import metrics
 from replyd import store as st
+from replyd.breaker import Breaker
 from replyd.clock import Clock, SystemClock
-from replyd.config import SweepConfig
+from replyd.config import GuardConfig, SweepConfig
 from replyd.lag import ListingLag
 from replyd.platforms.base import Identity, OwnReply, Parent, ParentReplies, Pending, Platform, ReadBack
 from replyd.store import Key, Reply, Store, Tx
@@ -76,6 +77,7 @@ class Bot:
     platform: Platform
     identity: Identity
     lag: ListingLag | None = None  # the listing delay in use; the Sweeper makes one when not given
+    breaker: Breaker | None = None  # the bot's write-path breaker in this process: a send it saw open is excused
 
 
 class Sweeper:
@@ -94,6 +96,7 @@ class Sweeper:
         max_attempts: int = 2,
         on_duplicate: str = "report",
         config: SweepConfig | None = None,
+        guard_config: GuardConfig | None = None,
     ) -> None:
         if on_duplicate not in ("report", "delete_newer"):
             raise ValueError(f"on_duplicate must be 'report' or 'delete_newer', not {on_duplicate!r}")
@@ -107,6 +110,7 @@ class Sweeper:
         self.max_attempts = max_attempts
         self.on_duplicate = on_duplicate
         self.cfg = config or SweepConfig()
+        self.guard_cfg = guard_config or GuardConfig()  # the retry horizon and back-off of excused attempts
         for bot in bots:
             if bot.lag is None:
                 bot.lag = ListingLag(store, bot.platform.instance, bot.platform.listing_delay_s, self.cfg,
@@ -262,6 +266,38 @@ class Sweeper:
             res.waiting += 1  # a later look for an unaccounted attempt's reply
         return self._duplicates(tx, key, r, kept or "", newer, res)
 
+    def _not_landed(self, tx: Tx, bot: Bot, key: Key, r: Reply, now: float) -> tuple[str, dict, dict]:
+        """The verdict on an open row whose send is proven not landed: (state, row values, event detail).
+
+        A send an outage swallowed (marked ``outage_send`` by a guard's breaker, or made while this process's
+        breaker was open) is excused: it spends no attempt; the parent is retried after a back-off (doubling
+        per excused attempt) until ``retry_horizon_s`` after its first claim. Other sends count against
+        ``max_attempts`` as before.
+        """
+        sent_at = r.opened_at or r.created_at
+        excused = r.excused or 0
+        swallowed = tx.has_event(key, "outage_send", r.attempt) or (
+            bot.breaker is not None and bot.breaker.open_during(sent_at, now))
+        # Once per attempt (a late "maybe sent" can reopen the row at the same attempt for a second verdict).
+        if swallowed and not tx.has_event(key, "excused", r.attempt):
+            excused += 1
+            tx.append_event(key, "excused", state=st.OPEN, attempt=r.attempt, owner=self.owner,
+                            detail={"counted": r.attempt - excused})
+        counted = r.attempt - excused
+        horizon_at = r.created_at + self.guard_cfg.retry_horizon_s
+        note = {"counted": counted, "excused": excused}
+        # The horizon bounds only the retries an outage excused; counted attempts keep their own bound.
+        past_horizon = bool(excused) and now >= horizon_at
+        if counted >= self.max_attempts or past_horizon:
+            return st.GAVE_UP, {"excused": excused}, {**note, **({"horizon": True} if past_horizon else {})}
+        retry: dict = {"excused": excused, "not_before": None}
+        if excused:
+            g = self.guard_cfg
+            wait_s = min(g.retry_backoff_max_s, g.retry_backoff_s * 2.0 ** (excused - 1), horizon_at - now)
+            retry["not_before"] = now + wait_s
+            note["retry_after_s"] = round(wait_s, 3)
+        return st.NOT_LANDED, retry, note
+
     @staticmethod
     def _judge_at(bot: Bot, r: Reply, delay_s: float) -> float:
         """The earliest an open row may be judged not found: the delay in use now after its send last moved."""
@@ -331,15 +367,15 @@ class Sweeper:
                 if tx.cas_event(key, states=[st.OPEN], attempt=r.attempt, values=values, lease_owner=self.owner):
                     res.waiting += 1
             elif r.parent_id in rb.checked:
-                to = st.NOT_LANDED if r.attempt < self.max_attempts else st.GAVE_UP
+                to, retry, note = self._not_landed(tx, bot, key, r, now)
                 values = {"state": to, "updated_at": now, "lease_owner": None, "lease_until": None,
                           "error": "no own reply found after the listing delay",
-                          "deadline_at": self._next_look(now, now, delay_s)}
+                          "deadline_at": self._next_look(now, now, delay_s), **retry}
                 # Still past its deadline: a send still running (Guard.watch_sends) pushes it on meanwhile,
                 # and a row whose send may still land must not be judged.
                 if tx.cas_event(key, states=[st.OPEN], attempt=r.attempt, values=values, lease_owner=self.owner,
                                 due_by=now):
-                    tx.append_event(key, to, state=to, attempt=r.attempt, owner=self.owner)
+                    tx.append_event(key, to, state=to, attempt=r.attempt, owner=self.owner, detail=note)
                     if to == st.GAVE_UP:
                         res.gave_up += 1
                         log.error("replyd.sweep.gave_up", parent_id=r.parent_id, attempt=r.attempt)

@@ -37,7 +37,7 @@ def sweep(
         sc = cfg.sweep
         r = Sweeper(s, [Bot(b.platform, b.identity, b.guard.lag) for b in bots], owner=owner, batch=sc.batch,
                     lease_s=sc.lease_s, retry_s=sc.retry_s, max_attempts=cfg.guard.max_attempts,
-                    on_duplicate=sc.on_duplicate, config=sc).run_once()
+                    on_duplicate=sc.on_duplicate, config=sc, guard_config=cfg.guard).run_once()
     out.print(f"swept {r.leased}: closed {r.closed}, reconciled {r.reconciled}, not_landed {r.not_landed}, gave_up {r.gave_up}, "
               f"left open {r.left_open}, duplicates {r.duplicates}, read-back errors {r.readback_errors}")
 

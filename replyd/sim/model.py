@@ -45,6 +45,9 @@ class Knobs:
     lost_drop_rate: float = 0.0
     lost_504_rate: float = 0.0
     error_500_before_rate: float = 0.0
+    # Setting it starts an outage: every create fails with HTTP 500 (nothing created) for this many seconds
+    # from then (World.outages records each window; 0 ends a running one).
+    error_500_for_s: float = 0.0
     rate_limit_rate: float = 0.0
     readback_error_rate: float = 0.0
     retry_after_s: int = 1

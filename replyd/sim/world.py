@@ -121,6 +121,7 @@ class World:
         self.creates_attempted = 0
         self.faults_injected: Counter[str] = Counter()
         self._rate_windows: dict[tuple[str, int], int] = {}
+        self.outages: list[tuple[float, float]] = []  # (start, end) of each error_500_for_s window
 
     def reset(self, *, seed: int | None = None, keep_accounts: bool = True) -> None:
         """Forget statuses, notifications, counters, fault queues and knobs; reseed the RNGs.
@@ -153,7 +154,24 @@ class World:
                     if value < 0 or (name.endswith("_rate") and value > 1):
                         raise ValueError(f"sim knob {name} out of range: {value!r}")
                 setattr(self.knobs, name, value)
+                if name == "error_500_for_s":
+                    self._start_outage(value)
             return asdict(self.knobs)
+
+    def _start_outage(self, seconds: float) -> None:
+        """Every create fails with 500 from now for ``seconds`` (0: end the running outage now)."""
+        now = self.clock.now()
+        if self.outages and self.outages[-1][1] > now:
+            self.outages[-1] = (self.outages[-1][0], now)  # a new setting replaces the running window
+        if seconds > 0:
+            self.outages.append((now, now + seconds))
+        log.info("replyd.sim.outage", seconds=seconds)
+
+    def in_outage(self, at: float | None = None) -> bool:
+        """True while an ``error_500_for_s`` window covers ``at`` (default: now)."""
+        t = self.clock.now() if at is None else at
+        with self.lock:
+            return any(start <= t < end for start, end in self.outages)
 
     def queue_faults(self, next_creates: Iterable[str] = (), next_readbacks: Iterable[str] = ()) -> dict[str, list[str]]:
         """Append deterministic faults: one per ``POST /api/v1/statuses``, one per read-back request."""
@@ -421,6 +439,8 @@ class World:
             self.creates_attempted += 1
             if self._create_queue:
                 return self._create_queue.popleft()
+            if self.in_outage():
+                return "error_500_before"
             k = self.knobs
             # One draw per create keeps the fault sequence a function of the seed alone.
             u = self._create_rng.random()
@@ -502,6 +522,7 @@ class World:
                 "statuses_total": len(self.statuses),
                 "creates_attempted": self.creates_attempted,
                 "faults_injected": dict(self.faults_injected),
+                "outages": [list(w) for w in self.outages],
             }
 
     # ----- traffic ------------------------------------------------------------------------------

@@ -142,15 +142,15 @@ class Reads:
     def overdue(self, now: float, grace_s: float, limit: int = 50) -> list[tuple[Row, float]]:
         """Return non-terminal rows past their bound by more than ``grace_s``, most overdue first, with seconds over.
 
-        The bound: a composing row's lease, an open row's sweep deadline, a released row's back-off (or its
-        last change), a not_landed row's last change. Each has a job that moves it on within ``grace_s``
+        The bound: a composing row's lease, an open row's sweep deadline, a released or not_landed row's
+        back-off (or its last change). Each has a job that moves it on within ``grace_s``
         (sweep, re-find); a row listed here is one they did not move.
         """
         c = REPLIES.c
         bound = sa.case(
             (c.state == COMPOSING, sa.func.coalesce(c.lease_until, c.updated_at)),
             (c.state == OPEN, sa.func.coalesce(c.deadline_at, c.updated_at)),
-            (c.state == RELEASED, sa.func.coalesce(c.not_before, c.updated_at)),
+            (c.state.in_([RELEASED, NOT_LANDED]), sa.func.coalesce(c.not_before, c.updated_at)),
             else_=c.updated_at,
         )
         q = (sa.select(REPLIES, bound.label("bound_at"))

@@ -41,6 +41,9 @@ class ReplyTable(SQLModel, table=True):
     lease_until: float | None = None
     error: str | None = Field(default=None, sa_type=sa.Text)
     author_id: str | None = Field(default=None, max_length=255)  # the parent's author, for per-author caps
+    # Attempts whose send an outage swallowed (proven not landed, marked by the breaker): not counted
+    # against max_attempts; the parent is retried until guard.retry_horizon_s instead.
+    excused: int = 0
 
 
 class EventTable(SQLModel, table=True):

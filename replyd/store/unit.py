@@ -80,6 +80,13 @@ class Tx:
             parent_id=key.parent_id, kind=kind, state=state, attempt=attempt, owner=owner,
             detail=json.dumps(dict(detail or {}), sort_keys=True, default=str)))
 
+    def has_event(self, key: Key, kind: str, attempt: int) -> bool:
+        """True if ``key`` has an event of ``kind`` at ``attempt`` (e.g. the breaker's ``outage_send`` mark)."""
+        e = EVENTS.c
+        q = (sa.select(e.id).where(e.platform == key.platform, e.sender_id == key.sender_id,
+                                   e.parent_id == key.parent_id, e.kind == kind, e.attempt == attempt).limit(1))
+        return self._conn.execute(q).first() is not None
+
     def reply_id_events(self, key: Key) -> list[tuple[str, int | None, dict[str, Any]]]:
         """Return (kind, attempt, detail) of ``key``'s events that name own reply ids, a send that may have
         landed, or a verification, oldest first."""
