@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from prometheus_client import PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Histogram
+from prometheus_client import PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from replyd.errors import (
@@ -95,8 +95,13 @@ POLLS = Counter(
     ["platform", "path", "result"],
     registry=None,
 )
+PLATFORM_CLOCK_OFFSET = Gauge(
+    "replyd_platform_clock_offset_seconds",
+    "The platform's clock minus replyd's, as measured from its responses (created_at of own replies, Date).",
+    ["platform"], registry=None,
+)
 SHARED = (SENDS, SEND_SECONDS, OUTCOMES, PLATFORM_ERRORS, RESPONDER_CALLS, RESPONDER_SECONDS, SWEEP_ROWS, DUPLICATES,
-          SKIPS, POLLS, WEBHOOKS, LISTING_LAG)
+          SKIPS, POLLS, WEBHOOKS, LISTING_LAG, PLATFORM_CLOCK_OFFSET)
 
 # The `platform` label is the bot's name (or a short instance), never a URL: instance -> label.
 _LABELS: dict[str, str] = {}
@@ -230,6 +235,11 @@ def timed_responder(compose: Callable[[Any], str | None], parent: Any, platform:
 def listing_lag(platform: str, seconds: float) -> None:
     """Observe one own reply's listing lag (its age when a read-back first listed it)."""
     _child(LISTING_LAG, platform).observe(seconds)
+
+
+def platform_clock_offset(platform: str, seconds: float) -> None:
+    """Set the measured offset of platform instance ``platform``'s clock from replyd's."""
+    _child(PLATFORM_CLOCK_OFFSET, platform).set(seconds)
 
 
 def poll(bot: str, path: str, *, ok: bool) -> None:
