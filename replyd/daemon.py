@@ -31,7 +31,7 @@ from replyd.guard import Guard
 from replyd.lag import ListingLag
 from replyd.liveness import SWEEP, Heartbeat, Liveness, error_words
 from replyd.pipeline import Pipeline
-from replyd.platforms.base import Identity, Platform, StreamSource, WebhookSource, make_platform
+from replyd.platforms.base import Identity, MeasuresClock, Platform, StreamSource, WebhookSource, make_platform
 from replyd.platforms._http import make_client
 from replyd.policy import Policy
 from replyd.pollers import Pollers
@@ -256,6 +256,8 @@ class Daemon:
             if every_s > 0:
                 self.liveness.track(name, path, every_s)
         self.liveness.identify(name, bot.platform.instance, bot.identity.sender_id)
+        if isinstance(bot.platform, MeasuresClock):
+            self.liveness.platform_clock(name, bot.platform.clock_view)
         metrics.name_platform(bot.platform.instance, name)
 
     def _use_db_clock(self) -> None:

@@ -13,6 +13,7 @@ Time comes from the daemon's clock (injected), so tests move it without sleeping
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -88,6 +89,7 @@ class Liveness:
         self.stale_min_s = stale_min_s
         self._paths: dict[tuple[str, str], PathHealth] = {}
         self._keys: dict[str, tuple[str, str]] = {}  # bot -> (platform instance, sender id)
+        self._clocks: dict[str, Callable[[], dict[str, Any]]] = {}  # bot -> its platform clock's view
         self._lock = threading.Lock()
 
     def track(self, bot: str, path: str, interval_s: float) -> None:
@@ -98,6 +100,10 @@ class Liveness:
     def identify(self, bot: str, platform: str, sender_id: str) -> None:
         """Tell which key prefix ``bot`` writes, to find its oldest due open row."""
         self._keys[bot] = (platform, sender_id)
+
+    def platform_clock(self, bot: str, view: Callable[[], dict[str, Any]]) -> None:
+        """Show ``view()`` (the bot's platform clock as measured in this process) in every snapshot."""
+        self._clocks[bot] = view
 
     def beat(self, bot: str) -> BotHeartbeat:
         """Return the ``Heartbeat`` one bot's pollers report to."""
@@ -143,6 +149,9 @@ class Liveness:
             b["paths"][path] = d
             if d["stale"]:
                 b["stale"].append(path)
+        for bot, b in out.items():
+            view = self._clocks.get(bot)
+            b["platform_clock"] = view() if view is not None else None
         if store is not None:
             for bot, b in out.items():
                 key = self._keys.get(bot)

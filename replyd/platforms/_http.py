@@ -948,6 +948,10 @@ class HttpPlatform:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(instance={self.instance!r})"
 
+    def clock_view(self) -> dict[str, Any]:
+        """The platform's clock as measured (``MeasuresClock``): for ``replyd status``."""
+        return self.platform_clock.view()
+
     @property
     def root(self) -> str:
         """The URL every request path is joined to."""
