@@ -825,10 +825,9 @@ class PlatformClock:
     def offset_s(self) -> float | None:
         """The estimated offset (platform minus replyd) in seconds; None before the first sample."""
         samples = sorted(s.offset_s for s in self._best())
-        if not samples:
-            return None
-        mid = len(samples) // 2
-        return samples[mid] if len(samples) % 2 else (samples[mid - 1] + samples[mid]) / 2.0
+        # The lower median: always one sample's value, so a clock that changes moves it in one step, not
+        # through averages of the old and the new (each of which would be warned about).
+        return samples[(len(samples) - 1) // 2] if samples else None
 
     def low_s(self) -> float | None:
         """The lowest offset a recent sample allows (windows use it: they can only open wider); None unmeasured."""
