@@ -109,7 +109,13 @@ _LABELS: dict[str, str] = {}
 
 def name_platform(instance: str, label: str) -> None:
     """Label series of platform ``instance`` with ``label`` (the bot's name) from now on."""
+    old = platform_label(instance)
     _LABELS[instance] = label
+    if old != label:
+        try:  # a gauge holds its last value: the series under the old label would stay, stale
+            PLATFORM_CLOCK_OFFSET.remove(old)
+        except KeyError:
+            pass
     for k in [k for k in _CHILDREN if k[1] and k[1][0] == instance]:
         del _CHILDREN[k]  # rebuilt with the new label on next use
 

@@ -567,6 +567,7 @@ class FakeGitHub:
         self.listing_delay_s = 0.0
         self.faults: list[str] = []
         self.lost_rate = 0.0  # the share of creates (without a queued fault) whose response is lost after creating
+        self.lost_responses = 0  # creates whose comment was made and whose response was then cut
         self._rng = random.Random(0)
         self.users: dict[int, FakeUser] = {}
         self.repos: dict[str, int] = {}  # full name -> repository id
@@ -901,6 +902,7 @@ class FakeGitHub:
             )
         c = self._add_comment(self.bot, issue, str(data.get("body", "")))
         if fault == "lost":
+            self.lost_responses += 1
             return DropResponse(status_code=201)
         if fault == "error_after":
             return JSONResponse({"message": "Server Error"}, status_code=502)
