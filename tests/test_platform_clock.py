@@ -75,6 +75,26 @@ def test_date_samples_bound_the_true_offset(true_offset_s: float) -> None:
     assert pc.earliest(clock.now()) <= clock.now() + true_offset_s
 
 
+def test_one_date_sample_allows_the_second_it_truncates() -> None:
+    """A Date header is the platform's time rounded down to the second: one sample's low bound must allow the
+    whole second (the platform at .1 past a second is served as the second; its centre alone is 0.4 s high)."""
+    clock = FakeClock(1_800_000_000.5)
+    pc = estimator(clock)
+    pc.note_date(date_response(clock.now() - 300.4), clock.now(), clock.now())
+    low = pc.low_s()
+    assert low is not None and low <= -300.4 < low + 1.0
+
+
+def test_whole_second_created_at_is_read_as_served_to_the_second() -> None:
+    """GitHub serves created_at to the second (rounded down): the estimate takes the second's middle, within
+    half a second of the truth, not its start."""
+    clock = FakeClock(1_800_000_000.7)
+    pc = estimator(clock)
+    pc.note_created(float(int(clock.now() - 300.0)), clock.now(), clock.now())  # "…T…:40:00Z" for …:40:00.7
+    assert pc.offset_s() == pytest.approx(-300.0, abs=0.5)
+    assert pc.low_s() is not None and pc.low_s() <= -300.0
+
+
 def test_created_samples_win_over_date_samples() -> None:
     """A reply's created_at (stamped between send and answer, ms resolution) is preferred to the Date header."""
     clock = FakeClock()
