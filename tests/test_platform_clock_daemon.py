@@ -181,8 +181,12 @@ jitter_s = 0
             time.sleep(3.0)  # a late retry would land by now (listing delay, send timeout, retry_s)
             offset = measured(port)
             shown = status_json(cfg, env)["daemon"]["liveness"]["skew"]["platform_clock"]
+            text = subprocess.run([sys.executable, "-m", "replyd", "status", "--config", str(cfg)], env=env, cwd=ROOT,
+                                  capture_output=True, text=True, timeout=60).stdout
         finally:
             stop(p)
+    [said] = re.findall(r"skew platform clock: ([+-][0-9.]+) s from replyd's", text) or [text]
+    assert float(said) == pytest.approx(skew_s, abs=1.0)  # the words an operator reads
     per = world.replies_by(bot.id)
     made = world.duplicates(bot.id)
     lost = sum(world.report()["faults_injected"].values())
