@@ -17,7 +17,7 @@ from typing import Any
 from chaos.plan import Plan, draw
 from chaos.run import IN_CI_ENV, Result, configure_logging, pg_reachable, run_plan
 
-SUMMED = ("faults", "posts", "duplicates", "lost", "open_left", "replies", "gave_up", "gave_up_unreported",
+SUMMED = ("faults", "posts", "duplicates", "duplicates_reported", "duplicates_unreported", "lost", "open_left", "replies", "gave_up", "gave_up_unreported",
           "unanswered", "unanswered_gave_up", "unanswered_rejected", "unanswered_other", "refusals_injected",
           "rejected", "rejected_unexplained", "wrong_close", "unsettled_left", "unhandled", "start_failures",
           "stopped_while_starting")

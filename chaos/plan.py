@@ -35,6 +35,8 @@ FAMILIES = (
     "clock",  # a replica's wall clock steps forward or back (moves nothing on PostgreSQL with store.db_clock)
     "db_outage",  # PostgreSQL: cut and refuse connections (proxy); SQLite: files made immutable
     "platform_clock",  # the platform's clock steps forward
+    "stall_open",  # one replica's open commit answers past send timeout + listing delay (proxy hold / a pause)
+    "platform_clock_offset",  # the platform's clock runs 70-300 s ahead of or behind replyd's, the whole run
 )
 EPSILON_S = 0.5
 
@@ -69,6 +71,7 @@ class Plan:
     chaos_s: float
     db_clock: bool = True  # PostgreSQL: replicas take their time from the database (store.db_clock); off = wall clocks
     sweep: dict[str, Any] = field(default_factory=dict)  # further [sweep] settings (chaos.limits' learned delay)
+    platform_offset_s: float = 0.0  # the platform's clock minus replyd's, constant for the run (platform_clock_offset)
 
     @property
     def slack(self) -> float:
@@ -85,8 +88,8 @@ class Plan:
 def draw(seed: int, index: int, *, short: bool, postgres: bool) -> Plan:
     """Draw run ``index`` of the sequence seeded by ``seed``."""
     rng = random.Random(f"replyd-chaos:{seed}:{index}")
-    # Two families forced by rotation so that even a few runs cover all of them.
-    k = 3 if short else 2
+    # Families forced by rotation so that even a few runs cover all of them (the short set's four runs too).
+    k = -(-len(FAMILIES) // 4) if short else 2
     forced = {FAMILIES[(k * index + j) % len(FAMILIES)] for j in range(k)}
     if short and index == 0:
         forced.add("db_outage")  # the SQLite run of the short set makes its database unwritable
@@ -154,6 +157,14 @@ def draw(seed: int, index: int, *, short: bool, postgres: bool) -> Plan:
     if "platform_clock" in families:
         # Forward only: listings show posts sooner. (Backward = a longer real listing delay: a limit.)
         ev.append(Event(at(), "platform_clock", {"jump": round(rng.uniform(1.0, 120.0), 1)}))
+    if "stall_open" in families:
+        # Past the row's deadline: the sweep can judge it and re-find answer before the held thread goes on.
+        for _ in range(rng.randint(1, 3)):
+            ev.append(Event(at(), "stall_open", {"replica": rng.randrange(replicas),
+                                                 "hold": round(send_timeout + ld_conf + rng.uniform(0.5, 2.0), 2)}))
+    if "platform_clock_offset" in families:
+        # Not a listing delay: the platform lists on its own clock; only the times it serves are off.
+        plan.platform_offset_s = round(rng.choice((-1, 1)) * rng.uniform(70.0, 300.0), 1)
     if "clock" in families:
         _clock_steps(plan, rng)
     ev.sort(key=lambda e: e.at)

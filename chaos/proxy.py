@@ -6,6 +6,12 @@ it: ``outage()`` cuts every open connection (both directions closed, so a
 query or a COMMIT in flight gets no answer) and refuses new ones until
 ``restore()``: a new connection is reset at once (the listening socket stays
 bound, so no other process can take the port while the "database" is down).
+
+``hold_answer(marker, hold_s)`` holds the database's answer instead: the next
+request whose bytes contain ``marker`` reaches the server at once (it commits),
+and what the server sends back on that connection is forwarded only ``hold_s``
+later, as a slow network, a stalled proxy or a paused client would make it.
+``OPEN_COMMIT`` is the marker of the guard's ``composing -> open`` commit.
 """
 
 from __future__ import annotations
@@ -13,6 +19,11 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
+
+# The guard's composing -> open commit: its event kind "opened" as a text parameter of the PostgreSQL Bind
+# message (an int32 length, then the bytes), which no query text ("opened_at") carries.
+OPEN_COMMIT = struct.pack("!i", 6) + b"opened"
 
 
 class TcpProxy:
@@ -28,6 +39,9 @@ class TcpProxy:
         self._closed = False
         self.outages = 0
         self.cut_connections = 0
+        self.held = 0  # answers held so far
+        self._hold: tuple[bytes, float] | None = None  # (marker, seconds) armed by hold_answer
+        self._held_until: dict[int, float] = {}  # id(server socket) -> monotonic time its answer may go on
 
     def start(self) -> TcpProxy:
         """Listen on an ephemeral port."""
@@ -66,15 +80,20 @@ class TcpProxy:
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._pairs.append((client, upstream))
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, upstream, upstream), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, upstream), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, server: socket.socket) -> None:
+        to_server = dst is server
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
+                if to_server:
+                    self._arm_if_marked(data, server)
+                else:
+                    self._wait_if_held(server)
                 dst.sendall(data)
         except OSError:
             pass
@@ -93,6 +112,25 @@ class TcpProxy:
                 pass
         with self._lock:
             self._pairs = [p for p in self._pairs if a not in p and b not in p]
+
+    def hold_answer(self, marker: bytes, hold_s: float) -> None:
+        """Hold the answer to the next request carrying ``marker`` for ``hold_s`` seconds (once)."""
+        with self._lock:
+            self._hold = (marker, hold_s)
+
+    def _arm_if_marked(self, data: bytes, server: socket.socket) -> None:
+        # Armed before the request is forwarded, so the answer cannot overtake it.
+        with self._lock:
+            if self._hold is not None and self._hold[0] in data:
+                self._held_until[id(server)] = time.monotonic() + self._hold[1]
+                self._hold = None
+                self.held += 1
+
+    def _wait_if_held(self, server: socket.socket) -> None:
+        with self._lock:
+            until = self._held_until.pop(id(server), None)
+        if until is not None:
+            time.sleep(max(0.0, until - time.monotonic()))
 
     def outage(self) -> None:
         """The database 'stops': cut every connection and refuse new ones."""

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 import structlog
 
 from chaos.plan import Event, Plan
-from chaos.proxy import TcpProxy
+from chaos.proxy import OPEN_COMMIT, TcpProxy
 from chaos.simhost import JumpClock, SimHost
 from replyd.sim.world import World
 
@@ -76,6 +76,8 @@ class Result:
     posts: int = 0
     replies: int = 0
     duplicates: int = 0
+    duplicates_reported: int = 0  # reply ids replyd's duplicate_detected events name as newer
+    duplicates_unreported: int = 0  # the sim's duplicates beyond those replyd reported
     lost: int = 0  # unanswered on the sim and not explained (below): must be 0
     unanswered: int = 0  # parents the sim holds no reply of the bot to (the sim alone decides)
     unanswered_gave_up: int = 0  # ... of which replyd says gave_up (explained when alerted)
@@ -202,13 +204,18 @@ class Run:
     def start_replica(self, r: Replica) -> None:
         r.generation += 1
         env = {**os.environ, "PYTHONPATH": str(ROOT), "CHAOS_SIM_TOKEN": self.token,
-               "REPLYD_REPLICA_ID": f"r{r.slot}g{r.generation}", "PYTHONUNBUFFERED": "1"}
+               "REPLYD_REPLICA_ID": f"r{r.slot}g{r.generation}", "PYTHONUNBUFFERED": "1",
+               "CHAOS_STALL_FILE": str(self.stall_file(r.slot))}
         env.pop("REPLYD_CONFIG", None)
         cmd = [sys.executable, "-m", "chaos.timeshim", str(r.offset_file), "--",
                "run", "--config", str(self.dir / f"replica{r.slot}.toml"), "--grace-s", "5"]
         r.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=r.log.open("ab"), env=env, cwd=ROOT)
         r.started_at = self.now()
         r.restart_at = None
+
+    def stall_file(self, slot: int) -> Path:
+        """The file that arms a pause after replica ``slot``'s next open commit (read by ``chaos.timeshim``)."""
+        return self.dir / f"stall{slot}"
 
     def kill(self, r: Replica, restart_after: float) -> None:
         if r.proc is not None and r.proc.poll() is None:
@@ -362,6 +369,12 @@ class Run:
             r.offset_file.write_text(str(a["offset"]))
             if not a.get("restore"):
                 self.faults["clock_jumps"] += 1
+        elif ev.kind == "stall_open":
+            if self.plan.db == "postgres":  # the database's answer to that replica's next open commit is held
+                self.proxies[a["replica"]].hold_answer(OPEN_COMMIT, a["hold"])
+            else:  # SQLite has no wire to hold: the replica's thread pauses right after its open commit
+                self.stall_file(a["replica"]).write_text(str(a["hold"]))
+            self.faults["stall_open_armed"] += 1
         elif ev.kind == "platform_clock":
             clock.offset += a["jump"]
             self.faults["platform_clock_jumps"] += 1
@@ -401,6 +414,9 @@ class Run:
     def _execute(self) -> None:
         plan = self.plan
         clock = JumpClock()
+        clock.offset = plan.platform_offset_s  # platform_clock_offset: the platform's clock off for the whole run
+        if plan.platform_offset_s:
+            self.faults["platform_clock_offset"] += 1
         world = World(clock, seed=plan.seed * 1000 + plan.index, listing_delay_s=plan.ld_real,
                       idempotency=plan.idempotency, retry_after_s=1)
         bot = world.add_account(BOT, bot=True, token=self.token)
@@ -561,6 +577,16 @@ class Run:
         counts = [attempts.get(p, 0) for p in parents]
         res.attempts_mean = round(sum(counts) / max(1, len(counts)), 3)
         res.attempts_max = max(counts, default=0)
+        # Stalls that really happened: answers the proxies held, pauses a replica took (its renamed file).
+        held = sum(p.held for p in self.proxies) + len(list(self.dir.glob("stall*.taken*")))
+        if held:
+            self.faults["stall_open_held"] += held
+        try:
+            details = self.query("SELECT detail FROM events WHERE kind = 'duplicate_detected'")
+        except Exception:
+            details = []
+        res.duplicates_reported = sum(len(json.loads(d or "{}").get("newer", [])) for (d,) in details)
+        res.duplicates_unreported = max(0, res.duplicates - res.duplicates_reported)
         for k, n in report["faults_injected"].items():
             self.faults[k] += n
         res.fault_counts = dict(sorted(self.faults.items()))

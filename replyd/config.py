@@ -97,10 +97,18 @@ class SweepConfig(_Strict):
 
 
 class HealthConfig(_Strict):
-    """When readiness turns false: a path (inbox, search, refind, the sweep) with no success for this long."""
+    """When readiness turns false, and how a bot whose platform cannot be reached at start retries its start.
+
+    A path (inbox, search, refind, the sweep) is failing after ``failures_not_ready`` failed runs in a row,
+    or while a run is in flight longer than its interval plus the adapter's ``timeout_s``; stale after no
+    success for ``stale_after_intervals`` × its interval (at least ``stale_min_s``).
+    """
 
     stale_after_intervals: float = Field(3.0, gt=0)  # × the path's interval
     stale_min_s: float = Field(60.0, ge=0)  # never stale sooner than this
+    failures_not_ready: int = Field(2, ge=1)  # failed runs in a row that make a path (and so the daemon) not ready
+    start_retry_s: float = Field(1.0, gt=0)  # first wait before a start attempt again; doubles per failure
+    start_retry_max_s: float = Field(60.0, gt=0)  # the doubling's cap
 
 
 class ApiConfig(_Strict):
@@ -140,12 +148,78 @@ def _env_token(key: str, var: str) -> str | None:
     return value
 
 
-class McpConfig(_Strict):
-    """``replyd mcp`` over streamable HTTP (stdio needs none of this).
+McpParents = Literal["addressed", "any"]
 
-    HTTP always needs the bearer token (every tool may post); a non-loopback
+
+def origin_of(value: str) -> str | None:
+    """The normal form of an ``Origin`` value (``scheme://host[:port]``, lower case, default port dropped), or None."""
+    from urllib.parse import urlsplit
+
+    v = value.strip()
+    if not v or not v.isascii() or not v.isprintable() or " " in v:
+        return None
+    try:
+        u = urlsplit(v)
+        port = u.port
+    except ValueError:
+        return None
+    if u.scheme not in ("http", "https") or not u.hostname or u.path or u.query or u.fragment or u.username \
+            or u.password is not None:
+        return None
+    host = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
+    keep = port is not None and port != {"http": 80, "https": 443}[u.scheme]
+    return f"{u.scheme}://{host}" + (f":{port}" if keep else "")
+
+
+class McpScope(_Strict):
+    """What one MCP client may do: which bots, which parents, how many claims in one session.
+
+    ``parents = "addressed"`` (the default, over HTTP and stdio): the tools act
+    only on a parent that addresses the bot (the adapter's ``Addressing``: a
+    mention, a reply to it, a DM) or that one of the bot's own discovery paths
+    already found (a row or skip event of that bot's key from a path other than
+    a face). ``"any"``: any parent the bot's policy allows.
+    """
+
+    bots: list[str] | None = None  # None: every configured bot
+    parents: McpParents = "addressed"
+    # begin_reply leases plus reply_once calls that reach the guard, per MCP session
+    max_replies_per_session: int = Field(20, ge=1, le=100_000)
+    # Protocol 2026-07-28 has no sessions: such requests of one token count together over this rolling window.
+    stateless_window_s: float = Field(3600.0, gt=0)
+
+    @field_validator("bots")
+    @classmethod
+    def _some_bots(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:
+            raise ValueError("names no bot (omit it to allow every configured bot)")
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError(f"lists a bot twice ({sorted({b for b in v if v.count(b) > 1})})")
+        return v
+
+    def check_bots(self, key: str, configured: list[str]) -> None:
+        """ConfigError (one line, naming ``key``) when the scope names a bot the config does not define."""
+        unknown = [b for b in self.bots or [] if b not in configured]
+        if unknown:
+            raise ConfigError(f"{key}.bots: no bot named {unknown[0]!r} (bots: {', '.join(configured) or 'none'})")
+
+
+class McpTokenConfig(McpScope):
+    """One more bearer token for ``replyd mcp --transport http``, with its own scope (``[[mcp.tokens]]``)."""
+
+    token_env: str = Field(min_length=1)
+    bots: list[str]  # type: ignore[assignment]  # required: a token names the bots it may use
+
+
+class McpConfig(McpScope):
+    """``replyd mcp``: the scope of its clients (stdio and the main token) and the HTTP door.
+
+    HTTP always needs a bearer token (every tool may post); a non-loopback
     bind needs one as long as the API's. The Host rule is the API's: an IP
-    address, ``localhost``, the bind address or one of ``hosts``.
+    address, ``localhost``, the bind address or one of ``hosts``. A request
+    carrying an ``Origin`` header is refused (403) unless it is one of
+    ``origins`` (the MCP spec's DNS-rebinding rule); no ``Origin`` (a
+    non-browser client) passes. ``tokens`` adds tokens with scopes of their own.
     """
 
     host: str = "127.0.0.1"
@@ -153,25 +227,68 @@ class McpConfig(_Strict):
     path: str = Field("/mcp", pattern=r"^/[A-Za-z0-9._~/-]*$")
     token_env: str = ""
     hosts: list[str] = []  # further names clients reach the server by (a reverse proxy's, a DNS name)
+    origins: list[str] = []  # browser origins allowed to call (scheme://host[:port]); none by default
+    tokens: list[McpTokenConfig] = []
+
+    @field_validator("origins")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        out = []
+        for o in v:
+            norm = origin_of(o)
+            if norm is None:
+                raise ValueError(f"{o[:80]!r} is not an origin (scheme://host[:port], http or https, no path)")
+            out.append(norm)
+        return out
+
+    @model_validator(mode="after")
+    def _distinct_tokens(self) -> McpConfig:
+        names = [self.token_env, *(t.token_env for t in self.tokens)]
+        dup = sorted({n for n in names if n and names.count(n) > 1})
+        if dup:
+            raise ValueError(f"tokens: variable {dup[0]!r} is named twice (each token has one scope)")
+        return self
+
+    def check_bots(self, key: str, configured: list[str]) -> None:  # type: ignore[override]
+        """ConfigError when this scope or a token's names a bot the config does not define."""
+        super().check_bots(key, configured)
+        for i, t in enumerate(self.tokens):
+            t.check_bots(f"{key}.tokens.{i}", configured)
 
     def token(self) -> str | None:
         """Return the MCP token from ``$token_env`` (None when unset); raise ConfigError if named but empty."""
         return _env_token("mcp.token_env", self.token_env)
 
     def http_token(self, host: str | None = None) -> str:
-        """Return the token HTTP needs; ConfigError when there is none, or a short one guards a public bind."""
+        """Return the main token HTTP needs; ConfigError when there is none, or a short one guards a public bind."""
+        tokens = self.http_tokens(host)
+        return next(iter(tokens), "")
+
+    def http_tokens(self, host: str | None = None) -> dict[str, McpScope]:
+        """Every bearer token HTTP accepts and its scope (the main one first); ConfigError naming the bad one."""
         from replyd.api import MIN_PUBLIC_TOKEN
         from replyd.platforms._http import is_loopback
 
-        token = self.token()
-        if not token:
+        bind = host or self.host
+        out: dict[str, McpScope] = {}
+        main = self.token()
+        if main:
+            out[main] = self
+        for i, t in enumerate(self.tokens):
+            value = _env_token(f"mcp.tokens.{i}.token_env", t.token_env)
+            if value in out:
+                raise ConfigError(f"mcp.tokens.{i}.token_env: holds the same token as another entry "
+                                  "(each token has one scope)")
+            out[value] = t  # type: ignore[index]
+        if not out:
             raise ConfigError("mcp.token_env: MCP over HTTP needs a bearer token (every tool may post): set "
                               "mcp.token_env to the name of an environment variable holding one")
-        bind = host or self.host
-        if not is_loopback(bind) and len(token) < MIN_PUBLIC_TOKEN:
-            raise ConfigError(f"mcp.token_env: the token is {len(token)} characters; a non-loopback bind ({bind!r}) "
-                              f"needs at least {MIN_PUBLIC_TOKEN}")
-        return token
+        for i, (value, scope) in enumerate(out.items()):
+            key = "mcp.token_env" if scope is self else f"mcp.tokens.{i - (1 if main else 0)}.token_env"
+            if not is_loopback(bind) and len(value) < MIN_PUBLIC_TOKEN:
+                raise ConfigError(f"{key}: the token is {len(value)} characters; a non-loopback bind ({bind!r}) "
+                                  f"needs at least {MIN_PUBLIC_TOKEN}")
+        return out
 
 
 class PollerConfig(_Strict):
@@ -346,6 +463,10 @@ class Config(BaseSettings):
             problems = "; ".join(_problem(err, where, data) for err in exc.errors())
             raise ConfigError(problems) from None
         cfg.source = where
+        try:
+            cfg.mcp.check_bots("mcp", [b.name for b in cfg.bots])
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
         literal = False
         for b in cfg.bots:
             raw = list(b.settings.items()) + list((b.responder.model_extra or {}).items())

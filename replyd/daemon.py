@@ -4,6 +4,17 @@ With ``[api] enabled`` it also serves the sidecar API and status page
 (``replyd.api``) from a thread; the API starts before the bots log in, so
 ``/healthz`` answers at once and ``/readyz`` says when every bot is ready.
 
+Bots start and fail independently. At start every bot's adapter and
+responder are built (a config error stops the daemon: exit 2) and every bot
+tries its login once, all at the same time; a refused login (HTTP 401/403)
+stops the daemon too, with one line naming the bot and the variable. A bot
+whose platform cannot be reached (refused connection, DNS, 5xx, timeout)
+keeps retrying its start in the background, waiting ``health.start_retry_s``
+doubled per failure up to ``health.start_retry_max_s``, not ready and shown
+with its reason, while the others run; once it logs in, its pollers, sweep,
+stream or webhooks start and it answers its backlog. Each bot has its own
+sweep job, so one platform's read-back errors are never another bot's.
+
 Shutdown (SIGTERM/SIGINT): stop claiming at once, let running API requests
 and jobs finish within ``grace_s``, leave open rows to the sweep of the next
 start, exit 0.
@@ -11,14 +22,19 @@ start, exit 0.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 import signal
 import threading
+from concurrent.futures import ThreadPoolExecutor as Pool
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import httpx
 import stamina
 import structlog
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
@@ -26,16 +42,16 @@ from replyd import metrics
 from replyd import store as st
 from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import BotConfig, Config
-from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, PlatformError
+from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, PlatformError, ReplydError
 from replyd.guard import Guard
 from replyd.lag import ListingLag
-from replyd.liveness import SWEEP, Heartbeat, Liveness, error_words
+from replyd.liveness import SWEEP, BreakerReport, Heartbeat, Liveness, error_words
 from replyd.pipeline import Pipeline
 from replyd.platforms.base import Identity, MeasuresClock, Platform, StreamSource, WebhookSource, make_platform
 from replyd.platforms._http import make_client
 from replyd.policy import Policy
 from replyd.pollers import Pollers
-from replyd.responders import make_responder, runner_bound_s
+from replyd.responders import Responder, make_responder, runner_bound_s
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
 
@@ -45,6 +61,17 @@ if TYPE_CHECKING:
     from replyd.streams import StreamRunner
 
 log = structlog.get_logger("replyd.daemon")
+
+
+class _NoSkipWarning(logging.Filter):
+    """Drop APScheduler's unlabelled "skipped: maximum number of running instances" warning (see ``_on_skipped``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Keep every record but that one."""
+        return "maximum number of running instances" not in str(record.msg)
+
+
+_SKIP_FILTER = _NoSkipWarning()
 
 
 @dataclass
@@ -64,6 +91,16 @@ def _passing(exc: Exception) -> bool:
     return isinstance(exc, (DefinitelyNotSent, MaybeSent)) and getattr(exc, "status", None) not in (401, 403)
 
 
+def _login_error(bc: BotConfig, platform: Platform, exc: PlatformError) -> ReplydError:
+    """The one-line error of a failed login: refused credentials name the variable that held them."""
+    if exc.status in (401, 403):
+        names = bc.variables()
+        held = (f"the environment variable{'s' if len(names) > 1 else ''} {', '.join(names)}" if names
+                else "the credentials in the config file")
+        return ConfigError(f"bot {bc.name}: {platform.instance} refused the login (HTTP {exc.status}): check {held}")
+    return type(exc)(f"bot {bc.name}: cannot log in at {platform.instance}: {exc.detail or exc}", status=exc.status)
+
+
 def login(bc: BotConfig, platform: Platform) -> Identity:
     """Ask the platform who the bot is; retry a passing outage, never refused credentials.
 
@@ -75,23 +112,25 @@ def login(bc: BotConfig, platform: Platform) -> Identity:
             with attempt:
                 return platform.whoami()
     except PlatformError as exc:
-        if exc.status in (401, 403):
-            names = bc.variables()
-            held = (f"the environment variable{'s' if len(names) > 1 else ''} {', '.join(names)}" if names
-                    else "the credentials in the config file")
-            raise ConfigError(f"bot {bc.name}: {platform.instance} refused the login (HTTP {exc.status}): "
-                              f"check {held}") from None
-        raise type(exc)(f"bot {bc.name}: cannot log in at {platform.instance}: {exc.detail or exc}",
-                        status=exc.status) from None
+        raise _login_error(bc, platform, exc) from None
     raise AssertionError("unreachable")  # pragma: no cover - retry_context either returns or raises
 
 
+def login_once(bc: BotConfig, platform: Platform) -> Identity:
+    """Ask the platform who the bot is, once (the daemon retries a passing outage itself, in the background)."""
+    try:
+        return platform.whoami()
+    except PlatformError as exc:
+        raise _login_error(bc, platform, exc) from None
+
+
 def build_guard(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock,
-                owner: str) -> tuple[Platform, Identity, Guard]:
-    """Build one bot's adapter, log it in, and return it with its identity and guard."""
+                owner: str, *, platform: Platform | None = None,
+                identity: Identity | None = None) -> tuple[Platform, Identity, Guard]:
+    """Build one bot's adapter (unless given), log it in (unless its identity is given), return both and its guard."""
     # Each adapter owns its listing-delay default (Discourse 30 s, GitHub 60 s…); never override it here.
-    platform = make_platform(bc.platform, bc.settings, http=http, clock=clock)
-    identity = login(bc, platform)
+    platform = platform or make_platform(bc.platform, bc.settings, http=http, clock=clock)
+    identity = identity or login(bc, platform)
     send_timeout_s = cfg.guard.send_timeout_s
     adapter_timeout_s = float(bc.settings.get("timeout_s", 15.0))
     if send_timeout_s < adapter_timeout_s:
@@ -119,11 +158,12 @@ def build_guard(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cl
 
 
 def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock, owner: str,
-              heartbeat: Heartbeat | None = None) -> BotRuntime:
-    """Build one bot's adapter, identity, guard, pipeline and pollers."""
-    platform, identity, guard = build_guard(cfg, bc, store, http, clock, owner)
+              heartbeat: Heartbeat | None = None, *, platform: Platform | None = None,
+              identity: Identity | None = None, responder: Responder | None = None) -> BotRuntime:
+    """Build one bot's adapter, identity, guard, pipeline and pollers (reusing any of them already built)."""
+    platform, identity, guard = build_guard(cfg, bc, store, http, clock, owner, platform=platform, identity=identity)
     rsettings = bc.responder.model_dump(exclude={"kind"})
-    responder = make_responder(bc.responder.kind, rsettings)
+    responder = responder or make_responder(bc.responder.kind, rsettings)
     # The runner's bound is a backstop: a responder's own timeout (which also kills a child) fires first.
     responder_timeout_s = runner_bound_s(responder, rsettings)
     if responder_timeout_s >= cfg.guard.compose_lease_s:
@@ -135,6 +175,24 @@ def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cloc
     pollers = Pollers(store, platform, pipeline, bc.pollers, clock, heartbeat)
     log.info("replyd.bot.ready", bot=bc.name, platform=platform.instance, sender_id=identity.sender_id)
     return BotRuntime(bc, platform, identity, guard, pipeline, pollers)
+
+
+@dataclass
+class Prepared:
+    """A configured bot before its login: adapter and responder built (their config errors raised) at start."""
+
+    cfg: BotConfig
+    platform: Platform
+    responder: Responder
+    timeout_s: float  # the adapter's per-request timeout: a run in flight past interval + this counts as stuck
+
+
+@runtime_checkable
+class BreakerSource(Protocol):
+    """A guard with a write breaker that reports its state (open/closed, why) to a ``BreakerReport``."""
+
+    def watch_breaker(self, report: BreakerReport, bot: str) -> None:
+        """Call ``report.set_breaker(bot, open, reason)`` on every change of the breaker's state."""
 
 
 class Daemon:
@@ -149,23 +207,27 @@ class Daemon:
         self.store: Store | None = None
         self.http: httpx.Client | None = None
         self.bots: list[BotRuntime] = []
-        self.sweeper: Sweeper | None = None
+        self.sweepers: dict[str, Sweeper] = {}  # by bot name: each bot sweeps on its own job
         self.scheduler: BackgroundScheduler | None = None
         self.guards: dict[str, Guard] = {}  # by bot name, for the API; filled as bots log in
         self.api: ApiServer | None = None
         self.hooks: Receiver | None = None
         self.streams: list[StreamRunner] = []
         self.liveness: Liveness | None = None
+        self._start_lock = threading.Lock()  # a bot started in the background joins the running daemon under it
+        self._starters: list[threading.Thread] = []
+        self._secrets: dict[str, str] = {}  # webhook secrets by push bot name
 
     def start(self) -> None:
-        """Open the store, start the API if configured, log every bot in, and start the scheduled jobs."""
+        """Open the store, start the API if configured, log every bot in (retrying unreachable ones in the
+        background), and start the scheduled jobs."""
         ac = self.cfg.api
         token: str | None = None
         # Webhook secrets first: a push bot with no secret, or no API to receive on, never starts.
         push = {bc.name: bc.push for bc in self.cfg.bots if bc.push is not None and bc.push.webhook}
         if push and not ac.enabled:
             raise ConfigError(f"bots ({', '.join(push)}): push webhooks arrive through the API: set api.enabled = true")
-        secrets = {name: pc.secret() for name, pc in push.items()}
+        self._secrets = {name: pc.secret() for name, pc in push.items()}
         if ac.enabled:
             # Imported here: uvicorn and starlette cost nothing when the API is off (sweep, adopt, ...).
             from replyd.api import Api, ApiServer, check_bind
@@ -177,76 +239,198 @@ class Daemon:
         self._use_db_clock()
         self._check_claim_commit()
         hc = self.cfg.health
-        self.liveness = Liveness(self.clock, stale_after_intervals=hc.stale_after_intervals, stale_min_s=hc.stale_min_s)
+        self.liveness = Liveness(self.clock, stale_after_intervals=hc.stale_after_intervals, stale_min_s=hc.stale_min_s,
+                                 failures_not_ready=hc.failures_not_ready)
         # Every send through this client ends within guard.send_timeout_s in total (replyd.deadline).
         self.http = make_client(self.cfg.guard.send_timeout_s)
+        # Every config error (settings, responder, push kind) before anything is served or contacted.
+        prepared = [self._prepare(bc) for bc in self.cfg.bots]
+        for bc in self.cfg.bots:
+            self.liveness.expect(bc.name)
         if ac.enabled:
             from replyd.hooks import Receiver
 
             self.hooks = Receiver({})  # filled as push bots log in, like the guards
             api = Api(self.store, self.guards, expected=[b.name for b in self.cfg.bots], token=token, host=ac.host,
                       hosts=ac.hosts, open_routes=ac.open_routes, refresh_s=ac.refresh_s,
-                      max_body_bytes=ac.max_body_bytes, liveness=self.liveness, hooks=self.hooks)
+                      max_body_bytes=ac.max_body_bytes, liveness=self.liveness, hooks=self.hooks,
+                      webhook_bots=list(push))
             self.api = ApiServer(api.app, host=ac.host, port=ac.port, grace_s=self.cfg.guard.send_timeout_s).start()
         try:
-            for bc in self.cfg.bots:
-                bot = build_bot(self.cfg, bc, self.store, self.http, self.clock, self.owner,
-                                self.liveness.beat(bc.name))
-                self._watch(bot)
-                self.bots.append(bot)
-                self.guards[bc.name] = bot.guard
-                if bc.push is not None and bc.push.webhook and self.hooks is not None:
-                    self._add_hook(bc.name, bc.push.kind, secrets[bc.name], bot)
-                elif bc.push is not None:
-                    self._add_stream(bc.name, bot)
+            self.scheduler = BackgroundScheduler(
+                # Per bot: inbox, search, refind (or reoffer) and its sweep; one more for the clock.
+                executors={"default": ThreadPoolExecutor(max_workers=max(4, 4 * len(self.cfg.bots) + 1))},
+                job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30},
+            )
+            # A run still going when the next is due is one labelled event, not APScheduler's bare warning.
+            logging.getLogger("apscheduler.scheduler").addFilter(_SKIP_FILTER)
+            self.scheduler.add_listener(self._on_skipped, EVENT_JOB_MAX_INSTANCES)
+            if isinstance(self.clock, DatabaseClock):
+                self.scheduler.add_job(self.sync_clock, "interval", seconds=self.cfg.store.clock_sync_s, id="clock")
+            self.scheduler.start()
+            first = self._first_logins(prepared)
+            for p, got in zip(prepared, first):
+                # A refused login or a platform that answers "no" (not an outage) stops the daemon, in config order.
+                if isinstance(got, BaseException) and not (isinstance(got, PlatformError) and _passing(got)):
+                    raise got
+            for p, got in zip(prepared, first):
+                if isinstance(got, Identity):
+                    self._start_bot(p, got)
+                else:
+                    self._retry_start(p, got)
         except BaseException:
-            if self.api is not None:
-                self.api.stop()
+            self._abort()
             raise
-        sc = self.cfg.sweep
-        self.sweeper = Sweeper(
-            self.store,
-            [Bot(b.platform, b.identity, b.guard.lag) for b in self.bots],
-            clock=self.clock,
-            owner=self.owner,
-            batch=sc.batch,
-            lease_s=sc.lease_s,
-            retry_s=sc.retry_s,
-            max_attempts=self.cfg.guard.max_attempts,
-            on_duplicate=sc.on_duplicate,
-            config=sc,
-        )
-        self.scheduler = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(max_workers=max(4, 3 * len(self.bots) + 1))},
-            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30},
-        )
-        for b in self.bots:
-            pc = b.cfg.pollers
-            for name, every_s, fn in (
-                ("inbox", b.cfg.inbox_interval_s(), b.pollers.inbox),
-                ("search", pc.search_interval_s if pc.search_queries else 0, b.pollers.search),
-                ("refind", pc.refind_interval_s, b.pollers.refind),
+        log.info("replyd.daemon.started", owner=self.owner, bots=len(self.bots), starting=len(self._starters),
+                 store=self.store.url)
+
+    def _prepare(self, bc: BotConfig) -> Prepared:
+        """Build one bot's adapter and responder and check its push kind: config errors only, no request."""
+        assert self.http is not None
+        platform = make_platform(bc.platform, bc.settings, http=self.http, clock=self.clock)
+        responder = make_responder(bc.responder.kind, bc.responder.model_dump(exclude={"kind"}))
+        if bc.push is not None and bc.push.webhook and not isinstance(platform, WebhookSource):
+            raise ConfigError(f"bots.{bc.name}.push: the {bc.platform} adapter cannot read webhook deliveries")
+        if bc.push is not None and not bc.push.webhook and not isinstance(platform, StreamSource):
+            raise ConfigError(f"bots.{bc.name}.push: the {bc.platform} adapter has no push stream")
+        return Prepared(bc, platform, responder, float(bc.settings.get("timeout_s", 15.0)))
+
+    def _first_logins(self, prepared: list[Prepared]) -> list[Identity | BaseException]:
+        """Every bot's first login attempt, at the same time (one slow platform delays no other's verdict)."""
+        def attempt(p: Prepared) -> Identity | BaseException:
+            try:
+                return login_once(p.cfg, p.platform)
+            except Exception as exc:  # judged by the caller: refused, outage, or a bug
+                return exc
+
+        if not prepared:
+            return []
+        with Pool(max_workers=min(16, len(prepared)), thread_name_prefix="replyd-login") as pool:
+            return list(pool.map(attempt, prepared))
+
+    def _retry_start(self, p: Prepared, exc: BaseException) -> None:
+        """Keep trying ``p``'s login in the background (doubling waits, capped); start the bot once it works."""
+        assert self.liveness is not None
+        hc, name = self.cfg.health, p.cfg.name
+        wait_s = hc.start_retry_s
+        self._start_waiting(p, exc, wait_s)
+
+        def run() -> None:
+            nonlocal wait_s
+            while not self.stopping.wait(wait_s):
+                try:
+                    identity = login_once(p.cfg, p.platform)
+                except ConfigError as err:  # refused credentials: they will not change while this process runs
+                    assert self.liveness is not None
+                    self.liveness.start_failed(name, str(err))
+                    log.error("replyd.bot.start_failed", bot=name, platform=p.platform.instance, error=str(err))
+                    return
+                except Exception as err:  # an outage (or an adapter's bug): wait longer, try again
+                    wait_s = min(wait_s * 2, hc.start_retry_max_s)
+                    self._start_waiting(p, err, wait_s)
+                    continue
+                try:
+                    self._start_bot(p, identity)
+                except Exception as err:  # e.g. the store failed while building it: try again later
+                    wait_s = min(wait_s * 2, hc.start_retry_max_s)
+                    self._start_waiting(p, err, wait_s)
+                    continue
+                return
+
+        t = threading.Thread(target=run, name=f"replyd-start-{name}", daemon=True)
+        self._starters.append(t)
+        t.start()
+
+    def _start_waiting(self, p: Prepared, exc: BaseException, wait_s: float) -> None:
+        """Record and log one failed start attempt of ``p``; the next is in ``wait_s``."""
+        assert self.liveness is not None
+        reason = (str(exc).splitlines() or [""])[0][:300] or type(exc).__name__
+        if not isinstance(exc, ReplydError):
+            reason = f"{type(exc).__name__}: {reason}"
+        self.liveness.starting(p.cfg.name, reason, wait_s)
+        log.warning("replyd.bot.start_retrying", bot=p.cfg.name, platform=p.platform.instance, error=reason,
+                    retry_in_s=round(wait_s, 1))
+
+    def _start_bot(self, p: Prepared, identity: Identity) -> None:
+        """Build a logged-in bot and join it to the running daemon: guard, API, hooks, stream, jobs, sweep."""
+        assert self.liveness is not None and self.store is not None and self.http is not None
+        assert self.scheduler is not None
+        bc, name = p.cfg, p.cfg.name
+        with self._start_lock:
+            if self.stopping.is_set():
+                return
+            bot = build_bot(self.cfg, bc, self.store, self.http, self.clock, self.owner, self.liveness.beat(name),
+                            platform=p.platform, identity=identity, responder=p.responder)
+            self._watch(bot, p.timeout_s)
+            if isinstance(bot.guard, BreakerSource):
+                bot.guard.watch_breaker(self.liveness, name)
+            sc = self.cfg.sweep
+            self.sweepers[name] = Sweeper(
+                self.store, [Bot(bot.platform, bot.identity, bot.guard.lag)], clock=self.clock, owner=self.owner,
+                batch=sc.batch, lease_s=sc.lease_s, retry_s=sc.retry_s, max_attempts=self.cfg.guard.max_attempts,
+                on_duplicate=sc.on_duplicate, config=sc,
+            )
+            self.bots.append(bot)
+            self.guards[name] = bot.guard
+            if bc.push is not None and bc.push.webhook and self.hooks is not None:
+                self._add_hook(name, bc.push.kind, self._secrets[name], bot)
+            elif bc.push is not None:
+                self._add_stream(name, bot).start()
+            pc = bc.pollers
+            for path, every_s, fn in (
+                ("inbox", bc.inbox_interval_s(), bot.pollers.inbox),
+                ("search", pc.search_interval_s if pc.search_queries else 0, bot.pollers.search),
+                ("refind", pc.refind_interval_s, bot.pollers.refind),
             ):
                 if every_s > 0:
-                    fn = _with_context(fn, bot=b.cfg.name, platform=b.platform.instance)
-                    self.scheduler.add_job(fn, "interval", seconds=every_s, jitter=pc.jitter_s or None,
-                                           id=f"{b.cfg.name}:{name}", next_run_time=_now_dt())
+                    job = self._tracked(name, path, _with_context(fn, bot=name, platform=bot.platform.instance))
+                    self.scheduler.add_job(job, "interval", seconds=every_s, jitter=pc.jitter_s or None,
+                                           id=f"{name}:{path}", next_run_time=_now_dt())
             if pc.refind_interval_s <= 0:
                 # Re-find off: its re-offer of waiting rows (released, not_landed, a dead composer's) still runs,
                 # at the sweep's pace, so no row waits for a path that will never come.
-                self.scheduler.add_job(b.pollers.reoffer_guarded, "interval", seconds=sc.interval_s,
-                                       id=f"{b.cfg.name}:reoffer", next_run_time=_now_dt())
-        if isinstance(self.clock, DatabaseClock):
-            self.scheduler.add_job(self.sync_clock, "interval", seconds=self.cfg.store.clock_sync_s, id="clock")
-        # Jitter spreads sweep passes across replicas (leases already keep them from sharing rows).
-        self.scheduler.add_job(self.sweep_once, "interval", seconds=sc.interval_s, jitter=sc.interval_s / 2,
-                               id="sweep", next_run_time=_now_dt())
-        self.scheduler.start()
-        for runner in self.streams:
-            runner.start()
-        log.info("replyd.daemon.started", owner=self.owner, bots=len(self.bots), store=self.store.url)
+                self.scheduler.add_job(bot.pollers.reoffer_guarded, "interval", seconds=sc.interval_s,
+                                       id=f"{name}:reoffer", next_run_time=_now_dt())
+            # Jitter spreads sweep passes across replicas (leases already keep them from sharing rows).
+            self.scheduler.add_job(self.sweep_bot, "interval", args=[name], seconds=sc.interval_s,
+                                   jitter=sc.interval_s / 2, id=f"{name}:{SWEEP}", next_run_time=_now_dt())
+            self.liveness.started(name)
+        log.info("replyd.bot.started", bot=name, platform=bot.platform.instance)
 
-    def _watch(self, bot: BotRuntime) -> None:
+    def _tracked(self, bot: str, path: str, fn):  # noqa: ANN001, ANN202
+        """Wrap a job so liveness sees its run in flight (a run that hangs counts while it hangs)."""
+        live = self.liveness
+        assert live is not None
+
+        def job() -> None:
+            with live.running(bot, path):
+                fn()
+
+        job.__name__ = getattr(fn, "__name__", "job")
+        return job
+
+    def _on_skipped(self, event: JobSubmissionEvent) -> None:
+        """A run of a job was skipped because the previous one still runs: one replyd event naming bot and path."""
+        bot, _, path = event.job_id.rpartition(":")
+        if not bot:
+            log.info("replyd.job.skipped", job=event.job_id)
+            return
+        instance = next((b.platform.instance for b in list(self.bots) if b.cfg.name == bot), None)
+        metrics.poll_skipped(bot, path)
+        log.info("replyd.poll.skipped", bot=bot, platform=instance, path=path,
+                 hint="the previous run still runs (a slow or frozen platform, or a long responder)")
+
+    def _abort(self) -> None:
+        """Undo a start that failed: no job, no server, no thread left behind."""
+        self.stopping.set()
+        if self.scheduler is not None and self.scheduler.running:
+            self.scheduler.shutdown(wait=False)
+        if self.api is not None:
+            self.api.stop()
+        for runner in self.streams:
+            runner.stop()
+
+    def _watch(self, bot: BotRuntime, timeout_s: float) -> None:
         """Track the bot's scheduled paths and sweep in the liveness record; label its metrics by name."""
         assert self.liveness is not None
         pc, name = bot.cfg.pollers, bot.cfg.name
@@ -254,7 +438,7 @@ class Daemon:
                               ("search", pc.search_interval_s if pc.search_queries else 0),
                               ("refind", pc.refind_interval_s), (SWEEP, self.cfg.sweep.interval_s)):
             if every_s > 0:
-                self.liveness.track(name, path, every_s)
+                self.liveness.track(name, path, every_s, timeout_s)
         self.liveness.identify(name, bot.platform.instance, bot.identity.sender_id)
         if isinstance(bot.platform, MeasuresClock):
             self.liveness.platform_clock(name, bot.platform.clock_view)
@@ -275,24 +459,23 @@ class Daemon:
                         hint="this machine's clock disagrees with the database's; replyd uses the database's")
 
     def _add_hook(self, name: str, kind: str, secret: str, bot: BotRuntime) -> None:
-        """Receive ``kind`` webhooks for bot ``name`` (its adapter must read them)."""
+        """Receive ``kind`` webhooks for bot ``name`` (its adapter reads them: checked by ``_prepare``)."""
         from replyd.hooks import Hook
 
-        assert self.hooks is not None
-        if not isinstance(bot.platform, WebhookSource):
-            raise ConfigError(f"bots.{name}.push: the {bot.cfg.platform} adapter cannot read webhook deliveries")
+        assert self.hooks is not None and isinstance(bot.platform, WebhookSource)
         self.hooks.hooks[name] = Hook(name, kind, secret, bot.platform, bot.pipeline.offer,
                                       instance=bot.platform.instance)
         log.info("replyd.hooks.ready", bot=name, platform=bot.platform.instance, kind=kind,
                  path=f"/v1/hooks/{name}")
 
-    def _add_stream(self, name: str, bot: BotRuntime) -> None:
-        """Hold bot ``name``'s push stream open (started with the scheduler); its adapter must offer one."""
+    def _add_stream(self, name: str, bot: BotRuntime) -> StreamRunner:
+        """Hold bot ``name``'s push stream open (its adapter offers one: checked by ``_prepare``); return its runner."""
         from replyd.streams import StreamRunner
 
-        if not isinstance(bot.platform, StreamSource):
-            raise ConfigError(f"bots.{name}.push: the {bot.cfg.platform} adapter has no push stream")
-        self.streams.append(StreamRunner(name, bot.platform, bot.pipeline.offer, bot.pollers.inbox))
+        assert isinstance(bot.platform, StreamSource)
+        runner = StreamRunner(name, bot.platform, bot.pipeline.offer, bot.pollers.inbox)
+        self.streams.append(runner)
+        return runner
 
     def _check_claim_commit(self) -> None:
         """Warn when store.claim_commit asks for a synchronous standby the server does not have."""
@@ -329,34 +512,41 @@ class Daemon:
             log.debug("replyd.clock.synced", source="database", step_s=round(step_s, 4), skew_s=skew_s)
 
     def sweep_once(self) -> None:
-        """Run one sweep pass (scheduled; failures are logged, never raised)."""
-        if self.sweeper is None or self.stopping.is_set():
+        """Run one sweep pass for every started bot (tests; the scheduler runs ``sweep_bot`` per bot)."""
+        if self._clock_stale.is_set() and not self.stopping.is_set():
+            self.sync_clock()  # a reconnect re-anchors the clock at the next tick, bots or not
+        for name in list(self.sweepers):
+            self.sweep_bot(name)
+
+    def sweep_bot(self, name: str) -> None:
+        """Run one sweep pass of bot ``name`` (scheduled; failures are logged and reported, never raised)."""
+        sweeper = self.sweepers.get(name)
+        if sweeper is None or self.stopping.is_set():
             return
         if self._clock_stale.is_set():
             self.sync_clock()
-        try:
-            r = self.sweeper.run_once()
-        except Exception as exc:  # a store outage must not kill the scheduler job
-            log.error("replyd.sweep.failed", error=str(exc)[:300])
-            self._sweep_beat(error_words(exc))
-            return
-        # One pass covers every bot; a read-back error is not attributed to one, so every bot's sweep reports it.
-        self._sweep_beat(f"{r.readback_errors} read-back error(s)" if r.readback_errors else None)
-
-    def _sweep_beat(self, error: str | None) -> None:
-        if self.liveness is None:
-            return
-        for b in self.bots:
-            if error is None:
-                self.liveness.ok(b.cfg.name, SWEEP)
-            else:
-                self.liveness.failed(b.cfg.name, SWEEP, error)
+        live = self.liveness
+        with live.running(name, SWEEP) if live is not None else _nothing():
+            try:
+                r = sweeper.run_once()
+            except Exception as exc:  # a store outage must not kill the scheduler job
+                log.error("replyd.sweep.failed", bot=name, error=str(exc)[:300])
+                if live is not None:
+                    live.failed(name, SWEEP, error_words(exc))
+                return
+            if live is not None:
+                if r.readback_errors:
+                    live.failed(name, SWEEP, f"{r.readback_errors} read-back error(s)")
+                else:
+                    live.ok(name, SWEEP)
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Stop claiming, let running jobs finish within ``grace_s``, release resources."""
         if self.stopping.is_set():
             return
-        self.stopping.set()
+        self.stopping.set()  # also ends the background start attempts
+        with self._start_lock:  # a bot starting right now finishes joining first, then sees the flag
+            pass
         for b in self.bots:
             b.guard.claiming = False
         log.info("replyd.daemon.stopping", grace_s=grace_s)
@@ -408,6 +598,11 @@ def _with_context(fn, **context: str):  # noqa: ANN001, ANN202
 
     job.__name__ = getattr(fn, "__name__", "job")  # APScheduler names the job after it
     return job
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
 
 
 def _now_dt():  # noqa: ANN202

@@ -47,6 +47,10 @@ from replyd.store import Key, Reply, Store
 
 log = structlog.get_logger("replyd.guard")
 
+# A send left with less than this fraction of ``send_timeout_s`` before its row's deadline does not leave: it
+# would most likely end timed out after leaving (ambiguous, an attempt spent), where not sending costs nothing.
+MIN_SEND_FRACTION = 0.1
+
 Compose = Callable[[Parent], "str | None"]
 
 
@@ -421,12 +425,15 @@ class Guard:
 
     def _send(self, key: Key, parent: Parent, row: Reply | st.Row, text: str) -> Outcome:
         attempt = row.attempt
+        budget_s = self._send_budget(key, row)  # every path (post, library.finish, API, MCP) sends from here
+        if isinstance(budget_s, Outcome):
+            return budget_s
         if self._watcher is None and self._watch_interval_s is not None:
             self._start_watch()
         token = self.sends.started(key, attempt, self.clock.now())
         try:
-            # The whole send, every request in it, ends within send_timeout_s: the row's deadline counts on it.
-            with metrics.watching_send(self.platform.instance), deadline.within(self.send_timeout_s):
+            # The whole send, every request in it, ends by the row's send deadline: the sweep's judgement counts on it.
+            with metrics.watching_send(self.platform.instance), deadline.within(budget_s):
                 sent = self.platform.send(parent, text, provider_key=row.provider_key or self.provider_key(parent.id))
         except AlreadyLanded as exc:
             if exc.reply_id:
@@ -454,6 +461,56 @@ class Guard:
         finally:
             self.sends.finished(token)
         return self._close(key, attempt, sent.reply_id, "closed")
+
+    # -- a send never leaves past its row's deadline ---------------------------------------
+
+    def _send_budget(self, key: Key, row: Reply | st.Row) -> float | Outcome:
+        """Seconds the send about to leave may take, or the Outcome of one too late to leave (nothing sent).
+
+        The sweep may judge the row from its deadline on (``opened_at + send_timeout_s +`` the listing delay,
+        on the clock the sweep reads: the database's on PostgreSQL), so a reply must be created by
+        ``opened_at + send_timeout_s`` to be listed when it looks. A stall between the open write and here
+        (the database's answer held, a paused process or VM) eats that budget: the request gets what is
+        left, and when too little is, it does not leave and the row is released (``_release_too_late``).
+        """
+        now = self.clock.now()
+        opened_at = row.opened_at if row.opened_at is not None else now
+        left_s = min(self.send_timeout_s, opened_at + self.send_timeout_s - now)
+        if left_s >= MIN_SEND_FRACTION * self.send_timeout_s:
+            return left_s
+        return self._release_too_late(key, row.attempt, now - opened_at)
+
+    def _release_too_late(self, key: Key, attempt: int, stalled_s: float) -> Outcome:
+        """Release a row whose send found itself past its deadline, by compare-and-set: nothing was sent.
+
+        The sweep may have judged it meanwhile (``not_landed``, or ``gave_up`` on the last attempt: true, but
+        this attempt never went out, so it is given back), and a re-find may have claimed the next attempt:
+        then the row has moved on, the compare-and-set loses and only a note is written.
+        """
+        metrics.too_late(self.platform.instance)
+        now = self.clock.now()
+        detail = {"stalled_s": round(stalled_s, 3), "send_timeout_s": self.send_timeout_s}
+        error = f"not sent: {stalled_s:.1f} s passed between the open and the send (budget {self.send_timeout_s:g} s)"
+        values = {"state": st.RELEASED, "updated_at": now, "error": error, "not_before": None,
+                  "lease_owner": None, "lease_until": None}
+        state: str | None = st.OPEN
+        try:
+            with self.store.transaction(relaxed=True, doing="releasing a send too late to leave") as tx:
+                before = tx.get(key)
+                state = before.state if before is not None else None
+                if tx.cas_event(key, states=[st.OPEN, st.NOT_LANDED, st.GAVE_UP], attempt=attempt, values=values):
+                    tx.append_event(key, "too_late", state=st.RELEASED, attempt=attempt, owner=self.owner,
+                                    detail={**detail, "from": state})
+                    state = st.RELEASED
+                else:  # the row moved on (a newer attempt, closed): a note for explain, no state
+                    tx.append_event(key, "too_late", state=None, attempt=attempt, owner=self.owner,
+                                    detail={**detail, "row_state": state})
+        except StoreError as exc:
+            # The row stays open and the sweep judges it not_landed, which is true: nothing was sent.
+            log.error("replyd.guard.release_failed", parent_id=key.parent_id, error=str(exc))
+        log.warning("replyd.guard.too_late", platform=key.platform, parent_id=key.parent_id, attempt=attempt,
+                    stalled_s=round(stalled_s, 3), send_timeout_s=self.send_timeout_s, state=state)
+        return Outcome(Status.NOT_SENT, key, state, attempt, detail=error, retry_after_s=0.0)
 
     # -- sends that outlive their budget ---------------------------------------------------
 
@@ -526,8 +583,38 @@ class Guard:
             return Outcome(status, key, st.OPEN, attempt, reply_id, detail="posted; close not recorded, the sweep will close it")
         if not ok:
             log.warning("replyd.guard.late_landing", parent_id=key.parent_id, reply_id=reply_id, attempt=attempt)
+            self._late_landing(key, attempt, reply_id)
         log.info("replyd.guard.posted", parent_id=key.parent_id, reply_id=reply_id, attempt=attempt)
         return Outcome(status, key, st.CLOSED, attempt, reply_id)
+
+    def _late_landing(self, key: Key, attempt: int, reply_id: str) -> None:
+        """Our reply landed after the row moved on: make sure it is counted, not just noted.
+
+        Closed with another reply: a duplicate, whether or not that close was verified already; the row's
+        deadline comes back to now, so the sweep's verification counts it (from the ``late_landing`` event's
+        id, whatever its read-back lists), reports ``duplicate_detected`` and deletes it with
+        ``on_duplicate = "delete_newer"``. Judged or released at a later attempt (nothing of that attempt
+        landed, as far as replyd knows): the parent is answered, so the row closes with our reply
+        (``reconciled``) before another attempt can go out.
+        """
+        now = self.clock.now()
+        try:
+            with self.store.transaction(relaxed=True, doing="recording a late landing") as tx:
+                row = tx.get(key)
+                if row is None or row.reply_id == reply_id:
+                    return
+                if row.state == st.CLOSED:
+                    tx.cas_event(key, states=[st.CLOSED], attempt=row.attempt, values={"deadline_at": now})
+                    log.error("replyd.guard.duplicate_landed", platform=key.platform, parent_id=key.parent_id,
+                              reply_id=reply_id, kept=row.reply_id, attempt=attempt)
+                elif row.state in (st.NOT_LANDED, st.GAVE_UP, st.RELEASED) and row.attempt > attempt:
+                    values = {"state": st.CLOSED, "reply_id": reply_id, "closed_at": now, "updated_at": now,
+                              "error": None, "not_before": None, "deadline_at": now + self.lag.configured_s}
+                    if tx.cas_event(key, states=[row.state], attempt=row.attempt, values=values):
+                        tx.append_event(key, "reconciled", state=st.CLOSED, attempt=row.attempt, owner=self.owner,
+                                        detail={"reply_id": reply_id, "from": row.state, "late_attempt": attempt})
+        except StoreError as exc:
+            log.error("replyd.guard.late_landing_failed", parent_id=key.parent_id, reply_id=reply_id, error=str(exc))
 
     def _transition(
         self,

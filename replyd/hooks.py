@@ -23,6 +23,16 @@ kind               signature header (HMAC-SHA256 of the body)   event header / d
 Slack also checks the URL once with a signed ``url_verification`` delivery: an adapter that is a
 ``WebhookChallenge`` answers it (200 and the challenge). Slack's retries of a slow or failed ack
 (``X-Slack-Retry-Num`` 1-3) are ordinary deliveries here: the guard's key makes them harmless.
+
+Scope: a webhook delivers more than the bot's config asks for (a GitHub App or organisation webhook sends
+every repository's issues, Discourse every post of the forum, a Slack app every workspace it is installed
+in). Each parent is offered only when the adapter's ``webhook_scope`` says its own pollers would have found
+it; any other is answered 202 (acked, so the platform does not retry), not offered, logged as
+``replyd.hook.dropped`` and counted in ``replyd_webhook_dropped_total{platform,reason}``.
+
+Before the signature is checked nothing tells one bot from another: an unknown bot, an unsigned, forged or
+stale delivery all get the same 401 and body (and an unknown bot costs the same HMAC), so the URL space
+cannot be probed for the bots that exist or the kind of their hook.
 """
 
 from __future__ import annotations
@@ -30,6 +40,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +75,24 @@ class Kind:
 
 
 SLACK_WINDOW_S = 300.0  # Slack's documented replay window for X-Slack-Request-Timestamp
+# A timestamp is ASCII digits only: str.isdigit() is also true for "\xb2" or "\u0663", which int() refuses or reads.
+_STAMP = re.compile(r"[0-9]{1,12}")
+_UNPRINTABLE = re.compile(r"[^\x21-\x7e]")
+
+# What ``webhook_scope`` may answer (the ``reason`` label); any other word is counted as ``out_of_scope``.
+DROP_REASONS = frozenset({
+    "repo_not_listed",     # GitHub: the repository is not in ``repos`` (and notifications would not find it)
+    "issue_closed",        # GitHub: a listed repository's closed issue (the repos listing reads open ones)
+    "not_addressed",       # no mention / assignment / reply to the bot that its notifications would show
+    "other_workspace",     # Slack: an event of another workspace the app is installed in
+    "channel_not_listed",  # Slack: a channel outside ``channels``
+    "out_of_scope",
+})
+
+
+def printable(value: str | None, limit: int = 100) -> str:
+    """``value`` cut to ``limit`` with every character outside printable ASCII replaced (safe to log)."""
+    return _UNPRINTABLE.sub("?", (value or "")[:limit])
 
 
 def slack_sign(secret: str, timestamp: str, body: bytes) -> str:
@@ -75,7 +105,7 @@ def slack_verify(secret: str, body: bytes, headers: Mapping[str, str], now: floa
     """True when a Slack delivery is signed with ``secret`` and its timestamp is within 5 minutes of ``now``."""
     stamp = (headers.get("x-slack-request-timestamp") or "").strip()
     header = (headers.get("x-slack-signature") or "").strip()
-    if not stamp.isdigit() or not header or len(stamp) > 12 or abs(now - int(stamp)) > SLACK_WINDOW_S:
+    if not _STAMP.fullmatch(stamp) or not header.isascii() or abs(now - int(stamp)) > SLACK_WINDOW_S:
         return False  # a replay of an old signed delivery is refused even though its signature is genuine
     return hmac.compare_digest(slack_sign(secret, stamp, body).encode(), header.encode())
 
@@ -94,7 +124,9 @@ def sign(secret: str, body: bytes) -> str:
 
 def verify(secret: str, body: bytes, header: str | None) -> bool:
     """True when ``header`` is ``body``'s signature under ``secret`` (compared in constant time)."""
-    return bool(header) and hmac.compare_digest(sign(secret, body).encode(), header.strip().encode())  # type: ignore[union-attr]
+    if not header or not header.isascii():
+        return False  # compare_digest refuses non-ASCII str; a header of other bytes signs nothing
+    return hmac.compare_digest(sign(secret, body).encode(), header.strip().encode())
 
 
 @dataclass(frozen=True)
@@ -103,6 +135,12 @@ class Answer:
 
     status: int
     body: dict[str, Any]
+
+
+# The one answer before authentication, for an unknown bot as for a bad signature (names no header, no kind).
+BAD_SIGNATURE = Answer(401, {"error": "bad_signature",
+                             "detail": "the delivery is not signed with this hook's secret (or its timestamp is stale)"})
+_DECOY_SECRET = secrets.token_hex(32)  # an unknown bot's body is signed-checked too: the same work, the same time
 
 
 @dataclass
@@ -131,9 +169,11 @@ class Receiver:
         """Handle one delivery for ``bot``; never raises, never waits for a post."""
         hook = self.hooks.get(bot)
         if hook is None:
-            return Answer(404, {"error": "unknown_hook", "detail": f"no webhook is configured for bot {bot!r}"})
+            verify(_DECOY_SECRET, body, sign(_DECOY_SECRET, b""))  # as long as a real bot's check
+            log.warning("replyd.hooks.unknown_bot", bot=printable(bot, 64))
+            return BAD_SIGNATURE
         kind = KINDS[hook.kind]
-        delivery = (headers.get(kind.delivery) or "")[:100] if kind.delivery else ""
+        delivery = printable(headers.get(kind.delivery)) if kind.delivery else ""
         signed = (kind.check(hook.secret, body, headers, self.now()) if kind.check is not None
                   else verify(hook.secret, body, headers.get(kind.signature)))
         if not signed:
@@ -141,9 +181,8 @@ class Receiver:
             log.warning("replyd.hooks.bad_signature", bot=bot, platform=hook.instance, delivery=delivery,
                         signed=bool(headers.get(kind.signature)))
             metrics.webhook(hook.instance, "bad_signature")
-            return Answer(401, {"error": "bad_signature",
-                                "detail": f"the {kind.signature} header does not sign this body with the bot's secret"})
-        event = (headers.get(kind.event) or "").strip()[:64] if kind.event else ""
+            return BAD_SIGNATURE
+        event = printable((headers.get(kind.event) or "").strip(), 64) if kind.event else ""
         try:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError, RecursionError):
@@ -167,12 +206,40 @@ class Receiver:
                      reason=reason)
             metrics.webhook(hook.instance, "ignored")
             return Answer(202, {"accepted": 0, "ignored": reason})
-        for parent in found:
+        inside, reasons = self._scoped(hook, event, payload, found, delivery)
+        if not inside:
+            metrics.webhook(hook.instance, "dropped")
+            return Answer(202, {"accepted": 0, "dropped": reasons})
+        for parent in inside:
             self._pool.submit(self._offer, hook, parent, delivery)
         log.info("replyd.hooks.accepted", bot=bot, platform=hook.instance, delivery=delivery, hook_event=event,
-                 parents=[p.id for p in found])
+                 parents=[p.id for p in inside])
         metrics.webhook(hook.instance, "accepted")
-        return Answer(202, {"accepted": len(found), "parents": [p.id for p in found]})
+        return Answer(202, {"accepted": len(inside), "parents": [p.id for p in inside],
+                            **({"dropped": reasons} if reasons else {})})
+
+    @staticmethod
+    def _scoped(hook: Hook, event: str, payload: Any, found: list[Parent],
+                delivery: str) -> tuple[list[Parent], list[str]]:
+        """The parents inside the bot's scope, and the reasons of those dropped (each logged and counted)."""
+        inside: list[Parent] = []
+        reasons: list[str] = []
+        for parent in found:
+            try:
+                reason = hook.source.webhook_scope(event, payload, parent)
+            except Exception as exc:  # unreadable or a bug: not provably inside, so not offered (fail closed)
+                log.error("replyd.hooks.scope_failed", bot=hook.bot, platform=hook.instance, delivery=delivery,
+                          error=f"{type(exc).__name__}: {exc}"[:300])
+                reason = "out_of_scope"
+            if reason is None:
+                inside.append(parent)
+                continue
+            reason = reason if reason in DROP_REASONS else "out_of_scope"
+            log.info("replyd.hook.dropped", bot=hook.bot, platform=hook.instance, reason=reason, delivery=delivery,
+                     hook_event=event, parent_id=printable(parent.id), url=printable(parent.url, 200))
+            metrics.webhook_dropped(hook.instance, reason)
+            reasons.append(reason)
+        return inside, reasons
 
     @staticmethod
     def _offer(hook: Hook, parent: Parent, delivery: str) -> None:

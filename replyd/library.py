@@ -313,6 +313,31 @@ def rearm(store: Store, key: Key, *, by: str, reason: str = "", owner: str | Non
     return RearmResult(key, ok, row.state, current)
 
 
+def rearm_many(store: Store, bots: Sequence[tuple[str, str]], *, state: str, since: float | None = None, by: str,
+               reason: str = "", owner: str | None = None, dry_run: bool = False,
+               limit: int = 1000) -> list[RearmResult]:
+    """Rearm each row of ``bots`` ((platform instance, sender id) pairs) in ``state`` changed at or after ``since``.
+
+    Oldest change first, at most ``limit`` rows in all; each goes through ``rearm`` (compare-and-set, event
+    ``rearmed``), so a row that moved on since it was read is left alone (``rearmed`` False, ``previous`` its
+    new state). ``dry_run``: nothing changes; each matching row is returned as found, ``rearmed`` False.
+    """
+    if state not in REARMABLE:
+        raise ConfigError(f"state: {state!r} cannot be rearmed (only {', '.join(REARMABLE)})")
+    out: list[RearmResult] = []
+    for platform, sender_id in bots:
+        for row in store.rows_in(platform, sender_id, [state], limit=limit - len(out), since=since):
+            key = Key(row.platform, row.sender_id, row.parent_id)
+            out.append(RearmResult(key, False, row.state, row) if dry_run
+                       else rearm(store, key, by=by, reason=reason, owner=owner))
+        if len(out) >= limit:
+            break
+    log.info("replyd.library.rearmed_many", platform=",".join(sorted({p for p, _ in bots})), state=state, since=since,
+             matched=len(out), dry_run=dry_run,
+             rearmed=sum(r.rearmed for r in out), by=by)
+    return out
+
+
 # -- adopt -----------------------------------------------------------------------------------
 
 

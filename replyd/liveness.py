@@ -1,11 +1,23 @@
-"""Liveness of a running daemon: per bot and path, when it last worked and how it fails now.
+"""Liveness of a running daemon: per bot, whether it started, and per path, when it last worked and how it fails now.
 
-Pollers and the sweep report every run here (``ok`` / ``failed``); readiness,
-the status page, ``replyd status`` and ``/metrics`` read it. A path is *stale*
-when it has had no successful run for ``stale_after_intervals`` × its interval
-(at least ``stale_min_s``), counted from its last success or, before the first
-one, from when the daemon started tracking it: a frozen platform makes a poll
-hang or fail, and either way the last success ages past the bound.
+Pollers and the sweep report every run here (``ok`` / ``failed``), and the
+daemon wraps each run in ``running`` so a run that hangs is seen while it
+hangs; readiness, the status page, ``replyd status`` and ``/metrics`` read it.
+
+A path is *failing* (not ready) as soon as ``failures_not_ready`` runs in a
+row failed, or its current run has been in flight longer than its interval
+plus the adapter's request timeout (a frozen platform makes requests time
+out, not fail fast: the stuck run counts while it hangs). A success clears
+both. A path is *stale* when it has had no successful run for
+``stale_after_intervals`` × its interval (at least ``stale_min_s``), counted
+from its last success or, before the first one, from when the daemon started
+tracking it: the backstop for a path that neither fails nor succeeds.
+
+A bot is *starting* until its first login worked (the daemon retries a
+platform it cannot reach in the background), *failed* when the platform
+refused the login, *running* after. Its write breaker (``set_breaker``, called
+by the guard's per-bot breaker through the ``BreakerReport`` Protocol) makes it
+not ready while open.
 
 Time comes from the daemon's clock (injected), so tests move it without sleeping.
 """
@@ -13,16 +25,18 @@ Time comes from the daemon's clock (injected), so tests move it without sleeping
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
-
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from replyd import metrics
 from replyd import store as st
 from replyd.clock import Clock
 
 SWEEP = "sweep"
+STARTING, RUNNING, FAILED = "starting", "running", "failed"
+StartState = Literal["starting", "running", "failed"]
 
 
 class Heartbeat(Protocol):
@@ -33,6 +47,28 @@ class Heartbeat(Protocol):
 
     def failed(self, path: str, error: str) -> None:
         """Record a run of ``path`` that failed with ``error`` (short, secret-free)."""
+
+
+@runtime_checkable
+class BreakerReport(Protocol):
+    """Where a bot's write breaker reports its state (``Liveness`` is one): open makes the bot not ready."""
+
+    def set_breaker(self, bot: str, open: bool, reason: str = "") -> None:  # noqa: A002 - the state's plain name
+        """Record that ``bot``'s write breaker is now ``open`` (or closed), and why (short, secret-free)."""
+
+
+@dataclass
+class BotStart:
+    """One configured bot's start and write breaker."""
+
+    state: StartState = STARTING
+    reason: str | None = None  # why it is not running (the last start error), secret-free
+    attempts: int = 0  # start attempts that failed
+    since: float = 0.0  # when it entered ``state``
+    next_try_at: float | None = None  # the next start attempt, while starting
+    breaker_open: bool = False
+    breaker_reason: str | None = None
+    breaker_since: float | None = None
 
 
 @dataclass
@@ -46,6 +82,8 @@ class PathHealth:
     last_error_at: float | None = None
     failures: int = 0  # in a row, reset by a success
     runs: int = 0
+    timeout_s: float = 0.0  # the adapter's request timeout: a run in flight past interval + this is stuck
+    running_since: float | None = None  # the run in flight started then (None: none is)
 
     def age_s(self, now: float) -> float:
         """Seconds since the last success (or since tracking began, before the first one)."""
@@ -75,27 +113,106 @@ def describe(path: str, h: dict[str, Any]) -> str:
         error = str(h["last_error"])
         error = error[len(path) + 2:] if error.startswith(f"{path}: ") else error  # adapters prefix the operation
         words += f", {n} failure{'s' if n != 1 else ''} in a row: {error}"
+    if h.get("running_s") is not None and h.get("stuck"):
+        words += f", a run in flight for {ago(h['running_s'])} (no answer)"
     if h["stale"]:
         words += f" — STALE (limit {ago(h['stale_after_s'])})"
+    elif h.get("failing"):
+        words += " — FAILING"
     return words
+
+
+def describe_start(b: dict[str, Any]) -> str:
+    """A bot that is not running, in words: ``starting (attempt 3 failed, next in 8 s): connection refused``."""
+    if b["state"] == RUNNING:
+        return "running"
+    if b["state"] == FAILED:
+        return f"failed to start: {b['reason']}"
+    if not b["attempts"]:
+        return "starting"
+    nxt = "" if b.get("next_try_s") is None else f", next in {ago(b['next_try_s'])}"
+    n = b["attempts"]
+    return f"starting ({n} attempt{'s' if n != 1 else ''} failed{nxt}): {b['reason']}"
 
 
 class Liveness:
     """Every bot's paths and sweep; thread-safe (scheduler jobs report from their threads)."""
 
-    def __init__(self, clock: Clock, *, stale_after_intervals: float = 3.0, stale_min_s: float = 60.0) -> None:
+    def __init__(self, clock: Clock, *, stale_after_intervals: float = 3.0, stale_min_s: float = 60.0,
+                 failures_not_ready: int = 2) -> None:
         self.clock = clock
         self.stale_after_intervals = stale_after_intervals
         self.stale_min_s = stale_min_s
+        self.failures_not_ready = failures_not_ready
         self._paths: dict[tuple[str, str], PathHealth] = {}
+        self._bots: dict[str, BotStart] = {}
         self._keys: dict[str, tuple[str, str]] = {}  # bot -> (platform instance, sender id)
         self._clocks: dict[str, Callable[[], dict[str, Any]]] = {}  # bot -> its platform clock's view
         self._lock = threading.Lock()
 
-    def track(self, bot: str, path: str, interval_s: float) -> None:
-        """Start watching ``path`` of ``bot``, scheduled every ``interval_s``."""
+    def track(self, bot: str, path: str, interval_s: float, timeout_s: float = 0.0) -> None:
+        """Start watching ``path`` of ``bot``, scheduled every ``interval_s``, its requests bounded by ``timeout_s``."""
         with self._lock:
-            self._paths[(bot, path)] = PathHealth(interval_s=interval_s, since=self.clock.now())
+            self._paths[(bot, path)] = PathHealth(interval_s=interval_s, since=self.clock.now(), timeout_s=timeout_s)
+
+    # -- a bot's start and breaker ---------------------------------------------------------------
+
+    def expect(self, bot: str) -> None:
+        """Note a configured bot that has not started yet."""
+        with self._lock:
+            self._bots.setdefault(bot, BotStart(since=self.clock.now()))
+
+    def starting(self, bot: str, reason: str, retry_in_s: float) -> None:
+        """Record a failed start attempt of ``bot`` (``reason``, secret-free); the next is in ``retry_in_s``."""
+        now = self.clock.now()
+        with self._lock:
+            b = self._bots.setdefault(bot, BotStart(since=now))
+            b.state, b.reason, b.attempts, b.next_try_at = STARTING, reason[:300], b.attempts + 1, now + retry_in_s
+
+    def started(self, bot: str) -> None:
+        """Record that ``bot`` logged in and its jobs run."""
+        now = self.clock.now()
+        with self._lock:
+            b = self._bots.setdefault(bot, BotStart(since=now))
+            b.state, b.reason, b.since, b.next_try_at = RUNNING, None, now, None
+
+    def start_failed(self, bot: str, reason: str) -> None:
+        """Record that ``bot`` will not start (its platform refused the login): no more attempts."""
+        now = self.clock.now()
+        with self._lock:
+            b = self._bots.setdefault(bot, BotStart(since=now))
+            b.state, b.reason, b.since, b.next_try_at = FAILED, reason[:300], now, None
+
+    def retry_in_s(self, bot: str) -> float | None:
+        """Seconds until ``bot``'s next start attempt (None when it is not waiting for one)."""
+        with self._lock:
+            b = self._bots.get(bot)
+            at = b.next_try_at if b is not None and b.state == STARTING else None
+        return None if at is None else max(0.0, at - self.clock.now())
+
+    def set_breaker(self, bot: str, open: bool, reason: str = "") -> None:  # noqa: A002
+        """Record ``bot``'s write breaker state (the ``BreakerReport`` Protocol); open makes the bot not ready."""
+        now = self.clock.now()
+        with self._lock:
+            b = self._bots.setdefault(bot, BotStart(since=now))
+            if b.breaker_open != open:
+                b.breaker_since = now
+            b.breaker_open, b.breaker_reason = open, (reason[:300] or None) if open else None
+
+    @contextmanager
+    def running(self, bot: str, path: str) -> Iterator[None]:
+        """Mark a run of ``path`` in flight for as long as the block runs (a hung run is seen while it hangs)."""
+        now = self.clock.now()
+        with self._lock:
+            h = self._paths.get((bot, path))
+            if h is not None:
+                h.running_since = now
+        try:
+            yield
+        finally:
+            with self._lock:
+                if h is not None:
+                    h.running_since = None
 
     def identify(self, bot: str, platform: str, sender_id: str) -> None:
         """Tell which key prefix ``bot`` writes, to find its oldest due open row."""
@@ -133,22 +250,45 @@ class Liveness:
         """The bound past which ``h`` counts as stale."""
         return max(self.stale_after_intervals * h.interval_s, self.stale_min_s)
 
+    @staticmethod
+    def stuck_after_s(h: PathHealth) -> float:
+        """How long a run of ``h`` may be in flight before it counts as failing: its interval plus a request's timeout."""
+        return h.interval_s + h.timeout_s
+
     def snapshot(self, store: st.Store | None = None) -> dict[str, dict[str, Any]]:
         """Return, per bot, each path's record, staleness and words, and the oldest due open row's age."""
         now = self.clock.now()
         with self._lock:
             items = [(k, PathHealth(**vars(h))) for k, h in self._paths.items()]
+            starts = [(bot, BotStart(**vars(b))) for bot, b in self._bots.items()]
         out: dict[str, dict[str, Any]] = {}
+
+        def entry(bot: str) -> dict[str, Any]:
+            return out.setdefault(bot, {"paths": {}, "stale": [], "failing": [], "oldest_due_open_age_s": None,
+                                        "start": None, "breaker": None})
+
+        for bot, st_ in sorted(starts):
+            b = entry(bot)
+            b["start"] = {"state": st_.state, "reason": st_.reason, "attempts": st_.attempts,
+                          "since": st_.since,
+                          "next_try_s": None if st_.next_try_at is None else round(max(0.0, st_.next_try_at - now), 1)}
+            b["start"]["words"] = describe_start(b["start"])
+            b["breaker"] = {"open": st_.breaker_open, "reason": st_.breaker_reason, "since": st_.breaker_since}
         for (bot, path), h in items:
-            b = out.setdefault(bot, {"paths": {}, "stale": [], "oldest_due_open_age_s": None})
+            b = entry(bot)
+            running_s = None if h.running_since is None else round(max(0.0, now - h.running_since), 1)
             d = {"interval_s": h.interval_s, "last_ok": h.last_ok, "age_s": round(h.age_s(now), 1),
                  "failures": h.failures, "last_error": h.last_error, "last_error_at": h.last_error_at,
-                 "runs": h.runs, "stale_after_s": self.stale_after_s(h)}
+                 "runs": h.runs, "stale_after_s": self.stale_after_s(h), "running_s": running_s,
+                 "stuck": running_s is not None and running_s > self.stuck_after_s(h)}
             d["stale"] = d["age_s"] > d["stale_after_s"]
+            d["failing"] = d["stuck"] or h.failures >= self.failures_not_ready
             d["words"] = describe(path, d)
             b["paths"][path] = d
             if d["stale"]:
                 b["stale"].append(path)
+            if d["failing"]:
+                b["failing"].append(path)
         for bot, b in out.items():
             view = self._clocks.get(bot)
             b["platform_clock"] = view() if view is not None else None
@@ -160,10 +300,30 @@ class Liveness:
                     b["oldest_due_open_age_s"] = None if due is None else round(now - due, 1)
         return out
 
-    def problems(self) -> list[str]:
-        """Reasons the daemon is not ready because of liveness (empty when every path is fresh)."""
-        return [f"bot {bot}: {p['words']}" for bot, b in sorted(self.snapshot().items())
-                for p in b["paths"].values() if p["stale"]]
+    def problems(self, *, detail: bool = True) -> list[str]:
+        """Reasons the daemon is not ready because of liveness (empty when every bot runs and every path is fine).
+
+        Without ``detail``, only generic words (``bot x: not started``, ``bot x: inbox failing``): no error text,
+        no address, for a probe that showed no token.
+        """
+        out: list[str] = []
+        for bot, b in sorted(self.snapshot().items()):
+            start, breaker = b["start"], b["breaker"]
+            if start is not None and start["state"] != RUNNING:
+                out.append(f"bot {bot}: {start['words']}" if detail else f"bot {bot}: not started")
+            if breaker is not None and breaker["open"]:
+                out.append(f"bot {bot}: write breaker open" + (f": {breaker['reason']}" if detail and breaker["reason"]
+                                                               else ""))
+            for path, p in sorted(b["paths"].items()):
+                if p["stale"] or p["failing"]:
+                    out.append(f"bot {bot}: {p['words']}" if detail
+                               else f"bot {bot}: {path} {'stale' if p['stale'] else 'failing'}")
+        return out
+
+    def not_running(self) -> set[str]:
+        """The bots that have not started (still starting, or failed to)."""
+        with self._lock:
+            return {bot for bot, b in self._bots.items() if b.state != RUNNING}
 
     def last_success(self) -> list[tuple[str, str, float | None]]:
         """(bot, path, last success epoch or None) for every tracked path, for ``/metrics``."""
@@ -187,6 +347,10 @@ class BotHeartbeat:
     def failed(self, path: str, error: str) -> None:
         """Record a failed run of ``path``."""
         self.live.failed(self.bot, path, error)
+
+    def breaker(self, open: bool, reason: str = "") -> None:  # noqa: A002
+        """Record this bot's write breaker state (for a guard that knows only its own bot)."""
+        self.live.set_breaker(self.bot, open, reason)
 
 
 def error_words(exc: BaseException) -> str:

@@ -71,6 +71,12 @@ DUPLICATES = Counter(
     ["platform"],
     registry=None,
 )
+TOO_LATE = Counter(
+    "replyd_sends_too_late",
+    "Sends the guard did not make: past the row's deadline when due to leave (a stall after the open commit).",
+    ["platform"],
+    registry=None,
+)
 SKIPS = Counter(
     "replyd_policy_skips",
     "Found parents the policy did not answer, by reason (author_is_bot, too_deep, hourly_cap, ...).",
@@ -85,8 +91,14 @@ LISTING_LAG = Histogram(
 )
 WEBHOOKS = Counter(
     "replyd_webhook_deliveries",
-    "Webhook deliveries by result (accepted, ignored, bad_signature, bad_body, unreadable).",
+    "Webhook deliveries by result (accepted, ignored, dropped, bad_signature, bad_body, unreadable).",
     ["platform", "result"],
+    registry=None,
+)
+WEBHOOK_DROPS = Counter(
+    "replyd_webhook_dropped",
+    "Parents a signed webhook delivery named outside the bot's scope (what its pollers would find), by reason.",
+    ["platform", "reason"],
     registry=None,
 )
 POLLS = Counter(
@@ -95,13 +107,19 @@ POLLS = Counter(
     ["platform", "path", "result"],
     registry=None,
 )
+POLL_SKIPS = Counter(
+    "replyd_poll_skipped",
+    "Scheduled runs of a path skipped because its previous run still ran (a slow or frozen platform).",
+    ["platform", "path"],
+    registry=None,
+)
 PLATFORM_CLOCK_OFFSET = Gauge(
     "replyd_platform_clock_offset_seconds",
     "The platform's clock minus replyd's, as measured from its responses (created_at of own replies, Date).",
     ["platform"], registry=None,
 )
 SHARED = (SENDS, SEND_SECONDS, OUTCOMES, PLATFORM_ERRORS, RESPONDER_CALLS, RESPONDER_SECONDS, SWEEP_ROWS, DUPLICATES,
-          SKIPS, POLLS, WEBHOOKS, LISTING_LAG, PLATFORM_CLOCK_OFFSET)
+          TOO_LATE, SKIPS, POLLS, WEBHOOKS, WEBHOOK_DROPS, LISTING_LAG, POLL_SKIPS, PLATFORM_CLOCK_OFFSET)
 
 # The `platform` label is the bot's name (or a short instance), never a URL: instance -> label.
 _LABELS: dict[str, str] = {}
@@ -169,6 +187,16 @@ def skipped(platform: str, reason: str) -> None:
 def webhook(platform: str, result: str) -> None:
     """Count one webhook delivery by what the receiver did with it."""
     _child(WEBHOOKS, platform, result).inc()
+
+
+def webhook_dropped(platform: str, reason: str) -> None:
+    """Count one webhook parent dropped as outside the bot's scope, by reason word."""
+    _child(WEBHOOK_DROPS, platform, reason).inc()
+
+
+def too_late(platform: str) -> None:
+    """Count a send the guard held back because the row's deadline had passed before it could leave."""
+    _child(TOO_LATE, platform).inc()
 
 
 def outcome(platform: str, status: str) -> None:
@@ -253,6 +281,11 @@ def poll(bot: str, path: str, *, ok: bool) -> None:
     POLLS.labels(bot, path, "ok" if ok else "error").inc()
 
 
+def poll_skipped(bot: str, path: str) -> None:
+    """Count one skipped run of a path of ``bot`` (its previous run still ran)."""
+    POLL_SKIPS.labels(bot, path).inc()
+
+
 def sweep_pass(platform: str, res: Any) -> None:
     """Count one sweep pass's decisions (a ``SweepResult``)."""
     for name in _SWEEP_RESULTS:
@@ -306,7 +339,8 @@ class StoreCollector:
 
 
 class LivenessCollector:
-    """``replyd_poll_last_success_timestamp_seconds`` and failures in a row, per bot and path, read at scrape time."""
+    """Per bot and path, read at scrape time: last success, failures in a row, stale, failing, the run in flight;
+    per bot: up (started) and its write breaker."""
 
     def __init__(self, liveness: Any) -> None:
         self.liveness = liveness
@@ -316,7 +350,7 @@ class LivenessCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        """Yield each tracked path's last success (0 before the first) and its failures in a row."""
+        """Yield each tracked path's and each configured bot's gauges."""
         last = GaugeMetricFamily("replyd_poll_last_success_timestamp_seconds",
                                  "Unix time of the last successful run of a path (0: none yet).",
                                  labels=["platform", "path"])
@@ -324,14 +358,34 @@ class LivenessCollector:
                                   labels=["platform", "path"])
         stale = GaugeMetricFamily("replyd_poll_stale", "1 when a path had no success for longer than its staleness bound.",
                                   labels=["platform", "path"])
+        failing = GaugeMetricFamily("replyd_poll_failing",
+                                    "1 when a path failed health.failures_not_ready runs in a row or its run in flight "
+                                    "is stuck (the daemon is then not ready).", labels=["platform", "path"])
+        running = GaugeMetricFamily("replyd_poll_running_seconds",
+                                    "How long the run of a path in flight has run (0: none in flight).",
+                                    labels=["platform", "path"])
+        up = GaugeMetricFamily("replyd_bot_up", "1 when the bot logged in and its jobs run; 0 while its start is "
+                               "retried (platform unreachable) or after its login was refused.", labels=["platform"])
+        attempts = GaugeMetricFamily("replyd_bot_start_failures",
+                                     "Failed start attempts of a bot not running yet (0 once it runs).",
+                                     labels=["platform"])
+        breaker = GaugeMetricFamily("replyd_breaker_open", "1 while the bot's write breaker is open (sends paused).",
+                                    labels=["platform"])
         for bot, b in sorted(self.liveness.snapshot().items()):
             for path, p in sorted(b["paths"].items()):
                 last.add_metric([bot, path], p["last_ok"] or 0.0)
                 fails.add_metric([bot, path], p["failures"])
                 stale.add_metric([bot, path], 1 if p["stale"] else 0)
-        yield last
-        yield fails
-        yield stale
+                failing.add_metric([bot, path], 1 if p["failing"] else 0)
+                running.add_metric([bot, path], p["running_s"] or 0.0)
+            start = b.get("start")
+            if start is not None:
+                up.add_metric([bot], 1 if start["state"] == "running" else 0)
+                attempts.add_metric([bot], 0 if start["state"] == "running" else start["attempts"])
+            brk = b.get("breaker")
+            if brk is not None:
+                breaker.add_metric([bot], 1 if brk["open"] else 0)
+        yield from (last, fails, stale, failing, running, up, attempts, breaker)
 
 
 def build_info() -> Metric:

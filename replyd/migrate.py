@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from alembic.util import CommandError
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 
@@ -37,6 +38,14 @@ def revisions(engine: Engine) -> tuple[str | None, str]:
     with engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
     return current, head()
+
+
+def known(revision: str) -> bool:
+    """Whether ``revision`` is one of this replyd's migrations (not one a newer replyd wrote)."""
+    try:
+        return ScriptDirectory.from_config(_config()).get_revision(revision) is not None
+    except CommandError:
+        return False
 
 
 @contextmanager

@@ -89,14 +89,15 @@ def _events_table(events: list[dict[str, Any]]) -> str:
 
 
 def _paths_cell(bot: str, live: dict[str, Any] | None) -> str:
-    """Each path of one bot in words; a stale one red and marked STALE, a failing one amber."""
-    if not live:
+    """Each path of one bot in words; a stale or failing one (not ready) red, one with a failure amber."""
+    if not live or not live["paths"]:
         return '<span class="empty">not running yet</span>'
     spans = []
     for path, p in sorted(live["paths"].items()):
-        cls = "path stale" if p["stale"] else ("path failing" if p["failures"] else "path")
-        spans.append(f'<span class="{cls}" id="path-{_e(bot)}-{_e(path)}" data-stale="{str(p["stale"]).lower()}">'
-                     f'{_e(p["words"])}</span>')
+        failing = bool(p.get("failing"))
+        cls = "path stale" if p["stale"] or failing else ("path failing" if p["failures"] else "path")
+        spans.append(f'<span class="{cls}" id="path-{_e(bot)}-{_e(path)}" data-stale="{str(p["stale"]).lower()}" '
+                     f'data-failing="{str(failing).lower()}">{_e(p["words"])}</span>')
     due = live.get("oldest_due_open_age_s")
     if due is not None:
         spans.append(f'<span class="path failing">oldest due open row: {due:.0f} s past its deadline</span>')
@@ -124,6 +125,23 @@ def _listing_table(bots: dict[str, dict[str, Any]]) -> str:
             f'<th>delay</th><th>samples</th><th>observed p50 (s)</th><th>observed p99 (s)</th></tr>{body}</table>')
 
 
+def _state_cell(bot: dict[str, Any], live: dict[str, Any] | None) -> str:
+    """Whether a bot runs: logged in, or starting / failed to start with the reason (red: not ready)."""
+    start = (live or {}).get("start")
+    if start is not None and start["state"] != "running":
+        return f'<span class="stale" data-start="{_e(start["state"])}">{_e(start["words"])}</span>'
+    return "logged in" if bot["ready"] else "not logged in"
+
+
+def _breaker_cell(live: dict[str, Any] | None) -> str:
+    """The bot's write breaker: closed, or open (red) since when and why."""
+    brk = (live or {}).get("breaker")
+    if not brk or not brk["open"]:
+        return '<span data-breaker="closed">closed</span>'
+    why = f": {brk['reason']}" if brk.get("reason") else ""
+    return f'<span class="stale" data-breaker="open">open since {_e(_ts(brk.get("since")))} UTC{_e(why)}</span>'
+
+
 def render(summary: dict[str, Any], *, refresh_s: int = 5) -> str:
     """Render the status page from a ``/v1/status`` summary."""
     totals: dict[str, int] = {}
@@ -139,16 +157,24 @@ def render(summary: dict[str, Any], *, refresh_s: int = 5) -> str:
     ]
     live = summary.get("liveness", {})
     stale = sorted(f"{bot}/{p}" for bot, b in live.items() for p in b["stale"])
-    cards.insert(1, f'<div class="card {"bad" if stale else "ok"}" id="card-liveness">paths'
-                    f'<b>{"STALE" if stale else "fresh"}</b></div>')
+    failing = sorted(f"{bot}/{p}" for bot, b in live.items() for p in b.get("failing", []))
+    word = "STALE" if stale else ("FAILING" if failing else "fresh")
+    cards.insert(1, f'<div class="card {"bad" if stale or failing else "ok"}" id="card-liveness">paths'
+                    f'<b>{word}</b></div>')
+    gave_up: dict[str, int] = {}
+    for c in summary["counts"]:
+        if c["state"] == st.GAVE_UP:
+            gave_up[c["platform"]] = gave_up.get(c["platform"], 0) + c["rows"]
     bot_rows = "".join(
-        f'<tr><td>{_e(name)}</td><td>{"logged in" if b["ready"] else "not logged in"}</td>'
+        f'<tr id="bot-{_e(name)}"><td>{_e(name)}</td><td>{_state_cell(b, live.get(name))}</td>'
         f'<td><code>{_e(b.get("platform") or "")}</code></td><td><code>{_e(b.get("sender_id") or "")}</code></td>'
+        f'<td>{_breaker_cell(live.get(name))}</td>'
+        f'<td class="n" data-gave-up="{gave_up.get(b.get("platform") or "", 0)}">{gave_up.get(b.get("platform") or "", 0)}</td>'
         f'<td>{_paths_cell(name, live.get(name))}</td></tr>'
         for name, b in sorted(bots.items())
     )
     bots_html = (f'<table id="bots"><tr><th>bot</th><th>state</th><th>platform</th><th>sender id</th>'
-                 f'<th>paths (last success)</th></tr>{bot_rows}</table>'
+                 f'<th>write breaker</th><th>gave up</th><th>paths (last success)</th></tr>{bot_rows}</table>'
                  if bots else '<p class="empty">no bots configured</p>')
     store_note = "" if store_ok else f'<p class="bad" id="store-error">store unavailable: {_e(summary["store"].get("error"))}</p>'
     return f"""<!doctype html>

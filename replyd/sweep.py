@@ -36,7 +36,7 @@ from replyd import store as st
 from replyd.clock import Clock, SystemClock
 from replyd.config import SweepConfig
 from replyd.lag import ListingLag
-from replyd.platforms.base import Identity, Parent, Pending, Platform, ReadBack
+from replyd.platforms.base import Identity, OwnReply, Parent, ParentReplies, Pending, Platform, ReadBack
 from replyd.store import Key, Reply, Store, Tx
 
 log = structlog.get_logger("replyd.sweep")
@@ -149,6 +149,8 @@ class Sweeper:
         # Read once per pass, outside the rows' transactions (a refresh reads and writes the store).
         delay_s = bot.lag.refresh_if_due() if bot.lag is not None else bot.platform.listing_delay_s
         verify_s = bot.lag.verify_delay_s() if bot.lag is not None else delay_s
+        if not res.readback_errors:  # a platform failing its listings gets no second round of reads this pass
+            rb = self._parent_look(bot, rows, pending, rb, now, verify_s)
         # Closed rows first: their looks may prove a longer lag (the warm-up) before an open row is judged.
         for r in sorted(rows, key=lambda r: r.state != st.CLOSED):
             self._decide(bot, r, rb, now, delay_s, verify_s, res)
@@ -159,6 +161,38 @@ class Sweeper:
                  verified=res.verified, reconciled=res.reconciled, waiting=res.waiting,
                  verified_on_close=res.verified_on_close)
         return res
+
+    def _parent_look(self, bot: Bot, rows: list[Reply], pending: list[Pending], rb: ReadBack, now: float,
+                     verify_s: float) -> ReadBack:
+        """Rows that needed a retry: read each one's parent by itself (``ParentReplies``), not through the walk.
+
+        A retry exists because a read-back missed the first attempt's reply (or it landed late); the batched
+        walk that missed it may miss it again, and then the verification would see one reply and be satisfied.
+        So a retried row, once it is due to be verified (closed for the delay in use) or judged (open), is
+        decided on the union of both reads, and is checked only when its parent's own listing was read.
+        """
+        if not isinstance(bot.platform, ParentReplies):
+            return rb
+        due = {r.parent_id for r in rows if r.attempt > 1 and (
+            r.state == st.OPEN or (r.state == st.CLOSED and now >= (r.closed_at or now) + verify_s))}
+        if not due:
+            return rb
+        try:
+            second = bot.platform.read_parents([p for p in pending if p.parent.id in due],
+                                               sender_id=bot.identity.sender_id)
+        except Exception as exc:  # not looked: these rows wait for the next pass, never "not found"
+            metrics.platform_error(bot.platform.instance, "read_back", exc)
+            log.warning("replyd.sweep.parent_look_failed", platform=bot.platform.instance, rows=len(due),
+                        error=str(exc)[:300])
+            second = ReadBack()
+        found = dict(rb.found)
+        for pid in due:
+            merged: dict[str, OwnReply] = {m.reply_id: m for m in [*rb.found.get(pid, []), *second.found.get(pid, [])]}
+            if merged:
+                found[pid] = sorted(merged.values(), key=lambda m: m.created_at or 0.0)
+            else:
+                found.pop(pid, None)
+        return ReadBack(found=found, checked=(rb.checked - due) | (second.checked & due))
 
     def _duplicates(self, tx: Tx, key: Key, r: Reply, kept: str, newer: list[str], res: SweepResult) -> list[str]:
         """Record own replies beyond the first to one parent; return the ids to delete (if configured)."""

@@ -35,6 +35,15 @@ MUTATIONS = ("delete", "replace", "replace", "delete_many", "huge_string", "huge
              "truncate", "drop", "empty", "wrong_top", "status")
 STATUSES = (200, 201, 204, 301, 400, 401, 403, 404, 409, 410, 413, 422, 429, 500, 502, 503, 504)
 
+# What a header, a timestamp or an id may carry that ``str.isdigit()``, ``int()`` or a log line mishandles: digits
+# of other scripts ("²".isdigit() is True and int("²") raises; int("١٢") is 12), control and format characters,
+# terminal escapes, latin-1 bytes as Starlette decodes a header, overlong and signed numbers.
+NASTY_TEXT = hs.sampled_from([
+    "\xb2", "\xb9\xb2\xb3", "\u0661\u0662\u0663", "\uff11\uff12", "\u2460", "17\x00", "\x1b[31mred\x1b[0m", "1\r\n2",
+    "\u202e1700000000", "\x7f", "9" * 40, "-1", "+1", "1e9", "0x10", " 1700000000 ", "1700000000.5", "", "\t",
+]) | hs.text(alphabet=hs.characters(categories=("Nd", "No", "Cc", "Cf", "Zs")) | hs.sampled_from("0123456789.:-"),
+             max_size=16)
+
 json_leaf = hs.none() | hs.booleans() | hs.integers(-2**70, 2**70) | hs.floats(allow_nan=False, allow_infinity=False) \
     | hs.text(max_size=12) | hs.sampled_from(["", "0", "-1", "1e309", "NaN", "2026-13-45T99:99:99Z", "@", "../..", "%2F"])
 json_value = hs.recursive(json_leaf, lambda c: hs.lists(c, max_size=3) | hs.dictionaries(hs.text(max_size=6), c, max_size=3),

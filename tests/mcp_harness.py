@@ -26,6 +26,9 @@ from tests.api_harness import BOT, ROOT, sim_world, wait_visible, write_config
 
 MCP_TOKEN = "mcp-test-token-7f3a2b9c"
 MCP_TOKEN_ENV = "REPLYD_TEST_MCP_TOKEN"
+OTHER = "otherbot"  # the second bot's account on the sim (configured as bot "other")
+OTHER_TOKEN = "mcp-test-token-b-91c0d4e2"  # a second MCP bearer token ([[mcp.tokens]] in scope tests)
+OTHER_TOKEN_ENV = "REPLYD_TEST_MCP_TOKEN_B"
 T = TypeVar("T")
 
 
@@ -40,6 +43,7 @@ class McpEnv:
     db: Path
     env: dict[str, str]
     servers: list[McpHttp] = field(default_factory=list)
+    other: Account | None = None  # the second bot's account, when the config has one
 
     @property
     def instance(self) -> str:
@@ -57,6 +61,19 @@ class McpEnv:
     def replies(self, parent_id: str) -> int:
         """How many replies by the bot the sim holds under ``parent_id`` (the ground truth)."""
         return self.world.replies_by(self.bot.id).get(parent_id, 0)
+
+    def other_replies(self) -> int:
+        """How many replies the second bot's account holds on the sim, under any parent."""
+        assert self.other is not None
+        return sum(self.world.replies_by(self.other.id).values())
+
+    def post(self, author: str, text: str, *, mention: tuple[str, ...] = (), **kw: Any) -> str:
+        """Post as ``author`` (created on first use) mentioning ``mention``; return the id once the sim lists it."""
+        if self.world.find_account(author) is None:
+            self.world.add_account(author)
+        status = self.world.post(author, text, mention=list(mention), **kw)
+        wait_visible(self.world, status)
+        return status.id
 
     def stdio(self, **env: str) -> Client:
         """An SDK client that starts ``replyd mcp`` over stdio as its own subprocess."""
@@ -76,11 +93,13 @@ class McpEnv:
 
 
 @asynccontextmanager
-async def http_client(url: str, token: str | None = MCP_TOKEN) -> AsyncIterator[Client]:
-    """An SDK client session over streamable HTTP with the bearer token (none when ``token`` is None)."""
+async def http_client(url: str, token: str | None = MCP_TOKEN, mode: str = "auto") -> AsyncIterator[Client]:
+    """An SDK client session over streamable HTTP with the bearer token (none when ``token`` is None); ``mode``
+    "legacy" forces the initialize handshake (a transport session, ``mcp-session-id``), "auto" lets it negotiate."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0)) as http:
-        async with Client(streamable_http_client(url, http_client=http), read_timeout_seconds=60) as client:
+        async with Client(streamable_http_client(url, http_client=http), read_timeout_seconds=60,
+                          mode=mode) as client:
             yield client
 
 
@@ -140,15 +159,39 @@ class McpHttp:
 
 
 @contextmanager
-def mcp_env(tmp_path: Path, monkeypatch: Any, **knobs: Any) -> Iterator[McpEnv]:
-    """A sim and a config whose ``[mcp]`` section names the test token; the env carries every secret it needs."""
+def mcp_env(tmp_path: Path, monkeypatch: Any, *, second_bot: bool = False, mcp_extra: str = "",
+            **knobs: Any) -> Iterator[McpEnv]:
+    """A sim and a config whose ``[mcp]`` section names the test token; the env carries every secret it needs.
+
+    ``second_bot`` adds bot "other" (the sim account ``OTHER``); ``mcp_extra`` is TOML appended to ``[mcp]``
+    (keys first, then any ``[[mcp.tokens]]``), with ``OTHER_TOKEN`` in ``$OTHER_TOKEN_ENV``.
+    """
     with sim_world(monkeypatch, **knobs) as (world, srv, bot):
         db = tmp_path / "replyd.sqlite3"
         cfg = write_config(tmp_path / "replyd.toml", srv.base_url, db, api=False, token_env=None)
+        other = world.add_account(OTHER, bot=True) if second_bot else None
         with cfg.open("a") as fh:
-            fh.write(f'\n[mcp]\ntoken_env = "{MCP_TOKEN_ENV}"\nport = 0\n')
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "SIM_TOKEN": bot.token, MCP_TOKEN_ENV: MCP_TOKEN}
-        yield McpEnv(world, srv, bot, cfg, db, env)
+            if other is not None:
+                fh.write(f"""
+[[bots]]
+name = "other"
+platform = "mastodon"
+
+[bots.settings]
+base_url = "{srv.base_url}"
+token_env = "OTHER_SIM_TOKEN"
+listing_delay_s = 0.2
+timeout_s = 3.0
+
+[bots.pollers]
+inbox_interval_s = 0
+search_interval_s = 0
+refind_interval_s = 0
+""")
+            fh.write(f'\n[mcp]\ntoken_env = "{MCP_TOKEN_ENV}"\nport = 0\n{mcp_extra}\n')
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "SIM_TOKEN": bot.token, MCP_TOKEN_ENV: MCP_TOKEN,
+               OTHER_TOKEN_ENV: OTHER_TOKEN, **({"OTHER_SIM_TOKEN": other.token} if other else {})}
+        yield McpEnv(world, srv, bot, cfg, db, env, other=other)
 
 
 async def race(makers: list[Callable[[], AbstractAsyncContextManager[Client] | Client]], call: Callable[[Client], Awaitable[T]],

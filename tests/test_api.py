@@ -221,6 +221,8 @@ def test_writes_refused_403_without_a_configured_token(tmp_path, monkeypatch):
         r = post(h, h.parent())
         assert r.status_code == 403 and "token_env" in r.json()["detail"]
         with h.client(token=None) as c:
+            assert c.post("/v1/rearm", json={"dry_run": True}).status_code == 403
+        with h.client(token=None) as c:
             assert c.get("/v1/status").status_code == 200
         assert h.world.creates_attempted == 0
 
@@ -306,3 +308,66 @@ def test_health_ready_status_and_unknown_routes(h):
     h.daemon.guards["sim"].claiming = False
     with h.client() as c:
         assert c.get("/readyz").status_code == 503
+
+
+def test_rearm_many_via_api(h):
+    """POST /v1/rearm: a dry run lists the rows of the state changed since T and changes nothing; then each is
+    rearmed (event by api) and answered once; a bad state, an unknown bot or no token are refused."""
+    import time
+
+    old = h.parent()
+    assert post(h, old, "x" * 600).status_code == 409
+    time.sleep(0.05)
+    since = time.time()
+    new = sorted([h.parent(), h.parent()])
+    assert all(post(h, p, "x" * 600).status_code == 409 for p in new)
+    with h.client() as c:
+        assert c.post("/v1/rearm", json={"state": "gave_up"}).json()["matched"] == 0
+        dry = c.post("/v1/rearm", json={"state": "rejected", "since": since, "dry_run": True})
+        assert dry.status_code == 200, dry.text
+        assert sorted(p["parent_id"] for p in dry.json()["parents"]) == new and dry.json()["rearmed"] == 0
+        assert {c.get(f"/v1/replies/sim/{p}").json()["row"]["state"] for p in [old, *new]} == {"rejected"}
+        r = c.post("/v1/rearm", json={"state": "rejected", "since": since, "bot": "sim", "reason": "outage"})
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert got["matched"] == 2 and got["rearmed"] == 2 and not got["dry_run"]
+        assert sorted((p["bot"], p["parent_id"], p["previous_state"], p["state"]) for p in got["parents"]) == [
+            ("sim", p, "rejected", "released") for p in new]
+        assert c.get(f"/v1/replies/sim/{old}").json()["row"]["state"] == "rejected"
+        events = c.get(f"/v1/replies/sim/{new[0]}").json()["events"]
+        assert events[-1]["kind"] == "rearmed" and events[-1]["detail"] == {"by": "api", "from": "rejected",
+                                                                             "reason": "outage"}
+        assert c.post("/v1/rearm", json={"state": "rejected", "since": since}).json()["matched"] == 0
+        bad = c.post("/v1/rearm", json={"state": "closed"})
+        assert bad.status_code == 422 and bad.json()["field"] == "state", bad.text
+        assert c.post("/v1/rearm", json={"bot": "nope"}).status_code == 404
+        assert c.post("/v1/rearm", content=b"{", headers={"content-type": "application/json"}).status_code == 400
+    with h.client(token=None) as anon:
+        assert anon.post("/v1/rearm", json={}).status_code == 401
+    assert all(post(h, p, "short").status_code == 201 and h.bot_replies(p) == 1 for p in new)
+
+
+def test_rearm_many_touches_only_the_named_bot(tmp_path):
+    """Two bots with rejected rows: `bot` limits POST /v1/rearm to that bot's key prefix; without it, every bot."""
+    from starlette.testclient import TestClient
+
+    from replyd.guard import Guard
+    from replyd.platforms.memory import MemoryPlatform
+
+    store = Store.open(f"sqlite:///{tmp_path / 's.sqlite3'}")
+    guards = {}
+    for name in ("a", "b"):
+        plat = MemoryPlatform(instance=f"memory:{name}", script=["rejected"])
+        guards[name] = Guard(store, plat, plat.whoami(), watch_interval_s=None)
+        assert guards[name].post(plat.add_parent(f"p-{name}"), "hi").status.value == "rejected"
+    api = Api(store, guards, token=TOKEN)
+    with TestClient(api.app, base_url="http://127.0.0.1") as c:
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        one = c.post("/v1/rearm", json={"state": "rejected", "bot": "a"}, headers=auth).json()
+        assert [(p["bot"], p["parent_id"], p["rearmed"]) for p in one["parents"]] == [("a", "p-a", True)]
+        assert store.find("p-b")[0].state == "rejected"
+        rest = c.post("/v1/rearm", json={"state": "rejected"}, headers=auth).json()
+        assert [(p["bot"], p["parent_id"]) for p in rest["parents"]] == [("b", "p-b")]
+    for g in guards.values():
+        g.close()
+    store.dispose()

@@ -52,6 +52,9 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(tmp_path, monkeypatch
             assert c.post("/v1/replies", json={"platform": "sim", "parent_id": parents[1], "text": "x" * 600}).status_code == 409
         plain = st_run(h.url, tmp_path, hooks=False, env={})
         assert plain.returncode == 0, plain.stdout[-6000:] + plain.stderr[-2000:]
+        parents[1] = h.parent()  # a refused parent of its own: a POST /v1/rearm of the plain run may have released the first
+        with h.client() as c:
+            assert c.post("/v1/replies", json={"platform": "sim", "parent_id": parents[1], "text": "x" * 600}).status_code == 409
         aimed = st_run(h.url, tmp_path, hooks=True, env={"REPLYD_ST_BOT": "sim", "REPLYD_ST_PARENTS": ",".join(parents)})
         assert aimed.returncode == 0, aimed.stdout[-6000:] + aimed.stderr[-2000:]
         assert "Missing test data" not in aimed.stdout, aimed.stdout[-4000:]

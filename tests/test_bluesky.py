@@ -38,7 +38,7 @@ from replyd.errors import (
     RateLimited,
     Rejected,
 )
-from replyd.platforms.base import Parent, Pending, Platform, Sent
+from replyd.platforms.base import Identity, Parent, Pending, Platform, Sent
 from replyd.platforms import _http
 from replyd.platforms.bluesky import (
     DEFAULT_APPVIEW,
@@ -213,6 +213,31 @@ def test_list_notifications_fixture_inbox(fixture_server: FixtureServer, http_cl
     assert req.headers["atproto-proxy"] == f"{APPVIEW}#bsky_appview"
     assert [v for k, v in req.query if k == "reasons"] == ["mention", "reply"]
     assert req.param("cursor") is None  # no cursor: the newest page only
+
+
+
+def test_addressing_reads_mention_facets_and_reply_refs(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """Addressing (MCP's addressed scope): a recorded mention or reply addresses the bot when its DID is in a mention
+    facet or in the reply's parent/root URI; a reply deeper in a thread the bot only took part in does not (Bluesky
+    notifies it, but the post itself does not say so); no post addresses another account."""
+    body = fx("listNotifications.json")
+    fixture_server.route("GET", NOTIFS, Reply(body=body))
+    p = make(fixture_server, http_client)
+    parents = p.inbox(None).parents
+
+    def names_bot(n: dict[str, Any]) -> bool:
+        r = n["record"]
+        refs = [(r.get("reply") or {}).get(k, {}).get("uri", "") for k in ("parent", "root")]
+        dids = [f.get("did") for fa in r.get("facets") or [] for f in fa.get("features", [])]
+        return BOT in dids or any(u.startswith(f"at://{BOT}/") for u in refs)
+
+    expected = {n["uri"] for n in body["notifications"] if n["reason"] in ("mention", "reply") and names_bot(n)}
+    assert len(parents) == 20 and len(expected) == 16
+    assert {q.id for q in parents if p.addresses(q, Identity(BOT))} == expected
+    assert sum(BOT in q.extra["mention_dids"] for q in parents) == 3  # the three "mention" notifications
+    assert not any(p.addresses(q, Identity("did:plc:someoneelse0000000000000")) for q in parents)
+    top = Parent(id="at://did:plc:x/app.bsky.feed.post/1", author_id="did:plc:x", extra={"mention_dids": ["bad", 7]})
+    assert not p.addresses(top, Identity(BOT))
 
 
 def test_inbox_cursor_returns_only_newer(fixture_server: FixtureServer, http_client: httpx.Client) -> None:

@@ -162,3 +162,33 @@ def test_sqlite_store_writes_again_once_the_file_is_writable(tmp_path):
     finally:
         subprocess.run(["chattr", "-i", *files], capture_output=True)
         store.dispose()
+
+
+def test_timeshim_stall_pauses_the_thread_after_an_open_commit(tmp_path, monkeypatch):
+    """The SQLite stall_open fault: an armed file pauses the first open after it appears, once, before the send."""
+    from chaos import timeshim
+    from replyd.clock import FakeClock
+    from replyd.guard import Guard, Status
+    from replyd.platforms.base import Parent
+    from replyd.platforms.memory import MemoryPlatform
+    from replyd.store import Store
+
+    monkeypatch.setattr(Guard, "_open_composed", Guard._open_composed)  # restored after the test
+    stall = tmp_path / "stall0"
+    timeshim._stall_opens(str(stall))
+    slept: list[float] = []
+    monkeypatch.setattr(timeshim.time, "sleep", slept.append)
+    clock = FakeClock()
+    store = Store.open(f"sqlite:///{tmp_path / 's.sqlite3'}", clock=clock)
+    try:
+        plat = MemoryPlatform(clock=clock, listing_delay_s=1.0)
+        g = Guard(store, plat, plat.whoami(), clock=clock, send_timeout_s=2.0, watch_interval_s=None)
+        assert g.post(Parent(id="a", author_id="u"), lambda p: "x").status is Status.POSTED
+        assert slept == []  # not armed: no pause
+        stall.write_text("4.5")
+        assert g.post(Parent(id="b", author_id="u"), lambda p: "x").status is Status.POSTED
+        assert slept == [4.5] and not stall.exists() and len(list(tmp_path.glob("stall0.taken.*"))) == 1
+        assert g.post(Parent(id="c", author_id="u"), lambda p: "x").status is Status.POSTED
+        assert slept == [4.5]  # taken once
+    finally:
+        store.dispose()

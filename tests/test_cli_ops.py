@@ -137,3 +137,57 @@ def test_export_csv_and_json(tmp_path, monkeypatch):
         assert json.loads(cli("export", *cfg, "--format", "json", "--since", "9999999999").stdout) == []
         bad = replyd_cli("export", *cfg, "--table", "nope")
         assert bad.returncode == 2 and "--table" in bad.stderr
+
+
+def test_rearm_by_bot_name_reads_the_store_alone(tmp_path, monkeypatch):
+    """`replyd rearm sim PARENT` with the platform token unset: the config maps the name to the key, the store
+    says which account; without a config the refusal says where the id's rows are instead of "no row"."""
+    with running(tmp_path, monkeypatch) as h:
+        pid = h.parent()
+        assert _post(h, pid, "x" * 600) == 409
+        monkeypatch.delenv("SIM_TOKEN")  # the daemon is logged in; the operator's shell has no platform secret
+        alone = replyd_cli("rearm", "sim", pid, "--store", str(h.db), env={"REPLYD_CONFIG": ""})
+        assert alone.returncode == 1, alone.stderr
+        said = " ".join(alone.stderr.split())
+        assert f"rows for this id: {h.instance} (sender {h.bot.id})" in said and "--config" in said, said
+        r = replyd_cli("rearm", "sim", pid, env={"REPLYD_CONFIG": str(h.config)})
+        assert r.returncode == 0 and "was rejected, now released" in r.stdout, r.stderr
+        ev = json.loads(cli("log", "--config", str(h.config), "--json", "--kind", "rearmed").stdout)
+        assert [(e["parent_id"], e["detail"]["by"]) for e in ev] == [(pid, "cli")]
+        assert _post(h, pid, "short") == 201 and h.bot_replies(pid) == 1
+
+
+def test_rearm_many_by_state_and_since(tmp_path, monkeypatch):
+    """`rearm --state rejected --since T [--bot sim] [--dry-run]`: only rows of that state changed since T, each
+    printed and counted; a dry run changes nothing; each rearm is an event; the rearmed parents are answered once."""
+    with running(tmp_path, monkeypatch) as h:
+        old = h.parent()
+        assert _post(h, old, "x" * 600) == 409
+        time.sleep(0.05)
+        since = time.time()
+        new = [h.parent(), h.parent()]
+        assert all(_post(h, p, "x" * 600) == 409 for p in new)
+        monkeypatch.delenv("SIM_TOKEN")
+        cfg = ["--config", str(h.config)]
+        none = cli("rearm", "--state", "gave_up", *cfg, "--json")
+        assert none.exit_code == 0 and json.loads(none.stdout)["matched"] == 0, none.output
+        window = cli("rearm", "--state", "rejected", "--since", "2h", "--dry-run", *cfg, "--json")
+        assert sorted(p["parent_id"] for p in json.loads(window.stdout)["parents"]) == sorted([old, *new])
+        dry = cli("rearm", "--state", "rejected", "--since", f"{since}", "--dry-run", *cfg, "--json")
+        got = json.loads(dry.stdout)
+        assert dry.exit_code == 0 and got["dry_run"] and got["rearmed"] == 0, dry.output
+        assert sorted(p["parent_id"] for p in got["parents"]) == sorted(new)
+        states = lambda: {p: h.daemon.store.find(p)[0].state for p in [old, *new]}  # noqa: E731
+        assert set(states().values()) == {"rejected"}
+        r = cli("rearm", "--state", "rejected", "--since", f"{since}", "--bot", "sim", "--reason", "outage", *cfg)
+        assert r.exit_code == 0, r.output
+        lines = r.stdout.splitlines()
+        assert lines[-1].startswith("rearmed 2 of 2 rejected parent(s) changed since"), lines
+        assert all(any(f" {p}: was rejected, rearmed" in ln for ln in lines) for p in new), lines
+        assert states() == {old: "rejected", new[0]: "released", new[1]: "released"}
+        ev = json.loads(cli("log", *cfg, "--json", "--kind", "rearmed").stdout)
+        assert sorted(e["parent_id"] for e in ev) == sorted(new)
+        assert all(e["detail"] == {"by": "cli", "from": "rejected", "reason": "outage"} for e in ev)
+        assert all(_post(h, p, "short") == 201 and h.bot_replies(p) == 1 for p in new)
+        both = cli("rearm", "sim", old, "--state", "rejected", *cfg)
+        assert both.exit_code != 0 and "one form or the other" in str(both.exception or both.output)

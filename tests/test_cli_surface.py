@@ -241,7 +241,7 @@ def test_brackets_survive_and_online_check_reaches_the_store(tmp_path):
     line = one_line_error(run("run", env={"XDG_STATE_HOME": str(tmp_path / "state")}))
     assert "no [[bots]] configured" in line, line
     p = tmp_path / "pg.toml"
-    p.write_text('[store]\nurl = "postgresql+psycopg://nobody@127.0.0.1:1/replyd"\n')
+    p.write_text('[store]\nurl = "postgresql+psycopg://nobody@127.0.0.1:1/replyd"\n[[bots]]\nname = "m"\nplatform = "memory"\n')
     assert run("config", "check", str(p), env={}).returncode == 0
     r = run("config", "check", "--online", str(p), env={})
     assert r.returncode == 2 and "store postgresql+psycopg://nobody@127.0.0.1:1/replyd" in r.stderr, r.stderr

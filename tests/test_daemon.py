@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -37,10 +38,9 @@ def _counting(settings):
     return respond
 
 
-def write_config(path: Path, base_url: str, db: Path, token_env: str = "SIM_TOKEN", responder: str = "template",
-                 search: bool = True) -> Path:
-    """Write a daemon config for the sim with short intervals."""
-    path.write_text(f"""
+def _head(db: Path) -> str:
+    """The store, log, guard and sweep sections every daemon config here shares: short intervals."""
+    return f"""
 [store]
 url = "sqlite:///{db}"
 
@@ -54,7 +54,13 @@ send_timeout_s = 1.0
 [sweep]
 interval_s = 0.5
 retry_s = 0.5
+"""
 
+
+def write_config(path: Path, base_url: str, db: Path, token_env: str = "SIM_TOKEN", responder: str = "template",
+                 search: bool = True) -> Path:
+    """Write a daemon config for the sim with short intervals."""
+    path.write_text(f"""{_head(db)}
 [[bots]]
 name = "sim"
 platform = "mastodon"
@@ -226,3 +232,138 @@ def test_stop_blocks_new_claims(sim, tmp_path):
     out = d.bots[0].guard.post(world.statuses and __import__("replyd.platforms.base", fromlist=["Parent"]).Parent(id="x", author_id="u"), "x")
     assert out.status.value == "not_sent" and "shutting down" in out.detail
     assert sum(world.replies_by(bot.id).values()) == 0
+
+
+def _free_port() -> int:
+    """A port nothing listens on (bound and released): connecting to it is refused."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_bot_config(path: Path, db: Path, url_a: str, url_b: str, api_port: int) -> Path:
+    """Two bots, ``a`` and ``b``, on two sims; the API on ``api_port``; a start retried after 1, 2, 4, 4… s."""
+    bots = "".join(f"""
+[[bots]]
+name = "{name}"
+platform = "mastodon"
+
+[bots.settings]
+base_url = "{url}"
+token_env = "SIM_TOKEN_{name.upper()}"
+listing_delay_s = 0.3
+timeout_s = 2.0
+
+[bots.pollers]
+inbox_interval_s = 0.5
+search_interval_s = 0
+refind_interval_s = 2.0
+refind_lookback_s = 3600
+jitter_s = 0
+
+[bots.responder]
+kind = "template"
+""" for name, url in (("a", url_a), ("b", url_b)))
+    path.write_text(f"""{_head(db)}
+[health]
+start_retry_s = 1.0
+start_retry_max_s = 4.0
+
+[api]
+enabled = true
+port = {api_port}
+{bots}""")
+    os.chmod(path, 0o600)
+    return path
+
+
+@pytest.mark.slow
+def test_one_platform_down_at_start_stops_no_other_bot(tmp_path):
+    """Two bots, b's platform refusing connections for 60 s: `replyd run` keeps running, a answers from the first
+    seconds, /readyz and /metrics say b is starting and why; once a sim listens on b's port, b answers its backlog.
+    Replies are counted on the sims."""
+    import httpx
+
+    world_a = World(SystemClock(), seed=5, listing_delay_s=0.2)
+    bot_a = world_a.add_account(BOT, bot=True)
+    world_b = World(SystemClock(), seed=6, listing_delay_s=0.2)
+    bot_b = world_b.add_account(BOT, bot=True)
+    backlog_b = [s.id for s in world_b.generate(5, target=BOT)]  # waiting on b's platform while it is down
+    port_b, api_port = _free_port(), _free_port()
+    with SimServer(world_a) as sim_a:
+        cfg = _two_bot_config(tmp_path / "two.toml", tmp_path / "two.sqlite3", sim_a.base_url,
+                              f"http://127.0.0.1:{port_b}", api_port)
+        first_a = [s.id for s in world_a.generate(5, target=BOT)]
+        log = tmp_path / "daemon.log"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "SIM_TOKEN_A": bot_a.token, "SIM_TOKEN_B": bot_b.token}
+        t0 = time.monotonic()
+        p = subprocess.Popen([sys.executable, "-m", "replyd", "run", "--config", str(cfg), "--grace-s", "5"],
+                             stdout=subprocess.DEVNULL, stderr=log.open("ab"), env=env, cwd=ROOT)
+        api = f"http://127.0.0.1:{api_port}"
+        try:
+            assert wait_until(lambda: p.poll() is not None or all(world_a.replies_by(bot_a.id).get(x) for x in first_a),
+                              30), log.read_text()[-3000:]
+            assert p.poll() is None, f"replyd run exited {p.returncode}: {log.read_text()[-3000:]}"
+            took_a = time.monotonic() - t0
+            ready = httpx.get(api + "/readyz", timeout=5)
+            body = ready.json()
+            assert ready.status_code == 503 and body["bots"] == {"a": True, "b": False}, body
+            assert [r for r in body["reasons"] if r.startswith("bot b: starting (")], body
+            assert any("refused" in r.lower() or "connect" in r.lower() for r in body["reasons"]), body
+            assert not [r for r in body["reasons"] if r.startswith("bot a")], body  # a is ready; only b is not
+            metrics = httpx.get(api + "/metrics", timeout=5).text
+            assert 'replyd_bot_up{platform="a"} 1.0' in metrics and 'replyd_bot_up{platform="b"} 0.0' in metrics
+            live = httpx.get(api + "/v1/status", timeout=5).json()["liveness"]
+            assert live["b"]["start"]["state"] == "starting" and live["b"]["start"]["attempts"] >= 1, live["b"]
+            page = httpx.get(api + "/", timeout=5).text
+            assert 'data-start="starting"' in page, page[-2000:]
+            # New mentions of a keep being answered while b's platform stays down.
+            later_a = [s.id for s in world_a.generate(3, target=BOT)]
+            assert wait_until(lambda: all(world_a.replies_by(bot_a.id).get(x) for x in later_a), 20)
+            assert sum(world_b.replies_by(bot_b.id).values()) == 0
+            down_s = 60.0 - (time.monotonic() - t0)
+            assert down_s > 0, f"a took {took_a:.0f} s: too slow to show b's outage"
+            time.sleep(down_s)  # b's platform is down for 60 s from the daemon's start
+            assert p.poll() is None, log.read_text()[-3000:]
+            with SimServer(world_b, port=port_b):
+                up = time.monotonic()
+                assert wait_until(lambda: all(world_b.replies_by(bot_b.id).get(x) for x in backlog_b), 30), \
+                    log.read_text()[-3000:]
+                took_b = time.monotonic() - up
+                assert took_b <= 4.0 + 5.0, took_b  # the retry cap, then the first polls
+                assert wait_until(lambda: httpx.get(api + "/readyz", timeout=5).status_code == 200, 15), \
+                    httpx.get(api + "/readyz", timeout=5).json()
+                p.send_signal(signal.SIGTERM)
+                assert p.wait(20) == 0
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    print(f"a answered its first 5 in {took_a:.1f} s; b answered its backlog {took_b:.1f} s after its platform came up")
+    assert [world_a.replies_by(bot_a.id).get(x, 0) for x in first_a + later_a] == [1] * 8
+    assert [world_b.replies_by(bot_b.id).get(x, 0) for x in backlog_b] == [1] * 5
+    events = [json.loads(ln) for ln in log.read_text().splitlines() if ln.startswith("{")]
+    retrying = [e for e in events if e.get("event") == "replyd.bot.start_retrying"]
+    assert retrying and all(e["bot"] == "b" for e in retrying)
+    waits = [e["retry_in_s"] for e in retrying]
+    assert waits[:3] == [1.0, 2.0, 4.0] and max(waits) == 4.0, waits  # doubling, capped
+    assert any(e.get("event") == "replyd.bot.started" and e["bot"] == "b" for e in events)
+
+
+def test_refused_login_at_start_is_one_line_exit_2(tmp_path):
+    """A refused login (HTTP 401) of one bot stops `replyd run` at start with one line naming bot and variable,
+    though the other bot's platform is fine."""
+    world = World(SystemClock(), seed=7)
+    bot = world.add_account(BOT, bot=True)
+    with SimServer(world) as sim_a:
+        cfg = _two_bot_config(tmp_path / "two.toml", tmp_path / "two.sqlite3", sim_a.base_url, sim_a.base_url,
+                              _free_port())
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "SIM_TOKEN_A": bot.token, "SIM_TOKEN_B": "not-the-token"}
+        r = subprocess.run([sys.executable, "-m", "replyd", "run", "--config", str(cfg)], capture_output=True,
+                           text=True, env=env, cwd=ROOT, timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    last = r.stderr.strip().splitlines()[-1]
+    assert "bot b" in last and "refused the login (HTTP 401)" in last and "SIM_TOKEN_B" in last, last
+    assert "not-the-token" not in r.stderr

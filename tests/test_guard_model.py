@@ -5,7 +5,8 @@ answered-log (SQLite) and one scripted platform (``MemoryPlatform``) whose real
 listing delay is the configured one. Hypothesis interleaves posts that meet
 every scripted platform outcome, responder outcomes (text, decline, raise, a
 compose slower than its lease while the other replica takes the key), a send
-that runs past its deadline while the other replica sweeps, clock moves, sweeps
+that runs past its deadline while the other replica sweeps, an open commit whose answer comes back past the
+row's deadline while the other replica sweeps and answers, clock moves, sweeps
 and failed read-backs — and process death at every step of a post: before and
 after each store write (claim, open, close, release ...), during the compose,
 before the request leaves and after the platform acted. A dead replica restarts
@@ -107,6 +108,7 @@ class DyingStore:
         self.die_at: int | None = None
         self.after = False
         self.writes = 0
+        self.on_open = None  # called once after the write that opens a row commits: its answer is held up
 
     def __getattr__(self, name: str):  # noqa: ANN204
         attr = getattr(self._inner, name)
@@ -115,6 +117,11 @@ class DyingStore:
                 self._before()
                 out = attr(*args, **kwargs)
                 self._after()
+                opened = ((name == "claim" and out[0] and (out[2] or {}).get("state") == st.OPEN)
+                          or (name == "cas_event" and out and (kwargs.get("event") or {}).get("kind") == "opened"))
+                if opened and self.on_open is not None:
+                    hook, self.on_open = self.on_open, None
+                    hook()
                 return out
             return write
         return attr
@@ -161,6 +168,11 @@ ALLOWED[st.NOT_LANDED] = ALLOWED[st.NOT_LANDED] | {st.OPEN, st.SKIPPED}
 ALLOWED[st.GAVE_UP] = {st.OPEN, st.CLOSED}
 ALLOWED[st.RELEASED] = ALLOWED[st.RELEASED] | {st.SKIPPED}
 ALLOWED[st.COMPOSING] = ALLOWED[st.COMPOSING] | {st.SKIPPED}
+# Added for issue 28: a send too late to leave gives a judged row's attempt back (released); a late landing closes
+# a row released at a later attempt.
+ALLOWED[st.NOT_LANDED] = ALLOWED[st.NOT_LANDED] | {st.RELEASED}
+ALLOWED[st.GAVE_UP] = ALLOWED[st.GAVE_UP] | {st.RELEASED}
+ALLOWED[st.RELEASED] = ALLOWED[st.RELEASED] | {st.CLOSED}
 DENIED = "p1"  # the drain's policy rules this parent out for good (a denied keyword in its text)
 
 _DB: dict[str, Store] = {}
@@ -218,7 +230,8 @@ class GuardModel(RuleBasedStateMachine):
     def replies(self, pid: str) -> list[dict]:
         return [r for r in self.plat.replies() if r["parent_id"] == pid and r["sender_id"] == self.plat.sender_id]
 
-    def _post(self, g: int, pid: str, step: str, mode: str, die: tuple[str, int] | None = None) -> None:
+    def _post(self, g: int, pid: str, step: str, mode: str, die: tuple[str, int] | None = None,
+              stall: bool = False) -> None:
         guard, other = self.guards[g], self.guards[1 - g]
         parent = self.parents[pid]
         if self.row(pid) is not None and self.touched_dead.get(pid):
@@ -232,6 +245,8 @@ class GuardModel(RuleBasedStateMachine):
             store.die_at, store.after = die[1], die[0] == "after"
         if step == "slow":
             self.plat.during_send = lambda: self._meanwhile(guard, 1 - g)
+        if stall:
+            store.on_open = lambda: self._stalled_open(g, pid)
 
         def compose(p: Parent) -> str | None:
             if die is not None and die[0] == "compose":
@@ -260,6 +275,7 @@ class GuardModel(RuleBasedStateMachine):
             return
         finally:
             store.die_at = None
+            store.on_open = None
         sent = self.plat.send_calls - calls
         self.plat.script = []
         self.plat.during_send = None
@@ -268,7 +284,16 @@ class GuardModel(RuleBasedStateMachine):
             assert out.reply_id in {r["reply_id"] for r in self.replies(pid)}, out
         if mode != "stolen" and sent == 0:
             assert out.status is not Status.POSTED and out.status is not Status.UNCERTAIN, out
-        assert sent <= (2 if mode == "stolen" else 1)
+        assert sent <= (2 if mode == "stolen" or stall else 1)
+
+    def _stalled_open(self, g: int, pid: str) -> None:
+        """The database's answer to replica ``g``'s open is held past send timeout + listing delay: meanwhile the
+        other replica sweeps and its re-find offers the parent again (the platform answers ``ok``)."""
+        script, self.plat.script = self.plat.script, ["ok"]
+        self.clock.advance(SEND_TIMEOUT + LISTING_DELAY + 1)
+        self.sweepers[1 - g].run_once()
+        self.guards[1 - g].post(self.parents[pid], "a reply from the other replica")
+        self.plat.script = script
 
     def _meanwhile(self, guard: Guard, s: int) -> None:
         """A send runs past its deadline: its replica's watch ticks while the other replica sweeps."""
@@ -289,6 +314,12 @@ class GuardModel(RuleBasedStateMachine):
     def post_slow(self, g: int, pid: str, mode: str) -> None:
         """Replica ``g``'s send is held up past the row's deadline while the other sweeps; the platform acts last."""
         self._post(g, pid, "slow", mode)
+
+    @rule(g=hs.integers(0, 1), pid=hs.sampled_from(PARENTS), step=hs.sampled_from(["ok", "lost", "not_sent"]),
+          mode=hs.sampled_from(["text", "compose"]))
+    def post_stalled_open(self, g: int, pid: str, step: str, mode: str) -> None:
+        """Replica ``g``'s open commit answers past its deadline while the other replica sweeps and answers."""
+        self._post(g, pid, step, mode, stall=True)
 
     @rule(g=hs.integers(0, 1), pid=hs.sampled_from(PARENTS), step=hs.sampled_from(["ok", "lost", "not_sent"]),
           mode=hs.sampled_from(["text", "compose"]),

@@ -188,7 +188,8 @@ def test_forged_unsigned_replayed_oversize_deliveries_post_nothing(fake, host, e
         forged = {**headers, "X-Hub-Signature-256": sign("not-the-secret-0123456789", body)}
         unsigned = {k: v for k, v in headers.items() if k != "X-Hub-Signature-256"}
         with httpx.Client(timeout=5.0) as http:
-            assert http.post(url, headers=forged, content=body).status_code == 401
+            bad = http.post(url, headers=forged, content=body)
+            assert bad.status_code == 401
             assert http.post(url, headers=unsigned, content=body).status_code == 401
             replayed = http.post(url, headers=headers, content=json.dumps(other).encode())  # signature of another body
             assert replayed.status_code == 401 and replayed.json()["error"] == "bad_signature"
@@ -199,7 +200,8 @@ def test_forged_unsigned_replayed_oversize_deliveries_post_nothing(fake, host, e
             r = http.post(url, headers={**headers, "X-GitHub-Event": "ping", "X-Hub-Signature-256": sign(SECRET, ping)},
                           content=ping)
             assert r.status_code == 202 and r.json() == {"accepted": 0, "ignored": "ping is not answered"}
-            assert http.post(f"{d.api.url}/v1/hooks/nobody", headers=headers, content=body).status_code == 404
+            nobody = http.post(f"{d.api.url}/v1/hooks/nobody", headers=headers, content=body)
+            assert (nobody.status_code, nobody.content) == (401, bad.content)  # unknown bot = bad signature
             garbage = b"not json"
             assert http.post(url, headers={**headers, "X-Hub-Signature-256": sign(SECRET, garbage)},
                              content=garbage).status_code == 400
@@ -210,6 +212,167 @@ def test_forged_unsigned_replayed_oversize_deliveries_post_nothing(fake, host, e
     out, err = capfd.readouterr()
     assert SECRET not in out + err
     assert "replyd.hooks.bad_signature" in out + err
+
+
+# -- scope: only what the bot's pollers would find is offered ------------------------------------------
+
+
+def scraped(api_url: str, name: str, **labels: str) -> float:
+    """One sample of the daemon's GET /metrics (0 when the series is absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{api_url}/metrics", timeout=5.0).text
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def published(fake: FakeGitHub, name: str, issue, comment=None, *, n: int = 0) -> tuple[dict[str, str], bytes]:  # noqa: ANN001
+    """A signed delivery of GitHub's published example ``name`` with the fake's issue (and comment) in it."""
+    body = copy.deepcopy(payload(name))
+    body["issue"] = fake._issue_json(issue)
+    if comment is not None:
+        body["comment"] = fake._comment_json(comment)
+    raw = json.dumps(body).encode()
+    return {"X-GitHub-Event": name.split(".", 1)[0], "X-GitHub-Delivery": f"s-{issue.id}-{n}",
+            "X-Hub-Signature-256": sign(SECRET, raw), "Content-Type": "application/json"}, raw
+
+
+def dropped_lines(text: str) -> list[dict[str, Any]]:
+    """The ``replyd.hook.dropped`` events of a log, JSON or console (``key=value``) lines."""
+    import re
+
+    out = []
+    for line in text.splitlines():
+        if "replyd.hook.dropped" not in line:
+            continue
+        if line.lstrip().startswith("{"):
+            out.append(json.loads(line))
+        else:
+            out.append(dict(re.findall(r"(\w+)=(\S+)", line)))
+    return out
+
+
+def test_an_org_or_app_webhook_for_unlisted_repositories_posts_nothing(fake, host, env, tmp_path, capfd) -> None:
+    """An organisation's issues.opened and a GitHub App's issue_comment.created from a repository not in `repos`
+    (and a comment on a closed listed issue) are acked 202, not answered on the platform, and dropped with a
+    logged and counted reason; an issue of the listed repository is still answered (the hook works)."""
+    alice = fake.add_user("alice")
+    fake.add_repo("Codertocat/Hello-World")  # the published payloads' own repository, not in the bot's `repos`
+    other = fake.open_issue(alice, "Codertocat/Hello-World", "Spelling error in the README file", "two t's")
+    other_c = fake.comment(alice, other, "You are totally right! I'll get this fixed right away.")
+    closed = fake.open_issue(alice, "acme/widgets", "Old widget", "fixed long ago")
+    closed.state = "closed"
+    closed_c = fake.comment(alice, closed, "still broken for me")
+    mine = fake.open_issue(alice, "acme/widgets", "Widget broke", "help please")
+    d = Daemon(Config.load(_config(tmp_path, host, f"sqlite:///{tmp_path / 'r.sqlite3'}")))
+    d.start()
+    try:
+        url = f"{d.api.url}/v1/hooks/gh"
+        before = {r: scraped(d.api.url, "replyd_webhook_dropped_total", platform="gh", reason=r)
+                  for r in ("repo_not_listed", "issue_closed")}
+        with httpx.Client(timeout=5.0) as http:
+            answers = [http.post(url, headers=h, content=b) for h, b in (
+                published(fake, "issues.opened.with-organization", other),
+                published(fake, "issue_comment.created.with-installation", other, other_c),
+                published(fake, "issue_comment.created", closed, closed_c))]
+            ok = http.post(url, headers=(hb := published(fake, "issues.opened", mine))[0], content=hb[1])
+        assert _wait(lambda: fake.replies(mine))
+        time.sleep(1.0)  # every queued offer has run
+        after = {r: scraped(d.api.url, "replyd_webhook_dropped_total", platform="gh", reason=r) for r in before}
+    finally:
+        d.stop(grace_s=5)
+    # Counted on the platform first: nothing was commented outside the scope.
+    assert fake.replies(other) == [] and fake.replies(closed) == [] and fake.create_requests == 1
+    assert [(a.status_code, a.json()) for a in answers] == [
+        (202, {"accepted": 0, "dropped": ["repo_not_listed"]}),
+        (202, {"accepted": 0, "dropped": ["repo_not_listed"]}),
+        (202, {"accepted": 0, "dropped": ["issue_closed"]})]
+    assert ok.status_code == 202 and ok.json()["accepted"] == 1
+    assert {r: after[r] - before[r] for r in before} == {"repo_not_listed": 2.0, "issue_closed": 1.0}
+    out, err = capfd.readouterr()
+    logged = dropped_lines(out + err)
+    assert [(e["bot"], e["reason"], e["parent_id"]) for e in logged] == [
+        ("gh", "repo_not_listed", str(other.id)), ("gh", "repo_not_listed", str(other.id)),
+        ("gh", "issue_closed", str(closed.id))]
+    assert all(e["platform"].startswith("github:") for e in logged)
+
+
+def test_with_notifications_a_comment_must_mention_the_bot(fake, host, env, tmp_path, capfd) -> None:
+    """With `notifications` on, a GitHub App's comment in an unlisted repository is answered only when it
+    @mentions the bot (what the notifications poller would find): the unaddressed one is dropped, uncommented."""
+    alice = fake.add_user("alice")
+    fake.add_repo("Codertocat/Hello-World")
+    quiet = fake.open_issue(alice, "Codertocat/Hello-World", "Spelling error", "two t's")
+    quiet_c = fake.comment(alice, quiet, "You are totally right! I'll get this fixed right away.")
+    asked = fake.open_issue(alice, "Codertocat/Hello-World", "Another typo", "in the docs")
+    asked_c = fake.comment(alice, asked, f"@{fake.bot.username} can you fix this one too?")
+    cfg = _config(tmp_path, host, f"sqlite:///{tmp_path / 'r.sqlite3'}")
+    cfg.write_text(cfg.read_text().replace("notifications = false", "notifications = true"))
+    d = Daemon(Config.load(cfg))
+    d.start()
+    try:
+        url = f"{d.api.url}/v1/hooks/gh"
+        with httpx.Client(timeout=5.0) as http:
+            no = http.post(url, headers=(hb := published(fake, "issue_comment.created.with-installation", quiet,
+                                                         quiet_c))[0], content=hb[1])
+            yes = http.post(url, headers=(hb := published(fake, "issue_comment.created.with-installation", asked,
+                                                          asked_c))[0], content=hb[1])
+        assert _wait(lambda: fake.replies(asked))
+        time.sleep(1.0)
+    finally:
+        d.stop(grace_s=5)
+    assert fake.replies(quiet) == [] and len(fake.replies(asked)) == 1
+    assert (no.status_code, no.json()) == (202, {"accepted": 0, "dropped": ["not_addressed"]})
+    assert yes.status_code == 202 and yes.json()["accepted"] == 1
+    out, err = capfd.readouterr()
+    assert [(e["bot"], e["reason"]) for e in dropped_lines(out + err)] == [("gh", "not_addressed")]
+
+
+def test_github_scope_rules_match_the_pollers() -> None:
+    """Listed repositories match case-insensitively and only open issues; elsewhere, with notifications, a body
+    mention or an assignment of the bot (by id) is in scope; a title mention, a longer name, the bot's own
+    comment, an unwanted reason or notifications off are not."""
+    from replyd.platforms.base import Identity
+
+    with httpx.Client() as http:
+        def plat(**kw: Any) -> GitHubPlatform:
+            p = GitHubPlatform.from_settings({"token": "t", "repos": ["Codertocat/hello-world"], **kw}, http=http,
+                                             clock=FakeClock())
+            p._me = Identity("4100000001", "replyd-bot")  # what whoami caches at start
+            return p
+
+        def scope(p: GitHubPlatform, name: str, **edit: Any) -> str | None:
+            body = copy.deepcopy(payload(name))
+            for path, value in edit.items():
+                obj = body
+                *head, last = path.split("__")
+                for k in head:
+                    obj = obj[k]
+                obj[last] = value
+            event = name.split(".", 1)[0]
+            [parent] = p.parse_webhook(event, body)
+            return p.webhook_scope(event, body, parent)
+
+        listed, elsewhere = plat(notifications=False), plat(repos=[], notifications=True)
+        assert scope(listed, "issues.opened") is None  # Codertocat/Hello-World, folded
+        assert scope(listed, "issue_comment.created") is None  # a new comment re-lists an open issue
+        assert scope(listed, "issue_comment.created", issue__state="closed") == "issue_closed"
+        assert scope(plat(repos=[], notifications=False), "issues.opened") == "repo_not_listed"
+        assert scope(elsewhere, "issues.opened") == "not_addressed"
+        assert scope(elsewhere, "issues.opened", issue__body="ping @Replyd-Bot please") is None
+        assert scope(elsewhere, "issues.opened", issue__title="@replyd-bot", issue__body="") == "not_addressed"
+        assert scope(elsewhere, "issues.opened", issue__body="@replyd-botter, mail x@replyd-bot") == "not_addressed"
+        me = {"login": "replyd-bot", "id": 4100000001}
+        assert scope(elsewhere, "issues.opened", issue__assignees=[me]) is None
+        assert scope(plat(repos=[], notification_reasons=["mention"]), "issues.opened",
+                     issue__assignees=[me]) == "not_addressed"
+        assert scope(elsewhere, "issue_comment.created", comment__body="@replyd-bot look") is None
+        assert scope(elsewhere, "issue_comment.created", comment__body="@replyd-bot look",
+                     comment__user=me) == "not_addressed"  # its own comment notifies no one
+        assert scope(elsewhere, "issue_comment.created", issue__body="@replyd-bot") == "not_addressed"
 
 
 def test_push_without_the_api_or_the_secret_does_not_start(fake, host, env, tmp_path, monkeypatch) -> None:
@@ -330,9 +493,19 @@ def test_discourse_post_created_addressing_the_bot_is_a_parent() -> None:
     [p] = plat.parse_webhook("post_created", _post(raw="hey @replybot, any idea?", user_id=12))
     assert (p.id, p.extra["topic_id"], p.extra["post_number"]) == ("29", 21, 1)
     reply = _post(raw="thanks", user_id=12, reply_to_post_number=3, reply_to_user={"username": "ReplyBot"})
-    assert [q.id for q in plat.parse_webhook("post_created", reply)] == ["29"]
-    assert plat.parse_webhook("post_created", _post(raw="hey @replybotter and @someone", user_id=12)).startswith(
-        "post_created does not address the bot")
+    [q] = plat.parse_webhook("post_created", reply)
+    assert q.id == "29"
+    assert plat.webhook_scope("post_created", reply, q) is None and plat.webhook_scope("post_created", _post(
+        raw="hey @replybot", user_id=12), p) is None
+    other = _post(raw="hey @replybotter and @someone", user_id=12)
+    [o] = plat.parse_webhook("post_created", other)  # a parent, outside the scope: dropped and counted
+    assert plat.webhook_scope("post_created", other, o) == "not_addressed"
+    for raw in ('[quote="replybot, post:3, topic:21"]\nyes\n[/quote]\nmore?',
+                '[quote="Reply Bot, post:3, topic:21, username:replybot"]\nyes\n[/quote]'):
+        quoted = _post(raw=raw, user_id=12)
+        assert plat.webhook_scope("post_created", quoted, plat.parse_webhook("post_created", quoted)[0]) is None
+    plat._types = frozenset({1})  # notification_types = ["mentioned"]: a reply or a quote notifies nothing wanted
+    assert plat.webhook_scope("post_created", reply, q) == "not_addressed"
     assert plat.parse_webhook("post_created", _post(raw="@replybot note to self", user_id=7)) == "the bot's own post"
     assert plat.parse_webhook("topic_created", {"topic": {}}) == "topic_created is not answered"
 
@@ -357,3 +530,86 @@ def test_discourse_signature_header_is_the_one_checked() -> None:
     ok = rec.receive("d", {**head, KINDS["discourse"].signature: sign(SECRET, body)}, body)
     rec.close(wait=True)
     assert (ok.status, ok.body["parents"], offered) == (202, ["29"], ["29"])
+
+
+def test_discourse_posts_that_notify_nobody_are_dropped_over_http(host, monkeypatch, tmp_path, capfd) -> None:
+    """A Discourse webhook sends every post of the forum: over HTTP, correctly signed, a post that neither
+    mentions, quotes nor replies to the bot is acked 202 and dropped (logged, counted), nothing is posted on it;
+    a mention and a reply to the bot are answered once each."""
+    from tests.fakes_forum import FakeDiscourse
+
+    fake = FakeDiscourse(FakeClock(time.time()))
+    host.fake = fake
+    alice = fake.add_user("alice")
+    chatter = fake.create_topic(alice, "Lunch", "anyone for lunch? (not for @replybotter)")
+    asked = fake.create_topic(alice, "Help", "hey @replybot, any idea?")
+    bot_post = fake.reply(fake.bot, asked.topic_id, "try turning it off and on")
+    thanks = fake.reply(alice, asked.topic_id, "that worked", reply_to=bot_post.post_number)
+    monkeypatch.setenv("DC_KEY", FakeDiscourse.API_KEY)
+    monkeypatch.setenv("DC_HOOK_SECRET", SECRET)
+    cfg = _config(tmp_path, host, f"sqlite:///{tmp_path / 'r.sqlite3'}")
+    text = cfg.read_text()
+    text = text[:text.index("[[bots]]")] + f"""[[bots]]
+name = "dc"
+platform = "discourse"
+
+[bots.settings]
+base_url = "{host.url}"
+api_key_env = "DC_KEY"
+api_username = "replybot"
+listing_delay_s = 0.5
+
+[bots.pollers]
+inbox_interval_s = 0
+refind_interval_s = 0
+
+[bots.push]
+kind = "discourse"
+secret_env = "DC_HOOK_SECRET"
+
+[bots.responder]
+kind = "template"
+"""
+    cfg.write_text(text)
+    d = Daemon(Config.load(cfg))
+    d.start()
+    try:
+        url = f"{d.api.url}/v1/hooks/dc"
+        before = scraped(d.api.url, "replyd_webhook_dropped_total", platform="dc", reason="not_addressed")
+        with httpx.Client(timeout=5.0) as http:
+            got = []
+            for post in (chatter, asked, thanks):
+                raw = json.dumps({"post": fake._post_json(post, raw=True)}).encode()
+                got.append(http.post(url, content=raw, headers={
+                    "X-Discourse-Event": "post_created", "X-Discourse-Event-Id": str(post.id),
+                    "X-Discourse-Event-Signature": sign(SECRET, raw), "Content-Type": "application/json"}))
+        assert [(r.status_code, r.json().get("dropped"), r.json()["accepted"]) for r in got] == [
+            (202, ["not_addressed"], 0), (202, None, 1), (202, None, 1)]
+        assert _wait(lambda: fake.replies(asked.id) and fake.replies(thanks.id))
+        time.sleep(1.0)
+        after = scraped(d.api.url, "replyd_webhook_dropped_total", platform="dc", reason="not_addressed")
+    finally:
+        d.stop(grace_s=5)
+        host.fake = None
+    assert [len(fake.replies(p.id)) for p in (chatter, asked, thanks)] == [0, 1, 1]
+    assert after - before == 1
+    out, err = capfd.readouterr()
+    assert [(e["bot"], e["reason"], e["parent_id"]) for e in dropped_lines(out + err)] == [
+        ("dc", "not_addressed", str(chatter.id))]
+
+
+def test_an_api_without_hooks_answers_like_a_bad_signature(tmp_path) -> None:
+    """POST /v1/hooks/<bot> of an API serving no webhooks at all: the same 401 and body as a forged delivery to a
+    real bot, so the answer tells nothing of what is configured."""
+    from replyd.api import Api, ApiServer
+    from replyd.hooks import BAD_SIGNATURE
+    from replyd.store import Store
+
+    store = Store.open(f"sqlite:///{tmp_path / 'r.sqlite3'}")
+    api = Api(store, {}, expected=[])
+    try:
+        with ApiServer(api.app) as srv, httpx.Client(base_url=srv.url, timeout=5.0) as c:
+            r = c.post("/v1/hooks/gh", content=b"{}", headers={"X-Hub-Signature-256": sign(SECRET, b"{}")})
+    finally:
+        store.dispose()
+    assert (r.status_code, r.json()) == (BAD_SIGNATURE.status, BAD_SIGNATURE.body)

@@ -23,13 +23,13 @@ from replyd.liveness import Liveness, ago
 from tests.api_harness import ROOT, replyd_cli, write_config
 from tests.test_statuspage import ARTIFACTS, browse, chromium
 
-STALE_S = 2.0  # health.stale_min_s, above 3 × every interval below: the bound the test holds the daemon to
+STALE_S = 30.0  # health.stale_min_s: past the first freeze, before the end of the others
 
 
 def test_liveness_words_and_bound_on_a_fake_clock():
     """A path is stale only past max(factor × interval, minimum) since its last success; failures are counted."""
     clock = FakeClock(1_000.0)
-    live = Liveness(clock, stale_after_intervals=3, stale_min_s=10)
+    live = Liveness(clock, stale_after_intervals=3, stale_min_s=10, failures_not_ready=8)  # only staleness here
     live.track("bot", "inbox", 30)
     live.track("bot", "sweep", 1)
     clock.advance(9)
@@ -47,6 +47,48 @@ def test_liveness_words_and_bound_on_a_fake_clock():
     live.ok("bot", "inbox")
     assert live.snapshot()["bot"]["paths"]["inbox"]["failures"] == 0 and live.snapshot()["bot"]["stale"] == ["sweep"]
     assert (ago(59), ago(180), ago(7300), ago(200_000)) == ("59 s", "3 min", "2 h", "2 d")
+
+
+def test_failing_stuck_start_and_breaker_on_a_fake_clock():
+    """Not ready at once on N failures in a row, on a run in flight past interval + timeout, on a bot not started
+    and on an open breaker, long before the path is stale; each cleared by its own recovery; generic words hide detail."""
+    clock = FakeClock(1_000.0)
+    live = Liveness(clock, stale_after_intervals=3, stale_min_s=600, failures_not_ready=2)
+    live.expect("a")
+    live.expect("b")
+    live.started("a")
+    live.track("a", "inbox", 5, timeout_s=2)
+    live.ok("a", "inbox")
+    live.failed("a", "inbox", "inbox: timed out")
+    assert live.snapshot()["a"]["failing"] == [] and "bot a" not in " ".join(live.problems())  # one failure: ready
+    live.failed("a", "inbox", "inbox: timed out")
+    assert live.snapshot()["a"]["failing"] == ["inbox"]
+    assert live.problems(detail=False) == ["bot a: inbox failing", "bot b: not started"]
+    live.ok("a", "inbox")
+    assert live.snapshot()["a"]["failing"] == []
+    with live.running("a", "inbox"):  # a frozen platform: the run hangs instead of failing
+        clock.advance(7)
+        assert live.snapshot()["a"]["failing"] == []  # 7 s = interval + timeout: not yet
+        clock.advance(0.5)
+        p = live.snapshot()["a"]["paths"]["inbox"]
+        assert p["failing"] and p["stuck"] and p["running_s"] == 7.5 and "in flight for 7 s" in p["words"], p
+    assert live.snapshot()["a"]["failing"] == []  # the run ended: no longer in flight
+    live.starting("b", "cannot log in at mastodon:http://10.0.0.9: connection refused", 4)
+    clock.advance(1)
+    assert live.retry_in_s("b") == 3 and live.not_running() == {"b"}
+    detail = live.problems()
+    assert detail == ["bot b: starting (1 attempt failed, next in 3 s): cannot log in at mastodon:http://10.0.0.9: "
+                      "connection refused"], detail
+    assert "10.0.0.9" not in " ".join(live.problems(detail=False))
+    live.started("b")
+    live.set_breaker("a", True, "9 of the last 10 sends failed: HTTP 500")
+    assert live.problems() == ["bot a: write breaker open: 9 of the last 10 sends failed: HTTP 500"]
+    assert live.problems(detail=False) == ["bot a: write breaker open"]
+    live.beat("a").breaker(False)
+    assert live.problems() == [] and live.not_running() == set()
+    live.start_failed("b", "bot b: refused the login (HTTP 401): check SIM_TOKEN")
+    assert live.problems() == ["bot b: failed to start: bot b: refused the login (HTTP 401): check SIM_TOKEN"]
+    assert live.retry_in_s("b") is None
 
 
 STALE_RGB = (0xB3, 0x26, 0x1E)  # statuspage.py's red for a stale path and a bad card
@@ -118,66 +160,178 @@ def _wait(cond, timeout_s: float) -> float | None:
     return None
 
 
+FREEZES_S = (20.0, 45.0, 80.0)  # SIGSTOP lengths: shorter than, about and past the staleness bound
+INBOX_S, REFIND_S, TIMEOUT_S = 3.0, 1.0, 1.5  # refind's runs outlast their interval while frozen: skips
+# Not ready after 2 failures in a row: the first run to meet the freeze starts within one interval and fails after
+# the request timeout, the next one interval later fails too; plus the probe's own cadence.
+DOWN_BOUND_S = 2 * INBOX_S + TIMEOUT_S + 1.0
+UP_BOUND_S = INBOX_S + 1.0  # the next run after SIGCONT succeeds (a hung one answers at once)
+
+
 @pytest.mark.slow
-def test_frozen_sim_turns_readiness_status_page_and_cli_stale(tmp_path, monkeypatch):
-    """SIGSTOP on the sim: /readyz not ready within the staleness bound, the page and `status --json` show the
-    stale path (red, in a Chromium screenshot); after SIGCONT everything is ready and fresh again."""
+def test_frozen_sim_turns_readiness_status_page_and_cli_failing_then_stale(tmp_path, monkeypatch, caplog):
+    """SIGSTOP on the sim for 20, 45 and 80 s: /readyz not ready within two inbox intervals plus a request timeout
+    and throughout the freeze, long before the staleness bound; the page and `status --json` show the failing path,
+    then the stale one (red, in a Chromium screenshot); each skipped run is one `replyd.poll.skipped` event, not
+    APScheduler's warning; ready within one inbox interval after SIGCONT."""
+    from structlog.testing import capture_logs
+
     chromium()
     sim, sim_url = _start_sim()
     monkeypatch.setenv("SIM_TOKEN", "sim-token-live")
     cfg = write_config(tmp_path / "live.toml", sim_url, tmp_path / "live.sqlite3", token_env=None, pollers=True,
                        port=_free_port(), sweep_s=0.3,
-                       extra=f"[health]\nstale_after_intervals = 3\nstale_min_s = {STALE_S}\n")
+                       extra=f"[health]\nstale_after_intervals = 3\nstale_min_s = {STALE_S}\nfailures_not_ready = 2\n")
+    text = cfg.read_text().replace("timeout_s = 3.0", f"timeout_s = {TIMEOUT_S}")
+    text = re.sub(r"inbox_interval_s = [0-9.]+", f"inbox_interval_s = {INBOX_S}", text)
+    cfg.write_text(re.sub(r"refind_interval_s = [0-9.]+", f"refind_interval_s = {REFIND_S}", text))
     d = Daemon(Config.load(cfg))
+    figures: list[tuple[float, float, float]] = []
     try:
-        d.start()
-        api = d.api.url  # type: ignore[union-attr]
-        assert _wait(lambda: _ready(api)[0], 15) is not None, _ready(api)[1]
-        sim.send_signal(signal.SIGSTOP)
-        try:
-            took = _wait(lambda: not _ready(api)[0], STALE_S + 10)
-            assert took is not None, "never turned not ready while the platform was frozen"
-            # The bound: no success for STALE_S (+ one poll interval and the probe's own cadence).
-            assert took <= STALE_S + 2.0, took
-            body = _ready(api)[1]
-            assert any(re.match(r"bot sim: (inbox|refind): .*STALE", r) for r in body["reasons"]), body
-            assert httpx.get(api + "/healthz", timeout=5).status_code == 200  # liveness of the process is not readiness
-
-            cli = replyd_cli("status", "--json", "--config", str(cfg), env={"SIM_TOKEN": ""})
-            assert cli.returncode == 0, cli.stderr
-            doc = json.loads(cli.stdout)
-            live = doc["daemon"]["liveness"]["sim"]
-            assert doc["daemon"]["reachable"] and "inbox" in live["stale"], doc
-            assert live["paths"]["inbox"]["stale"] and "STALE" in live["paths"]["inbox"]["words"]
-
-            dom = browse(api + "/", tmp_path, "--dump-dom")
-            assert dom.returncode == 0, dom.stderr[-2000:]
-            assert re.search(r'class="path stale" id="path-sim-inbox" data-stale="true">inbox: [^<]*STALE', dom.stdout)
-            assert 'id="card-liveness">paths<b>STALE</b>' in dom.stdout
-            ARTIFACTS.mkdir(exist_ok=True)
-            shot = ARTIFACTS / "statuspage-stale.png"
-            shot.unlink(missing_ok=True)
-            r = browse(api + "/", tmp_path, f"--screenshot={shot}")
-            assert r.returncode == 0, r.stderr[-2000:]
-            stale_red = red_pixels(shot.read_bytes())
-            assert stale_red > 200, stale_red  # the STALE card and the stale path's line, rendered red
-            metrics = httpx.get(api + "/metrics", timeout=5).text
-            assert re.search(r'replyd_poll_stale\{path="inbox",platform="sim"\} 1\.0', metrics), metrics[-3000:]
-        finally:
-            sim.send_signal(signal.SIGCONT)
-        assert _wait(lambda: _ready(api)[0], 15) is not None, _ready(api)[1]
+        with capture_logs() as events:
+            d.start()
+            api = d.api.url  # type: ignore[union-attr]
+            for freeze_s in FREEZES_S:
+                assert _wait(lambda: _ready(api)[0], 20) is not None, _ready(api)[1]
+                time.sleep(2 * INBOX_S)  # settled: every path ran fine since the last freeze
+                assert _ready(api)[0], _ready(api)[1]
+                sim.send_signal(signal.SIGSTOP)
+                t0 = time.monotonic()
+                try:
+                    took = _wait(lambda: not _ready(api)[0], DOWN_BOUND_S + 10)
+                    assert took is not None, f"never turned not ready during a {freeze_s:.0f} s freeze"
+                    assert took <= DOWN_BOUND_S, (freeze_s, took)
+                    body = _ready(api)[1]
+                    assert any(re.match(r"bot sim: (inbox|refind): .*(FAILING|in flight)", r) for r in body["reasons"]), body
+                    if freeze_s == FREEZES_S[0]:
+                        _failing_everywhere(api, cfg, tmp_path)
+                    shown = False
+                    while time.monotonic() - t0 < freeze_s:
+                        ok, body = _ready(api)
+                        assert not ok, (f"ready again {time.monotonic() - t0:.1f} s into a {freeze_s:.0f} s freeze", body)
+                        if freeze_s == FREEZES_S[-1] and not shown and time.monotonic() - t0 > STALE_S + 2 * INBOX_S:
+                            stale_red = _stale_everywhere(api, cfg, tmp_path)
+                            shown = True
+                        time.sleep(0.5)
+                    assert shown or freeze_s != FREEZES_S[-1]
+                finally:
+                    sim.send_signal(signal.SIGCONT)
+                t1 = time.monotonic()
+                up = _wait(lambda: _ready(api)[0], UP_BOUND_S + 10)
+                assert up is not None and up <= UP_BOUND_S, (freeze_s, up, _ready(api)[1])
+                figures.append((freeze_s, took, up))
+                print(f"freeze {freeze_s:.0f} s: not ready after {took:.1f} s, ready {up:.1f} s after SIGCONT "
+                      f"({t1 - t0:.1f} s frozen)")
         fresh = ARTIFACTS / "statuspage-fresh.png"
         fresh.unlink(missing_ok=True)
         assert browse(api + "/", tmp_path, f"--screenshot={fresh}").returncode == 0
         assert red_pixels(fresh.read_bytes()) < stale_red / 10  # nothing red once every path is fresh again
         cli = replyd_cli("status", "--json", "--config", str(cfg), env={"SIM_TOKEN": ""})
-        assert json.loads(cli.stdout)["daemon"]["liveness"]["sim"]["stale"] == []
+        live = json.loads(cli.stdout)["daemon"]["liveness"]["sim"]
+        assert live["stale"] == [] and live["failing"] == [], live
         metrics = httpx.get(api + "/metrics", timeout=5).text
         assert re.search(r'replyd_polls_total\{path="inbox",platform="sim",result="ok"\} [1-9]', metrics)
         assert re.search(r'replyd_polls_total\{path="inbox",platform="sim",result="error"\} [1-9]', metrics)
+        assert re.search(r'replyd_poll_skipped_total\{path="refind",platform="sim"\} [1-9]', metrics), metrics[-3000:]
         assert 'replyd_build_info{' in metrics and "process_cpu_seconds_total" in metrics and "python_info{" in metrics
         assert "http://" not in "".join(ln for ln in metrics.splitlines() if not ln.startswith("#"))
+        skipped = [e for e in events if e["event"] == "replyd.poll.skipped"]
+        assert skipped and {(e["bot"], e["path"]) for e in skipped} <= {("sim", "refind"), ("sim", "inbox"),
+                                                                        ("sim", "sweep")}, skipped[:3]
+        assert all(e["platform"] == f"mastodon:{sim_url}" for e in skipped), skipped[:3]
+        assert not [r for r in caplog.records if "maximum number of running instances" in r.getMessage()]
     finally:
         d.stop(grace_s=5)
         sim.terminate()
         sim.wait(10)
+    assert [f for f, _, _ in figures] == list(FREEZES_S)
+
+
+def _failing_everywhere(api: str, cfg, tmp_path) -> None:  # noqa: ANN001
+    """Not stale yet, but failing: `status --json`, the page (DOM) and /metrics all say so."""
+    cli = replyd_cli("status", "--json", "--config", str(cfg), env={"SIM_TOKEN": ""})
+    assert cli.returncode == 0, cli.stderr
+    live = json.loads(cli.stdout)["daemon"]["liveness"]["sim"]
+    assert live["failing"] and live["stale"] == [], live
+    dom = browse(api + "/", tmp_path, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert re.search(r'class="path stale" id="path-sim-(inbox|refind)" data-stale="false" data-failing="true">', dom.stdout)
+    assert 'id="card-liveness">paths<b>FAILING</b>' in dom.stdout
+    metrics = httpx.get(api + "/metrics", timeout=5).text
+    assert re.search(r'replyd_poll_failing\{path="(inbox|refind)",platform="sim"\} 1\.0', metrics), metrics[-3000:]
+    assert 'replyd_bot_up{platform="sim"} 1.0' in metrics  # the bot runs: its platform is what fails
+
+
+def _stale_everywhere(api: str, cfg, tmp_path) -> int:  # noqa: ANN001
+    """Past the staleness bound: /readyz, `status --json`, the page (DOM, screenshot) and /metrics say STALE."""
+    body = _ready(api)[1]
+    assert any(re.match(r"bot sim: (inbox|refind): .*STALE", r) for r in body["reasons"]), body
+    assert httpx.get(api + "/healthz", timeout=5).status_code == 200  # liveness of the process is not readiness
+    cli = replyd_cli("status", "--json", "--config", str(cfg), env={"SIM_TOKEN": ""})
+    assert cli.returncode == 0, cli.stderr
+    doc = json.loads(cli.stdout)
+    live = doc["daemon"]["liveness"]["sim"]
+    assert doc["daemon"]["reachable"] and "inbox" in live["stale"], doc
+    assert live["paths"]["inbox"]["stale"] and "STALE" in live["paths"]["inbox"]["words"]
+    dom = browse(api + "/", tmp_path, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert re.search(r'class="path stale" id="path-sim-inbox" data-stale="true"[^>]*>inbox: [^<]*STALE', dom.stdout)
+    assert 'id="card-liveness">paths<b>STALE</b>' in dom.stdout
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "statuspage-stale.png"
+    shot.unlink(missing_ok=True)
+    r = browse(api + "/", tmp_path, f"--screenshot={shot}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    stale_red = red_pixels(shot.read_bytes())
+    assert stale_red > 200, stale_red  # the STALE card and the stale path's line, rendered red
+    metrics = httpx.get(api + "/metrics", timeout=5).text
+    assert re.search(r'replyd_poll_stale\{path="inbox",platform="sim"\} 1\.0', metrics), metrics[-3000:]
+    return stale_red
+
+
+def test_opened_readyz_hides_detail_without_the_token_and_hooks_wait_for_a_bot_not_started(tmp_path, monkeypatch):
+    """With readyz opened, a caller without the token sees ready/not ready and generic reasons only (no database
+    address, no platform URL, no error text), one with it the detail; a webhook for a push bot whose platform was
+    not reached yet is 503 with Retry-After (the platform redelivers), an unknown bot still 404."""
+    from replyd.errors import StoreError
+    from tests.api_harness import TOKEN, TOKEN_ENV
+
+    port = _free_port()  # nothing listens: the bot's login is refused at the TCP level, so it keeps retrying
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    monkeypatch.setenv("SIM_TOKEN", "sim-token-x")
+    monkeypatch.setenv("HOOK_SECRET", "hook-secret-0123456789")
+    cfg = write_config(tmp_path / "c.toml", f"http://127.0.0.1:{port}", tmp_path / "r.sqlite3",
+                       api_extra='open_routes = ["readyz"]', extra="[health]\nstart_retry_s = 20\n")
+    cfg.write_text(cfg.read_text() + '\n[bots.push]\nkind = "github"\nsecret_env = "HOOK_SECRET"\n')
+    d = Daemon(Config.load(cfg))
+    d.start()  # does not raise: the bot's platform is unreachable, not refusing it
+    try:
+        url = d.api.url  # type: ignore[union-attr]
+        secret_db = "postgresql://replyd@10.9.8.7:5432/replyd"
+
+        def ping() -> None:
+            """The store's probe failing the way a real outage reads: with the database's address."""
+            raise StoreError(f"cannot reach {secret_db}: connection refused")
+
+        monkeypatch.setattr(d.store, "ping", ping)
+        anon = httpx.get(url + "/readyz", timeout=5)
+        assert anon.status_code == 503
+        body = anon.json()
+        assert body["reasons"] == ["store: unavailable", "bot sim: not started"], body
+        assert body["store"] == {"up": False, "error": "unavailable"} and body["bots"] == {"sim": False}
+        assert "10.9.8.7" not in anon.text and str(port) not in anon.text and "refused" not in anon.text.lower()
+        authed = httpx.get(url + "/readyz", timeout=5, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert authed.status_code == 503
+        detail = " ".join(authed.json()["reasons"])
+        assert secret_db in authed.json()["store"]["error"] and f"127.0.0.1:{port}" in detail, authed.json()
+        assert "bot sim: starting (1 attempt failed, next in " in detail and "refused" in detail.lower(), detail
+        wrong = httpx.get(url + "/readyz", timeout=5, headers={"Authorization": "Bearer not-the-token"})
+        assert wrong.status_code == 503 and "10.9.8.7" not in wrong.text  # a wrong token is no token
+
+        hook = httpx.post(url + "/v1/hooks/sim", content=b"{}", timeout=5, headers={"X-GitHub-Event": "issues"})
+        assert hook.status_code == 503 and hook.json()["error"] == "bot_starting", hook.text
+        assert 1 <= int(hook.headers["Retry-After"]) <= 21, hook.headers
+        # An unknown bot answers as a forged delivery (issue 30): nothing before authentication says which bots exist.
+        assert httpx.post(url + "/v1/hooks/nobody", content=b"{}", timeout=5).status_code == 401
+    finally:
+        d.stop(grace_s=2)

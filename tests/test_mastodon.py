@@ -220,6 +220,8 @@ def test_notifications_fixture_parses(fixture_server: FixtureServer, http_client
                 "acct": "admin",
                 "visibility": "public",
                 "in_reply_to_id": None,
+                "in_reply_to_account_id": None,
+                "mention_ids": ["117020565966271181"],  # the bot's account: Addressing reads it (MCP's scope)
                 "spoiler_text": "",
                 "language": "en",
             },

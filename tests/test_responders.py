@@ -315,6 +315,23 @@ def test_webhook_reply_is_signed_with_hmac(fixture_server: FixtureServer):
     assert HMAC_SECRET.encode() not in req.body and HMAC_SECRET not in json.dumps(req.headers)
 
 
+@pytest.mark.parametrize("creds", [{"hmac_secret": HMAC_SECRET}, {"headers": {"Authorization": "Bearer LEAK-tok-123"}},
+                                   {"headers": {"X-Api-Key": "LEAK-key-123"}}])
+def test_webhook_credentials_over_plain_http_to_a_public_host_are_refused(creds: dict[str, Any]):
+    """A signed webhook, or one with a sensitive header, refuses http:// to a non-loopback host (the openai
+    kind's rule): one ConfigError line naming responder.url and allow_insecure_http, no secret in it."""
+    for url in ("http://hooks.example.org/h", "http://10.0.0.5:8080/h"):
+        with pytest.raises(ConfigError) as err:
+            make_responder("webhook", {"url": url, **creds})
+        msg = str(err.value)
+        assert "responder.url" in msg and "allow_insecure_http" in msg and "\n" not in msg
+        assert "LEAK" not in msg and HMAC_SECRET not in msg
+    for url in ("https://hooks.example.org/h", "http://127.0.0.1:9/h", "http://localhost:9/h", "http://[::1]:9/h"):
+        make_responder("webhook", {"url": url, **creds})
+    make_responder("webhook", {"url": "http://hooks.example.org/h", "allow_insecure_http": True, **creds})
+    make_responder("webhook", {"url": "http://hooks.example.org/h", "headers": {"X-Bot": "ferry"}})  # no credential
+
+
 def test_webhook_unsigned_has_no_signature_headers(fixture_server: FixtureServer):
     """Without hmac_secret no signature or timestamp header is sent."""
     fixture_server.route("POST", "/hook", Reply(body={"text": "ok"}))

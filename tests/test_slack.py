@@ -8,10 +8,12 @@ redelivery after a reconnect, disconnect).
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -142,7 +144,9 @@ def test_published_events_parse_to_the_served_id_and_both_events_of_a_mention_ar
     plain = {**msg_ev, "event": {**msg_ev["event"], "text": "no name here"}}
     assert plat.parse_webhook("", own) == "own message"
     assert "message_changed" in plat.parse_webhook("", edited) and "bot_message" in plat.parse_webhook("", bot)
-    assert plat.parse_webhook("", plain) == "does not mention the bot"
+    [unaddressed] = plat.parse_webhook("", plain)  # a parent, outside the scope: dropped, counted (not ignored)
+    assert plat.webhook_scope("", plain, unaddressed) == "not_addressed"
+    assert plat.webhook_scope("", msg_ev, plat.parse_webhook("", msg_ev)[0]) is None
     assert plat.webhook_challenge(fixture("url_verification")) == {"challenge": fixture("url_verification")["challenge"]}
     assert plat.webhook_challenge(msg_ev) is None
 
@@ -502,6 +506,25 @@ def test_socket_mode_acks_every_envelope_and_reads_redeliveries_after_a_reconnec
     reader.join(5)
 
 
+def test_socket_mode_offers_only_the_listed_channels(api, world, socket_server) -> None:
+    """With `channels` set, a Socket Mode envelope of a DM outside them is acked and not offered (the poll would
+    not read it either); a mention in a listed channel is."""
+    plat = make(api, channels=[GENERAL])
+    got: list[str] = []
+    stop = threading.Event()
+    reader = threading.Thread(target=lambda: got.extend(p.id for p in plat.stream(stop)), daemon=True)
+    reader.start()
+    try:
+        assert wait_until(lambda: socket_server.connections == 1, 10)
+        world.say(DM, ALICE, "hello bot")
+        pid = mention(world)
+        assert wait_until(lambda: pid in got and not socket_server.unacked, 10)
+    finally:
+        stop.set()
+        reader.join(5)
+    assert set(got) == {pid}
+
+
 def test_socket_mode_without_an_app_token_or_with_a_refused_one_is_not_sent(api) -> None:
     """No app token, or one Slack refuses: DefinitelyNotSent (the stream runner backs off and retries)."""
     plain = SlackPlatform.from_settings({"token": BOT_TOKENS[0], "api_url": api.url}, http=httpx.Client(),
@@ -535,9 +558,8 @@ def test_config_check_names_a_wrong_slack_token_without_showing_it(tmp_path) -> 
     assert len(bad.stderr.strip().splitlines()) == 1 and "secretvalue" not in bad.stderr + bad.stdout
 
 
-def test_daemon_route_answers_url_verification_and_refuses_unsigned(api, world, tmp_path, monkeypatch) -> None:
-    """POST /v1/hooks/{bot} of a running daemon: Slack's signed url_verification gets the challenge, an
-    unsigned delivery 401, a signed mention 202 and one reply counted by the fake."""
+def _slack_daemon(api: SlackWebApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: str = "") -> Any:
+    """A daemon (not started) with Slack bot ``s`` on the fake, Events API push on, polls off."""
     from replyd.config import Config
     from replyd.daemon import Daemon
 
@@ -559,6 +581,7 @@ platform = "slack"
 api_url = "{api.url}"
 token_env = "SLACK_BOT_TOKEN"
 listing_delay_s = 0.5
+{settings}
 [bots.pollers]
 inbox_interval_s = 0
 refind_interval_s = 0
@@ -567,7 +590,13 @@ kind = "slack"
 secret_env = "SLACK_SIGNING_SECRET"
 """)
     cfg.chmod(0o600)
-    d = Daemon(Config.load(cfg))
+    return Daemon(Config.load(cfg))
+
+
+def test_daemon_route_answers_url_verification_and_refuses_unsigned(api, world, tmp_path, monkeypatch) -> None:
+    """POST /v1/hooks/{bot} of a running daemon: Slack's signed url_verification gets the challenge, an
+    unsigned delivery 401, a signed mention 202 and one reply counted by the fake."""
+    d = _slack_daemon(api, tmp_path, monkeypatch)
     d.start()
     try:
         url = f"{d.api.url}/v1/hooks/s"
@@ -586,3 +615,73 @@ secret_env = "SLACK_SIGNING_SECRET"
     finally:
         d.stop(grace_s=5)  # waits for the receiver's offers under way: both events have been offered
     assert len(world.bot_replies(pid)) == 1
+
+
+def test_daemon_drops_other_workspaces_unaddressed_and_unlisted_channels(api, world, tmp_path, monkeypatch,
+                                                                         capfd) -> None:
+    """Over HTTP with correct signatures: an event of another workspace the app is installed in, a channel
+    message that names nobody and a DM outside `channels` are acked 202 and dropped (counted, logged), nothing
+    is posted for them; the mention in the listed channel is answered once."""
+    from tests.test_hooks import dropped_lines, scraped
+
+    d = _slack_daemon(api, tmp_path, monkeypatch, f'channels = ["{GENERAL}"]')
+    d.start()
+    try:
+        url = f"{d.api.url}/v1/hooks/s"
+        now = int(time.time())
+        ch, dm = world.channels[GENERAL], world.channels[DM]
+        foreign = mention(world, "from the other workspace")
+        other_team = copy.deepcopy(world.events_for(ch, ch.messages[-1])[1])
+        other_team["team_id"] = "T0OTHER001"
+        for a in other_team["authorizations"]:
+            a["team_id"] = "T0OTHER001"
+        plain = world.say(GENERAL, ALICE, "lunch anyone?")
+        [plain_ev] = world.events_for(ch, ch.messages[-1])
+        direct = world.say(DM, ALICE, "a word in private")
+        [dm_ev] = world.events_for(dm, dm.messages[-1])
+        before = {r: scraped(d.api.url, "replyd_webhook_dropped_total", platform="s", reason=r)
+                  for r in ("other_workspace", "not_addressed", "channel_not_listed")}
+        with httpx.Client(timeout=5.0) as http:
+            got = [http.post(url, headers=h, content=b) for h, b in (_signed(e, now) for e in (other_team, plain_ev,
+                                                                                                 dm_ev))]
+            pid = mention(world)
+            for ev in world.events_for(ch, ch.messages[-1]):
+                h, b = _signed(ev, now)
+                assert http.post(url, headers=h, content=b).status_code == 202
+        assert wait_until(lambda: world.bot_replies(pid), 10)
+        after = {r: scraped(d.api.url, "replyd_webhook_dropped_total", platform="s", reason=r) for r in before}
+    finally:
+        d.stop(grace_s=5)
+    assert [len(world.bot_replies(p)) for p in (foreign, plain, direct, pid)] == [0, 0, 0, 1]
+    assert [(r.status_code, r.json()) for r in got] == [
+        (202, {"accepted": 0, "dropped": ["other_workspace"]}),
+        (202, {"accepted": 0, "dropped": ["not_addressed"]}),
+        (202, {"accepted": 0, "dropped": ["channel_not_listed"]})]
+    assert {r: after[r] - before[r] for r in before} == {"other_workspace": 1, "not_addressed": 1,
+                                                          "channel_not_listed": 1}
+    out, err = capfd.readouterr()
+    assert [(e["bot"], e["reason"]) for e in dropped_lines(out + err)] == [
+        ("s", "other_workspace"), ("s", "not_addressed"), ("s", "channel_not_listed")]
+
+
+@pytest.mark.parametrize("stamp", [b"\xb2", b"\xb9\xb2\xb3", "\u0661\u0662".encode(), b"1e9", b"-5", b"12 34", b""])
+def test_a_non_ascii_digit_timestamp_is_a_401_not_a_500(api, world, tmp_path, monkeypatch, capfd, stamp) -> None:
+    """Over HTTP before authentication: X-Slack-Request-Timestamp "\xb2" ("²".isdigit() is True, int() fails) and
+    other non-timestamps get the one bad-signature 401, one log line, no traceback; an unknown bot the same."""
+    d = _slack_daemon(api, tmp_path, monkeypatch)
+    d.start()
+    try:
+        body = json.dumps(fixture("url_verification")).encode()
+        sig = slack_sign(SIGNING_SECRET, stamp.decode("latin-1"), body).encode()
+        with httpx.Client(timeout=5.0) as http:
+            for bot in ("s", "nobody"):
+                r = http.post(f"{d.api.url}/v1/hooks/{bot}", content=body,
+                              headers=[(b"x-slack-request-timestamp", stamp), (b"x-slack-signature", sig)])
+                assert r.status_code == 401, (bot, r.status_code, r.text)
+                assert r.json() == {"error": "bad_signature", "detail": "the delivery is not signed with this "
+                                    "hook's secret (or its timestamp is stale)"}
+    finally:
+        d.stop(grace_s=5)
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and "ValueError" not in out + err
+    assert SIGNING_SECRET not in out + err

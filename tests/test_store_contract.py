@@ -323,6 +323,7 @@ def test_row_reads(store, clock):
     by_path = {path: (n, last) for p, s, path, n, last in store.path_counts() if p == P}
     assert by_path["inbox"] == (2, clock.now()) and by_path["search"][0] == 1
     assert [r.parent_id for r in store.rows_in(P, S, [st.OPEN, st.RELEASED])] == ["a", "b", "d"]
+    assert [r.parent_id for r in store.rows_in(P, S, [st.OPEN, st.RELEASED], since=2.0)] == ["b", "d"]
     assert [r.parent_id for r in store.oldest_open(2)][:1] == ["a"]
     assert store.count_opened_since(P, S, 15.0) == 2  # b open, c closed; a opened before
     assert store.count_opened_since(P, S, 0.0, author_id="u1") == 2

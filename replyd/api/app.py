@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -20,11 +20,12 @@ from replyd import library, metrics, statuspage
 from replyd import store as st
 from replyd.api.answers import EXCEPTION_HANDLERS, body, error, outcome_response, retry_after, row_dict
 from replyd.api.gate import Gate, HostCheck, open_paths
-from replyd.api.models import (MAX_PARENT_ID, BotState, Event, Health, OpenRow, Ready, ReadyStore, Rearmed,
-                               ReplyHistory, ReplyIn, StateCount, StatusSummary, StoreInfo)
+from replyd.api.models import (MAX_PARENT_ID, BotState, Event, Health, OpenRow, Ready, ReadyStore, Rearmed, RearmedMany,
+                               RearmIn, RearmItem, ReplyHistory, ReplyIn, StateCount, StatusSummary, StoreInfo)
 from replyd.api.openapi import ROUTES, openapi_document
 from replyd.errors import PlatformError, RateLimited, Rejected, ReplydError
 from replyd.guard import Guard
+from replyd.hooks import BAD_SIGNATURE
 from replyd.liveness import Liveness
 from replyd.store import Reply, Store
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from replyd.hooks import Receiver
 
 log = structlog.get_logger("replyd.api")
+M = TypeVar("M", bound=BaseModel)
 
 
 class Api:
@@ -51,14 +53,18 @@ class Api:
         max_body_bytes: int = 65_536,
         liveness: Liveness | None = None,
         hooks: Receiver | None = None,
+        webhook_bots: Sequence[str] = (),
     ) -> None:
         self.store = store
         self.liveness = liveness
         self.hooks = hooks
+        self.webhook_bots = frozenset(webhook_bots)  # configured push bots: 503 until they started, not 404
         self.guards = guards
         self.expected = list(expected) if expected is not None else None
         self.token = token or None
         gate = {"token": self.token, "hosts": HostCheck(host, hosts), "open_paths": open_paths(open_routes)}
+        # The same gate with nothing opened: whether an opened probe's caller showed the token (then: detail).
+        self._token_gate = Gate(None, token=self.token, hosts=gate["hosts"], open_paths=frozenset())
         self.refresh_s = refresh_s
         self.max_body_bytes = max_body_bytes
         self.registry = metrics.registry(store, liveness)
@@ -126,12 +132,8 @@ class Api:
                          field="body")
         return b"".join(chunks)
 
-    # -- writes ----------------------------------------------------------------------------------
-
-    async def post_reply(self, request: Request) -> Response:
-        """POST /v1/replies: resolve the parent and post through Guard.post, at most once."""
-        if (deny := self._writes_disabled()) is not None:
-            return deny
+    async def _json(self, request: Request, model: type[M], shape: str) -> M | Response:
+        """The request's JSON body validated as ``model``; a refusal naming the first bad field otherwise."""
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype != "application/json":
             return error(415, "unsupported_media_type", "send the body as application/json", field="body")
@@ -145,15 +147,24 @@ class Api:
         except RecursionError:
             return error(400, "invalid_json", "body: JSON nested too deeply", field="body")
         if not isinstance(data, dict):
-            return error(422, "invalid_body", "body: must be a JSON object with platform, parent_id and text",
-                         field="body")
+            return error(422, "invalid_body", f"body: must be {shape}", field="body")
         try:
-            req = ReplyIn.model_validate(data)
+            return model.model_validate(data)
         except ValidationError as exc:
             errs = exc.errors(include_url=False, include_input=False)
             first = ".".join(str(x) for x in errs[0]["loc"]) or "body"
             detail = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'body'}: {e['msg']}" for e in errs)
             return error(422, "invalid_body", detail, field=first)
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    async def post_reply(self, request: Request) -> Response:
+        """POST /v1/replies: resolve the parent and post through Guard.post, at most once."""
+        if (deny := self._writes_disabled()) is not None:
+            return deny
+        req = await self._json(request, ReplyIn, "a JSON object with platform, parent_id and text")
+        if isinstance(req, Response):
+            return req
         found = self._bot(req.platform)
         if isinstance(found, Response):
             return found
@@ -174,9 +185,14 @@ class Api:
 
     async def hook(self, request: Request) -> Response:
         """POST /v1/hooks/{bot}: a signed webhook delivery; parents are offered in the background."""
-        if self.hooks is None:
-            return error(404, "unknown_hook", "no webhooks are configured (bots.push)", field="bot")
+        if self.hooks is None:  # as for an unknown bot: before authentication nothing says which bots exist
+            return JSONResponse(BAD_SIGNATURE.body, status_code=BAD_SIGNATURE.status)
         bot = request.path_params["bot"]
+        if bot in self.webhook_bots and bot not in self.hooks.hooks:
+            # Configured, but its platform was not reached yet: a 5xx with Retry-After makes the platform redeliver.
+            wait_s = self.liveness.retry_in_s(bot) if self.liveness is not None else None
+            return error(503, "bot_starting", f"bot {bot!r} has not started yet (its platform was not reached); "
+                         "deliver again later", field="bot", headers=retry_after(min(60.0, (wait_s or 0) + 1)))
         raw = await self._body(request, self.hooks.max_body_bytes)
         if isinstance(raw, Response):
             return raw
@@ -201,6 +217,34 @@ class Api:
                          state=res.row.state)
         log.info("replyd.api.rearmed", bot=name, parent_id=key.parent_id, previous=res.previous)
         return body(Rearmed(rearmed=True, bot=name, previous_state=res.previous, row=row_dict(res.row)))
+
+    async def rearm_many(self, request: Request) -> Response:
+        """POST /v1/rearm: an operator sends every row in a terminal state (since a time, one bot or all) back."""
+        if (deny := self._writes_disabled()) is not None:
+            return deny
+        req = await self._json(request, RearmIn, "a JSON object (state, since, bot, dry_run, reason, limit)")
+        if isinstance(req, Response):
+            return req
+        if req.bot is not None:
+            found = self._bot(req.bot)
+            if isinstance(found, Response):
+                return found
+            bots = [found]
+        else:
+            bots = sorted(self.guards.items())
+        by_key = {(g.platform.instance, g.identity.sender_id): name for name, g in bots}
+        owner = bots[0][1].owner if bots else None
+        results = await run_in_threadpool(library.rearm_many, self.store, list(by_key), state=req.state,
+                                          since=req.since, by="api", reason=req.reason, owner=owner,
+                                          dry_run=req.dry_run, limit=req.limit)
+        items = [RearmItem(bot=by_key[(r.key.platform, r.key.sender_id)], platform=r.key.platform,
+                           sender_id=r.key.sender_id, parent_id=r.key.parent_id, previous_state=r.previous or "",
+                           rearmed=r.rearmed, state=r.row.state if r.row else None) for r in results]
+        done = sum(i.rearmed for i in items)
+        log.info("replyd.api.rearmed_many", bot=req.bot or "*", platform=",".join(sorted({p for p, _ in by_key})),
+                 state=req.state, matched=len(items), rearmed=done, dry_run=req.dry_run)
+        return body(RearmedMany(dry_run=req.dry_run, state=req.state, since=req.since, matched=len(items),
+                                rearmed=done, parents=items))
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -291,7 +335,9 @@ class Api:
         return body(Health(status="ok"))
 
     async def readyz(self, request: Request) -> Response:
-        """GET /readyz: the store answers, every configured bot is logged in (and still claiming) and no path is stale."""
+        """GET /readyz: the store answers, every configured bot started (and still claiming), no write breaker is
+        open and no path is failing or stale. Opened without the token (``api.open_routes``), only generic reasons."""
+        detail = self.token is None or self._token_gate.admit(request) is None
 
         def check() -> Ready:
             """Ask the store one real query and look at every expected bot."""
@@ -299,11 +345,14 @@ class Api:
             try:
                 self.store.ping()
             except ReplydError as exc:
-                store_info = {"up": False, "error": str(exc)}
+                # The error names the database's address: only for a caller who showed the token.
+                store_info = {"up": False, "error": str(exc) if detail else "unavailable"}
             bots = {n: b.ready for n, b in self._bots_state().items()}
             reasons = [] if store_info["up"] else [f"store: {store_info['error']}"]
-            reasons += [f"bot {n}: not logged in" for n, ok in bots.items() if not ok]
-            reasons += self.liveness.problems() if self.liveness else []
+            starting = self.liveness.not_running() if self.liveness else set()
+            # A bot still starting (or refused) is said by liveness, with its reason.
+            reasons += [f"bot {n}: not logged in" for n, ok in bots.items() if not ok and n not in starting]
+            reasons += self.liveness.problems(detail=detail) if self.liveness else []
             return Ready(ready=not reasons, reasons=reasons, store=ReadyStore(**store_info), bots=bots)
 
         data = await run_in_threadpool(check)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, RootModel, create_model
 
 from replyd import library
 from replyd import store as st
@@ -114,6 +114,55 @@ class Rearmed(Body):
     row: Row
 
 
+def _json_integer(value: Any) -> Any:
+    """A JSON integer, written ``3`` or ``3.0`` (JSON Schema's integer is a number with no fraction)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+class RearmIn(BaseModel):
+    """The body of ``POST /v1/rearm``: which terminal rows to send back to claimable."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, title="RearmRequest")
+
+    state: Literal[library.REARMABLE] = Field(  # type: ignore[valid-type]
+        "gave_up", description="Rearm the rows in this terminal state.")
+    since: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                description="Only rows that changed at or after this time (epoch seconds); "
+                                            "default: any time.")
+    bot: str | None = Field(None, min_length=1, max_length=255, pattern=NO_NUL,
+                            description="Only this bot (name, or platform instance); default: every logged-in bot.")
+    dry_run: bool = Field(False, description="List what would be rearmed; change nothing.")
+    reason: str = Field("", max_length=500, pattern=NO_NUL, description="Why, recorded on every rearmed event.")
+    limit: Annotated[int, BeforeValidator(_json_integer)] = Field(1000, ge=1, le=10_000,
+                                                                  description="At most this many rows.")
+
+
+class RearmItem(Body):
+    """One row a bulk rearm matched."""
+
+    bot: str
+    platform: str
+    sender_id: str
+    parent_id: str
+    previous_state: str = _enum(library.REARMABLE)
+    rearmed: bool = Field(description="Rearmed by this call (false on a dry run, or when the row moved on since "
+                                      "it was read).")
+    state: str | None = Field(description="The row's state now.")
+
+
+class RearmedMany(Body):
+    """What ``POST /v1/rearm`` matched and did."""
+
+    dry_run: bool
+    state: str
+    since: float | None
+    matched: int = Field(description="Rows in the state (and window) found.")
+    rearmed: int = Field(description="Rows this call rearmed (0 on a dry run).")
+    parents: list[RearmItem]
+
+
 class StoreInfo(Body):
     """Where the store is and whether it answered."""
 
@@ -153,6 +202,9 @@ class PathHealth(Body):
     runs: int
     stale_after_s: float
     stale: bool
+    running_s: float | None = Field(default=None, description="Seconds the run in flight has run (null: none is).")
+    stuck: bool = Field(default=False, description="The run in flight has run past the interval + the request timeout.")
+    failing: bool = Field(default=False, description="health.failures_not_ready runs in a row failed, or stuck: not ready.")
     words: str = Field(description="inbox: last ok 3 min ago, 7 failures in a row: HTTP 503")
 
 
@@ -165,12 +217,34 @@ class PlatformClockView(Body):
     source: str | None = Field(description="created (own replies' created_at) or date (the Date header).")
 
 
+class BotStart(Body):
+    """Whether a bot started: ``starting`` (its platform not reached yet, retried), ``running`` or ``failed``."""
+
+    state: Literal["starting", "running", "failed"]
+    reason: str | None
+    attempts: int
+    since: float
+    next_try_s: float | None
+    words: str
+
+
+class Breaker(Body):
+    """A bot's write breaker: open while sends fail as a platform-wide pattern (not ready)."""
+
+    open: bool
+    reason: str | None
+    since: float | None
+
+
 class BotLiveness(Body):
     """A bot's paths and whether any is stale."""
 
     paths: dict[str, PathHealth] = Field(description="inbox, search, refind and sweep, as scheduled.")
     stale: list[str]
+    failing: list[str] = []
     oldest_due_open_age_s: float | None
+    start: BotStart | None = None
+    breaker: Breaker | None = None
     platform_clock: PlatformClockView | None = Field(
         default=None, description="The platform's clock as this daemon measures it (replyd.platforms._http.PlatformClock).")
 
@@ -223,4 +297,4 @@ class Ready(Body):
 
 # Every body the document names, in the order its components list them.
 RESPONSES: tuple[type[BaseModel], ...] = (Error, Outcome, PostOutcome, Row, Event, ReplyHistory, Rearmed,
-                                          StatusSummary, BotState, BotLiveness, Health, Ready)
+                                          RearmedMany, RearmItem, StatusSummary, BotState, BotLiveness, BotStart, Breaker, Health, Ready)

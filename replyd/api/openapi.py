@@ -11,8 +11,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 from replyd.api.gate import OPENABLE_ROUTES
-from replyd.api.models import (RESPONSES, Error, Health, Outcome, PostOutcome, Ready, Rearmed, ReplyHistory, ReplyIn,
-                               StatusSummary)
+from replyd.api.models import (RESPONSES, Error, Health, Outcome, PostOutcome, Ready, Rearmed, RearmedMany, RearmIn,
+                               ReplyHistory, ReplyIn, StatusSummary)
 
 HEADERS = {
     "Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}},
@@ -109,6 +109,18 @@ ROUTES: tuple[Op, ...] = (
            409: Answer("The key is not in a rearmable state (state says which it is in)."),
            503: STORE_DOWN,
        }),
+    Op("POST", "/v1/rearm", "rearm_many", "rearmMany",
+       "Operator: move every row in a terminal state (changed since a time, of one bot or all) to released.", "write", {
+           200: Answer("What matched, each row, and what was rearmed (nothing on a dry run).", RearmedMany),
+           400: Answer("The body is not valid JSON."),
+           403: WRITES_DISABLED,
+           404: Answer("No logged-in bot has this name or platform instance."),
+           409: Answer("The platform instance names several bots: use the bot name."),
+           413: Answer("The body is too large."),
+           415: Answer("The body is not application/json."),
+           422: Answer("The body is not a valid request; field names the first bad field."),
+           503: STORE_DOWN,
+       }, request=RearmIn),
     Op("GET", "/v1/replies/{platform}/{parent_id:path}", "get_reply", "getReply",
        "A key's row and its whole history.", "read", {
            200: Answer("The row and its events, oldest first.", ReplyHistory),
@@ -122,7 +134,7 @@ ROUTES: tuple[Op, ...] = (
     }),
     Op("GET", "/healthz", "healthz", "healthz", "Liveness.", "open",
        {200: Answer("The process serves requests.", Health)}),
-    Op("GET", "/readyz", "readyz", "readyz", "Readiness: store reachable, every bot logged in, no path stale.", "read",
+    Op("GET", "/readyz", "readyz", "readyz", "Readiness: store reachable, every bot started, no write breaker open, no path failing or stale.", "read",
        {200: Answer("Ready.", Ready), 503: Answer("Not ready; the body says why.", Ready)}),
     Op("GET", "/metrics", "metrics", "metrics", "Prometheus metrics.", "read",
        {200: Answer("Prometheus text exposition.", TEXT)}),

@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from replyd import store as st
-from replyd.cli.common import (ConfigOpt, JsonOpt, ParentArg, StoreOpt, _bot_config, _emit_json, _existing_store,
-                               _instance_of, _load, _require_file, _store, err, out)
+from replyd.cli.common import (ConfigOpt, JsonOpt, StoreOpt, _bot_config, _emit_json, _existing_store, _instance_of,
+                               _load, _require_file, _senders_on, _store, _ts, err, out, parse_time, preflight)
 from replyd.config import Config
 from replyd.errors import ConfigError, StoreError
 from replyd.store import Key, Store
@@ -43,23 +43,52 @@ def sweep(
 
 
 def rearm(
-    platform: Annotated[str, typer.Argument(help="A bot name from the config, or the platform instance as stored.")],
-    parent: ParentArg,
+    bot: Annotated[str | None, typer.Argument(help="A bot name from the config, or the platform instance as stored.",
+                                              show_default=False)] = None,
+    parent: Annotated[str | None, typer.Argument(help="Parent id exactly as the platform serves it.",
+                                                 show_default=False)] = None,
+    state: Annotated[str | None, typer.Option(help="Rearm every row in this state instead of one parent: "
+                                                   "gave_up, rejected, declined or skipped.")] = None,
+    since: Annotated[str | None, typer.Option(help="With --state: only rows that changed since then (2h, 7d, "
+                                                   "2026-12-01T08:00Z, epoch seconds); default: any time.")] = None,
+    only_bot: Annotated[str | None, typer.Option("--bot", help="With --state: only this bot (name or instance); "
+                                                               "default: every configured bot, else every bot in the store.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="With --state: list what would be rearmed; change nothing.")] = False,
+    limit: Annotated[int, typer.Option(min=1, max=100_000, help="With --state: at most this many rows.")] = 1000,
     sender: Annotated[str | None, typer.Option(help="Own sender id, when several accounts share the instance.")] = None,
     reason: Annotated[str, typer.Option(help="Why, recorded on the rearmed event.")] = "",
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
     store: StoreOpt = None,
 ) -> None:
-    """Let a rejected, given-up or declined parent be answered again (recorded as a rearmed event)."""
+    """Let a rejected, given-up, declined or skipped parent be answered again (a rearmed event), or many with --state.
+
+    Reads the store only: no platform secret is needed and no request is made. A bot name needs the config
+    (--config or REPLYD_CONFIG) for its platform instance; the store says which account posts there.
+    """
+    cfg = _load(config, secrets=False, store=store)
+    bulk = state is not None or since is not None
+    if parent is None and not bulk:
+        raise ConfigError("rearm: name a bot and a parent (rearm BOT PARENT), or rows by state "
+                          "(rearm --state gave_up [--since 2h] [--bot B] [--dry-run])")
+    if parent is not None and (bulk or only_bot or dry_run):
+        raise ConfigError("rearm: BOT PARENT rearms one parent; --state, --since, --bot and --dry-run select many "
+                          "instead: use one form or the other")
+    if bulk and bot is not None:
+        raise ConfigError(f"rearm: with --state name the bot with --bot {bot}, not as an argument")
+    s = _existing_store(cfg)
+    if bulk:
+        _rearm_many(cfg, s, state=state or "gave_up", since=since, bot=only_bot, sender=sender, dry_run=dry_run,
+                    limit=limit, reason=reason, as_json=as_json)
+        return
+    assert bot is not None and parent is not None
     from replyd import library
 
-    cfg = _load(config, store=store)
-    instance = _instance_of(cfg, platform) or platform
-    s = _existing_store(cfg)
+    instance = _instance_of(cfg, bot) or bot
     rows = [r for r in s.find(parent, instance) if sender is None or r.sender_id == sender]
     if not rows:
-        err.print(f"no row for parent id {parent!r} on {instance} (ids are exact: case and leading zeros matter)")
+        err.print(f"no row for parent id {parent!r} on {instance} (ids are exact: case and leading zeros matter)"
+                  + _elsewhere(cfg, s, bot, parent))
         raise typer.Exit(1)
     if len(rows) > 1:
         err.print(f"{len(rows)} accounts have a row for {parent!r} on {instance}: pass --sender "
@@ -75,6 +104,55 @@ def rearm(
     else:
         err.print(f"not rearmed: the key is {res.previous}; only {', '.join(library.REARMABLE)} can be rearmed")
     raise typer.Exit(0 if res.rearmed else 1)
+
+
+def _elsewhere(cfg: Config, s: Store, bot: str, parent: str) -> str:
+    """Why a bot/parent pair found no row, when the id has rows under another instance or the bot is unknown."""
+    others = sorted({(r.platform, r.sender_id) for r in s.find(parent)})
+    hint = ""
+    if not any(b.name == bot for b in cfg.bots):
+        hint = (f"; {bot!r} is no bot of {cfg.source}" if cfg.bots else
+                f"; {bot!r} is taken as a platform instance: to name a bot, pass its config (--config or REPLYD_CONFIG)")
+    if others:
+        hint += "; rows for this id: " + ", ".join(f"{p} (sender {sid})" for p, sid in others)
+    return hint
+
+
+def _rearm_many(cfg: Config, s: Store, *, state: str, since: str | None, bot: str | None, sender: str | None,
+                dry_run: bool, limit: int, reason: str, as_json: bool) -> None:
+    """Rearm (or list, with ``dry_run``) every row in ``state`` changed since ``since``; one line each and a count."""
+    from replyd import library
+
+    since_t = parse_time(since, s.clock.now()) if since is not None else None
+    refs = [bot] if bot is not None else [b.name for b in cfg.bots]
+    if refs:
+        instances = [_instance_of(cfg, r) or r for r in refs]
+        pairs = [(i, sid) for i in instances for sid in _senders_on(s, i)]
+    else:  # no config and no --bot: every account the store has rows for
+        pairs = sorted({(p, sid) for p, sid, *_ in s.path_counts()})
+    pairs = [(i, sid) for i, sid in pairs if sender is None or sid == sender]
+    results = library.rearm_many(s, pairs, state=state, since=since_t, by="cli", reason=reason,
+                                 owner=cfg.replica_id or None, dry_run=dry_run, limit=limit)
+    done = sum(r.rearmed for r in results)
+    lost = [r for r in results if not r.rearmed and not dry_run]
+    if as_json:
+        _emit_json({"dry_run": dry_run, "state": state, "since": since_t, "matched": len(results), "rearmed": done,
+                    "parents": [{"platform": r.key.platform, "sender_id": r.key.sender_id, "parent_id": r.key.parent_id,
+                                 "previous_state": r.previous, "rearmed": r.rearmed,
+                                 "state": r.row.state if r.row else None} for r in results]})
+    else:
+        for r in results:
+            now = ("would be rearmed" if dry_run else "rearmed" if r.rearmed
+                   else f"not rearmed: it is {r.row.state if r.row else 'gone'} now")
+            out.print(f"{r.key.platform} {r.key.sender_id} {r.key.parent_id}: was {r.previous}, {now}")
+        window = f" changed since {_ts(since_t)} UTC" if since_t is not None else ""
+        if dry_run:
+            out.print(f"dry run: {len(results)} {state} parent(s){window} would be rearmed; nothing changed")
+        else:
+            out.print(f"rearmed {done} of {len(results)} {state} parent(s){window}")
+        if len(results) >= limit:
+            err.print(f"stopped at --limit {limit}: run again for the rest")
+    raise typer.Exit(1 if lost else 0)
 
 
 def adopt(
@@ -165,72 +243,61 @@ def config_check(
     online: Annotated[bool, typer.Option("--online", help="Also open the store (no migration) and log every bot "
                                                           "in once (no retry), as the daemon would.")] = False,
 ) -> None:
-    """Validate a config file (and the environment variables it names) without starting anything."""
+    """Validate a config file as `replyd run` does before it starts anything (and the variables it names)."""
+    cfg = _load(path)
+    preflight(cfg)  # exactly run's checks: a config passes both or neither
+    if online:
+        _check_online(cfg)
+    out.print(f"{path}: ok ({len(cfg.bots)} bot(s))")  # last: never "ok" before an online check failed
+
+
+def _check_online(cfg: Config) -> None:
+    """Open the store, then try each bot's identity once, as `run` does; one line per check; exit 2 on a failure."""
     import httpx
 
+    from replyd import migrate
     from replyd.clock import SystemClock
-    from replyd.platforms.base import make_platform, registered_kinds
-    from replyd.responders import make_responder
-
-    cfg = Config.load(path)
-    kinds = registered_kinds()
-    platforms = []
-    http = httpx.Client(timeout=httpx.Timeout(10.0, connect=5.0))  # building adapters makes no request
-    try:
-        for b in cfg.bots:
-            if b.platform not in kinds:
-                raise ConfigError(f"{path}: bots.{b.name}.platform: unknown platform {b.platform!r} (known: {', '.join(kinds)})")
-            try:
-                platforms.append((b, make_platform(b.platform, b.settings, http=http, clock=SystemClock())))
-                make_responder(b.responder.kind, b.responder.model_dump(exclude={"kind"}))
-            except ConfigError as exc:
-                raise ConfigError(f"{path}: bots.{b.name}: {exc}") from None
-        if cfg.api.enabled:
-            from replyd.api import check_bind
-
-            try:
-                check_bind(cfg.api.host, cfg.api.token())
-            except ConfigError as exc:
-                raise ConfigError(f"{path}: {exc}") from None
-        try:
-            if cfg.mcp.token_env:  # `replyd mcp --transport http` needs it; stdio does not
-                cfg.mcp.http_token()
-        except ConfigError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
-        out.print(f"{path}: ok ({len(cfg.bots)} bot(s))")
-        if online:
-            _check_online(cfg, platforms)
-    finally:
-        http.close()
-
-
-def _check_online(cfg: Config, platforms: list) -> None:
-    """Try the store and each bot's identity once; print one line per check; raise when any failed."""
-    from replyd.errors import PlatformError
+    from replyd.errors import PlatformError, SchemaError
+    from replyd.platforms.base import make_platform
 
     failed = 0
     url = cfg.store.url or st.default_url()
     try:
         path = st.sqlite_file(url) if url.startswith("sqlite") else None
         if path is not None and not path.is_file():
+            if not cfg.store.auto_migrate:  # `run` would create the file and then find no schema
+                raise StoreError(f"store {st.redact_url(url)}: no file, and store.auto_migrate is false: "
+                                 "run `replyd db upgrade` first")
             out.print(f"store {st.redact_url(url)}: no file yet (the daemon creates it on its first start)")
         else:
-            s = Store.open(url, migrate=False)
-            s.dispose()
-            out.print(f"store {s.url}: ok, schema current")
+            # As `run` opens it, but never migrating: a behind schema is fine when run would migrate it.
+            s = Store.open(url, migrate=None if cfg.store.auto_migrate else False)
+            try:  # one real round trip; never a query of the tables, which `run` may be about to create
+                current, head = s.schema_revision()
+            except StoreError as exc:  # say which store
+                raise type(exc)(f"store {s.url}: {exc}") from None
+            finally:
+                s.dispose()
+            if current and not migrate.known(current):  # as `run` would find when it migrates
+                raise SchemaError(f"store {s.url}: the schema is at {current}, a revision this replyd does not know "
+                                  "(a newer replyd may have migrated this store)")
+            note = "schema current" if current == head else f"schema {current or 'none'}, `run` migrates to {head}"
+            out.print(f"store {s.url}: ok, {note}")
     except StoreError as exc:
-        failed += 1
         err.print(f"replyd: {exc}")
-    for bc, plat in platforms:
-        try:
-            ident = plat.whoami()
-            out.print(f"bot {bc.name}: logged in at {plat.instance} as {ident.handle or ident.sender_id}")
-        except PlatformError as exc:
-            failed += 1
-            if exc.status in (401, 403):
-                names = ", ".join(bc.variables()) or "the config file"
-                err.print(f"replyd: bot {bc.name}: {plat.instance} refused the login (HTTP {exc.status}): check {names}")
-            else:
-                err.print(f"replyd: bot {bc.name}: cannot log in at {plat.instance}: {exc.detail or exc}")
+        raise typer.Exit(2) from None  # as `run`, which never logs a bot in without its store
+    with httpx.Client(timeout=httpx.Timeout(10.0, connect=5.0)) as http:
+        for bc in cfg.bots:
+            plat = make_platform(bc.platform, bc.settings, http=http, clock=SystemClock())
+            try:
+                ident = plat.whoami()
+                out.print(f"bot {bc.name}: logged in at {plat.instance} as {ident.handle or ident.sender_id}")
+            except PlatformError as exc:
+                failed += 1
+                if exc.status in (401, 403):
+                    names = ", ".join(bc.variables()) or "the config file"
+                    err.print(f"replyd: bot {bc.name}: {plat.instance} refused the login (HTTP {exc.status}): check {names}")
+                else:
+                    err.print(f"replyd: bot {bc.name}: cannot log in at {plat.instance}: {exc.detail or exc}")
     if failed:
         raise typer.Exit(2)

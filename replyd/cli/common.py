@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,7 +22,7 @@ from replyd.errors import ConfigError, StoreError
 from replyd.store import Store
 
 EXIT_CODES = """Exit codes: 0 done; 1 a negative answer (check: not answered; explain, rearm: no such row;
-adopt: not every parent read back); 2 an error (config, store, platform, usage), one line on stderr;
+rearm --state: a row moved on before it was rearmed; adopt: not every parent read back); 2 an error (config, store, platform, usage), one line on stderr;
 130 interrupted."""
 
 _CTX = {"help_option_names": ["-h", "--help"]}
@@ -90,6 +92,98 @@ def _store(cfg: Config) -> Store:
     return s
 
 
+def preflight(cfg: Config) -> None:
+    """Every check ``replyd run`` makes before it opens the store or contacts a platform; ConfigError/StoreError.
+
+    ``replyd run`` and ``replyd config check`` both call this, so the two never disagree on a config: the
+    secrets (resolved by ``Config.load``), every bot's adapter and responder settings, push (a webhook needs the
+    API and a secret of 16+ characters; the adapter must read webhooks or hold the stream), the API's bind,
+    token and opened routes, a set MCP token's length on a public bind, and the store's URL and directory.
+    """
+    import httpx
+
+    from replyd.clock import SystemClock
+    from replyd.platforms.base import StreamSource, WebhookSource, make_platform, registered_kinds
+    from replyd.responders import make_responder
+
+    where = cfg.source
+    if not cfg.bots:
+        raise ConfigError(f"{where}: no [[bots]] configured; see config/ for examples, or try `replyd demo`")
+    kinds = registered_kinds()
+    with httpx.Client() as http:  # building an adapter makes no request
+        for b in cfg.bots:
+            if b.platform not in kinds:
+                raise ConfigError(f"{where}: bots.{b.name}.platform: unknown platform {b.platform!r} "
+                                  f"(known: {', '.join(kinds)})")
+            try:
+                plat = make_platform(b.platform, b.settings, http=http, clock=SystemClock())
+                make_responder(b.responder.kind, b.responder.model_dump(exclude={"kind"}))
+                if b.push is not None and b.push.webhook:
+                    if not cfg.api.enabled:
+                        raise ConfigError(f"push: {b.push.kind} webhooks arrive through the API: set api.enabled = true")
+                    b.push.secret()
+                    if not isinstance(plat, WebhookSource):
+                        raise ConfigError(f"push: the {b.platform} adapter cannot read webhook deliveries")
+                elif b.push is not None and not isinstance(plat, StreamSource):
+                    raise ConfigError(f"push: the {b.platform} adapter has no push stream")
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: bots.{b.name}: {exc}") from None
+    try:
+        if cfg.api.enabled:
+            from replyd.api import check_bind
+            from replyd.api.gate import open_paths
+
+            check_bind(cfg.api.host, cfg.api.token())
+            open_paths(cfg.api.open_routes)
+        # `replyd run` never serves MCP: an unset token is fine (stdio, or `replyd mcp` refuses it itself), but a
+        # token that is set and too short for the configured public bind is a broken config either way.
+        set_main = bool(cfg.mcp.token_env and os.environ.get(cfg.mcp.token_env))
+        set_scoped = bool(cfg.mcp.tokens) and all(os.environ.get(t.token_env) for t in cfg.mcp.tokens)
+        if set_main or set_scoped:
+            cfg.mcp.http_tokens()
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    check_store_url(cfg.store.url or st.default_url())
+
+
+def check_store_url(url: str) -> None:
+    """Refuse (StoreError) a store URL ``Store.open`` would refuse for its scheme or, for SQLite, its file or
+    directory, without connecting or creating anything (a probe file or directory is made and removed)."""
+    from replyd.store.engine import is_sqlite_url, parse_url
+    from replyd.store.postgres import PostgresStore
+
+    parsed = parse_url(url)
+    if not is_sqlite_url(parsed):
+        PostgresStore.make_engine(parsed).dispose()  # the scheme and its driver; an engine connects lazily
+        return
+    db = st.sqlite_file(url)
+    if db is None:
+        return
+    if db.exists():
+        if not db.is_file():
+            raise StoreError(f"store {db}: not a regular file")
+        try:
+            os.close(os.open(db, os.O_RDWR))  # opened for writing, nothing written
+        except OSError as exc:
+            raise StoreError(f"store {db}: cannot write it: {exc.strerror}") from None
+    # The nearest directory that exists must take a new entry: the database (and its -wal and -shm files) or the
+    # missing directories above it.
+    near = db.parent
+    while not near.exists() and near != near.parent:
+        near = near.parent
+    if not near.is_dir():
+        raise StoreError(f"cannot create the store {db}: {near} is not a directory")
+    try:
+        if near == db.parent:
+            fd, probe = tempfile.mkstemp(prefix=".replyd-probe-", dir=near)
+            os.close(fd)
+            os.unlink(probe)
+        else:
+            os.rmdir(tempfile.mkdtemp(prefix=".replyd-probe-", dir=near))
+    except OSError as exc:
+        raise StoreError(f"cannot create the store {db}: {near}: {exc.strerror}") from None
+
+
 def _existing_store(cfg: Config) -> Store:
     """Open a store that must already exist, for read commands: never create a file, never migrate.
 
@@ -157,16 +251,41 @@ def _bot_config(cfg: Config, name: str | None) -> list:
     return hits
 
 
+# Stand-ins for a bot's credentials, to build its adapter for its instance alone; the next is tried when an adapter
+# refuses one for its form (Slack tells its token kinds by prefix).
+_STAND_INS = ("replyd-unresolved", "xoxb-replyd-unresolved", "xapp-replyd-unresolved")
+
+
 def _instance_of(cfg: Config, name: str) -> str | None:
-    """Return the platform instance of bot ``name`` without any request, or None if no such bot."""
+    """Return the platform instance of bot ``name`` from its settings alone, or None if no bot has that name.
+
+    The instance (the first part of every key the bot writes) comes from settings such as ``base_url``,
+    ``instance`` or ``team_id``, never from a credential: each ``*_env`` setting gets a stand-in value, so no
+    secret is read and no request is made.
+    """
     import httpx
 
     from replyd.clock import SystemClock
     from replyd.platforms.base import make_platform
 
-    for b in cfg.bots:
-        if b.name == name:
+    bc = next((b for b in cfg.bots if b.name == name), None)
+    if bc is None:
+        return None
+    plain = {k: v for k, v in bc.settings.items() if not k.endswith("_env")}
+    tries = {k[: -len("_env")]: 0 for k in bc.settings if k.endswith("_env")}
+    while True:
+        settings = {"listing_delay_s": 10.0, **plain, **{k: _STAND_INS[i] for k, i in tries.items()}}
+        try:
             with httpx.Client() as http:  # building an adapter makes no request
-                return make_platform(b.platform, {"listing_delay_s": 10.0, **b.settings}, http=http,
-                                     clock=SystemClock()).instance
-    return None
+                return make_platform(bc.platform, settings, http=http, clock=SystemClock()).instance
+        except ConfigError as exc:
+            m = re.search(r"setting '(\w+)'", str(exc))
+            key = m.group(1) if m else ""
+            if key not in tries or tries[key] + 1 >= len(_STAND_INS):
+                raise ConfigError(f"{cfg.source}: bots.{name}: {exc}") from None
+            tries[key] += 1
+
+
+def _senders_on(s: Store, instance: str) -> list[str]:
+    """The sender ids the store has rows for on platform ``instance`` (one per account posting there)."""
+    return sorted({sender for platform, sender, *_ in s.path_counts() if platform == instance})

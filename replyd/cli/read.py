@@ -120,8 +120,14 @@ def _print_liveness(daemon: dict[str, Any]) -> None:
         return
     out.print(f"daemon: {daemon['url']}")
     for bot, b in sorted(daemon["liveness"].items()):
+        start, brk = b.get("start"), b.get("breaker")
+        if start and start["state"] != "running":  # not ready: its platform not reached yet, or the login refused
+            out.print(Text(f"  {bot} {start['words']}", style="bold red"))
+        if brk and brk["open"]:
+            out.print(Text(f"  {bot} write breaker open{': ' + brk['reason'] if brk.get('reason') else ''}",
+                           style="bold red"))
         for path, p in sorted(b["paths"].items()):
-            style = "bold red" if p["stale"] else ("yellow" if p["failures"] else "green")
+            style = "bold red" if p["stale"] or p.get("failing") else ("yellow" if p["failures"] else "green")
             out.print(Text(f"  {bot} {p['words']}", style=style))
         pc = b.get("platform_clock")
         if pc:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from replyd.cli.common import ConfigOpt, JsonOpt, _load
+from replyd.cli.common import ConfigOpt, JsonOpt, _load, preflight
 from replyd.errors import ConfigError
 
 
@@ -15,8 +15,7 @@ def run(config: ConfigOpt = None, grace_s: Annotated[float, typer.Option(help="S
     from replyd.daemon import Daemon
 
     cfg = _load(config)
-    if not cfg.bots:
-        raise ConfigError(f"{cfg.source}: no [[bots]] configured; see config/ for examples, or try `replyd demo`")
+    preflight(cfg)  # the checks `replyd config check` makes: the same config passes both or neither
     raise typer.Exit(Daemon(cfg).run_forever(grace_s))
 
 
@@ -46,13 +45,13 @@ def mcp(
     cfg = _load(config)
     mc = cfg.mcp
     # Checked first: a missing token fails before any bot logs in.
-    token = mc.http_token(host) if transport == "http" else ""
+    tokens = mcp_mod.http_scopes(cfg, host) if transport == "http" else {}
     service, close = mcp_mod.open_service(cfg)
     try:
         if transport == "stdio":
             mcp_mod.serve_stdio(service)
         else:
             mcp_mod.serve_http(service, host=host or mc.host, port=mc.port if port is None else port, path=mc.path,
-                               token=token, names=mc.hosts)
+                               tokens=tokens, names=mc.hosts, origins=mc.origins)
     finally:
         close()

@@ -37,6 +37,7 @@ default) never walks into httpcore frames holding raw header bytes.
 
 from __future__ import annotations
 
+import contextvars
 import email.utils
 import ipaddress
 import json
@@ -1150,6 +1151,20 @@ class HttpPlatform:
             self.log.warning(f"replyd.{self.kind}.read_back_failed", source=source, page=page_no, problem=exc.detail)
         return covered_after
 
+    def read_parents(self, pending: Sequence[Pending], *, sender_id: str) -> ReadBack:
+        """``ParentReplies``: the adapter's own ``read_back`` with the own-feed pass left out, so every parent
+        is read by its per-parent (per-topic, per-issue, per-thread) listing."""
+        token = _PER_PARENT.set(True)
+        try:
+            return self.read_back(pending, sender_id=sender_id)  # type: ignore[attr-defined]
+        finally:
+            _PER_PARENT.reset(token)
+
+    @staticmethod
+    def _per_parent() -> bool:
+        """True inside ``read_parents``: an adapter whose fallback units depend on its feed lists every parent."""
+        return _PER_PARENT.get()
+
     def _read_back(
         self,
         pending: Sequence[Pending],
@@ -1177,7 +1192,7 @@ class HttpPlatform:
             opened[p.parent.id] = min(p.opened_at, opened.get(p.parent.id, p.opened_at))
         found: Found = {}
         event = f"replyd.{self.kind}.read_back"
-        if feed is not None:
+        if feed is not None and not _PER_PARENT.get():
             try:
                 result.checked |= feed(opened, found)
             except PlatformError as exc:
@@ -1201,6 +1216,8 @@ class HttpPlatform:
 
 
 T = TypeVar("T")
+# Set by ``HttpPlatform.read_parents``: ``_read_back`` skips the own-feed pass.
+_PER_PARENT: contextvars.ContextVar[bool] = contextvars.ContextVar("replyd_per_parent", default=False)
 # Own replies found so far: parent id -> reply id -> reply.
 Found = dict[str, dict[str, OwnReply]]
 # What an own-feed page yields once the listing ran out: it is complete for all time.

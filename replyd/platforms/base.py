@@ -155,11 +155,30 @@ class Platform(Protocol):
 
 
 @runtime_checkable
+class ParentReplies(Protocol):
+    """Optional: read own replies from each parent itself (its thread, its comments), with no own-feed walk."""
+
+    def read_parents(self, pending: Sequence[Pending], *, sender_id: str) -> ReadBack:
+        """Like ``read_back``, every parent by its own listing: a look that does not share the walk's blind spots."""
+        ...
+
+
+@runtime_checkable
 class ReplyLinks(Protocol):
     """Optional: an adapter that knows the web address of one of the bot's own replies from its id."""
 
     def reply_url(self, reply_id: str, identity: Identity) -> str:
         """Return the link a person opens to see reply ``reply_id`` ("" when it cannot be built)."""
+        ...
+
+
+@runtime_checkable
+class Addressing(Protocol):
+    """Optional: an adapter that can tell whether a parent addresses the bot (MCP's ``addressed`` scope asks it)."""
+
+    def addresses(self, parent: Parent, identity: Identity) -> bool:
+        """Whether ``parent`` mentions the bot, replies to it or is a direct message to it, per the platform's own
+        fields (never its text)."""
         ...
 
 
@@ -187,6 +206,14 @@ class WebhookSource(Protocol):
 
     def parse_webhook(self, event: str, payload: Any) -> list[Parent] | str:
         """Return the parents a delivery of ``event`` names, or a short reason it names none to answer."""
+        ...
+
+    def webhook_scope(self, event: str, payload: Any, parent: Parent) -> str | None:
+        """None when the bot's own polling would find ``parent``; else why not, as one reason word (no I/O).
+
+        A webhook (a GitHub App's, an organisation's, a Slack app in several workspaces) delivers more than
+        the bot's config asks for: a parent is offered only inside what the pollers would have found.
+        """
         ...
 
 

@@ -94,6 +94,7 @@ DEFAULT_LISTING_DELAY_S = 5.0
 # getAuthorFeed serves at most 100 items per page.
 FEED_PAGE = 100
 INBOX_REASONS = ("mention", "reply")
+MENTION_FACET = "app.bsky.richtext.facet#mention"
 # Ancestors asked per getPostThread (the lexicon allows 1000). Each one nests the JSON a level
 # deeper, and Python's json module gives up (RecursionError) near 1000 levels.
 THREAD_DEPTH_PAGE = 250
@@ -455,6 +456,12 @@ class BlueskyPlatform(_http.HttpPlatform):
             root_uri, root_cid, in_reply_to = uri, cid, None
         labels = post["author"].get("labels")
         is_bot = isinstance(labels, list) and any(isinstance(lb, dict) and lb.get("val") == "bot" for lb in labels)
+        # Who the post addresses (MCP's addressed scope): the DIDs of its mention facets; a reply's parent and
+        # root name their authors in their URIs. Malformed facets address nobody and do not fail the post.
+        facets = record.get("facets")
+        mention_dids = [f["did"] for facet in (facets if isinstance(facets, list) else []) if isinstance(facet, dict)
+                        for f in (facet.get("features") if isinstance(facet.get("features"), list) else [])
+                        if isinstance(f, dict) and f.get("$type") == MENTION_FACET and isinstance(f.get("did"), str)]
         return Parent(
             id=uri,
             author_id=did,
@@ -464,7 +471,8 @@ class BlueskyPlatform(_http.HttpPlatform):
             url=_web_url(handle or did, uri),
             created_at=created,
             thread_depth=0 if reply is None else 1,
-            extra={"cid": cid, "root_uri": root_uri, "root_cid": root_cid, "in_reply_to": in_reply_to},
+            extra={"cid": cid, "root_uri": root_uri, "root_cid": root_cid, "in_reply_to": in_reply_to,
+                   "mention_dids": mention_dids},
         )
 
     # --- Platform: identity and discovery ---------------------------------------------
@@ -472,6 +480,22 @@ class BlueskyPlatform(_http.HttpPlatform):
     def reply_url(self, reply_id: str, identity: Identity) -> str:
         """Return the bsky.app page of one of the bot's replies (``reply_id`` is its at:// URI)."""
         return _web_url(identity.handle or identity.sender_id, reply_id)
+
+    def addresses(self, parent: Parent, identity: Identity) -> bool:
+        """Whether the post mentions the bot (a mention facet with its DID) or replies to a post or thread of its
+        (its DID in ``reply.parent`` / ``reply.root``). A reply deeper in a thread the bot only took part in is
+        notified by Bluesky but says nothing of the bot itself: not addressed here."""
+        extra = parent.extra
+        if identity.sender_id in (extra.get("mention_dids") or []):
+            return True
+        refs = (extra.get("in_reply_to"), extra.get("root_uri")) if extra.get("in_reply_to") else ()
+        for uri in refs:
+            try:
+                if uri and AtUri.parse(uri).authority == identity.sender_id:
+                    return True
+            except ValueError:
+                continue
+        return False
 
     def whoami(self) -> Identity:
         """Return the account's DID (the sender id) and handle, checking the session."""

@@ -522,27 +522,45 @@ class DiscoursePlatform(_http.HttpPlatform):
     # webhooks ---------------------------------------------------------------------------
 
     def parse_webhook(self, event: str, payload: Any) -> list[Parent] | str:
-        """A ``post_created`` delivery's post, when it addresses the bot (a mention, or a reply to the bot).
+        """A ``post_created`` delivery's post (not the bot's own) as the parent the pollers build (the post id).
 
-        Discourse sends every post of the forum to a webhook; the polled inbox only holds what notifies the
-        bot, so only those posts are parents here. The parent is the one the pollers build (the post id).
+        Discourse sends every post of the forum to a webhook: ``webhook_scope`` keeps the ones that notify the bot.
         """
         what = f"webhook {event or '(no event)'}"
         if not isinstance(payload, dict):
             raise BadResponse(f"{what}: body is not a JSON object")
         if event != "post_created":
             return f"{event or 'an unnamed event'} is not answered"
-        post = payload.get("post")
-        parent = self._post_parent(post, what)
-        me = self._identity()
-        if parent.author_id == me.sender_id:
+        parent = self._post_parent(payload.get("post"), what)
+        if parent.author_id == self._identity().sender_id:
             return "the bot's own post"
-        name = me.handle or self._username()
-        reply_to = _http.field(post, "reply_to_user.username", what, default=None)
-        mentioned = bool(name) and re.search(rf"(?<![\w@])@{re.escape(name)}(?![\w-])", parent.text, re.IGNORECASE)
-        if not mentioned and (reply_to or "").lower() != name.lower():
-            return "post_created does not address the bot (no mention, not a reply to it)"
         return [parent]
+
+    def webhook_scope(self, event: str, payload: Any, parent: Parent) -> str | None:
+        """None when the post would notify the bot with one of ``notification_types``; else ``not_addressed``.
+
+        Told from the delivery alone: ``mentioned`` (``@name`` in the raw text), ``replied`` (a reply to one of
+        the bot's posts) and ``quoted`` (a ``[quote="name, ...``). A private message, a group mention or a
+        watched topic or category needs the forum's state the delivery does not carry: the pollers find those.
+        """
+        post = payload.get("post") if isinstance(payload, dict) else None
+        if not isinstance(post, dict):
+            return "not_addressed"
+        name = self._identity().handle or self._username()
+        if not name:
+            return "not_addressed"
+        raw = post.get("raw") if isinstance(post.get("raw"), str) else parent.text
+        if NOTIFICATION_TYPES["mentioned"] in self._types and re.search(
+                rf"(?<![\w@])@{re.escape(name)}(?![\w-])", raw, re.IGNORECASE):
+            return None
+        reply_to = post.get("reply_to_user")
+        if (NOTIFICATION_TYPES["replied"] in self._types and isinstance(reply_to, dict)
+                and str(reply_to.get("username") or "").lower() == name.lower()):
+            return None
+        if NOTIFICATION_TYPES["quoted"] in self._types and re.search(
+                rf'\[quote="(?:{re.escape(name)}[,"]|[^"\]]*\busername:{re.escape(name)}\b)', raw, re.IGNORECASE):
+            return None
+        return "not_addressed"
 
     def resolve(self, ref: str) -> Parent:
         """Turn a post id, a ``/p/{id}`` link or a ``/t/[slug/]{topic}/{number}`` URL into the parent."""

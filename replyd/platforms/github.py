@@ -113,6 +113,11 @@ def _login(login: str) -> str:
     return login
 
 
+def _mentions(text: str, login: str) -> bool:
+    """True when ``text`` @mentions ``login`` (case-insensitive, not part of a longer name, an address or a path)."""
+    return re.search(rf"(?<![\w@/.`-])@{re.escape(login)}(?![\w-])", text, re.IGNORECASE) is not None
+
+
 def _iso(t: float) -> str:
     """Epoch seconds as GitHub's ``since`` wants them, rounded down to the second."""
     return datetime.fromtimestamp(int(t // 1), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -199,6 +204,7 @@ class GitHubPlatform(_http.HttpPlatform):
 
     def _setup(self) -> None:
         self._repos = tuple(self.s.repos)
+        self._repo_keys = frozenset(_repo_key(*full.split("/", 1)) for full in self._repos)
         self._reasons = frozenset(self.s.notification_reasons)
         self._wpm, self._wph = self.s.writes_per_minute, self.s.writes_per_hour
         self._writes: deque[float] = deque()
@@ -337,7 +343,9 @@ class GitHubPlatform(_http.HttpPlatform):
         what = "whoami"
         path = f"/users/{_http.seg(self.s.login, what)}" if self.s.login else "/user"
         body = _http.json_body(self._call("GET", path, what=what), what, dict)
-        return Identity(sender_id=_http.served_id(body, "id", what), handle=_http.field(body, "login", what, default=""))
+        self._me = Identity(sender_id=_http.served_id(body, "id", what),
+                            handle=_http.field(body, "login", what, default=""))
+        return self._me
 
     # inbox ------------------------------------------------------------------------------
 
@@ -565,6 +573,47 @@ class GitHubPlatform(_http.HttpPlatform):
             return [self._issue_parent(payload.get("issue"), what)]
         return f"{event or 'an unnamed event'}{'.' + action if action else ''} is not answered"
 
+    def webhook_scope(self, event: str, payload: Any, parent: Parent) -> str | None:
+        """None when this bot's pollers would find the delivery's issue; else why not (docs/PLATFORMS.md, GitHub).
+
+        The inbox lists every *open* issue of ``repos`` (a new comment updates it, so it is listed again) and,
+        with ``notifications``, the threads of ``notification_reasons`` in any repository: the bot's login
+        @mentioned (in the issue's body for ``issues``, in the comment for ``issue_comment``) or the bot
+        assigned. A ``team_mention`` or a search hit cannot be told from a delivery: those wait for the pollers.
+        """
+        owner, repo = parent.extra.get("owner"), parent.extra.get("repo")
+        listed = isinstance(owner, str) and isinstance(repo, str) and _repo_key(owner, repo) in self._repo_keys
+        if listed and parent.extra.get("state") == "open":
+            return None
+        if self.s.notifications:
+            return None if self._notified(event, payload) else "not_addressed"
+        return "issue_closed" if listed else "repo_not_listed"
+
+    def _notified(self, event: str, payload: Any) -> bool:
+        """True when GitHub would notify the bot of this delivery with one of ``notification_reasons``."""
+        me = self._identity()
+        issue = payload.get("issue") if isinstance(payload, dict) else None
+        if not isinstance(issue, dict):
+            return False
+        if "assign" in self._reasons:
+            people = issue.get("assignees") if isinstance(issue.get("assignees"), list) else []
+            people = [*people, issue.get("assignee")]
+            if any(isinstance(u, dict) and str(u.get("id")) == me.sender_id for u in people):
+                return True
+        if "mention" not in self._reasons:
+            return False
+        login = self.s.login or me.handle
+        if event == "issue_comment":
+            comment = payload.get("comment")
+            if not isinstance(comment, dict) or not isinstance(comment.get("user"), dict):
+                return False
+            if str(comment["user"].get("id")) == me.sender_id:
+                return False  # GitHub notifies no one of their own comment
+            text = comment.get("body")
+        else:
+            text = issue.get("body")  # a mention in the title notifies no one
+        return isinstance(text, str) and bool(login) and _mentions(text, login)
+
     def resolve(self, ref: str) -> Parent:
         """Turn ``owner/repo#n``, an issue/PR web URL or an API issue URL into the parent."""
         what = "resolve"
@@ -666,8 +715,13 @@ class GitHubPlatform(_http.HttpPlatform):
             since = self._horizon(opened_at[pid])
             return self._scan_issue_comments(owner, repo, number, since, sender_id, pid, found)
 
-        return self._read_back(pending, source=("issue", "parent_id"), feed=by_repo, fallback=issue,
-                               units=lambda opened, checked: ((pid, [pid]) for pid in fallback))
+        def issues(opened: dict[str, float], checked: set[str]) -> Iterable[tuple[str, list[str]]]:
+            if self._per_parent():  # read_parents: no repository listing ran, every issue is read by itself
+                opened_at.update(opened)
+                return ((pid, [pid]) for pid in where)
+            return ((pid, [pid]) for pid in fallback)
+
+        return self._read_back(pending, source=("issue", "parent_id"), feed=by_repo, fallback=issue, units=issues)
 
     def _own_comment(self, item: Any, what: str) -> tuple[str, str, str, float]:
         """``(comment id, author id, issue_url, created_at)`` of a listed comment."""

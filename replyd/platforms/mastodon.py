@@ -111,6 +111,15 @@ class MastodonPlatform(_http.HttpPlatform):
         language = _http.field(obj, _at(at, "language"), what, default=None)
         url = _http.field(obj, _at(at, "url"), what, default="")
         account = _http.field(obj, _at(at, "account"), what, dict)
+        # Who the status addresses, from Mastodon's own fields: mentions[].id (a direct status is visible to
+        # exactly those) and in_reply_to_account_id. Malformed values address nobody (never guessed) and do not
+        # fail the status: only MCP's addressed scope reads them.
+        status_obj = _http.field(obj, at, what, dict) if at else obj
+        mentions = status_obj.get("mentions")
+        mention_ids = [m["id"] for m in mentions if isinstance(m, dict) and isinstance(m.get("id"), str)] \
+            if isinstance(mentions, list) else []
+        reply_to_account = status_obj.get("in_reply_to_account_id")
+        reply_to_account = reply_to_account if isinstance(reply_to_account, str) else None
         return Parent(
             id=sid,
             author_id=author_id,
@@ -124,6 +133,8 @@ class MastodonPlatform(_http.HttpPlatform):
                 "acct": acct,
                 "visibility": visibility,
                 "in_reply_to_id": in_reply_to,
+                "in_reply_to_account_id": reply_to_account,
+                "mention_ids": mention_ids,
                 "spoiler_text": spoiler,
                 "language": language,
             },
@@ -145,6 +156,12 @@ class MastodonPlatform(_http.HttpPlatform):
     def reply_url(self, reply_id: str, identity: Identity) -> str:
         """Return the status page of one of the bot's replies (``/@acct/id``), as Mastodon serves it."""
         return f"{self.s.base_url}/@{identity.handle}/{reply_id}" if identity.handle else ""
+
+    def addresses(self, parent: Parent, identity: Identity) -> bool:
+        """Whether the status mentions the bot's account (a DM is a direct status that does) or replies to it."""
+        extra = parent.extra
+        return identity.sender_id in (extra.get("mention_ids") or []) or \
+            (extra.get("in_reply_to_account_id") or None) == identity.sender_id
 
     def whoami(self) -> Identity:
         """Return the account's stable id (as served) and its acct."""
@@ -250,6 +267,10 @@ class MastodonPlatform(_http.HttpPlatform):
             raise BadResponse("webhook: a mention delivery must be a notification object of type mention")
         parent = self._parent(payload, "webhook", "status")
         return [parent] if parent is not None else "a reblog is not answered"
+
+    def webhook_scope(self, event: str, payload: Any, parent: Parent) -> str | None:
+        """Always None: a mention delivery is the account's own notification, the inbox poll's own item."""
+        return None
 
     def search(self, query: str, cursor: str | None) -> Page:
         """Return statuses matching ``query`` newer than ``cursor`` (a status id), oldest first."""

@@ -64,6 +64,8 @@ class MemoryPlatform:
         self.real_listing_delay_s: float | None = None  # when the platform is slower than configured
         self.send_calls = 0
         self.readback_calls = 0
+        self.parent_reads = 0  # read_parents calls
+        self.feed_misses: set[str] = set()  # reply ids read_back never lists (an own-feed walk's blind spot)
         self.depth_calls = 0
         self.depth_failures = 0  # the next N thread_depth calls raise DefinitelyNotSent
         self.parents: dict[str, Parent] = {}
@@ -127,6 +129,10 @@ class MemoryPlatform:
         """Return parents created since ``since``."""
         return [p for p in self.parents.values() if (p.created_at or 0) >= since]
 
+    def addresses(self, parent: Parent, identity: Identity) -> bool:
+        """Whether the parent lists the bot in ``extra["mention_ids"]`` (tests set it with ``add_parent``)."""
+        return identity.sender_id in (parent.extra.get("mention_ids") or [])
+
     def resolve(self, ref: str) -> Parent:
         """Return the parent with id ``ref`` (or a bare parent if unknown)."""
         return self.parents.get(ref) or Parent(id=ref, author_id="")
@@ -186,12 +192,21 @@ class MemoryPlatform:
         if self.readback_failures > 0:
             self.readback_failures -= 1
             raise BadResponse("read-back failed (scripted)")
+        return self._listed(pending, sender_id, self.feed_misses)
+
+    def read_parents(self, pending: Sequence[Pending], *, sender_id: str) -> ReadBack:
+        """``ParentReplies``: each parent's own replies after the listing delay, ``feed_misses`` included."""
+        self.parent_reads += 1
+        return self._listed(pending, sender_id, set())
+
+    def _listed(self, pending: Sequence[Pending], sender_id: str, missed: set[str]) -> ReadBack:
         delay = self.listing_delay_s if self.real_listing_delay_s is None else self.real_listing_delay_s
         now = self.clock.now()
         wanted = {p.parent.id for p in pending}
         found: dict[str, list[OwnReply]] = {}
         for r in sorted(self.replies(), key=lambda r: r["at"]):
-            if r["sender_id"] == sender_id and r["parent_id"] in wanted and r["at"] + delay <= now:
+            if (r["sender_id"] == sender_id and r["parent_id"] in wanted and r["at"] + delay <= now
+                    and r["reply_id"] not in missed):
                 found.setdefault(r["parent_id"], []).append(OwnReply(r["reply_id"], r["parent_id"], r["at"]))
         return ReadBack(found=found, checked=wanted)
 

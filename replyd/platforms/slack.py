@@ -313,8 +313,9 @@ class SlackPlatform(_http.HttpPlatform):
             extra={"channel": channel, "ts": ts, "thread_ts": thread_ts, "team": self._team},
         )
 
-    def parse_event(self, payload: Any) -> list[Parent] | str:
-        """An Events API body (``event_callback``) as its parents, or why it has none."""
+    def parse_event(self, payload: Any, *, mention: bool = True) -> list[Parent] | str:
+        """An Events API body (``event_callback``) as its parents, or why it has none (``mention``: channel
+        messages that do not mention the bot are none; the webhook leaves that to ``webhook_scope``)."""
         if not isinstance(payload, dict) or payload.get("type") != "event_callback":
             return f"{str(payload.get('type') if isinstance(payload, dict) else 'body')[:40]} is not answered"
         event = payload.get("event")
@@ -324,12 +325,37 @@ class SlackPlatform(_http.HttpPlatform):
         channel = event.get("channel")
         if not isinstance(channel, str) or not _ID.match(channel):
             raise BadResponse("slack event: field event.channel missing or not a channel id")
-        found = self._parent(event, channel, channel_type=event.get("channel_type"))
+        found = self._parent(event, channel, channel_type=event.get("channel_type"), mention=mention)
         return [found] if isinstance(found, Parent) else found
 
     def parse_webhook(self, event: str, payload: Any) -> list[Parent] | str:
         """An Events API delivery as its parents (``event`` is unused: Slack names the event in the body)."""
-        return self.parse_event(payload)
+        return self.parse_event(payload, mention=False)
+
+    def webhook_scope(self, event: str, payload: Any, parent: Parent) -> str | None:
+        """None when the backstop poll would find the message; else why not.
+
+        The poll reads, with the bot token, its own workspace only, the ``channels`` given (else every
+        conversation the bot is a member of: the only ones Slack sends the app events of), and takes the
+        mentions of the bot there and every message of a DM. An app installed in several workspaces gets
+        every workspace's events on one URL and signing secret: another workspace's are ``other_workspace``.
+        """
+        me = self._identity()
+        body = payload if isinstance(payload, dict) else {}
+        auths = body.get("authorizations") if isinstance(body.get("authorizations"), list) else []
+        named = [body.get("team_id"), *(a.get("team_id") for a in auths if isinstance(a, dict))]
+        teams = {t for t in named if isinstance(t, str)}
+        if self._team is not None and self._team not in teams:
+            return "other_workspace"  # a delivery naming no workspace is not provably this bot's either
+        channel = parent.extra.get("channel")
+        if self.s.channels and channel not in self.s.channels:
+            return "channel_not_listed"
+        event_body = body.get("event")
+        channel_type = event_body.get("channel_type") if isinstance(event_body, dict) else None
+        is_dm = channel_type == "im" or str(channel).startswith("D")
+        if not is_dm and f"<@{me.sender_id}>" not in parent.text:
+            return "not_addressed"
+        return None
 
     def webhook_challenge(self, payload: Any) -> dict[str, Any] | None:
         """Answer Slack's ``url_verification`` with its challenge; None for every other delivery."""
@@ -384,8 +410,14 @@ class SlackPlatform(_http.HttpPlatform):
                     except BadResponse as exc:
                         self.log.warning("replyd.slack.socket_unreadable", platform=self.instance, problem=exc.detail)
                         continue
-                    if not isinstance(found, str):
-                        yield from found
+                    for parent in [] if isinstance(found, str) else found:
+                        # The same scope as a webhook's: another workspace's or an unlisted channel's is not offered.
+                        reason = self.webhook_scope("", msg.get("payload"), parent)
+                        if reason is None:
+                            yield parent
+                        else:
+                            self.log.info("replyd.slack.socket_dropped", platform=self.instance, reason=reason,
+                                          parent_id=parent.id)
         except (WebSocketException, OSError) as exc:
             raise DefinitelyNotSent(_http.redact(f"socket mode: {type(exc).__name__}: {exc}", self._secrets())) from None
 

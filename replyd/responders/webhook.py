@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, field_validator
 
 from replyd import __version__
 from replyd import log as rlog
+from replyd.platforms._http import require_https
 from replyd.responders.base import (Parent, Responder, TimeoutS, declined, register_responder, responder_payload,
                                     secret_value)
 from replyd.responders.jsonpost import HttpSettings, HttpUrlText, JsonPost
@@ -86,6 +87,11 @@ class WebhookSettings(HttpSettings):
     timeout_s: TimeoutS = 30.0
     hmac_secret: SecretStr | None = None
     headers: dict[str, str] = {}
+    allow_insecure_http: bool = False  # INSECURE_HTTP: credentials over http:// to a non-loopback host
+
+    def credentials(self) -> bool:
+        """True when a call carries a secret: a signature under ``hmac_secret`` or a sensitive header."""
+        return self.hmac_secret is not None or any(_SENSITIVE_HEADER.search(k) for k in self.headers)
 
     @field_validator("hmac_secret")
     @classmethod
@@ -112,5 +118,7 @@ class WebhookSettings(HttpSettings):
 def _webhook(settings: Mapping[str, Any]) -> Responder:
     """Build a ``webhook`` responder from its settings; raise ConfigError."""
     s = WebhookSettings.parse(settings)
+    if s.credentials():  # the openai kind's rule: no token (nor a signature under one) in clear to another host
+        require_https(s.url, allowed=s.allow_insecure_http, where="responder.url")
     return WebhookResponder(s.url, timeout_s=s.timeout_s, retries=s.retries, hmac_secret=secret_value(s.hmac_secret),
                             headers=s.headers)

@@ -134,10 +134,14 @@ class Store(Reads):
         """Apply schema migrations up to ``revision`` (serialised across replicas)."""
         from replyd import migrate
 
+        from alembic.util import CommandError
+
         try:
             migrate.upgrade(self.engine, revision)
         except sa.exc.DBAPIError as exc:
             raise map_db_error(exc, "migrating the schema") from None
+        except CommandError as exc:  # a revision this replyd does not know: a newer one migrated the store
+            raise SchemaError(f"cannot migrate the schema: {exc} (a newer replyd may have migrated this store)") from None
 
     def schema_revision(self) -> tuple[str | None, str]:
         """Return (the database's schema revision, the newest this replyd knows)."""

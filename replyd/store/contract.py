@@ -90,8 +90,9 @@ class AnsweredLog(Protocol):
         """The oldest open rows."""
     def oldest_due_open(self, platform: str, sender_id: str, now: float) -> float | None:
         """The deadline of a bot's oldest open row past it."""
-    def rows_in(self, platform: str, sender_id: str, states: Sequence[str], limit: int = 500) -> list[Row]:
-        """A bot's rows in ``states``, oldest update first."""
+    def rows_in(self, platform: str, sender_id: str, states: Sequence[str], limit: int = 500, *,
+                since: float | None = None) -> list[Row]:
+        """A bot's rows in ``states`` (changed at or after ``since``), oldest update first."""
     def reoffer_due(self, platform: str, sender_id: str, *, now: float, after: tuple[float, str] | None,
                     limit: int) -> list[Row]:
         """One page of a bot's rows waiting to be offered again."""

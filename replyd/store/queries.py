@@ -164,18 +164,17 @@ class Reads:
                 out.append((Row(**d), now - at))
             return out
 
-    def rows_in(self, platform: str, sender_id: str, states: Sequence[str], limit: int = 500) -> list[Row]:
-        """Return rows of one bot in the given states (oldest update first)."""
-        q = (
-            sa.select(REPLIES)
-            .where(
-                REPLIES.c.platform == platform,
-                REPLIES.c.sender_id == sender_id,
-                REPLIES.c.state.in_(list(states)),
-            )
-            .order_by(REPLIES.c.updated_at)
-            .limit(limit)
+    def rows_in(self, platform: str, sender_id: str, states: Sequence[str], limit: int = 500, *,
+                since: float | None = None) -> list[Row]:
+        """Return rows of one bot in the given states, changed at or after ``since`` (oldest update first)."""
+        q = sa.select(REPLIES).where(
+            REPLIES.c.platform == platform,
+            REPLIES.c.sender_id == sender_id,
+            REPLIES.c.state.in_(list(states)),
         )
+        if since is not None:
+            q = q.where(REPLIES.c.updated_at >= since)
+        q = q.order_by(REPLIES.c.updated_at, REPLIES.c.parent_id).limit(limit)
         with self._tx(write=False, doing="reading rows") as conn:
             return [Row(**dict(m)) for m in conn.execute(q).mappings()]
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from replyd.errors import MaybeSent, PlatformError
-from replyd.platforms.base import Parent, Pending, Platform, ReadBack
+from replyd.platforms.base import ParentReplies, Parent, Pending, Platform, ReadBack
 from tests.contract.harnesses import Harness
 
 
@@ -17,17 +19,22 @@ def _answer(harness: Harness, adapter: Platform, parent: Parent) -> str:
     return adapter.send(parent, "here is how", provider_key=harness.provider_key(adapter, parent.id)).reply_id
 
 
-def test_read_back_found_after_a_lost_response(harness: Harness) -> None:
-    """A reply whose answer was lost is found under its parent, and that parent counts as checked."""
-    adapter = harness.adapter()
-    parent = harness.parent(adapter)
-    opened = harness.clock.now()
+def _lost_answer(harness: Harness, adapter: Platform, parent: Parent) -> None:
+    """Answer ``parent`` with the send's response lost on the way back (the reply exists on the platform)."""
     harness.fail_next_send("lost")
     try:
         adapter.send(parent, "here is how", provider_key=harness.provider_key(adapter, parent.id))
     except MaybeSent:
         pass
     assert harness.reply_count(parent.id) == 1
+
+
+def test_read_back_found_after_a_lost_response(harness: Harness) -> None:
+    """A reply whose answer was lost is found under its parent, and that parent counts as checked."""
+    adapter = harness.adapter()
+    parent = harness.parent(adapter)
+    opened = harness.clock.now()
+    _lost_answer(harness, adapter, parent)
     me = adapter.whoami().sender_id
     rb = harness.eventually(lambda: adapter.read_back([_pending(harness, adapter, parent, opened)], sender_id=me),
                             lambda rb: parent.id in rb.found)
@@ -96,3 +103,34 @@ def test_read_back_failed_checks_nothing(harness: Harness, failure: str) -> None
         return
     assert rb.checked == set()
     assert rb.found == {}
+
+
+def test_read_parents_finds_the_reply_without_the_own_feed(harness: Harness) -> None:
+    """``ParentReplies``: a reply whose answer was lost is found by its parent's own listing, and checked."""
+    adapter = harness.adapter()
+    if not isinstance(adapter, ParentReplies):
+        pytest.skip(f"{harness.kind}: the adapter has no per-parent read (ParentReplies)")
+    parent, other = harness.parent(adapter), harness.parent(adapter)
+    opened = harness.clock.now()
+    _lost_answer(harness, adapter, parent)
+    me = adapter.whoami().sender_id
+    pending = [_pending(harness, adapter, parent, opened), _pending(harness, adapter, other, opened)]
+    paths: list[str] = []
+    hooks = getattr(harness, "http", None)
+    if hooks is not None:
+        hooks.event_hooks["request"].append(lambda req: paths.append(req.url.path))
+    try:
+        rb = harness.eventually(lambda: adapter.read_parents(pending, sender_id=me),
+                                lambda rb: parent.id in rb.found and other.id in rb.checked)
+    finally:
+        if hooks is not None:
+            hooks.event_hooks["request"].pop()
+    assert len(rb.found[parent.id]) == 1 and parent.id in rb.checked
+    assert other.id not in rb.found
+    feed = FEED_PATHS.get(harness.kind)
+    assert feed is None or not [p for p in paths if re.search(feed, p)], paths  # no own-feed walk
+
+
+# The own-feed listing of each adapter that has one: read_parents must not read it.
+FEED_PATHS = {"mastodon": r"/accounts/[^/]+/statuses$", "discourse": r"/user_actions", "github": r"/issues/comments$",
+              "bluesky": r"getAuthorFeed"}
