@@ -157,7 +157,7 @@ class SimHost:
         """Bind an ephemeral port and serve."""
         logging.getLogger("uvicorn.error").addFilter(_mute_filter)
         self._server = ThreadedServer(_Counting(build_app(self.world), self), name="chaos-sim", grace_s=1,
-                                      log_level="critical").start()
+                                      date_header=False, log_level="critical").start()
         self.base_url = self.world.base_url = self._server.url
         return self
 

@@ -79,6 +79,18 @@ class FakeClock:
             self._t = t
 
 
+class OffsetClock:
+    """Another clock plus a constant offset: a machine whose clock runs ``offset_s`` ahead (negative: behind)."""
+
+    def __init__(self, base: Clock, offset_s: float) -> None:
+        self.base = base
+        self.offset_s = offset_s
+
+    def now(self) -> float:
+        """Return the base clock's time plus the offset."""
+        return self.base.now() + self.offset_s
+
+
 class DatabaseClock:
     """Epoch time taken from the database and carried forward by the local monotonic clock.
 

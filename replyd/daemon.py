@@ -48,7 +48,7 @@ from replyd.guard import Guard
 from replyd.lag import ListingLag
 from replyd.liveness import SWEEP, Heartbeat, Liveness, error_words
 from replyd.pipeline import Pipeline
-from replyd.platforms.base import Identity, Platform, StreamSource, WebhookSource, make_platform
+from replyd.platforms.base import Identity, MeasuresClock, Platform, StreamSource, WebhookSource, make_platform
 from replyd.platforms._http import make_client
 from replyd.policy import Policy
 from replyd.pollers import Pollers
@@ -438,6 +438,8 @@ class Daemon:
             if every_s > 0:
                 self.liveness.track(name, path, every_s, timeout_s)
         self.liveness.identify(name, bot.platform.instance, bot.identity.sender_id)
+        if isinstance(bot.platform, MeasuresClock):
+            self.liveness.platform_clock(name, bot.platform.clock_view)
         metrics.name_platform(bot.platform.instance, name)
         metrics.breaker_state(bot.platform.instance, bool(bot.guard.breaker and bot.guard.breaker.is_open))
 

@@ -25,7 +25,7 @@ Time comes from the daemon's clock (injected), so tests move it without sleeping
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -139,6 +139,7 @@ class Liveness:
         self._paths: dict[tuple[str, str], PathHealth] = {}
         self._bots: dict[str, BotStart] = {}
         self._keys: dict[str, tuple[str, str]] = {}  # bot -> (platform instance, sender id)
+        self._clocks: dict[str, Callable[[], dict[str, Any]]] = {}  # bot -> its platform clock's view
         self._lock = threading.Lock()
 
     def track(self, bot: str, path: str, interval_s: float, timeout_s: float = 0.0) -> None:
@@ -209,6 +210,10 @@ class Liveness:
         """Tell which key prefix ``bot`` writes, to find its oldest due open row."""
         self._keys[bot] = (platform, sender_id)
 
+    def platform_clock(self, bot: str, view: Callable[[], dict[str, Any]]) -> None:
+        """Show ``view()`` (the bot's platform clock as measured in this process) in every snapshot."""
+        self._clocks[bot] = view
+
     def beat(self, bot: str) -> BotHeartbeat:
         """Return the ``Heartbeat`` one bot's pollers report to."""
         return BotHeartbeat(self, bot)
@@ -276,6 +281,9 @@ class Liveness:
                 b["stale"].append(path)
             if d["failing"]:
                 b["failing"].append(path)
+        for bot, b in out.items():
+            view = self._clocks.get(bot)
+            b["platform_clock"] = view() if view is not None else None
         if store is not None:
             for bot, b in out.items():
                 key = self._keys.get(bot)

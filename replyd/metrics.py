@@ -119,8 +119,13 @@ POLL_SKIPS = Counter(
     ["platform", "path"],
     registry=None,
 )
+PLATFORM_CLOCK_OFFSET = Gauge(
+    "replyd_platform_clock_offset_seconds",
+    "The platform's clock minus replyd's, as measured from its responses (created_at of own replies, Date).",
+    ["platform"], registry=None,
+)
 SHARED = (SENDS, SEND_SECONDS, OUTCOMES, PLATFORM_ERRORS, RESPONDER_CALLS, RESPONDER_SECONDS, SWEEP_ROWS, DUPLICATES,
-          TOO_LATE, SKIPS, POLLS, WEBHOOKS, WEBHOOK_DROPS, LISTING_LAG, POLL_SKIPS, BREAKER_OPEN)
+          TOO_LATE, SKIPS, POLLS, WEBHOOKS, WEBHOOK_DROPS, LISTING_LAG, POLL_SKIPS, BREAKER_OPEN, PLATFORM_CLOCK_OFFSET)
 
 # The `platform` label is the bot's name (or a short instance), never a URL: instance -> label.
 _LABELS: dict[str, str] = {}
@@ -128,7 +133,13 @@ _LABELS: dict[str, str] = {}
 
 def name_platform(instance: str, label: str) -> None:
     """Label series of platform ``instance`` with ``label`` (the bot's name) from now on."""
+    old = platform_label(instance)
     _LABELS[instance] = label
+    if old != label:
+        try:  # a gauge holds its last value: the series under the old label would stay, stale
+            PLATFORM_CLOCK_OFFSET.remove(old)
+        except KeyError:
+            pass
     for k in [k for k in _CHILDREN if k[1] and k[1][0] == instance]:
         del _CHILDREN[k]  # rebuilt with the new label on next use
 
@@ -269,6 +280,11 @@ def timed_responder(compose: Callable[[Any], str | None], parent: Any, platform:
 def listing_lag(platform: str, seconds: float) -> None:
     """Observe one own reply's listing lag (its age when a read-back first listed it)."""
     _child(LISTING_LAG, platform).observe(seconds)
+
+
+def platform_clock_offset(platform: str, seconds: float) -> None:
+    """Set the measured offset of platform instance ``platform``'s clock from replyd's."""
+    _child(PLATFORM_CLOCK_OFFSET, platform).set(seconds)
 
 
 def poll(bot: str, path: str, *, ok: bool) -> None:

@@ -41,11 +41,14 @@ def url_of(sock: socket.socket, host: str) -> str:
 
 
 def uvicorn_config(app: Callable[..., Any], *, grace_s: float, log_level: str = "warning",
-                   lifespan: str = "off") -> uvicorn.Config:
-    """The uvicorn settings every replyd server uses: asyncio, h11, no websockets, replyd's logging, no access log."""
+                   lifespan: str = "off", date_header: bool = True) -> uvicorn.Config:
+    """The uvicorn settings every replyd server uses: asyncio, h11, no websockets, replyd's logging, no access log.
+
+    ``date_header=False`` leaves the ``Date`` header to the app (a simulated platform serves its own clock's).
+    """
     # h11: the sim's and the fixtures' drop faults rely on h11 closing the transport mid-body.
     return uvicorn.Config(app, loop="asyncio", http="h11", ws="none", lifespan=lifespan, log_config=None,
-                          log_level=log_level, access_log=False,
+                          log_level=log_level, access_log=False, date_header=date_header,
                           timeout_graceful_shutdown=max(1, int(grace_s)))
 
 
@@ -60,6 +63,7 @@ class ThreadedServer:
     grace_s: float = 10.0
     start_timeout_s: float = 15.0
     log_level: str = "warning"
+    date_header: bool = True  # uvicorn's Date (the machine's clock); False: the app serves its own
     url: str = field(default="", init=False)
     _server: uvicorn.Server | None = field(default=None, init=False, repr=False)
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
@@ -72,7 +76,8 @@ class ThreadedServer:
         sock = bind(self.host, self.port, what=self.name)
         self.port = sock.getsockname()[1]
         self.url = url_of(sock, self.host)
-        self._server = uvicorn.Server(uvicorn_config(self.app, grace_s=self.grace_s, log_level=self.log_level))
+        self._server = uvicorn.Server(uvicorn_config(self.app, grace_s=self.grace_s, log_level=self.log_level,
+                                                     date_header=self.date_header))
         self._failure = None
         self._thread = threading.Thread(target=self._run, args=(self._server, sock), name=f"replyd-{self.name}",
                                         daemon=True)

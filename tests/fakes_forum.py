@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 import re
 import shutil
 import ssl
@@ -44,7 +45,7 @@ from starlette.routing import Route
 
 from replyd.clock import FakeClock
 from replyd.store import Store
-from tests.fixtures_server import DropResponse, FixtureServer, load_fixture
+from tests.fixtures_server import DropResponse, FixtureServer, http_date, load_fixture
 
 
 def _fx(platform: str, name: str) -> Any:
@@ -333,7 +334,9 @@ class FakeDiscourse:
                     "You are not permitted to view the requested resource. The API username or key is invalid.",
                     "invalid_access",
                 )
-            return self._route(request, "/" + request.path_params["path"], body, me)
+            resp = self._route(request, "/" + request.path_params["path"], body, me)
+            resp.headers["date"] = http_date(self.clock.now())  # the forum's own clock, as a real server's Date
+            return resp
 
     def _route(self, request: Request, path: str, body: bytes, me: FakeUser) -> Response:
         q = request.query_params
@@ -563,6 +566,9 @@ class FakeGitHub:
         self.lock = threading.RLock()
         self.listing_delay_s = 0.0
         self.faults: list[str] = []
+        self.lost_rate = 0.0  # the share of creates (without a queued fault) whose response is lost after creating
+        self.lost_responses = 0  # creates whose comment was made and whose response was then cut
+        self._rng = random.Random(0)
         self.users: dict[int, FakeUser] = {}
         self.repos: dict[str, int] = {}  # full name -> repository id
         self.issues: dict[int, GIssue] = {}
@@ -753,7 +759,10 @@ class FakeGitHub:
                     {"message": "Bad credentials", "documentation_url": "https://docs.github.com/rest", "status": "401"},
                     status_code=401,
                 )
-            return self._route(request, "/" + request.path_params["path"], body)
+            resp = self._route(request, "/" + request.path_params["path"], body)
+            # GitHub's own clock: its Date, its created_at and updated_at, and the `since` it filters on.
+            resp.headers["date"] = http_date(self.clock.now())
+            return resp
 
     def _not_found(self) -> JSONResponse:
         return JSONResponse({"message": "Not Found", "documentation_url": "https://docs.github.com/rest", "status": "404"}, status_code=404)
@@ -870,6 +879,8 @@ class FakeGitHub:
     def _create(self, issue: GIssue, data: dict[str, Any]) -> Response:
         self.create_requests += 1
         fault = self.faults.pop(0) if self.faults else None
+        if fault is None and self.lost_rate and self._rng.random() < self.lost_rate:
+            fault = "lost"
         if fault == "error_before":
             return JSONResponse({"message": "Server Error"}, status_code=502)
         if fault == "rate_limited":
@@ -891,6 +902,7 @@ class FakeGitHub:
             )
         c = self._add_comment(self.bot, issue, str(data.get("body", "")))
         if fault == "lost":
+            self.lost_responses += 1
             return DropResponse(status_code=201)
         if fault == "error_after":
             return JSONResponse({"message": "Server Error"}, status_code=502)

@@ -14,6 +14,7 @@ Unrouted requests get a 404 ``{"error": "no route"}`` and are still recorded.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import os
 import socket
@@ -65,6 +66,11 @@ def load_fixture(platform: str, name: str) -> bytes:
     if not path.is_file():
         pytest.skip(f"recorded fixture {path} is missing")
     return path.read_bytes()
+
+
+def http_date(t: float) -> str:
+    """Epoch ``t`` as an HTTP ``Date`` header value (whole seconds, as servers send it)."""
+    return email.utils.formatdate(int(t), usegmt=True)
 
 
 @dataclass
@@ -160,7 +166,10 @@ class FixtureServer:
 
     def start(self) -> None:
         """Bind an ephemeral port and serve until ``stop``."""
-        self._server = ThreadedServer(self._app, name="fixture-server", grace_s=1, log_level="critical").start()
+        # No uvicorn Date: a recorded body's times are not this machine's clock, and a Date header that
+        # disagrees with them would be measured as the platform's clock skew (a test that wants one routes it).
+        self._server = ThreadedServer(self._app, name="fixture-server", grace_s=1, log_level="critical",
+                                      date_header=False).start()
         self.port = self._server.port
 
     def stop(self) -> None:

@@ -335,6 +335,10 @@ def test_get_author_feed_fixture_read_back(fixture_server: FixtureServer, http_c
     fixture_server.route("GET", GET_RECORD, NOT_FOUND)
     fixture_server.route("GET", FEED, Reply(body=body), Reply(body={"feed": []}))
     p = make(fixture_server, http_client)
+    # Measured in step with replyd's clock (one exact sample): the recorded server serves no Date, and an
+    # unmeasured clock would read the feed a day further back.
+    now = p._clock.now()
+    p.platform_clock.note(now, 0.0, now, now, "created")
     mine = next(i["post"] for i in body["feed"] if "reply" in i["post"]["record"])
     target = mine["record"]["reply"]["parent"]["uri"]
     created = epoch(mine["record"]["createdAt"])

@@ -70,6 +70,14 @@ def fxj(name: str) -> Any:
     return json.loads(fx(name))
 
 
+def in_sync(p: GitHubPlatform) -> GitHubPlatform:
+    """``p`` with its platform clock measured in step with its own (one exact sample): these recorded servers
+    serve no Date, and an unmeasured clock sends every ``since`` a day early."""
+    now = p._clock.now()
+    p.platform_clock.note(now, 0.0, now, now, "created")
+    return p
+
+
 def make(url: str, http: httpx.Client, clock: FakeClock | None = None, **settings: Any) -> GitHubPlatform:
     """An adapter for ``url`` with the test token."""
     return GitHubPlatform.from_settings({"api_url": url, "token": TOKEN, **settings}, http=http, clock=clock or FakeClock())
@@ -203,7 +211,7 @@ def test_issue_comments_since_fixture(fixture_server: FixtureServer, http_client
     fixture_server.route("GET", "/repos/hub4j-test-org/GHIssueTest/issues/comments", Reply(status=502))
     fixture_server.route("GET", COMMENTS, comments)
     opened = _http.iso_to_epoch("2022-09-22T10:49:19Z")
-    rb = make(fixture_server.url, http_client).read_back([Pending(parent(), opened_at=opened)], sender_id="412878")
+    rb = in_sync(make(fixture_server.url, http_client)).read_back([Pending(parent(), opened_at=opened)], sender_id="412878")
     assert [r.reply_id for r in rb.found["1382059470"]] == ["1254853570"]
 
 
@@ -212,7 +220,7 @@ def test_repo_issue_comments_fixture_batched(fixture_server: FixtureServer, http
     path = "/repos/octokit/octokit.rb/issues/comments"
     fixture_server.route("GET", path, Reply(body=fx("repo_issue_comments.json"), headers={"link": REPO_COMMENTS_LINK}), Reply(body=b"[]"))
     pending = [Pending(parent("octokit/octokit.rb", n, f"P{n}"), opened_at=1_272_000_000.0) for n in (3, 4, 6, 8)]
-    rb = make(fixture_server.url, http_client).read_back(pending, sender_id="865")
+    rb = in_sync(make(fixture_server.url, http_client)).read_back(pending, sender_id="865")
     assert {k: [r.reply_id for r in v] for k, v in rb.found.items()} == {
         "P3": ["436604", "439368"], "P6": ["490831"], "P8": ["645961", "655244"],
     }

@@ -95,6 +95,13 @@ def make(url: str, http: httpx.Client, clock: FakeClock | None = None, **setting
     )
 
 
+def in_sync(p: MastodonPlatform, clock: FakeClock) -> MastodonPlatform:
+    """``p`` with its platform clock measured in step with ``clock`` (one exact sample, as a reply's created_at
+    would give): these recorded servers serve no Date, and an unmeasured clock widens every window a day."""
+    p.platform_clock.note(clock.now(), 0.0, clock.now(), clock.now(), "created")
+    return p
+
+
 def id_key(value: str) -> tuple[int, str]:
     """Mastodon id order."""
     return (len(value), value)
@@ -303,7 +310,8 @@ def test_account_statuses_fixture_read_back(fixture_server: FixtureServer, http_
     """The recorded own feed (no replies) conclusively checks a parent opened after its oldest post."""
     fixture_server.route("GET", FEED, Reply(body=fx("account_statuses.json"), headers={"link": STATUSES_LINK}))
     pid = "117020577157693549"
-    rb = make(fixture_server.url, http_client).read_back(
+    clock = FakeClock()
+    rb = in_sync(make(fixture_server.url, http_client, clock), clock).read_back(
         [Pending(parent=Parent(id=pid, author_id="x"), opened_at=epoch("2026-08-01T13:55:00Z"))],
         sender_id=SENDER,
     )
@@ -604,7 +612,8 @@ def test_read_back_falls_back_to_context(fixture_server: FixtureServer, http_cli
         Pending(parent=Parent(id="NEW", author_id="a"), opened_at=now),
         Pending(parent=Parent(id="OLD", author_id="a"), opened_at=now - 5000),
     ]
-    rb = make(fixture_server.url, http_client, clock, readback_max_pages=1).read_back(pending, sender_id=SENDER)
+    rb = in_sync(make(fixture_server.url, http_client, clock, readback_max_pages=1), clock).read_back(
+        pending, sender_id=SENDER)
     assert rb.checked == {"NEW", "OLD"}
     assert [r.reply_id for r in rb.found["OLD"]] == ["2500"]
     assert "NEW" not in rb.found
@@ -623,7 +632,7 @@ def test_read_back_partial_feed_then_failures(fixture_server: FixtureServer, htt
         Pending(parent=Parent(id="NEW", author_id="a"), opened_at=now),
         Pending(parent=Parent(id="OLD", author_id="a"), opened_at=now - 5000),
     ]
-    rb = make(fixture_server.url, http_client, clock).read_back(pending, sender_id=SENDER)
+    rb = in_sync(make(fixture_server.url, http_client, clock), clock).read_back(pending, sender_id=SENDER)
     assert rb.checked == {"NEW"}
     assert rb.found == {}
     assert len(fixture_server.requests_to("GET", FEED)) == 2

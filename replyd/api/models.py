@@ -208,6 +208,15 @@ class PathHealth(Body):
     words: str = Field(description="inbox: last ok 3 min ago, 7 failures in a row: HTTP 503")
 
 
+class PlatformClockView(Body):
+    """The platform's clock minus replyd's, measured from its responses."""
+
+    offset_s: float | None = Field(description="Median offset of the recent samples; null before the first.")
+    low_s: float | None = Field(description="The lowest offset a recent sample allows (read-back windows use it).")
+    samples: int
+    source: str | None = Field(description="created (own replies' created_at) or date (the Date header).")
+
+
 class BotStart(Body):
     """Whether a bot started: ``starting`` (its platform not reached yet, retried), ``running`` or ``failed``."""
 
@@ -236,6 +245,8 @@ class BotLiveness(Body):
     oldest_due_open_age_s: float | None
     start: BotStart | None = None
     breaker: Breaker | None = None
+    platform_clock: PlatformClockView | None = Field(
+        default=None, description="The platform's clock as this daemon measures it (replyd.platforms._http.PlatformClock).")
 
 
 class BotState(Body):

@@ -30,6 +30,7 @@ from replyd.cli.common import (ConfigOpt, JsonOpt, ParentArg, StoreOpt, _emit_js
                                parse_time)
 from replyd.config import Config
 from replyd.errors import ConfigError
+from replyd.platforms._http import SKEW_WARN_S
 from replyd.guard import Status, _classify
 from replyd.store import Key, Store
 
@@ -161,6 +162,14 @@ def _print_liveness(daemon: dict[str, Any]) -> None:
         for path, p in sorted(b["paths"].items()):
             style = "bold red" if p["stale"] or p.get("failing") else ("yellow" if p["failures"] else "green")
             _say(f"  {bot} {p['words']}", style)
+        pc = b.get("platform_clock")
+        if pc:
+            if pc.get("offset_s") is None:
+                _say(f"  {bot} platform clock: not measured yet (read-back windows a day wide)")
+            else:
+                skewed = abs(pc["offset_s"]) >= SKEW_WARN_S
+                _say(f"  {bot} platform clock: {pc['offset_s']:+.1f} s from replyd's "
+                     f"({pc['samples']} samples, {pc['source']})", "yellow" if skewed else None)
         if b.get("oldest_due_open_age_s") is not None:
             _say(f"  {bot} oldest due open row: {b['oldest_due_open_age_s']:.0f} s past its deadline", "yellow")
 

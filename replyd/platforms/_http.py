@@ -45,6 +45,7 @@ import math
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -57,7 +58,7 @@ import httpx
 import structlog
 from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, model_validator
 
-from replyd import deadline
+from replyd import deadline, metrics
 from replyd.clock import Clock
 from replyd.errors import BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
 from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, PlatformSettings, ReadBack
@@ -750,6 +751,123 @@ def served_id(obj: Any, path: str, what: str, *, default: Any = _MISSING) -> Any
     return value if value is default else str(value)
 
 
+# --- the platform's clock -------------------------------------------------------------------
+
+# Until a sample is taken, a window computed from the platform's time opens this much wider (a day).
+UNMEASURED_WIDE_S = 86_400.0
+# A measured offset past this (either way) is logged as ``replyd.platform.clock_skew``.
+SKEW_WARN_S = 30.0
+
+
+@dataclass(frozen=True)
+class ClockSample:
+    """One measurement: the platform's clock minus the local (injected) one, and how far off it can be."""
+
+    offset_s: float  # the centre of the interval that holds the true offset
+    error_s: float  # its half-width: half the round trip plus the served time's resolution
+    kind: str  # "created" (a reply's created_at) or "date" (the Date header)
+
+
+class PlatformClock:
+    """The offset of one platform instance's clock from replyd's (``platform time - clock.now()``), measured.
+
+    Samples come from responses: the ``created_at`` of a reply the platform just created (it was stamped
+    between the request leaving and the answer arriving), or the ``Date`` header (1 s resolution). The
+    estimate (``offset_s``) is the median of the recent samples of the best kind (created over Date); a window
+    computed from the platform's time (``earliest``) uses the lowest offset any recent sample allows, so a
+    clock that just stepped or a slow response only widens it. With no sample yet, ``earliest`` is a day
+    early: the window errs wide. Thread-safe.
+    """
+
+    def __init__(self, now: Callable[[], float], *, platform: str, log: Any, warn_s: float = SKEW_WARN_S,
+                 window: int = 31, on_change: Callable[[float], None] | None = None) -> None:
+        self._now = now
+        self.platform = platform
+        self._log = log
+        self.warn_s = warn_s
+        self._samples: dict[str, deque[ClockSample]] = {"created": deque(maxlen=window), "date": deque(maxlen=window)}
+        self._lock = threading.Lock()
+        self._warned: float | None = None  # the offset last warned about (None: none past the threshold yet)
+        self._on_change = on_change
+
+    def note(self, platform_t: float, resolution_s: float, t0: float, t1: float, kind: str) -> None:
+        """Add a sample: the platform read ``[platform_t, platform_t + resolution_s)`` between local ``t0`` and ``t1``."""
+        if not (math.isfinite(platform_t) and math.isfinite(t0) and math.isfinite(t1)) or t1 < t0:
+            return
+        # The true offset lies in [platform_t - t1, platform_t + resolution_s - t0].
+        lo, hi = platform_t - t1, platform_t + resolution_s - t0
+        with self._lock:
+            self._samples[kind].append(ClockSample((lo + hi) / 2.0, (hi - lo) / 2.0, kind))
+        self._check()
+
+    def note_date(self, resp: httpx.Response, t0: float, t1: float) -> None:
+        """Sample the ``Date`` header of a response read between ``t0`` and ``t1`` (none, or several: no sample)."""
+        values = resp.headers.get_list("date")
+        if len(values) != 1:
+            return
+        try:
+            when = email.utils.parsedate_to_datetime(values[0])
+        except (TypeError, ValueError, IndexError):
+            return
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        self.note(when.timestamp(), 1.0, t0, t1, "date")
+
+    def note_created(self, created_at: float, t0: float, t1: float) -> None:
+        """Sample a reply's ``created_at`` served in the answer to its create, sent at ``t0``, answered at ``t1``."""
+        # A whole second is most likely a time served to the second (GitHub): it can be up to 1 s late.
+        resolution = 1.0 if float(created_at).is_integer() else 0.001
+        self.note(created_at, resolution, t0, t1, "created")
+
+    def _best(self) -> list[ClockSample]:
+        with self._lock:
+            return list(self._samples["created"] or self._samples["date"])
+
+    def offset_s(self) -> float | None:
+        """The estimated offset (platform minus replyd) in seconds; None before the first sample."""
+        samples = sorted(s.offset_s for s in self._best())
+        # The lower median: always one sample's value, so a clock that changes moves it in one step, not
+        # through averages of the old and the new (each of which would be warned about).
+        return samples[(len(samples) - 1) // 2] if samples else None
+
+    def low_s(self) -> float | None:
+        """The lowest offset a recent sample allows (windows use it: they can only open wider); None unmeasured."""
+        samples = self._best()
+        return min((s.offset_s - s.error_s for s in samples), default=None)
+
+    def earliest(self, local_t: float, unmeasured_s: float = UNMEASURED_WIDE_S) -> float:
+        """The earliest platform time that local epoch ``local_t`` can be on the platform's clock
+        (``unmeasured_s`` earlier while no sample is taken)."""
+        low = self.low_s()
+        return local_t - unmeasured_s if low is None else local_t + low
+
+    def view(self) -> dict[str, Any]:
+        """What ``replyd status`` shows: the offset (None unmeasured), its low bound, the samples behind it."""
+        best = self._best()
+        offset, low = self.offset_s(), self.low_s()
+        return {"offset_s": None if offset is None else round(offset, 3),
+                "low_s": None if low is None else round(low, 3),
+                "samples": len(best), "source": best[0].kind if best else None}
+
+    def _check(self) -> None:
+        """Publish the estimate and warn once per change past the threshold."""
+        offset = self.offset_s()
+        if offset is None:
+            return
+        if self._on_change is not None:
+            self._on_change(offset)
+        last = self._warned
+        if abs(offset) < self.warn_s and (last is None or abs(last) < self.warn_s):
+            return
+        if last is not None and abs(offset - last) < self.warn_s:
+            return  # the same skew as the last warning: said once
+        self._warned = offset
+        self._log.warning("replyd.platform.clock_skew", platform=self.platform, offset_s=round(offset, 3),
+                          threshold_s=self.warn_s, samples=len(self._best()),
+                          hint="the platform's clock disagrees with replyd's; read-back windows follow the "
+                               "platform's" if abs(offset) >= self.warn_s else "back within the threshold")
+
+
 # --- the shared base of HTTP adapters ---------------------------------------------------------
 
 
@@ -801,7 +919,9 @@ class HttpPlatform:
     BUCKET: ClassVar[str] = "api"  # the budget a request draws on unless it names another
     HEADERS: ClassVar[Mapping[str, str]] = {}  # sent with every request
     ITEM_ID: ClassVar[str] = "id"  # the field that names a skipped item in logs
-    READ_BACK_MARGIN_S: ClassVar[float] = 60.0  # clock skew between our opened_at and the server's times
+    # How far before a row's opening (on the platform's clock, see PlatformClock) a read-back reads: the
+    # platform may stamp a reply before its answer arrives, and its clock moves between samples.
+    READ_BACK_MARGIN_S: ClassVar[float] = 60.0
 
     def __init__(self, settings: HttpSettings | None = None, /, *, http: httpx.Client, clock: Clock,
                  **kw: Any) -> None:
@@ -815,6 +935,9 @@ class HttpPlatform:
         self.log = structlog.get_logger(f"replyd.{self.kind}")
         self.listing_delay_s = float(self.s.listing_delay_s)
         self.instance = self.s.instance or f"{self.kind}:{self.root}"
+        # Every window sent to or compared with the platform's times is computed on its clock, measured here.
+        self.platform_clock = PlatformClock(clock.now, platform=self.instance, log=self.log,
+                                            on_change=lambda offset: metrics.platform_clock_offset(self.instance, offset))
         self._setup()
 
     @classmethod
@@ -824,6 +947,10 @@ class HttpPlatform:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(instance={self.instance!r})"
+
+    def clock_view(self) -> dict[str, Any]:
+        """The platform's clock as measured (``MeasuresClock``): for ``replyd status``."""
+        return self.platform_clock.view()
 
     @property
     def root(self) -> str:
@@ -879,8 +1006,10 @@ class HttpPlatform:
         bucket = bucket or self.BUCKET
         self.limits.check(self._buckets(bucket), what=what)
         kwargs["headers"] = {**self.HEADERS, **(kwargs.get("headers") or {})}
+        t0 = self._clock.now()
         resp = request(self._http, method, self.root + path, what=what, acts=acts, secrets=self._secrets(),
                        auth=self._auth if auth is True else (auth or None), timeout=self._timeout, **kwargs)
+        self.platform_clock.note_date(resp, t0, self._clock.now())
         # A platform that names the budget a response drew on is trusted over our guess.
         self.limits.note(resp.headers.get("x-ratelimit-resource") or bucket, resp)
         return resp
@@ -931,14 +1060,27 @@ class HttpPlatform:
 
         A 2xx body ``read`` cannot read is ``MaybeSent``: the reply very likely exists, we just cannot name it.
         """
+        t0 = self._clock.now()
         try:
             resp = self._call(method, path, what=what, **kwargs)
         except PlatformError as exc:
             raise self._send_failed(parent, self._refused(exc)) from None
+        t1 = self._clock.now()
         try:
-            return read(json_body(resp, what, dict))
+            body = json_body(resp, what, dict)
+            created = self._created_at(body)
+            if created is not None:
+                self.platform_clock.note_created(created, t0, t1)
+            return read(body)
         except BadResponse as exc:
             raise MaybeSent(f"{exc.detail} (after HTTP {resp.status_code})", status=resp.status_code) from None
+
+    def _created_at(self, body: dict[str, Any]) -> float | None:
+        """The platform's creation time in a create's 2xx body (``created_at``), or None: a clock sample."""
+        try:
+            return iso_to_epoch(body["created_at"]) if isinstance(body.get("created_at"), str) else None
+        except ValueError:
+            return None
 
     def _refused(self, exc: PlatformError) -> PlatformError:
         """What a failed send means on this platform (the error as mapped, unless the platform knows better)."""
@@ -979,11 +1121,16 @@ class HttpPlatform:
 
     # --- read-back -------------------------------------------------------------------------
 
+    def _horizon(self, opened_at: float) -> float:
+        """The platform time a read-back for a row opened at local epoch ``opened_at`` must reach back to: its
+        earliest time on the platform's clock, minus the margin (a day earlier while the clock is unmeasured)."""
+        return self.platform_clock.earliest(opened_at) - self.READ_BACK_MARGIN_S
+
     def _covered(self, opened: Mapping[str, float], covered_after: float | None) -> set[str]:
-        """The parents an own-feed listing complete after epoch ``covered_after`` settles (with the margin)."""
+        """The parents an own-feed listing complete after platform epoch ``covered_after`` settles."""
         if covered_after is None:
             return set()
-        return {pid for pid, at in opened.items() if covered_after < at - self.READ_BACK_MARGIN_S}
+        return {pid for pid, at in opened.items() if covered_after < self._horizon(at)}
 
     def _walk_feed(self, pages: Iterator[list[float]], horizon: float, source: str = "feed") -> float | None:
         """Page back through an own feed; return the epoch after which its listing is complete (for ``_covered``).

@@ -237,6 +237,15 @@ class StreamSource(Protocol):
         ...
 
 
+@runtime_checkable
+class MeasuresClock(Protocol):
+    """Optional: an adapter that measures its platform's clock against replyd's (every HTTP adapter does)."""
+
+    def clock_view(self) -> dict[str, Any]:
+        """Return the measured offset (``offset_s``: platform minus replyd, None unmeasured) and its samples."""
+        ...
+
+
 def default_provider_key(instance: str, sender_id: str, parent_id: str) -> str:
     """Return the idempotency key for a (sender, parent): the same on every attempt."""
     raw = f"replyd\x1f{instance}\x1f{sender_id}\x1f{parent_id}".encode()

@@ -418,6 +418,9 @@ class DiscoursePlatform(_http.HttpPlatform):
 
     def refind(self, since: float) -> list[Parent]:
         """Re-read notifications created at or after epoch ``since`` (offset paging, no cursor)."""
+        # replyd's epoch on the platform's clock, erring early (unmeasured: as it is, a wider window would
+        # offer parents older than the configured look-back)
+        since = self.platform_clock.earliest(since, unmeasured_s=0.0)
         what = "refind"
         fresh: list[dict[str, Any]] = []
         offset = 0
@@ -699,7 +702,7 @@ class DiscoursePlatform(_http.HttpPlatform):
         """Page back through the own replies; return the epoch after which the listing is complete."""
         if not targets:
             return None
-        horizon = min(opened[pid] for pids in targets.values() for pid in pids) - self.READ_BACK_MARGIN_S
+        horizon = self._horizon(min(opened[pid] for pids in targets.values() for pid in pids))
         return self._walk_feed(self._user_actions(sender_id, targets, found), horizon, source="user_actions")
 
     def _user_actions(

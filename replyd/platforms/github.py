@@ -514,6 +514,9 @@ class GitHubPlatform(_http.HttpPlatform):
 
     def refind(self, since: float) -> list[Parent]:
         """Open issues in ``repos`` updated since ``since``, plus wanted notification threads."""
+        # replyd's epoch on the platform's clock, erring early (unmeasured: as it is, a wider window would
+        # offer parents older than the configured look-back)
+        since = self.platform_clock.earliest(since, unmeasured_s=0.0)
         found: dict[str, Parent] = {}
         errors: list[PlatformError] = []
         for full in self._repos:
@@ -695,7 +698,7 @@ class GitHubPlatform(_http.HttpPlatform):
             for key, pids in repos.items():
                 owner, repo, _ = where[pids[0]]
                 targets = {(_repo_key(*where[pid][:2]), where[pid][2]): pid for pid in pids}
-                since = min(opened[pid] for pid in pids) - self.READ_BACK_MARGIN_S
+                since = self._horizon(min(opened[pid] for pid in pids))
                 try:
                     if self._scan_repo_comments(owner, repo, since, sender_id, targets, found):
                         checked.update(pids)
@@ -709,7 +712,7 @@ class GitHubPlatform(_http.HttpPlatform):
 
         def issue(pid: str, _: list[str], found: _http.Found) -> bool:
             owner, repo, number = where[pid]
-            since = opened_at[pid] - self.READ_BACK_MARGIN_S
+            since = self._horizon(opened_at[pid])
             return self._scan_issue_comments(owner, repo, number, since, sender_id, pid, found)
 
         def issues(opened: dict[str, float], checked: set[str]) -> Iterable[tuple[str, list[str]]]:

@@ -329,6 +329,9 @@ class MastodonPlatform(_http.HttpPlatform):
 
     def refind(self, since: float) -> list[Parent]:
         """Re-read mentions notified at or after epoch ``since``, paging back (no cursor)."""
+        # replyd's epoch on the platform's clock, erring early (unmeasured: as it is, a wider window would
+        # offer parents older than the configured look-back)
+        since = self.platform_clock.earliest(since, unmeasured_s=0.0)
         what = "refind"
         base = [("types[]", "mention"), ("limit", str(self.s.page_limit))]
         found: dict[str, tuple[str, Parent]] = {}
@@ -434,7 +437,7 @@ class MastodonPlatform(_http.HttpPlatform):
 
     def _scan_own_feed(self, sender_id: str, opened: Mapping[str, float], found: _http.Found) -> float | None:
         """Page back through the own statuses; return the epoch after which the listing is complete."""
-        return self._walk_feed(self._own_feed(sender_id, opened, found), min(opened.values()) - self.READ_BACK_MARGIN_S)
+        return self._walk_feed(self._own_feed(sender_id, opened, found), self._horizon(min(opened.values())))
 
     def _own_feed(self, sender_id: str, opened: Mapping[str, float], found: _http.Found) -> Iterator[list[float]]:
         what = "read_back feed"

@@ -382,6 +382,9 @@ class MatrixPlatform(_http.HttpPlatform):
 
     def refind(self, since: float) -> list[Parent]:
         """Re-read every joined room's ``/messages`` back to epoch ``since``; the events mentioning the bot."""
+        # replyd's epoch on the platform's clock, erring early (unmeasured: as it is, a wider window would
+        # offer parents older than the configured look-back)
+        since = self.platform_clock.earliest(since, unmeasured_s=0.0)
         what = "refind"
         self._my_id()
         rooms = _http.field(self._api("GET", "/joined_rooms", what=what), "joined_rooms", what, list)
@@ -489,7 +492,7 @@ class MatrixPlatform(_http.HttpPlatform):
             return rooms.items()
 
         def room(room_id: str, pids: list[str], found: _http.Found) -> bool:
-            horizon = min(opened_at[pid] for pid in pids) - self.READ_BACK_MARGIN_S
+            horizon = self._horizon(min(opened_at[pid] for pid in pids))
             complete: list[bool] = []
             for chunk in self._pages_back(room_id, horizon, what="read_back", complete=complete,
                                           filt=_event_filter(senders=[sender_id])):

@@ -483,8 +483,9 @@ class SlackPlatform(_http.HttpPlatform):
         except ValueError:
             seen = {}
         seen = seen if isinstance(seen, dict) else {}
-        first = f"{max(0.0, self._clock.now() - self.s.inbox_lookback_s):.6f}"
-        window = f"{max(0.0, self._clock.now() - self.s.thread_window_s):.6f}"
+        now = self.platform_clock.earliest(self._clock.now(), unmeasured_s=0.0)  # Slack's ts are Slack's clock
+        first = f"{max(0.0, now - self.s.inbox_lookback_s):.6f}"
+        window = f"{max(0.0, now - self.s.thread_window_s):.6f}"
         parents: list[Parent] = []
         for channel in self._channels():
             oldest = seen.get(channel) if isinstance(seen.get(channel), str) else first
@@ -500,6 +501,9 @@ class SlackPlatform(_http.HttpPlatform):
 
     def refind(self, since: float) -> list[Parent]:
         """Every mention and DM since epoch ``since`` in the bot's channels, with no cursor."""
+        # replyd's epoch on the platform's clock, erring early (unmeasured: as it is, a wider window would
+        # offer parents older than the configured look-back)
+        since = self.platform_clock.earliest(since, unmeasured_s=0.0)
         out: list[Parent] = []
         for channel in self._channels():
             out.extend(self._read_channel(channel, f"{max(0.0, since):.6f}")[0])

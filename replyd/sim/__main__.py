@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import structlog
 
-from replyd.clock import Clock, FakeClock, SystemClock
+from replyd.clock import Clock, FakeClock, OffsetClock, SystemClock
 from replyd.sim.server import SimServer
 from replyd.sim.world import Knobs, World
 
@@ -32,6 +32,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fake-clock", type=float, default=None, metavar="EPOCH",
                    help="run on a fake clock starting at EPOCH, moved by POST /_sim/clock")
+    p.add_argument("--clock-offset-s", type=float, default=0.0, metavar="SECONDS",
+                   help="the platform's clock runs this far ahead of this machine's (negative: behind)")
     p.add_argument("--account", action="append", default=[], metavar="NAME[:TOKEN][:bot]",
                    help="create an account (repeatable); token defaults to sim-token-NAME")
     for f in dataclasses.fields(Knobs):
@@ -57,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     clock: Clock = FakeClock(args.fake_clock) if args.fake_clock is not None else SystemClock()
+    if args.clock_offset_s:
+        clock = OffsetClock(clock, args.clock_offset_s)
     knobs = {f.name: getattr(args, f.name) for f in dataclasses.fields(Knobs)}
     world = World(clock, seed=args.seed, **knobs)
     for spec in args.account:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import email
 import email.policy
+import email.utils
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -418,7 +419,8 @@ def _admin_reset(world: World, d: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Edge:
-    """Adds latency and rate-limit headers to every response, as a proxy in front of the API would."""
+    """Adds latency, the ``Date`` (on the world's clock) and rate-limit headers to every response, as a proxy in
+    front of the API would."""
 
     def __init__(self, app: ASGIApp, world: World) -> None:
         self.app, self.world = app, world
@@ -441,6 +443,8 @@ class _Edge:
                 headers = list(message.get("headers", []))
                 present = {k.lower() for k, _ in headers}
                 for name, value in (
+                    # The platform's own clock (SimServer turns uvicorn's off), as a real server's Date is.
+                    (b"date", email.utils.formatdate(int(world.clock.now()), usegmt=True)),
                     (b"x-ratelimit-limit", str(budget)),
                     (b"x-ratelimit-remaining", str(remaining)),
                     (b"x-ratelimit-reset", iso(reset)),

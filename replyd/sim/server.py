@@ -81,7 +81,7 @@ class SimServer:
     def _start_thread(self) -> None:
         assert self.world is not None
         logging.getLogger("uvicorn.error").addFilter(_mute_filter)
-        self._server = ThreadedServer(build_app(self.world), host=self.host, port=self.port, name="sim",
+        self._server = ThreadedServer(build_app(self.world), host=self.host, port=self.port, name="sim", date_header=False,
                                       grace_s=2, start_timeout_s=self.start_timeout_s).start()
         self.port = self._server.port
         self.base_url = self._server.url
