@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 from collections.abc import MutableMapping
@@ -39,6 +40,25 @@ def _mask_secrets(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> 
             event[k] = mask(v)
         elif isinstance(v, BaseException):
             event[k] = mask(f"{type(v).__name__}: {v}")
+    return event
+
+
+# What a terminal could act on: C0 controls (newline included: a value never spans lines), DEL, C1 controls
+# (0x9b is a one-byte CSI), and the bidi overrides, isolates and marks and the line/paragraph separators that
+# reorder or break what is shown.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def shown(value: object) -> str:
+    """``value`` as text safe for a terminal: each control character written as a visible escape."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", str(value))
+
+
+def _escape_controls(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Console only: platform ids and API paths in string values reach a terminal escaped (JSON escapes itself)."""
+    for k, v in list(event.items()):
+        if isinstance(v, str) and k != "exception":
+            event[k] = shown(v)
     return event
 
 
@@ -80,6 +100,7 @@ def configure(fmt: str = "auto", level: str = "info", stream: Any = None) -> Non
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 structlog.processors.format_exc_info if fmt == "json" else structlog.processors.StackInfoRenderer(),
                 _mask_secrets,
+                *([] if fmt == "json" else [_escape_controls]),
                 renderer,
             ],
         )

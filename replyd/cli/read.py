@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import re
 import stat
 import sys
 import time
@@ -32,18 +31,8 @@ from replyd.config import Config
 from replyd.errors import ConfigError
 from replyd.platforms._http import SKEW_WARN_S
 from replyd.guard import Status, _classify
+from replyd.log import shown
 from replyd.store import Key, Store
-
-# What a terminal could act on: C0 controls (newline included: a value never spans lines), DEL, C1 controls
-# (0x9b is a one-byte CSI), and the bidi overrides, isolates and marks and the line/paragraph separators that
-# reorder or break what is shown.
-_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
-
-
-def shown(value: object) -> str:
-    """``value`` as text safe for a terminal: each control character written as a visible escape."""
-    return _CONTROLS.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", str(value))
-
 
 class _Table(Table):
     """A rich Table whose text cells go through ``shown`` (rich passes ESC and C1 through as they are)."""
