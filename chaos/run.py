@@ -130,6 +130,14 @@ level = "info"
 max_attempts = {plan.max_attempts}
 send_timeout_s = {plan.send_timeout}
 compose_lease_s = 2.0
+# A run lasts about a minute: the write breaker's probes and the excused retries' back-off on the same scale as
+# the sweep's (the defaults, 5 s doubling to 120 s and 5 s to 300 s, outlast a run's 60 s settle window).
+retry_backoff_s = 0.5
+retry_backoff_max_s = 4.0
+
+[guard.breaker]
+probe_s = 1.0
+probe_max_s = 4.0
 
 [sweep]
 interval_s = 0.4
