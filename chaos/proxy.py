@@ -40,6 +40,7 @@ class TcpProxy:
         self.outages = 0
         self.cut_connections = 0
         self.held = 0  # answers held so far
+        self.holding_until = 0.0  # monotonic time the last held answer is released
         self._hold: tuple[bytes, float] | None = None  # (marker, seconds) armed by hold_answer
         self._held_until: dict[int, float] = {}  # id(server socket) -> monotonic time its answer may go on
 
@@ -113,6 +114,10 @@ class TcpProxy:
         with self._lock:
             self._pairs = [p for p in self._pairs if a not in p and b not in p]
 
+    def holds_over(self) -> bool:
+        """Whether no answer is still held (an armed hold not yet met counts as over: it may never be met)."""
+        return time.monotonic() >= self.holding_until
+
     def hold_answer(self, marker: bytes, hold_s: float) -> None:
         """Hold the answer to the next request carrying ``marker`` for ``hold_s`` seconds (once)."""
         with self._lock:
@@ -123,6 +128,7 @@ class TcpProxy:
         with self._lock:
             if self._hold is not None and self._hold[0] in data:
                 self._held_until[id(server)] = time.monotonic() + self._hold[1]
+                self.holding_until = max(self.holding_until, self._held_until[id(server)])
                 self._hold = None
                 self.held += 1
 

@@ -221,6 +221,18 @@ class Run:
         r.started_at = self.now()
         r.restart_at = None
 
+    def stalls_over(self) -> bool:
+        """Whether every stall of the run has ended: no held answer on a proxy, no paused SQLite replica."""
+        if not all(p.holds_over() for p in self.proxies):
+            return False
+        for taken in self.dir.glob("stall*.taken*"):  # paused from the rename for the hold the file names
+            try:
+                if time.time() < taken.stat().st_mtime + float(taken.read_text().strip() or 0):
+                    return False
+            except (OSError, ValueError):
+                continue
+        return True
+
     def stall_file(self, slot: int) -> Path:
         """The file that arms a pause after replica ``slot``'s next open commit (read by ``chaos.timeshim``)."""
         return self.dir / f"stall{slot}"
@@ -493,8 +505,10 @@ class Run:
                 rows = dict(self.query("SELECT state, count(*) FROM replies GROUP BY state"))
             except Exception:
                 rows = {"?": 1}
-            done = all(per.get(p) for p in parents) or (
-                sum(rows.values()) >= len(parents) and not any(rows.get(s) for s in UNSETTLED))
+            # A replica whose open commit is still held (or paused) moves its row when it wakes (a too-late
+            # send releases even a row judged meanwhile): the states are not final before every stall ended.
+            done = self.stalls_over() and (all(per.get(p) for p in parents) or (
+                sum(rows.values()) >= len(parents) and not any(rows.get(s) for s in UNSETTLED)))
             if done and not any(rows.get(s) for s in UNSETTLED) and "?" not in rows:
                 stable += 1
                 if stable >= 5:

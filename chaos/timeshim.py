@@ -60,6 +60,7 @@ def _stall_opens(path: str) -> None:
         mine = f"{path}.taken.{os.getpid()}.{taken[0]}"
         try:
             os.rename(path, mine)  # atomic: one open takes one armed stall
+            os.utime(mine)  # its mtime is now when the pause began (the runner's settle waits it out)
         except OSError:
             return out
         try:
