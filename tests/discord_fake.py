@@ -19,6 +19,13 @@ SOURCES.md``; every body served is one of those fixtures with the fields that ma
   RESUME replaying every dispatch after the client's ``seq`` (and ``replay_seen`` already-seen ones before
   it, as observed in the field), RESUMED; ``force_reconnect()`` closes every connection with 4000 (the
   client resumes), ``invalidate()`` sends INVALID_SESSION, ``stop_acks`` stops heartbeat ACKs.
+- ``InteractionSender``: slash-command interactions POSTed to the app's interactions endpoint, signed with
+  Ed25519 (``X-Signature-Ed25519`` over ``X-Signature-Timestamp`` + body) by the fake app's key, each
+  delivered ``deliveries`` times (to the URLs in turn); an answer counts as the initial response only when
+  it is type 4/5 within ``ack_timeout_s`` (3 s) and the first for its id (later ones are ``late_acks``:
+  "already acknowledged"). A type 5 makes the deferred original message (flag LOADING) that
+  ``PATCH /webhooks/{app}/{token}/messages/@original`` fills; ``POST /webhooks/{app}/{token}`` makes a
+  follow-up message. Tokens die ``token_life_s`` (900 s) after the interaction (401 50027).
 """
 
 from __future__ import annotations
@@ -108,6 +115,23 @@ class Msg:
 
 
 @dataclass
+class Interaction:
+    """One slash-command interaction and what the app answered."""
+
+    id: str
+    token: str
+    channel_id: str
+    user_id: str
+    made_at: float
+    acks: int = 0  # initial responses accepted (first, type 4/5, inside the ack window)
+    late_acks: int = 0  # answers after the first (or late, or not a response)
+    ack_s: list[float] = field(default_factory=list)
+    original: Msg | None = None
+    edits: int = 0
+    followups: list[Msg] = field(default_factory=list)
+
+
+@dataclass
 class Channel:
     """A guild text channel (``guild_id`` set) or a DM (None)."""
 
@@ -141,6 +165,8 @@ class DiscordWorld:
         self.release_held = threading.Event()
         self.held_token = ""
         self.on_message: list[Callable[[Msg], None]] = []  # the Gateway hears every message
+        self.interactions: dict[str, Interaction] = {}
+        self.token_life_s = 900.0
         self._nonces: dict[tuple[str, str], tuple[str, float]] = {}  # (author, nonce) -> (message id, made at)
         self._last = 0
         self._seq = 0
@@ -268,6 +294,8 @@ class DiscordRest:
             Route("/api/v10/channels/{cid}", self._channel),
             Route("/api/v10/channels/{cid}/messages", self._messages, methods=["GET", "POST"]),
             Route("/api/v10/channels/{cid}/messages/{mid}", self._message, methods=["GET", "DELETE"]),
+            Route("/api/v10/webhooks/{app}/{token}/messages/@original", self._original, methods=["GET", "PATCH"]),
+            Route("/api/v10/webhooks/{app}/{token}", self._followup, methods=["POST"]),
         ]
         self._server = AppServer(Starlette(routes=routes))
 
@@ -411,6 +439,127 @@ class DiscordRest:
                 msg.deleted = True
                 return Response(status_code=204)
             return JSONResponse(msg.json(self.world))
+
+
+    def _interaction(self, request: Request) -> Interaction | Response:
+        w = self.world
+        if request.path_params["app"] != BOT_ID:
+            return JSONResponse({"message": "Unknown Webhook", "code": 10015}, status_code=404)
+        with w.lock:
+            it = next((i for i in w.interactions.values() if i.token == request.path_params["token"]), None)
+        if it is None or w.now() - it.made_at > w.token_life_s:
+            return JSONResponse({"message": "Invalid Webhook Token", "code": 50027}, status_code=401)
+        return it
+
+    async def _original(self, request: Request) -> Response:
+        self.calls["original " + request.method] = self.calls.get("original " + request.method, 0) + 1
+        it = self._interaction(request)
+        if isinstance(it, Response):
+            return it
+        if it.original is None:
+            return JSONResponse({"message": "Unknown Message", "code": 10008}, status_code=404)
+        if request.method == "PATCH":
+            body = json.loads(await request.body())
+            with self.world.lock:
+                it.original.content = str(body.get("content") or "")
+                it.edits += 1
+        out = it.original.json(self.world)
+        out["flags"] = 128 if it.edits == 0 else 0  # LOADING until the deferred response is edited
+        return JSONResponse(out)
+
+    async def _followup(self, request: Request) -> Response:
+        it = self._interaction(request)
+        if isinstance(it, Response):
+            return it
+        body = json.loads(await request.body())
+        with self.world.lock:
+            msg = Msg(self.world.snowflake(), it.channel_id, BOT_ID, str(body.get("content") or ""))
+            self.world.channels[it.channel_id].messages.append(msg)
+            it.followups.append(msg)
+        return JSONResponse(msg.json(self.world))
+
+
+class InteractionSender:
+    """Discord's side of the interactions endpoint: signed deliveries (each ``deliveries`` times), acks judged."""
+
+    def __init__(self, world: DiscordWorld, urls: list[str], *, deliveries: int = 2, ack_timeout_s: float = 3.0,
+                 key: Any = None) -> None:
+        import httpx
+        from nacl.signing import SigningKey
+
+        self.world, self.urls, self.deliveries, self.ack_timeout_s = world, urls, deliveries, ack_timeout_s
+        self.key = key or SigningKey.generate()
+        self.statuses: list[int | None] = []
+        self._http = httpx.Client(timeout=ack_timeout_s + 2)
+
+    @property
+    def public_key(self) -> str:
+        """The app's public key (hex), as the developer portal shows it."""
+        return bytes(self.key.verify_key).hex()
+
+    def payload(self, cid: str, user: str, question: str) -> dict[str, Any]:
+        """A CHAT_INPUT command interaction in ``cid`` by ``user``, registered in the world."""
+        w = self.world
+        with w.lock:
+            iid = w.snowflake()
+            token = "aW50ZXJhY3Rpb246" + uuid.uuid4().hex + uuid.uuid4().hex
+            w.interactions[iid] = Interaction(iid, token, cid, user, w.now())
+            guild = w.channels[cid].guild_id
+        who = {"id": user, "username": f"user{user[-4:]}", "discriminator": "0"}
+        body: dict[str, Any] = {"id": iid, "application_id": BOT_ID, "type": 2, "token": token, "version": 1,
+                                "channel_id": cid, "locale": "en-US", "app_permissions": "442368",
+                                "data": {"id": "771825006014889984", "name": "ask", "type": 1,
+                                         "options": [{"name": "question", "type": 3, "value": question}]}}
+        if guild:
+            body.update({"guild_id": guild, "member": {"user": who, "roles": [], "permissions": "2147483647"}})
+        else:
+            body["user"] = who
+        return body
+
+    def deliver(self, body: dict[str, Any], url: str, *, key: Any = None, stamp: int | None = None) -> Any:
+        """POST one signed delivery; judge its answer as Discord would. Returns the response (or None)."""
+        raw = json.dumps(body).encode()
+        ts = str(stamp if stamp is not None else int(time.time()))
+        sig = (key or self.key).sign(ts.encode() + raw).signature.hex()
+        t0 = time.monotonic()
+        try:
+            resp = self._http.post(url, content=raw, headers={"Content-Type": "application/json",
+                                                              "X-Signature-Ed25519": sig, "X-Signature-Timestamp": ts})
+        except Exception:
+            self.statuses.append(None)
+            return None
+        took = time.monotonic() - t0
+        self.statuses.append(resp.status_code)
+        it = self.world.interactions.get(str(body.get("id")))
+        try:
+            kind = resp.json().get("type") if resp.status_code == 200 else None
+        except ValueError:
+            kind = None
+        if it is not None:
+            with self.world.lock:
+                if kind in (4, 5) and took <= self.ack_timeout_s and it.acks == 0:
+                    it.acks += 1
+                    it.ack_s.append(took)
+                    it.original = Msg(self.world.snowflake(), it.channel_id, BOT_ID, "")
+                    self.world.channels[it.channel_id].messages.append(it.original)
+                else:
+                    it.late_acks += 1
+        return resp
+
+    def fire(self, cid: str, user: str, question: str) -> str:
+        """One interaction delivered ``deliveries`` times, to the URLs in turn, at once; returns its id."""
+        body = self.payload(cid, user, question)
+        threads = [threading.Thread(target=self.deliver, args=(body, self.urls[i % len(self.urls)]), daemon=True)
+                   for i in range(self.deliveries)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(self.ack_timeout_s + 3)
+        return str(body["id"])
+
+    def close(self) -> None:
+        """Close the client."""
+        self._http.close()
 
 
 @dataclass

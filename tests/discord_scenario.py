@@ -70,7 +70,7 @@ def free_port() -> int:
 
 
 def replyd_config(path: Path, *, api_url: str, store_url: str, port: int, channels: list[str],
-                  listing_delay_s: float) -> Path:
+                  listing_delay_s: float, push: str = "discord_gateway") -> Path:
     """One replica's config: the Discord bot on the Gateway, the backstop poll, a template responder."""
     path.write_text(f"""
 [store]
@@ -108,7 +108,7 @@ refind_interval_s = 0
 jitter_s = 0.2
 
 [bots.push]
-kind = "discord_gateway"
+kind = "{push}"
 
 [bots.responder]
 kind = "template"
@@ -298,3 +298,61 @@ def naive(tmp: Path, *, messages: int = 15, lose_ratio: float = 0.2, settle_s: f
     return Result(parents=parents, replies={p: len(world.bot_replies(p)) for p in parents},
                   create_requests=world.create_requests, lost_answers=world.lost_answers, nonce_hits=world.nonce_hits,
                   resumes=len(gw.resumes), dispatched=len(gw.dispatched), replayed=_replayed(gw), elapsed_s=round(time.monotonic() - t0, 1))
+
+
+@dataclass
+class InteractionsResult:
+    """What the fake counted for the interactions run."""
+
+    interactions: list[str]
+    acks: dict[str, int]
+    ack_s: list[float]
+    edits: dict[str, int]
+    followups: dict[str, int]
+    forged_statuses: list[int | None]
+    forged_acks: int
+
+
+def interactions_run(tmp: Path, *, store_url: str, count: int = 8, deliveries: int = 2,
+                     timeout_s: float = 60.0) -> InteractionsResult:
+    """Two ``replyd run`` replicas receiving interactions (kind "discord"); each delivered to both, plus a forged one."""
+    from nacl.signing import SigningKey
+
+    from tests.discord_fake import InteractionSender
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    world, channels = _world(120.0)
+    with DiscordRest(world) as api:
+        ports = {"a": free_port(), "b": free_port()}
+        sender = InteractionSender(world, [f"http://127.0.0.1:{ports[r]}/v1/hooks/discord" for r in ("a", "b")],
+                                   deliveries=deliveries)
+        replicas = {}
+        for i, rid in enumerate(("a", "b")):
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "REPLYD_REPLICA_ID": rid, "DISCORD_BOT_TOKEN": BOT_TOKENS[i],
+                   "DISCORD_PUBLIC_KEY": sender.public_key}
+            (tmp / rid).mkdir(exist_ok=True)
+            cfg = replyd_config(tmp / rid / "replyd.toml", api_url=api.url, store_url=store_url, port=ports[rid],
+                                channels=channels, listing_delay_s=2.0, push='discord"\nsecret_env = "DISCORD_PUBLIC_KEY')
+            argv = [sys.executable, "-m", "replyd", "run", "--config", str(cfg), "--grace-s", "5"]
+            replicas[rid] = Replica(rid, argv, env, tmp / f"{rid}.log").start()
+        try:
+            _wait(lambda: all(_up(f"http://127.0.0.1:{p}/healthz") for p in ports.values()), 60, "replicas not up")
+            _wait(lambda: all(httpx.post(f"http://127.0.0.1:{p}/v1/hooks/discord", content=b"{}").status_code == 401
+                              for p in ports.values()), 30, "hooks not ready")
+            ids = [sender.fire(channels[i % 3], PEOPLE[i % 2], f"question {i}") for i in range(count)]
+            forged = sender.payload(channels[0], PEOPLE[0], "forged")
+            before = len(sender.statuses)
+            for url in sender.urls:
+                sender.deliver(forged, url, key=SigningKey.generate())
+            forged_statuses = sender.statuses[before:]
+            _wait(lambda: all(world.interactions[i].edits for i in ids), timeout_s, "not every interaction answered")
+            time.sleep(3.0)  # late second answers, if any, land now
+        finally:
+            for rep in replicas.values():
+                rep.stop()
+            sender.close()
+    its = world.interactions
+    return InteractionsResult(interactions=ids, acks={i: its[i].acks for i in ids},
+                              ack_s=[s for i in ids for s in its[i].ack_s], edits={i: its[i].edits for i in ids},
+                              followups={i: len(its[i].followups) for i in ids}, forged_statuses=forged_statuses,
+                              forged_acks=its[forged["id"]].acks)

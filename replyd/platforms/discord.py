@@ -51,6 +51,14 @@ poll builds, so a replay is ``already_answered`` at the guard. The backstop (``i
 channel's messages after its cursor. Addressed: a message mentioning the bot, replying to one of its
 messages, or in a DM.
 
+Interactions (slash commands, ``[bots.push] kind = "discord"``: the HTTP interactions endpoint through
+``replyd.hooks``, the Ed25519 check there with the application's public key as ``secret_env``): PING is
+answered PONG; a command is answered with the deferred response (type 5) at once, inside Discord's 3 s, and
+offered as a parent whose id is the interaction id; the answer edits that deferred response (``PATCH
+/webhooks/{app}/{token}/messages/@original``: one message per interaction whatever the retries) and the
+read-back reads it back (edited: no LOADING flag). The token is held in memory only (a credential for 15
+minutes) and a send that cannot finish inside its 15 minutes is ``Rejected`` (reported, never retried).
+
 Rate limits: every request draws on the global budget and on its route's bucket (``X-RateLimit-Bucket`` as
 learned, per channel); a 429 blocks its bucket, or everything with ``X-RateLimit-Global`` /
 ``"global": true``, for ``Retry-After`` (else the body's ``retry_after``, else ``X-RateLimit-Reset-After``)
@@ -114,6 +122,9 @@ _FATAL_CLOSE = {4004: "authentication failed (the bot token)", 4010: "invalid sh
                 4012: "invalid API version", 4013: "invalid intents",
                 4014: "disallowed intents (enable MESSAGE_CONTENT in the developer portal, or message_content = false)"}
 _SESSION_GONE = frozenset({4007, 4009})  # invalid seq, session timed out: identify afresh
+INTERACTION_TOKEN_LIFE_S = 900.0  # "Interaction tokens are valid for 15 minutes"
+FLAG_LOADING = 1 << 7  # a deferred response not yet edited ("thinking…")
+_TOKEN = re.compile(r"^[A-Za-z0-9_.-]{20,500}$")
 
 
 def snowflake_ms(snowflake: str) -> float:
@@ -209,6 +220,9 @@ class DiscordPlatform(_http.HttpPlatform):
         self._route_bucket: dict[str, str] = {}  # route -> X-RateLimit-Bucket learned
         self._channel_kind: dict[str, tuple[bool, str | None]] = {}  # channel -> (is a DM, guild id)
         self._session: dict[str, Any] = {}  # Gateway: session_id, resume_gateway_url, seq
+        # Interactions: id -> (application id, token, expiry on the injected clock). In memory only: the token
+        # lets anyone answer as the app for 15 minutes, so it never rides in the stored parent snapshot.
+        self._interactions: dict[str, tuple[str, str, float]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -218,6 +232,12 @@ class DiscordPlatform(_http.HttpPlatform):
 
     def _auth_headers(self) -> Mapping[str, SecretStr]:
         return {"Authorization": SecretStr(f"Bot {self.s.token.get_secret_value()}")}
+
+    def _secrets(self) -> tuple[str, ...]:
+        """The settings' secrets and every interaction token held (they sit in webhook URLs)."""
+        with self._lock:
+            held = tuple(t for _app, t, _exp in self._interactions.values())
+        return super()._secrets() + held
 
     # --- transport: buckets, 429s, error bodies -----------------------------------------
 
@@ -565,10 +585,128 @@ class DiscordPlatform(_http.HttpPlatform):
             if isinstance(p, Parent):
                 yield p
 
+    # --- interactions (the HTTP interactions endpoint, through replyd.hooks kind "discord") ----------
+
+    def webhook_challenge(self, payload: Any) -> dict[str, Any] | None:
+        """Answer Discord's PING (type 1) with PONG; None for every other interaction."""
+        if isinstance(payload, dict) and payload.get("type") == 1:
+            return {"type": 1}
+        return None
+
+    def webhook_answer(self, payload: Any) -> dict[str, Any] | None:
+        """``WebhookAnswer``: every accepted command gets the deferred response (type 5) at once, inside 3 s.
+
+        A second delivery of one interaction gets it too: Discord takes the first answer it receives (a
+        redelivery means it has none yet), and the follow-up behind it is the guard's, once."""
+        if isinstance(payload, dict) and payload.get("type") == 2:
+            return {"type": 5}
+        return None
+
+    def parse_webhook(self, event: str, payload: Any) -> list[Parent] | str:
+        """An APPLICATION_COMMAND interaction as its parent (id: the interaction id); its token held in memory."""
+        if not isinstance(payload, dict) or payload.get("type") != 2:
+            kind = payload.get("type") if isinstance(payload, dict) else None
+            return f"interaction type {str(kind)[:10]} is not answered"
+        iid, app, token = payload.get("id"), payload.get("application_id"), payload.get("token")
+        if not (isinstance(iid, str) and _SNOWFLAKE.match(iid) and isinstance(app, str) and _SNOWFLAKE.match(app)
+                and isinstance(token, str) and _TOKEN.match(token)):
+            raise BadResponse("discord interaction: id, application_id or token missing or malformed")
+        member = payload.get("member") if isinstance(payload.get("member"), dict) else {}
+        user = member.get("user") if isinstance(member.get("user"), dict) else payload.get("user")
+        user = user if isinstance(user, dict) else {}
+        uid = user.get("id")
+        if not isinstance(uid, str) or not _SNOWFLAKE.match(uid):
+            raise BadResponse("discord interaction: no user id (member.user.id or user.id)")
+        data = payload.get("data") if isinstance(payload.get("data"), dict) else {}
+        words = [f"/{str(data.get('name') or '')[:32]}"]
+        for opt in data.get("options") if isinstance(data.get("options"), list) else []:
+            if isinstance(opt, dict) and isinstance(opt.get("value"), (str, int, float)):
+                words.append(f"{str(opt.get('name'))[:32]}={str(opt['value'])[:1000]}")
+        channel = payload.get("channel_id") if isinstance(payload.get("channel_id"), str) else ""
+        guild = payload.get("guild_id") if isinstance(payload.get("guild_id"), str) else None
+        made = snowflake_ms(iid) / 1000.0
+        with self._lock:
+            # Expiry on the injected clock from the moment replyd first held the token (never later than Discord's).
+            known = self._interactions.get(iid)
+            self._interactions[iid] = (app, token, known[2] if known else self._clock.now() + INTERACTION_TOKEN_LIFE_S)
+        return [Parent(id=iid, author_id=uid, author_handle=str(user.get("username") or uid),
+                       author_is_bot=bool(user.get("bot")), text=" ".join(words), url="", created_at=made,
+                       extra={"interaction": True, "channel": channel, "guild": guild, "dm": guild is None,
+                              "mentioned": True, "reply_to_me": False})]
+
+    def webhook_scope(self, event: str, payload: Any, parent: Parent) -> str | None:
+        """An interaction is addressed to the app by construction; a guild channel outside ``channels`` is not."""
+        channel = parent.extra.get("channel")
+        if self.s.channels and parent.extra.get("guild") and channel not in self.s.channels:
+            return "channel_not_listed"
+        return None
+
+    def _held(self, iid: str) -> tuple[str, str, float] | None:
+        with self._lock:
+            return self._interactions.get(iid)
+
+    def _send_interaction(self, parent: Parent, text: str) -> Sent:
+        """Edit the deferred response (``PATCH …/messages/@original``) into the answer, inside the token's life."""
+        held = self._held(parent.id)
+        if held is None:
+            raise DefinitelyNotSent("interaction token not held by this process (received elsewhere or before a "
+                                    "restart): not sent")
+        app, token, expires = held
+        if self._clock.now() + self.s.timeout_s >= expires:
+            self.log.warning("replyd.discord.interaction_expired", platform=self.instance, parent_id=parent.id)
+            raise Rejected("interaction token past its 15 minutes (or too close to it): not sent")
+        body = {"content": text, "allowed_mentions": {"parse": ["users"]}}
+        try:
+            for attempt in range(3):
+                try:
+                    resp = self._api("PATCH", "/webhooks/{id}/{token}/messages/@original",
+                                     f"/webhooks/{app}/{token}/messages/@original", what="edit original response",
+                                     major=parent.id, acts=True, json=body, auth=False)
+                    break
+                except Rejected as exc:
+                    # 404: the deferred response is not made yet (its answer may still be on the way to Discord).
+                    # An edit that found nothing changed nothing: provably not sent, so it may be tried again.
+                    if exc.status != 404:
+                        raise
+                    if attempt == 2:
+                        raise DefinitelyNotSent(f"{exc.detail}: no deferred response to edit (not sent)",
+                                                status=404) from None
+                    time.sleep(0.3)
+            data = _http.json_body(resp, "edit original response", dict)
+            mid = _http.served_id(data, "id", "edit original response")
+        except BadResponse as exc:
+            raise self._send_failed(parent, MaybeSent(f"{exc.detail} (after a 2xx)")) from None
+        except PlatformError as exc:
+            raise self._send_failed(parent, exc) from None
+        channel = data.get("channel_id") if isinstance(data.get("channel_id"), str) else parent.extra.get("channel", "")
+        rid = f"{channel}:{mid}"
+        self.log.info("replyd.discord.sent", platform=self.instance, parent_id=parent.id, reply_id=rid)
+        return Sent(reply_id=rid, url=_link(parent.extra.get("guild"), str(channel), str(mid)))
+
+    def _read_interaction(self, iid: str, found: Found) -> bool:
+        """The deferred response: edited (not LOADING) is the landed answer; a token not held checks nothing."""
+        held = self._held(iid)
+        if held is None or self._clock.now() >= held[2]:
+            return False
+        app, token, _exp = held
+        resp = self._api("GET", "/webhooks/{id}/{token}/messages/@original",
+                         f"/webhooks/{app}/{token}/messages/@original", what="original response", major=iid,
+                         auth=False)
+        data = _http.json_body(resp, "original response", dict)
+        flags = data.get("flags") if isinstance(data.get("flags"), int) else 0
+        if not flags & FLAG_LOADING:
+            mid = _http.served_id(data, "id", "original response")
+            rid = f"{data.get('channel_id') or ''}:{mid}"
+            found.setdefault(iid, {})[rid] = OwnReply(rid, iid, snowflake_ms(mid) / 1000.0)
+        return True
+
     # --- send, read back, delete ----------------------------------------------------
 
     def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
-        """Create the reply with the nonce enforced, referencing the parent, pinging nobody but users named."""
+        """Create the reply with the nonce enforced, referencing the parent, pinging nobody but users named
+        (an interaction: its deferred response edited into the answer)."""
+        if parent.extra.get("interaction") and ":" not in parent.id:
+            return self._send_interaction(parent, text)
         channel, message = split_id(parent.id)
         if len(provider_key) > NONCE_LEN:
             raise Rejected(f"discord nonce longer than {NONCE_LEN} characters (not sent)")
@@ -602,6 +740,9 @@ class DiscordPlatform(_http.HttpPlatform):
         """Own replies to the pending parents: one forward walk per channel from the oldest row's start."""
         by_channel: dict[str, list[str]] = {}
         for p in pending:
+            if p.parent.extra.get("interaction") and ":" not in p.parent.id:
+                by_channel.setdefault(f"interaction {p.parent.id}", []).append(p.parent.id)
+                continue
             try:
                 channel, _ = split_id(p.parent.id)
             except Rejected:
@@ -617,6 +758,8 @@ class DiscordPlatform(_http.HttpPlatform):
                     yield channel, todo
 
         def walk(channel: str, pids: list[str], found: Found) -> bool:
+            if channel.startswith("interaction "):
+                return self._read_interaction(pids[0], found)
             wanted = {split_id(pid)[1]: pid for pid in pids}
             oldest_parent = min(wanted, key=id_order)
             horizon = min(self._horizon(opened_at[pid]) for pid in pids)
