@@ -10,7 +10,7 @@ SOURCES.md``; every body served is one of those fixtures with the fields that ma
   (``nonce_window_s``); a nonce whose message was deleted answers ``10008``. Create faults
   (``create_faults``: ``"lost"`` created then the connection drops, ``"error_after"`` created then 500,
   ``"error_before"`` 503 and nothing created, ``"ratelimited"`` a bucket 429, ``"global"`` a global 429,
-  ``"hold"`` created and the answer held until ``release_held``) and ``lose_ratio`` (that share of creates
+  ``"hold"`` created and the answer held until ``release_held``), ``create_delay_s`` (slow answers) and ``lose_ratio`` (that share of creates
   lose their answer, seeded). ``bucket_limit``: (requests, seconds) per route bucket and channel, enforced
   with 429s as Discord does.
 - ``DiscordRest``: the REST routes replyd uses over HTTP (Starlette on uvicorn).
@@ -155,6 +155,7 @@ class DiscordWorld:
         self.create_faults: list[str] = []
         self.read_faults: list[str] = []
         self.lose_ratio = 0.0
+        self.create_delay_s = 0.0  # a slow answer: the message is made at once, its answer comes this much later
         self.rng = random.Random(seed)
         self.bucket_limit: tuple[int, float] | None = None
         self._bucket_hits: dict[str, list[float]] = {}
@@ -407,6 +408,8 @@ class DiscordRest:
         if status != 200:
             return _err(what, status)
         assert msg is not None
+        if w.create_delay_s:
+            await asyncio.sleep(w.create_delay_s)
         if fault == "lost":
             with w.lock:
                 w.lost_answers += 1

@@ -82,6 +82,20 @@ def test_a_lost_answer_retried_with_the_same_nonce_gets_the_earlier_message(worl
     assert world.nonce_hits == 1
 
 
+def test_a_slow_answer_timed_out_and_retried_while_it_lands_makes_one_message(world, rest, http) -> None:
+    """The answer takes 1.5 s, the adapter waits 0.5 s (MaybeSent); the retry at once, same nonce: one message."""
+    p = adapter(rest, http, timeout_s=0.5)
+    cid = world.add_channel()
+    pid = world.say(cid, ALICE, "help?")
+    parent = p.resolve(pid)
+    world.create_delay_s = 1.5
+    with pytest.raises(MaybeSent):
+        p.send(parent, "first", provider_key=send_key(p, pid))
+    world.create_delay_s = 0.0
+    sent = p.send(parent, "again", provider_key=send_key(p, pid))
+    assert [f"{cid}:{m.id}" for m in world.bot_replies(pid)] == [sent.reply_id]
+
+
 def test_past_the_nonce_window_the_read_back_finds_the_reply_by_author_and_reference(world, rest, http) -> None:
     """With a window of 0 s the nonce protects nothing: the read-back (author id + message_reference, never
     text) is what closes the row; the bot's unreferenced message and another author's reply do not count."""
