@@ -797,6 +797,110 @@ class SlackHarness(Harness):
         self.api.__exit__(None, None, None)
 
 
+# --- Discord on the stateful fake -------------------------------------------------------------
+
+
+class DiscordHarness(Harness):
+    """Discord on ``tests/discord_fake.py`` (REST on the published shapes), replies counted on the fake by reference."""
+
+    kind = "discord"
+    skips = {
+        "test_search_cursor_moves_forward": "a Discord bot cannot search messages",
+        "test_three_paths_find_the_parent_and_it_is_answered_once":
+            "a Discord bot cannot search messages: one of the three paths does not exist",
+    }
+    bad_settings = bad({"token": SECRET}, missing=("token",), wrong=(
+        ("token", "Bot " + SECRET), ("api_url", "ftp://x"), ("channels", ["#general"]), ("page_limit", 0),
+        ("gateway_url", "https://x"), ("search_queries", ["help"]), ("listing_delay_s", -1), ("colour", "red")))
+    small_pages = {"page_limit": 1, "max_pages": 1}
+    url_key = "api_url"
+    send_route = ("POST", r"^/api/v10/channels/\d+/messages$")
+    delete_route = ("DELETE", r"^/api/v10/channels/\d+/messages/\d+$")
+    ALICE = "53908099506183680"
+
+    def __init__(self, http: httpx.Client) -> None:
+        from tests.discord_fake import BOT_ID, DiscordRest, DiscordWorld
+
+        self.http = http
+        self.clock = FakeClock(time.time())
+        self.world = DiscordWorld(now=self.clock.now)
+        self.channels: dict[int, str] = {}
+        self.bot = BOT_ID
+        self.api = DiscordRest(self.world).__enter__()
+        self.proxy = FaultProxy(self.api.url.removesuffix("/api/v10"))
+
+    def settings(self) -> dict[str, Any]:
+        """The bot token on the fake, through the proxy; the listed channels are the poll's."""
+        from tests.discord_fake import BOT_TOKENS
+
+        return {"api_url": self.proxy.url + "/api/v10", "token": BOT_TOKENS[0], "listing_delay_s": 0,
+                "channels": [self._channel(i) for i in range(3)]}
+
+    def bot_id(self) -> str:
+        """The bot user id /users/@me serves."""
+        return self.bot
+
+    def secret(self) -> str:
+        """The bot token."""
+        from tests.discord_fake import BOT_TOKENS
+
+        return BOT_TOKENS[0]
+
+    def provider_key(self, adapter: Platform, parent_id: str) -> str:
+        """The adapter's own 25-character nonce (``ProviderKeys``)."""
+        from replyd.platforms.discord import discord_nonce
+
+        return discord_nonce(adapter.instance, self.bot_id(), parent_id)
+
+    def _channel(self, place: int) -> str:
+        if place not in self.channels:
+            self.channels[place] = self.world.add_channel()
+        return self.channels[place]
+
+    def post(self, text: str, *, mention: bool = True, place: int = 0) -> Post:
+        """Alice says ``text`` in the place's channel, mentioning the bot; refs: the served id and the jump link."""
+        from tests.discord_fake import GUILD
+
+        self.clock.advance(1)
+        cid = self._channel(place)
+        pid = self.world.say(cid, self.ALICE, text, mention=mention)
+        mid = pid.partition(":")[2]
+        return Post(pid, self.ALICE, [pid, f"https://discord.com/channels/{GUILD}/{cid}/{mid}"])
+
+    def reply_ids(self, parent_id: str) -> list[str]:
+        """The bot's live messages referencing the parent, as the fake holds them."""
+        channel = parent_id.partition(":")[0]
+        return [f"{channel}:{m.id}" for m in self.world.bot_replies(parent_id)]
+
+    def refusal(self) -> Reply:
+        """Discord's 50035 Invalid Form Body."""
+        from tests.discord_fake import fixture
+
+        return Reply(400, fixture("error_invalid_form_body"))
+
+    def rate_limit(self) -> Reply:
+        """Discord's bucket 429 with Retry-After and the body's retry_after."""
+        return Reply(429, {"message": "You are being rate limited.", "retry_after": RETRY_AFTER_S, "global": False},
+                     {"retry-after": str(RETRY_AFTER_S), "x-ratelimit-scope": "user"})
+
+    def gone(self) -> Reply:
+        """Discord's 10008 Unknown Message."""
+        from tests.discord_fake import fixture
+
+        return Reply(404, fixture("error_unknown_message"))
+
+    def read_routes(self, parent: Parent) -> list[str]:
+        """The parent's channel listing."""
+        channel = parent.id.partition(":")[0]
+        return [rf"^/api/v10/channels/{channel}/messages\?"]
+
+    def close(self) -> None:
+        """Stop the proxy and the fake."""
+        assert self.proxy is not None
+        self.proxy.close()
+        self.api.__exit__(None, None, None)
+
+
 @dataclass(frozen=True)
 class Entry:
     """One adapter's row in the contract-suite parameters: its harness and the session fixture it runs on."""
@@ -814,6 +918,7 @@ HARNESSES: dict[str, Entry] = {
     "bluesky": Entry(BlueskyHarness, "bsky_network"),
     "matrix": Entry(MatrixHarness, "synapse"),
     "slack": Entry(SlackHarness, None),
+    "discord": Entry(DiscordHarness, None),
 }
 
 
