@@ -1,10 +1,10 @@
 """A real Postfix and a real Dovecot for the email tests, started once per test session (per xdist worker).
 
 ``mail_server`` (session scope) writes throw-away configs into a temporary directory: Dovecot (``dovecot -F -c``)
-serves IMAP and LMTP on free 127.0.0.1 ports from a passwd-file userdb, every mailbox a Maildir under the
-directory; Postfix (``master -d -c``) accepts SMTP on a free 127.0.0.1 port from the loopback network and hands
+serves IMAP and LMTP on free 127.0.0.1 ports from a static userdb (every address of the domain exists, one password), each mailbox a
+Maildir under the directory; Postfix (``master -d -c``) accepts SMTP on a free 127.0.0.1 port from the loopback network and hands
 every recipient of the virtual domain ``replyd.test`` to Dovecot over LMTP. Users are added by the tests
-(``add_user``: the passwd-file is re-read on change), each with a name no other test uses.
+(``add_user``), each with a name no other test uses.
 
 Replies are counted on the server side: :meth:`MailServer.messages` reads a user's Maildir files from disk.
 
@@ -81,6 +81,7 @@ class MailServer:
     imap_port: int
     smtp_port: int
     lmtp_port: int
+    password: str = field(repr=False, default="")  # every user's (a static passdb: a user exists once mailed)
     passwords: dict[str, str] = field(default_factory=dict, repr=False)
     startup_s: float = 0.0
     procs: list[subprocess.Popen] = field(default_factory=list, repr=False)
@@ -89,12 +90,8 @@ class MailServer:
     def add_user(self, prefix: str = "u") -> str:
         """Create a mailbox with a name no other test uses; return its address (its IMAP login)."""
         address = f"{prefix}-{uuid.uuid4().hex[:8]}@{DOMAIN}"
-        password = f"pw-{uuid.uuid4().hex}"
-        uid = pwd.getpwnam(MAIL_USER)
         with self._lock:
-            self.passwords[address] = password
-            with open(self.directory / "passwd", "a") as f:
-                f.write(f"{address}:{{PLAIN}}{password}:{uid.pw_uid}:{uid.pw_gid}::{self.home(address)}\n")
+            self.passwords[address] = self.password
         return address
 
     def home(self, address: str) -> Path:
@@ -115,6 +112,21 @@ class MailServer:
         """The messages in ``address``'s mailbox whose In-Reply-To is ``parent_id`` (from ``sender`` when given)."""
         return [m for m in self.messages(address) if str(m.get("In-Reply-To", "")).strip() == parent_id
                 and (sender is None or sender in str(m.get("From", "")))]
+
+    def settled_replies(self, address: str, parent_id: str, *, sender: str | None = None,
+                        still_s: float = 0.6, timeout_s: float = 5.0) -> list[EmailMessage]:
+        """``replies_to`` once its count has not changed for ``still_s`` (a reply accepted is delivered over LMTP
+        a moment later), or at ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        last, since = -1, time.monotonic()
+        while True:
+            got = self.replies_to(address, parent_id, sender=sender)
+            now = time.monotonic()
+            if len(got) != last:
+                last, since = len(got), now
+            elif now - since >= still_s or now > deadline:
+                return got
+            time.sleep(0.05)
 
     def wait_for(self, address: str, ok, timeout_s: float = 10.0) -> list[EmailMessage]:  # noqa: ANN001
         """Read ``address``'s mailbox until ``ok(messages)`` or ``timeout_s``; return the last read."""
@@ -140,7 +152,9 @@ class MailServer:
                 "listing_delay_s": 2.0, **extra}
 
 
-def _dovecot_conf(d: Path, imap_port: int, lmtp_port: int) -> str:
+def _dovecot_conf(d: Path, imap_port: int, lmtp_port: int, password: str) -> str:
+    nobody = pwd.getpwnam(MAIL_USER)
+    uid, gid = nobody.pw_uid, nobody.pw_gid
     return f"""
 base_dir = {d}/dovecot-run
 state_dir = {d}/dovecot-state
@@ -156,12 +170,12 @@ mail_fsync = never
 default_internal_user = dovecot
 default_login_user = dovenull
 passdb {{
-  driver = passwd-file
-  args = scheme=PLAIN username_format=%u {d}/passwd
+  driver = static
+  args = password={password}
 }}
 userdb {{
-  driver = passwd-file
-  args = username_format=%u {d}/passwd
+  driver = static
+  args = uid={uid} gid={gid} home={d}/mail/%u
 }}
 service imap-login {{
   inet_listener imap {{
@@ -262,10 +276,9 @@ def start(directory: Path | None = None) -> MailServer:
     (d / "mail").mkdir()
     nobody = pwd.getpwnam(MAIL_USER)
     os.chown(d / "mail", nobody.pw_uid, nobody.pw_gid)
-    (d / "passwd").touch()
-    (d / "passwd").chmod(0o644)
+    password = f"pw-{uuid.uuid4().hex}"
     imap_port, smtp_port, lmtp_port = free_port(), free_port(), free_port()
-    (d / "dovecot.conf").write_text(_dovecot_conf(d, imap_port, lmtp_port))
+    (d / "dovecot.conf").write_text(_dovecot_conf(d, imap_port, lmtp_port, password))
     pf = d / "postfix"
     pf.mkdir()
     (d / "postfix-queue").mkdir()  # root's; `postfix check` makes the queues inside it, owned by postfix
@@ -274,7 +287,7 @@ def start(directory: Path | None = None) -> MailServer:
     os.chown(d / "postfix-data", postfix.pw_uid, postfix.pw_gid)
     (pf / "main.cf").write_text(_main_cf(d, lmtp_port))
     (pf / "master.cf").write_text(_MASTER_CF.format(smtp_port=smtp_port))
-    server = MailServer(d, imap_port, smtp_port, lmtp_port)
+    server = MailServer(d, imap_port, smtp_port, lmtp_port, password)
     env = {**os.environ, "MAIL_CONFIG": str(pf)}
     try:
         dovecot = subprocess.Popen([DOVECOT, "-F", "-c", str(d / "dovecot.conf")], stdout=subprocess.DEVNULL,

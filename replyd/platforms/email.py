@@ -173,7 +173,7 @@ class EmailPlatform:
         self._identity: Identity | None = None
 
     def __repr__(self) -> str:
-        return f"EmailPlatform({self.instance!r}, imap={self.s.imap_host}:{self.s.imap_port})"
+        return f"EmailPlatform(folder={self.s.folder!r})"
 
     @classmethod
     def from_settings(cls, settings: Any, *, http: httpx.Client, clock: Clock) -> Self:
@@ -383,6 +383,7 @@ class EmailPlatform:
     def _smtp_fail(self, stage: str, exc: BaseException) -> NoReturn:
         detail = self._clean(f"smtp {stage}: {type(exc).__name__}: {exc}")
         code = getattr(exc, "smtp_code", None)
+        self.log.warning("replyd.email.send_failed", stage=stage, code=code, problem=detail)
         if isinstance(code, int) and code in (530, 534, 535, 538):
             raise DefinitelyNotSent(detail, status=code) from None
         if isinstance(code, int) and 400 <= code < 500:
@@ -422,7 +423,9 @@ class EmailPlatform:
                 if code not in (250, 251):
                     raise smtplib.SMTPRecipientsRefused({r: (code, resp)})
             stage = "data"
-            smtp.data(msg.as_bytes())
+            code, resp = smtp.data(msg.as_bytes())  # returns the final reply; it raises only for the DATA command
+            if code != 250:
+                raise smtplib.SMTPDataError(code, resp)
             stage = "done"
         except smtplib.SMTPRecipientsRefused as exc:
             code = next(iter(exc.recipients.values()))[0]
@@ -468,6 +471,10 @@ class EmailPlatform:
         finally:
             self._bye(c)
         return rb
+
+    def read_parents(self, pending: Sequence[Pending], *, sender_id: str) -> ReadBack:
+        """``ParentReplies``: the read-back is already one look per parent (its reply's Message-ID), no feed walk."""
+        return self.read_back(pending, sender_id=sender_id)
 
     def delete(self, reply_id: str) -> None:
         """A sent mail cannot be taken back: Rejected, always."""
