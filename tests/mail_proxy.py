@@ -7,6 +7,7 @@
 - ``error_before``: the proxy cuts both sides before the final ``.`` reaches Postfix (nothing is queued, but
   the client cannot know);
 - ``garbled``: the ``250`` after the data is replaced by a line with no reply code (the message is queued);
+- ``pass``: nothing (a place-holder, so the faults after it meet later messages);
 - ``refused`` / ``rate_limited`` / any ``"<code> <text>"``: the ``DATA`` command is answered by the proxy
   with that reply and never forwarded (nothing is queued).
 
@@ -165,6 +166,8 @@ class SmtpFaultProxy(_Listener):
                 fault = self.faults.popleft() if self.faults else None
                 if fault is not None:
                     self.met.append(fault)
+                if fault == "pass":  # a placeholder: this message goes through untouched
+                    fault = None
                 if fault is not None and fault not in ("lost", "error_before", "garbled"):
                     client.sendall((REPLIES.get(fault, fault) + "\r\n").encode())
                     continue
