@@ -7,6 +7,8 @@
 - ``error_before``: the proxy cuts both sides before the final ``.`` reaches Postfix (nothing is queued, but
   the client cannot know);
 - ``garbled``: the ``250`` after the data is replaced by a line with no reply code (the message is queued);
+- ``hold``: the message is queued and its ``250`` held back ``hold_s`` seconds (``holding`` is set: a test
+  SIGKILLs the sender mid-send);
 - ``pass``: nothing (a place-holder, so the faults after it meet later messages);
 - ``refused`` / ``rate_limited`` / any ``"<code> <text>"``: the ``DATA`` command is answered by the proxy
   with that reply and never forwarded (nothing is queued).
@@ -124,6 +126,8 @@ class SmtpFaultProxy(_Listener):
         super().__init__(upstream_port)
         self.faults: deque[str] = deque()
         self.met: list[str] = []
+        self.holding = threading.Event()  # set while a ``hold`` fault keeps a queued message's 250 back
+        self.hold_s = 5.0
 
     def add(self, fault: str) -> None:
         """Queue ``fault`` for the next message's DATA."""
@@ -151,6 +155,9 @@ class SmtpFaultProxy(_Listener):
                             return
                         if fate == "garbled":
                             line = b"what happened here\r\n"
+                        if fate == "hold":  # queued on the server; the sender waits (a test kills it now)
+                            self.holding.set()
+                            threading.Event().wait(self.hold_s)
                     client.sendall(line)
             except OSError:
                 pass
@@ -168,7 +175,7 @@ class SmtpFaultProxy(_Listener):
                     self.met.append(fault)
                 if fault == "pass":  # a placeholder: this message goes through untouched
                     fault = None
-                if fault is not None and fault not in ("lost", "error_before", "garbled"):
+                if fault is not None and fault not in ("lost", "error_before", "garbled", "hold"):
                     client.sendall((REPLIES.get(fault, fault) + "\r\n").encode())
                     continue
                 upstream.sendall(line)
@@ -177,7 +184,7 @@ class SmtpFaultProxy(_Listener):
                 if fault == "error_before" or not data:
                     self.cut_pair(client, upstream)
                     return
-                if fault in ("lost", "garbled"):
+                if fault in ("lost", "garbled", "hold"):
                     state["swallow"] = fault
                 upstream.sendall(data)
         except OSError:
