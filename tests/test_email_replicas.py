@@ -9,7 +9,6 @@ counted in the senders' Maildirs on Dovecot's disk.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -20,24 +19,25 @@ import sqlalchemy as sa
 
 from tests.mail_proxy import CutProxy, SmtpFaultProxy
 from tests.mail_server import MailServer, person_mail
+from tests.slack_scenario import Replica
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _config(path: Path, mail: MailServer, bot: str, store_url: str, smtp_port: int, imap_port: int) -> Path:
     path.write_text(f"""
-[store]
-url = "{store_url}"
-
-[log]
-format = "json"
-level = "info"
-
 [guard]
 send_timeout_s = 8.0
 
 [sweep]
 interval_s = 0.5
+
+[log]
+level = "info"
+format = "json"
+
+[store]
+url = "{store_url}"
 
 [[bots]]
 name = "desk"
@@ -73,35 +73,6 @@ template = "Thanks, we have your ticket."
     return path
 
 
-class Replica:
-    """One `replyd run` that can be SIGKILLed and started again."""
-
-    def __init__(self, cfg: Path, env: dict[str, str], log: Path) -> None:
-        self.argv = [sys.executable, "-m", "replyd", "run", "--config", str(cfg), "--grace-s", "3"]
-        self.env, self.log = env, log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        """Start (again)."""
-        out = self.log.open("ab")
-        self.proc = subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdout=out, stderr=out)
-
-    def kill(self) -> None:
-        """SIGKILL, no grace."""
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 15 s."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_two_replicas_lost_250s_sigkill_and_idle_cut_answer_each_ticket_once(mail_server: MailServer, pg_url: str,
@@ -122,8 +93,9 @@ def test_two_replicas_lost_250s_sigkill_and_idle_cut_answer_each_ticket_once(mai
             for f in ("lost", "pass", "pass", "pass", "pass"):  # a fifth of the sends lose their 250
                 smtp[r].add(f)
     env = {**os.environ, "EMAIL_PASSWORD": mail_server.password, "PYTHONPATH": str(ROOT)}
-    replicas = {r: Replica(_config(tmp_path / f"{r}.toml", mail_server, bot, pg_url, smtp[r].port, imap[r].port),
-                           env, tmp_path / f"{r}.log") for r in "ab"}
+    argv = [sys.executable, "-m", "replyd", "run", "--grace-s", "3", "--config"]
+    replicas = {r: Replica(r, [*argv, str(_config(tmp_path / f"{r}.toml", mail_server, bot, pg_url, smtp[r].port,
+                                                  imap[r].port))], env, tmp_path / f"{r}.log") for r in "ab"}
     killed: list[str] = []
 
     def killer() -> None:
