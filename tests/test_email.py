@@ -5,6 +5,7 @@ Replies are counted in the recipients' Maildirs on the server (``MailServer.repl
 
 from __future__ import annotations
 
+import email
 import smtplib
 import threading
 import time
@@ -145,7 +146,6 @@ def test_lost_250_is_found_by_the_sweep_and_never_sent_again(desk: Desk, store_t
     adapter = desk.adapter()
     store = fresh_store(store_template, tmp_path, desk.clock)
     guard = _guard(adapter, store, desk.clock)
-    parents = []
     for i in range(3):
         desk.ask(f"ticket {i}")
     parents = adapter.inbox(None).parents
@@ -234,8 +234,6 @@ def _naive_responder(desk: Desk) -> None:
         c.login(desk.bot, desk.mail.passwords[desk.bot])
         c.select_folder("INBOX")
         for uid, data in c.fetch(c.search(["UNSEEN"]), ["BODY.PEEK[HEADER]"]).items():
-            import email
-
             msg = email.message_from_bytes(data[b"BODY[HEADER]"])
             reply = person_mail(desk.bot, desk.customer, "Re: " + str(msg["Subject"]), "here is how",
                                 In_Reply_To=str(msg["Message-ID"]))
@@ -270,11 +268,10 @@ def test_naive_side_resends_a_lost_250_and_replyd_does_not(desk: Desk, store_tem
     guard = _guard(adapter, store, desk.clock)
     for f in faults:
         desk.smtp.add(f)
-    for rnd in range(2):  # the daemon's rhythm: poll and post, sweep, poll and post again
+    for _round in range(2):  # the daemon's rhythm: poll and post, sweep, poll and post again
         for p in adapter.inbox(None).parents:
             guard.post(p, "here is how")
         _sweep(adapter, guard, store, desk.clock)
-        del rnd
     ours = [len(desk.mail.settled_replies(desk.customer, m, sender=desk.bot)) for m in mids]
     assert ours == [1] * 5, ours
     store.dispose()
