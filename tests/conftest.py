@@ -16,6 +16,7 @@ from replyd.clock import FakeClock
 from replyd.store import Store
 from tests.bsky_network import bsky_network  # noqa: F401  (one dev-env network per session for every Bluesky test)
 from tests.synapse_server import synapse  # noqa: F401  (one Synapse per session for every Matrix test)
+from tests.mail_server import mail_server  # noqa: F401  (one Postfix + Dovecot per session for the email tests)
 
 PG_ADMIN_URL = os.environ.get("REPLYD_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/postgres")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
