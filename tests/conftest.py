@@ -34,9 +34,30 @@ def load_allowed_skips(path: Path = ALLOWED_SKIPS_FILE) -> dict[str, str]:
     return allowed
 
 
+def plain_nodeid(nodeid: str) -> str:
+    """``nodeid`` without the ``@group`` that ``--dist loadgroup`` appends to a grouped test's id."""
+    at = nodeid.rfind("@")
+    return nodeid[:at] if at > nodeid.rfind("]") else nodeid  # an "@" inside [params] is the test's own
+
+
 def skip_allowed(nodeid: str, allowed: dict[str, str]) -> bool:
-    """Whether the allow-list lets ``nodeid`` skip under CI."""
+    """Whether the allow-list lets ``nodeid`` (grouped by xdist or not) skip under CI."""
+    nodeid = plain_nodeid(nodeid)
     return any(nodeid == pat or fnmatch.fnmatchcase(nodeid, pat) for pat in allowed)
+
+
+# Session servers too costly to start on every xdist worker: every test that uses one joins its group, and
+# `--dist loadgroup` runs a group on one worker, so each server starts once per run (fixture -> group).
+SERVER_GROUPS = {"synapse": "synapse", "bsky_network": "bsky"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into "@group" node id suffixes
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put each test that uses a shared session server (directly or through a fixture) in that server's group."""
+    for item in items:
+        for fixture, group in SERVER_GROUPS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
 
 
 _ALLOWED_KEY = pytest.StashKey[dict[str, str]]()
