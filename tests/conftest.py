@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+import structlog
 
 from replyd.clock import FakeClock
 from replyd.store import Store
@@ -86,6 +87,16 @@ def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-
         report.outcome = "failed"
         report.longrepr = f"module skipped under CI=true (not in tests/{ALLOWED_SKIPS_FILE.name}): {why}"
     return report
+
+
+@pytest.fixture(autouse=True)
+def _structlog_config_restored() -> Iterator[None]:
+    """Each test gets back the structlog config it started with: a test that configures logging in-process
+    (``log.configure(level="warning")``) must not filter the events a later test on the same xdist worker
+    captures."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 def _pg_reachable() -> str | None:
