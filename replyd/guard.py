@@ -23,7 +23,7 @@ import hashlib
 import itertools
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any
 
@@ -43,6 +43,7 @@ from replyd.errors import (
     StoreError,
 )
 from replyd.lag import ListingLag
+from replyd.responders.base import settled
 from replyd.platforms.base import Identity, Parent, Platform, ProviderKeys, default_provider_key
 from replyd.store import Key, Reply, Store
 
@@ -52,7 +53,8 @@ log = structlog.get_logger("replyd.guard")
 # would most likely end timed out after leaving (ambiguous, an attempt spent), where not sending costs nothing.
 MIN_SEND_FRACTION = 0.1
 
-Compose = Callable[[Parent], "str | None"]
+# A responder: returns the text (None or "" declines), or an awaitable of it (an ``async def`` responder).
+Compose = Callable[[Parent], "str | None | Awaitable[str | None]"]
 
 
 class Status(enum.StrEnum):
@@ -129,6 +131,11 @@ def _classify(row: Reply | st.Row, key: Key, now: float) -> Outcome:
     if s in (st.RELEASED, st.NOT_LANDED) and row.not_before and row.not_before > now:
         return Outcome(Status.NOT_SENT, key, s, row.attempt, detail="backing off", retry_after_s=row.not_before - now)
     return Outcome(Status.IN_FLIGHT, key, s, row.attempt)
+
+
+def _sync_compose(compose: Compose) -> Compose:
+    """``compose`` as a sync call: an ``async def`` responder (or one returning an awaitable) is awaited."""
+    return lambda parent: settled(compose(parent))  # type: ignore[return-value]
 
 
 class SendWatch:
@@ -447,7 +454,7 @@ class Guard:
             body: str | None = text
         else:
             try:
-                body = metrics.timed_responder(text, parent, self.platform.instance)
+                body = metrics.timed_responder(_sync_compose(text), parent, self.platform.instance)
             except Exception as exc:
                 detail = f"{type(exc).__name__}: {getattr(exc, 'detail', '') or exc}"[:300]
                 log.warning("replyd.guard.responder_failed", parent_id=key.parent_id, error=detail, dry_run=True)
@@ -472,7 +479,7 @@ class Guard:
     def _compose(self, key: Key, parent: Parent, row: Reply, compose: Compose) -> str | Outcome:
         """Call the responder once for a composing claim; release or decline on failure."""
         try:
-            text = metrics.timed_responder(compose, parent, self.platform.instance)
+            text = metrics.timed_responder(_sync_compose(compose), parent, self.platform.instance)
         except Exception as exc:  # a responder failure costs no attempt: the row goes back, with a backoff
             detail = (getattr(exc, "detail", "") or f"{type(exc).__name__}: {exc}")[:300]
             wait_s = self._responder_backoff(key)
