@@ -14,6 +14,7 @@ from replyd.guard import Guard, Status
 from replyd.pipeline import Pipeline
 from replyd.platforms.memory import MemoryPlatform
 from replyd.policy import Policy
+from tests.aio_harness import face  # noqa: F401  (both faces)
 
 
 @pytest.fixture
@@ -23,9 +24,11 @@ def plat(clock):
 
 
 @pytest.fixture
-def guard(store, plat, clock):
-    """The sync guard over the parametrised store."""
-    return Guard(store, plat, plat.whoami(), clock=clock, send_timeout_s=10.0, watch_interval_s=None)
+def guard(store, plat, clock, face):
+    """The guard over the parametrised store, on each face (the async face behind the sync API)."""
+    g = face(store, plat, plat.whoami(), clock=clock, send_timeout_s=10.0, watch_interval_s=None)
+    yield g
+    g.close()
 
 
 async def composed(parent) -> str:
