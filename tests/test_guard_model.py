@@ -442,7 +442,7 @@ class MixedFaceModel(GuardModel):
 
 
 MixedFaceModel.TestCase.settings = settings(
-    max_examples=int(os.environ.get("REPLYD_MODEL_EXAMPLES_MIXED", "60")), stateful_step_count=30, deadline=None,
+    max_examples=int(os.environ.get("REPLYD_MODEL_EXAMPLES_MIXED", "20")), stateful_step_count=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestMixedFaceModel = MixedFaceModel.TestCase
