@@ -70,8 +70,12 @@ class AsyncGuard(GuardCore):
     """Posts replies for one bot on one platform, each parent at most once, from coroutines (the async face)."""
 
     def __init__(self, store: Store, platform: Platform, identity: Identity, *,
-                 store_thread: StoreThread | None = None, **kwargs: Any) -> None:
+                 store_thread: StoreThread | None = None, max_in_flight: int = 64, **kwargs: Any) -> None:
         super().__init__(store, platform, identity, **kwargs)
+        # Posts past the claim at once: a thousand gathered posts must not all claim, then wait their turn for
+        # the store thread and the connection pool while their send budgets run out (an attempt each).
+        # One waiting here has claimed nothing.
+        self._slots = asyncio.Semaphore(max_in_flight)
         self._own_thread = store_thread is None
         self.store_thread = store_thread or StoreThread(store)
         self._watcher: asyncio.Task[None] | None = None
@@ -146,7 +150,8 @@ class AsyncGuard(GuardCore):
     @metrics.observe_post
     async def post(self, parent: Parent, text: str | Compose, *, path: str = "api") -> Outcome:
         """Reply to ``parent`` at most once; ``text`` is the reply or a responder (sync or async) to call once."""
-        return await self._run(self.post_steps(parent, text, path=path))
+        async with self._slots:
+            return await self._run(self.post_steps(parent, text, path=path))
 
     async def begin(self, parent: Parent, *, owner: str, path: str = "api") -> Lease | Outcome:
         """Claim ``parent``'s key as ``composing`` for ``owner`` (nothing is sent); else say what blocks it."""
