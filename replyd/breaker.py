@@ -2,7 +2,7 @@
 
 A 5xx, a timeout or any other "maybe sent" is not evidence about the parent it was sent for when most sends
 of the bot fail the same way: the platform is down. So the guard asks the breaker before every claim and
-tells it every send's fate (``Guard._breaker_*``):
+tells it every send's fate (``GuardCore._admit_steps`` / ``_paused_steps`` / ``_record_steps``):
 
 closed
     every send goes; the last ``window`` sends are judged: ``min_failures`` failures that are also at least

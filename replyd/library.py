@@ -13,7 +13,6 @@ too, so the CLI and the HTTP API change state through the same few functions.
 
 from __future__ import annotations
 
-import copy
 import csv
 import json
 from collections.abc import Iterator, Mapping, Sequence
@@ -28,8 +27,8 @@ from replyd import metrics
 from replyd import store as st
 from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import resolve_env
-from replyd.errors import BadResponse, ConfigError, LeaseLost, PlatformError
-from replyd.guard import Compose, Guard, Outcome, Status, _classify
+from replyd.errors import BadResponse, ConfigError, PlatformError
+from replyd.guard import Compose, Guard, Lease, Outcome, Status, _classify
 from replyd.platforms.base import Identity, Parent, Pending, Platform, ReadBack, make_platform
 from replyd.platforms._http import make_client
 from replyd.store import Event, Key, Reply, Store
@@ -83,28 +82,9 @@ def unblocked(guard: Guard, parent: str | Parent) -> Parent | Outcome:
 # -- compose leases: begin, compose elsewhere, finish ------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Lease:
-    """A compose lease: ``key``'s ``composing`` claim at ``attempt``, held by ``owner`` until ``until``."""
-
-    key: Key
-    owner: str
-    attempt: int
-    until: float
-
-
 def _as_holder(guard: Guard, owner: str) -> Guard:
-    """The same guard acting as ``owner``, so claims and lease checks name the lease's holder.
-
-    A shallow copy: it shares the store, the adapter and the send watch. Its sends are watched by
-    the guard's own watch thread (started here), so a copy never starts a thread of its own.
-    """
-    if guard._watch_interval_s is not None:
-        guard._start_watch()
-    holder = copy.copy(guard)
-    holder.owner = owner
-    holder._watch_interval_s = None
-    return holder
+    """The same guard acting as ``owner`` (``GuardCore._as_holder``)."""
+    return guard._as_holder(owner)
 
 
 def begin(guard: Guard, parent: Parent, *, owner: str, path: str = "api") -> Lease | Outcome:
@@ -115,17 +95,8 @@ def begin(guard: Guard, parent: Parent, *, owner: str, path: str = "api") -> Lea
     runs out (``guard.compose_lease_s``) was provably never sent, so the key
     goes back to claimable without using an attempt.
     """
-    key = guard.key(parent.id)
-    if guard.dry_run:
-        return Outcome(Status.DRY_RUN, key, detail="dry run: no lease is taken; post the text to see what would be sent")
-    if not guard.claiming:
-        return Outcome(Status.NOT_SENT, key, detail="shutting down")
-    # The guard's own claim, as the holder: the same compare-and-set every path uses.
-    claim = _as_holder(guard, owner)._claim(key, parent, path, None)
-    if isinstance(claim, Outcome):
-        metrics.outcome(guard.platform.instance, claim.status.value)
-        return claim
-    return Lease(key, owner, claim.attempt, claim.lease_until)
+    holder = guard if guard.dry_run or not guard.claiming else _as_holder(guard, owner)
+    return holder._run(holder.begin_steps(parent, owner=owner, path=path))
 
 
 def finish(guard: Guard, lease: Lease, text: str) -> Outcome:
@@ -137,32 +108,12 @@ def finish(guard: Guard, lease: Lease, text: str) -> Outcome:
     if not text or not text.strip():
         raise ValueError("text: must not be empty")
     holder = _as_holder(guard, lease.owner)
-    now = holder.clock.now()
-    row = holder.store.peek(lease.key)
-    if row is None or row.state != st.COMPOSING or row.lease_owner != lease.owner or row.attempt != lease.attempt:
-        raise LeaseLost(f"not held any more: {_where(guard, lease.key, row, now)}")
-    if row.lease_until is not None and row.lease_until < now:
-        raise LeaseLost(f"expired {now - row.lease_until:.1f} s ago (compose leases last {guard.compose_lease_s:g} s); "
-                        "nothing was sent: call begin_reply again")
-    # Durable open, compared-and-set on (composing, attempt, lease owner): a lease taken over since loses here.
-    opened = holder._open_composed(lease.key, row, text)
-    if isinstance(opened, Outcome):
-        raise LeaseLost(f"lost while opening: {_where(guard, lease.key, holder.store.peek(lease.key), now)}")
-    parent = Parent.from_snapshot(json.loads(row.snapshot or "{}"))
-    out = holder._send(lease.key, parent, opened, text)
-    metrics.outcome(guard.platform.instance, out.status.value)
-    return out
+    return holder._run(holder.finish_steps(lease, text))
 
 
 def _where(guard: Guard, key: Key, row: st.Row | None, now: float) -> str:
     """Say in words where a key stands now, for a lease refusal."""
-    if row is None:
-        return "the key has no row; nothing was sent"
-    if row.state == st.COMPOSING:
-        return "another holder is composing a reply to this parent; nothing was sent"
-    out = _classify(row, key, now) if not guard._claimable(row, now) else None
-    status = out.status.value if out else f"{row.state} and claimable"
-    return f"the parent is now {status}" + (f" (reply {row.reply_id})" if row.reply_id else "") + "; nothing was sent"
+    return guard.where(key, row, now)
 
 
 class GuardSession:

@@ -13,6 +13,7 @@ O(1), with no I/O.
 from __future__ import annotations
 
 import functools
+import inspect
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -243,24 +244,55 @@ class watching_send:  # noqa: N801  (used as ``with metrics.watching_send(...)``
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _count_post(guard: Any, out: Any = None, exc: BaseException | None = None) -> None:
+    """Count one ``post``'s Outcome status, or the store error it raised (other errors are not outcomes)."""
+    if exc is None:
+        label = out.status.value
+    elif isinstance(exc, ContentionError):
+        label = "contended"
+    elif isinstance(exc, StoreError):
+        label = "store_error"
+    else:
+        return
+    _child(OUTCOMES, guard.platform.instance, label).inc()
+
+
 def observe_post(fn: F) -> F:
-    """Decorate ``Guard.post``: count each call's Outcome status (or the store error it raised)."""
+    """Decorate ``Guard.post`` (or the async face's): count each call's Outcome status (or its store error)."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def awrapper(guard: Any, *args: Any, **kwargs: Any) -> Any:
+            """Await the async face's ``post`` and count its result."""
+            try:
+                out = await fn(guard, *args, **kwargs)
+            except BaseException as exc:
+                _count_post(guard, exc=exc)
+                raise
+            _count_post(guard, out)
+            return out
+
+        return awrapper  # type: ignore[return-value]
 
     @functools.wraps(fn)
     def wrapper(guard: Any, *args: Any, **kwargs: Any) -> Any:
         """Call ``Guard.post`` and count its result."""
         try:
             out = fn(guard, *args, **kwargs)
-        except ContentionError:
-            _child(OUTCOMES, guard.platform.instance, "contended").inc()
+        except BaseException as exc:
+            _count_post(guard, exc=exc)
             raise
-        except StoreError:
-            _child(OUTCOMES, guard.platform.instance, "store_error").inc()
-            raise
-        _child(OUTCOMES, guard.platform.instance, out.status.value).inc()
+        _count_post(guard, out)
         return out
 
     return wrapper  # type: ignore[return-value]
+
+
+def responder_called(platform: str, seconds: float, text: str | None = None, *, failed: bool = False) -> None:
+    """Count one responder call by result and time it (both faces)."""
+    _child(RESPONDER_SECONDS, platform).observe(seconds)
+    result = "failed" if failed else "ok" if text and text.strip() else "declined"
+    _child(RESPONDER_CALLS, platform, result).inc()
 
 
 def timed_responder(compose: Callable[[Any], str | None], parent: Any, platform: str) -> str | None:
@@ -269,11 +301,9 @@ def timed_responder(compose: Callable[[Any], str | None], parent: Any, platform:
     try:
         text = compose(parent)
     except BaseException:
-        _child(RESPONDER_CALLS, platform, "failed").inc()
+        responder_called(platform, time.perf_counter() - t0, failed=True)
         raise
-    finally:
-        _child(RESPONDER_SECONDS, platform).observe(time.perf_counter() - t0)
-    _child(RESPONDER_CALLS, platform, "ok" if text and text.strip() else "declined").inc()
+    responder_called(platform, time.perf_counter() - t0, text)
     return text
 
 

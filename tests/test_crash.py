@@ -20,11 +20,13 @@ pytestmark = pytest.mark.slow
 CTX = mp.get_context("spawn")
 
 
+@pytest.mark.parametrize("face", ["sync", "async"])
 @pytest.mark.parametrize("where,retries", [("before_send", 1), ("after_send", 0), ("before_close", 0)])
-def test_sigkill_then_sweep_leaves_one_reply(store_url, tmp_path, where, retries):
-    """After a SIGKILL and a sweep, each parent has exactly one reply (one retry if nothing landed)."""
+def test_sigkill_then_sweep_leaves_one_reply(store_url, tmp_path, where, retries, face):
+    """After a SIGKILL of either face's process and a sweep, each parent has exactly one reply (one retry if
+    nothing landed)."""
     journal = str(tmp_path / "journal.jsonl")
-    child = CTX.Process(target=workers.crash_in, args=(store_url, journal, "p1", where))
+    child = CTX.Process(target=workers.crash_in, args=(store_url, journal, "p1", where, face))
     child.start()
     child.join(120)
     assert child.exitcode == -signal.SIGKILL

@@ -10,6 +10,7 @@ from replyd.guard import Guard, Status
 from replyd.platforms.memory import MemoryPlatform
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
+from tests.aio_harness import face  # noqa: F401  (the face fixture: every guard test on both faces)
 
 
 @pytest.fixture
@@ -19,9 +20,11 @@ def plat(clock):
 
 
 @pytest.fixture
-def guard(store, plat, clock):
-    """The guard over the parametrised store."""
-    return Guard(store, plat, plat.whoami(), clock=clock, send_timeout_s=10.0)
+def guard(store, plat, clock, face):
+    """The guard over the parametrised store, on each face (sync, and async behind the same API)."""
+    g = face(store, plat, plat.whoami(), clock=clock, send_timeout_s=10.0)
+    yield g
+    g.close()
 
 
 @pytest.fixture

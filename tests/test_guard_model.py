@@ -53,6 +53,7 @@ from replyd.clock import FakeClock
 from replyd.config import PollerConfig
 from replyd.errors import MaybeSent
 from replyd.guard import Guard, Status
+from tests.aio_harness import BlockingAsyncGuard
 from replyd.pipeline import Pipeline
 from replyd.platforms.base import Parent
 from replyd.platforms.memory import STEPS, MemoryPlatform
@@ -212,10 +213,12 @@ class GuardModel(RuleBasedStateMachine):
         # The daemon's re-find over both replicas' log: one waiting row a page, the policy p1 now fails.
         self.refind_policy = Policy(deny_keywords=["spam"])
 
+    FACES: tuple[type, type] = (Guard, Guard)  # the face each replica runs (MixedFaceModel: one of each)
+
     def _guard(self, i: int) -> Guard:
         """A (re)started replica: a new owner and a fresh view of the store; its send watch is ticked by the model."""
         self.restarts += 1
-        return Guard(DyingStore(self.store), self.plat, self.plat.whoami(), clock=self.clock,  # type: ignore[arg-type]
+        return self.FACES[i](DyingStore(self.store), self.plat, self.plat.whoami(), clock=self.clock,  # type: ignore[arg-type]
                      owner=f"g{i}-{self.restarts}", max_attempts=MAX_ATTEMPTS, send_timeout_s=SEND_TIMEOUT,
                      compose_lease_s=COMPOSE_LEASE, watch_interval_s=None)
 
@@ -429,6 +432,20 @@ GuardModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestGuardModel = GuardModel.TestCase
+
+
+class MixedFaceModel(GuardModel):
+    """The same model with replica 1 on the asyncio face (replyd.aio, behind Guard's API): both faces of the one
+    state machine racing on one store, every death and stall point included."""
+
+    FACES = (Guard, BlockingAsyncGuard)
+
+
+MixedFaceModel.TestCase.settings = settings(
+    max_examples=int(os.environ.get("REPLYD_MODEL_EXAMPLES_MIXED", "20")), stateful_step_count=30, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestMixedFaceModel = MixedFaceModel.TestCase
 
 
 @pytest.fixture(scope="module", autouse=True)

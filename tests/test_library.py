@@ -17,11 +17,17 @@ from replyd.platforms.memory import MemoryPlatform
 from tests.api_harness import ROOT, running
 
 
-def test_docs_example_runs_against_the_sim(tmp_path):
-    """The python example in docs/API.md runs as written and prints what the doc says it prints."""
-    doc = (ROOT / "docs" / "API.md").read_text()
-    code = re.findall(r"```python\n(.*?)```", doc, re.S)[0]
-    expected = re.search(r"prints\n\n```\n(.*?)```", doc, re.S).group(1)
+def _examples() -> list[tuple[str, str]]:
+    """Each python example of docs/LIBRARY.md with the output the doc says it prints."""
+    doc = (ROOT / "docs" / "LIBRARY.md").read_text()
+    return re.findall(r"```python\n(.*?)```\n\nprints\n\n```\n(.*?)```", doc, re.S)
+
+
+@pytest.mark.parametrize("n", range(3), ids=["sync", "asyncio", "own_send"])
+def test_docs_example_runs_against_the_sim(tmp_path, n):
+    """Each python example in docs/LIBRARY.md runs as written and prints what the doc says it prints."""
+    assert len(_examples()) == 3
+    code, expected = _examples()[n]
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60,
                        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr[-3000:]

@@ -16,12 +16,15 @@ from replyd.store.schema import METADATA
 
 PKG = Path(replyd.__file__).parent
 THE_GUARD = PKG / "guard.py"
+# The faces of the one state machine (replyd.core): each one's driver runs the core's Send effect, nothing else does.
+THE_FACES = {THE_GUARD, PKG / "aio.py"}
 # Ways to name an attribute by a string: a "send" given to any of these reaches a platform's send.
 BY_NAME = {"getattr", "hasattr", "attrgetter", "methodcaller", "__getattribute__", "getattr_static", "__getattr__"}
 # getattr with a computed name could compute "send": each one outside the guard is listed with why it cannot.
 DYNAMIC_GETATTR_OK = {
     ("__init__.py", "getattr(importlib.import_module(module), name)"): "lazy re-export of replyd's own names",
     ("log.py", "getattr(logging, level.upper())"): "a logging level constant",
+    ("core.py", "getattr(parent, n)"): "a Parent's dataclass fields (snapshot_json)",
     ("metrics.py", "getattr(res, name, 0)"): "a SweepResult counter",
     ("responders/template.py", "getattr(parent, f)"): "template fields of a Parent (_FIELDS)",
     ("demo.py", "getattr(self.pollers, p)"): "the demo's poller method names (inbox, search, refind)",
@@ -35,6 +38,7 @@ DYNAMIC_GETATTR_OK = {
 NOT_A_PLATFORM_SEND = {
     ("platforms/slack.py", "ws.send"): "Socket Mode's envelope ack on the adapter's own WebSocket, never a reply",
     ("platforms/discord.py", "ws.send"): "Gateway frames (identify, resume, heartbeats) on the adapter's own WebSocket",
+    ("core.py", "self.steps.send"): "the generator protocol: an effect's result handed back to the decision",
 }
 
 
@@ -68,13 +72,15 @@ def send_references(source: str, module: str = "<snippet>") -> list[str]:
 
 
 def test_only_the_guard_refers_to_a_platform_send():
-    """No module of replyd but guard.py refers to a send in any form (AST): every reply leaves through Guard.post."""
+    """No module of replyd but the guard's two faces (guard.py, aio.py: the drivers of replyd.core's Send effect)
+    refers to a send in any form (AST): every reply leaves through the core's ``send_steps``."""
     offenders = []
     for path in sorted(PKG.rglob("*.py")):
-        if path != THE_GUARD:
+        if path not in THE_FACES:
             offenders += send_references(path.read_text(), str(path.relative_to(PKG)))
     assert offenders == [], "platform sends outside the guard:\n" + "\n".join(offenders)
-    assert send_references(THE_GUARD.read_text()), "the guard must be the one caller of send"
+    for face in THE_FACES:
+        assert send_references(face.read_text()), f"{face.name}: a face of the guard must run the core's send"
 
 
 EVASIONS = {

@@ -12,15 +12,19 @@ from replyd.platforms.memory import MemoryPlatform
 from replyd.store import Store
 
 
-def _guard(url: str, journal: str, script: list[str] | None = None) -> Guard:
+def _guard(url: str, journal: str, script: list[str] | None = None, face: str = "sync") -> Guard:
     store = Store.open(url)
     plat = MemoryPlatform(journal=journal, script=script or [], listing_delay_s=1.0)
+    if face == "async":
+        from tests.aio_harness import BlockingAsyncGuard  # the async face's driver behind Guard's API
+
+        return BlockingAsyncGuard(store, plat, plat.whoami(), send_timeout_s=5.0)  # type: ignore[return-value]
     return Guard(store, plat, plat.whoami(), send_timeout_s=5.0)
 
 
-def race_one(url: str, journal: str, parent_id: str, barrier, results) -> None:
-    """Wait at the barrier with every other process, then post the same parent once."""
-    g = _guard(url, journal)
+def race_one(url: str, journal: str, parent_id: str, barrier, results, face: str = "sync") -> None:
+    """Wait at the barrier with every other process, then post the same parent once (on ``face``)."""
+    g = _guard(url, journal, face=face)
     barrier.wait()
     out = g.post(Parent(id=parent_id, author_id="u"), f"reply from {os.getpid()}")
     g.store.dispose()
@@ -38,10 +42,10 @@ def race_many(url: str, journal: str, n_parents: int, seed: int, barrier, result
     results.put(sent)
 
 
-def crash_in(url: str, journal: str, parent_id: str, where: str) -> None:
-    """Post one parent and die by SIGKILL at ``where``: before_send, after_send or before_close."""
+def crash_in(url: str, journal: str, parent_id: str, where: str, face: str = "sync") -> None:
+    """Post one parent on ``face`` and die by SIGKILL at ``where``: before_send, after_send or before_close."""
     script = {"before_send": ["crash_before"], "after_send": ["crash_after"]}.get(where, [])
-    g = _guard(url, journal, script)
+    g = _guard(url, journal, script, face)
     if where == "before_close":
         def die(*a, **k):
             os.kill(os.getpid(), signal.SIGKILL)

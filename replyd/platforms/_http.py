@@ -216,14 +216,21 @@ def request(
     secrets = tuple(secrets)
     try:
         return _bounded(client, method, url, what=what, acting=acting, max_bytes=max_bytes, **kwargs)
-    except _NEVER_LEFT as exc:
-        detail = redact(f"{what}: {type(exc).__name__}: {exc} (nothing sent)", secrets)
-        raise DefinitelyNotSent(detail) from None
-    except httpx.HTTPError as exc:
-        cls = MaybeSent if acting else DefinitelyNotSent
-        tail = "outcome unknown" if acting else "read failed"
-        detail = redact(f"{what}: {type(exc).__name__}: {exc} ({tail})", secrets)
-        raise cls(detail) from None
+    except (*_NEVER_LEFT, httpx.HTTPError) as exc:
+        raise transport_error(exc, what=what, acting=acting, secrets=secrets) from None
+
+
+def transport_error(exc: Exception, *, what: str, acting: bool, secrets: Iterable[str] = ()) -> PlatformError:
+    """The replyd error for an httpx transport failure (module table): could the request have acted?
+
+    Shared by the adapters (through :func:`request`) and by a platform of the user's own calls
+    (``replyd.platforms.own``), sync or async client alike: one table answers it for all.
+    """
+    if isinstance(exc, _NEVER_LEFT):
+        return DefinitelyNotSent(redact(f"{what}: {type(exc).__name__}: {exc} (nothing sent)", secrets))
+    cls = MaybeSent if acting else DefinitelyNotSent
+    tail = "outcome unknown" if acting else "read failed"
+    return cls(redact(f"{what}: {type(exc).__name__}: {exc} ({tail})", secrets))
 
 
 def _bounded(client: httpx.Client, method: str, url: str, *, what: str, acting: bool, max_bytes: int,

@@ -10,6 +10,8 @@ convert them to int, fold their case or rewrite URIs.
 
 from __future__ import annotations
 
+import asyncio
+
 import hashlib
 import importlib
 import pkgutil
@@ -188,6 +190,26 @@ class ThreadDepth(Protocol):
 
     def thread_depth(self, parent: Parent, limit: int) -> int:
         """Return how many ancestors ``parent`` has, counting at most ``limit + 1``."""
+        ...
+
+
+@runtime_checkable
+class AsyncSend(Protocol):
+    """Optional: an adapter whose send is a coroutine; ``replyd.aio`` awaits it (else it runs ``send`` on a
+    worker thread). Only the guard's faces may call it."""
+
+    async def asend(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
+        """Post ``text`` as a reply to ``parent``, as ``send`` does, without blocking the event loop."""
+        ...
+
+
+@runtime_checkable
+class LoopBound(Protocol):
+    """Optional: an adapter whose async calls belong to one event loop (a bot's own client); ``replyd.aio``
+    binds the loop it runs on, so the calls its worker threads make (login, the sweep) run there."""
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run the adapter's async calls on ``loop`` when called from another thread."""
         ...
 
 

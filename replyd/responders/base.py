@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import inspect
 import json
 import threading
 import typing
@@ -206,6 +207,28 @@ def responder_loop() -> asyncio.AbstractEventLoop:
             threading.Thread(target=loop.run_forever, name="replyd-responders", daemon=True).start()
             _loop = loop
         return _loop
+
+
+def settled(value: object) -> object:
+    """Return ``value``, or what it resolves to when it is awaitable (an ``async def`` responder's coroutine).
+
+    A sync caller (the sync guard, the daemon's worker threads) cannot await, so the awaitable runs on the
+    shared responder loop and this thread waits for it; calling from that loop itself would deadlock.
+    """
+    if not inspect.isawaitable(value):
+        return value
+    loop = responder_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        raise ResponderError("an awaitable responder result cannot be waited for on the responder loop itself")
+
+    async def wait() -> object:
+        return await value
+
+    return asyncio.run_coroutine_threadsafe(wait(), loop).result()
 
 
 def _checked(value: object) -> str | None:

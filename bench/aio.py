@@ -1,0 +1,121 @@
+"""The asyncio face against the sync face, side by side in one run (issue 31), the send stubbed (memory platform).
+
+    PYTHONPATH=. python -m bench.aio [--posts 2000] [--pg postgresql+psycopg://postgres@127.0.0.1:5432/postgres]
+
+Per database: the median cost per post of ``Guard.post`` and of ``await AsyncGuard.post`` (sequential, the
+same store), their ratio, and the loop-lag probe (a task sleeping 1 ms and recording its overshoot) through
+``--concurrent`` posts gathered at once on the async face, and through the same posts made with the sync
+guard called inside the loop (the naive side: its stall measured the same way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+import uuid
+from typing import Any
+
+import sqlalchemy as sa
+
+from replyd.aio import AsyncGuard
+from replyd.guard import Guard
+from replyd.platforms.memory import MemoryPlatform
+from replyd.store import Store
+
+
+def _fresh_pg(admin_url: str) -> tuple[str, Any]:
+    """A new PostgreSQL database for this run; returns its URL and a function that drops it."""
+    name = f"replyd_bench_aio_{uuid.uuid4().hex[:8]}"
+    eng = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = admin_url.rsplit("/", 1)[0] + f"/{name}"
+
+    def drop() -> None:
+        with eng.connect() as c:
+            c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        eng.dispose()
+
+    return url, drop
+
+
+def _lag_stats(lags: list[float]) -> dict[str, float]:
+    ms = sorted(x * 1000 for x in lags) or [0.0]
+    return {"p99_ms": round(ms[int(0.99 * (len(ms) - 1))], 2), "max_ms": round(ms[-1], 2), "probes": len(ms)}
+
+
+async def _probe(lags: list[float], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        await asyncio.sleep(0.001)
+        lags.append(time.perf_counter() - t0 - 0.001)
+
+
+def run(url: str, posts: int, concurrent: int) -> dict[str, Any]:
+    """One database's figures."""
+    store = Store.open(url)
+    plat = MemoryPlatform(listing_delay_s=5.0)
+    me = plat.whoami()
+    sync = Guard(store, plat, me, watch_interval_s=None)
+    per_sync = []
+    for i in range(posts):
+        p = plat.add_parent(f"s{i}")
+        t0 = time.perf_counter()
+        sync.post(p, "x")
+        per_sync.append(time.perf_counter() - t0)
+
+    async def on_loop() -> dict[str, Any]:
+        g = AsyncGuard(store, plat, me, watch_interval_s=None)
+        per_async = []
+        for i in range(posts):
+            p = plat.add_parent(f"a{i}")
+            t0 = time.perf_counter()
+            await g.post(p, "x")
+            per_async.append(time.perf_counter() - t0)
+        lags: list[float] = []
+        stop = asyncio.Event()
+        task = asyncio.create_task(_probe(lags, stop))
+        await asyncio.gather(*(g.post(plat.add_parent(f"c{i}"), "x") for i in range(concurrent)))
+        stop.set()
+        await task
+        naive: list[float] = []
+        stop = asyncio.Event()
+        task = asyncio.create_task(_probe(naive, stop))
+
+        async def naive_post(i: int) -> None:
+            sync.post(plat.add_parent(f"n{i}"), "x")  # the sync library called in the loop
+
+        await asyncio.gather(*(naive_post(i) for i in range(concurrent)))
+        stop.set()
+        await task
+        await g.aclose()
+        return {"per_async": per_async, "lag": _lag_stats(lags), "naive_lag": _lag_stats(naive)}
+
+    got = asyncio.run(on_loop())
+    store.dispose()
+    s_med, a_med = statistics.median(per_sync), statistics.median(got["per_async"])
+    return {"sync_us": round(s_med * 1e6, 1), "async_us": round(a_med * 1e6, 1), "ratio": round(a_med / s_med, 3),
+            "loop_lag_async": got["lag"], "loop_lag_sync_in_loop": got["naive_lag"]}
+
+
+def main() -> None:
+    """Print one JSON line per database."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--posts", type=int, default=2000)
+    ap.add_argument("--concurrent", type=int, default=1000)
+    ap.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--sqlite", default=f"sqlite:////tmp/replyd-bench-aio-{uuid.uuid4().hex[:8]}.sqlite3")
+    a = ap.parse_args()
+    print(json.dumps({"db": "sqlite", **run(a.sqlite, a.posts, a.concurrent)}))
+    url, drop = _fresh_pg(a.pg)
+    try:
+        print(json.dumps({"db": "postgresql", **run(url, a.posts, a.concurrent)}))
+    finally:
+        drop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,315 @@
+"""The asyncio face of the guard: the same decisions (``replyd.core``), never blocking the event loop.
+
+::
+
+    async with open_guard("sqlite:///replyd.sqlite3", platform) as g:
+        outcome = await g.post(parent, "Thanks!")          # or an ``async def`` responder
+        lease = await g.begin(parent, owner="agent-1")     # compose elsewhere, then
+        outcome = await g.finish(lease, text)
+        await g.sweep()
+
+How each effect of the core runs here (the sync face, ``replyd.guard.Guard``, runs them in the caller's thread):
+
+- store calls, whole transactions included, on the store's own thread (``StoreThread``: one per store,
+  so SQLite sees one writer and each claim still commits durably before the send; PostgreSQL gets
+  ``store_threads`` connections' worth of parallelism through the same synchronous driver);
+- the send: ``asend`` awaited where the adapter offers ``AsyncSend`` (the bring-your-own platform does),
+  else the adapter's sync ``send`` on a worker thread (every HTTP adapter today: its client honours the
+  whole-send deadline there, ``replyd.deadline`` being a context variable the thread inherits); either way
+  the whole send is also cut at its budget on the loop (a cut send is ambiguous: the sweep decides);
+- the responder: an ``async def`` responder (or a ``Responder``) awaited on the loop, a plain function on a
+  worker thread (it may block: an LLM call);
+- a ``Step`` (claim, open, send, close) is this face's own coroutine method, so tests can wrap it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+
+from replyd import deadline, metrics
+from replyd import store as st
+from replyd.clock import Clock
+from replyd.core import Call, Compose, Drive, Effect, GuardCore, Lease, Outcome, Respond, Send, Status, Steps
+from replyd.errors import BadResponse, MaybeSent, PlatformError
+from replyd.platforms.base import AsyncSend, Identity, LoopBound, Parent, Platform, Sent
+from replyd.responders.base import Responder, _checked
+from replyd.store import Event, Key, Reply, Store
+from replyd.sweep import Bot, Sweeper, SweepResult
+
+log = structlog.get_logger("replyd.aio")
+
+__all__ = ["AsyncGuard", "AsyncGuardSession", "Lease", "Outcome", "Status", "StoreThread", "open_guard"]
+
+
+class StoreThread:
+    """The thread(s) one store's calls run on, off the event loop (one by default: a single SQLite writer)."""
+
+    def __init__(self, store: Store, threads: int = 1) -> None:
+        self.store = store
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="replyd-store")
+
+    async def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` on the store's thread and await its result (or exception)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        """Stop the thread once its queued calls ran."""
+        self._pool.shutdown(wait=True)
+
+
+class AsyncGuard(GuardCore):
+    """Posts replies for one bot on one platform, each parent at most once, from coroutines (the async face)."""
+
+    def __init__(self, store: Store, platform: Platform, identity: Identity, *,
+                 store_thread: StoreThread | None = None, max_in_flight: int = 64, **kwargs: Any) -> None:
+        super().__init__(store, platform, identity, **kwargs)
+        # Posts past the claim at once: a thousand gathered posts must not all claim, then wait their turn for
+        # the store thread and the connection pool while their send budgets run out (an attempt each).
+        # One waiting here has claimed nothing.
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._own_thread = store_thread is None
+        self.store_thread = store_thread or StoreThread(store)
+        self._watcher: asyncio.Task[None] | None = None
+
+    # -- the driver: each effect the core yields, awaited ------------------------------------------
+
+    async def _run(self, steps: Steps) -> Any:
+        """Drive ``steps`` to its end on the loop, awaiting each effect; return the decision's value."""
+        run = Drive(steps)
+        while not run.done:
+            try:
+                got = await self._do(run.effect)  # type: ignore[arg-type]
+            except BaseException as exc:
+                run.fail(exc)
+            else:
+                run.ok(got)
+        return run.value
+
+    async def _do(self, effect: Effect) -> Any:
+        if type(effect) is Call:
+            return await self.store_thread.run(effect.fn, *effect.args, **effect.kwargs)
+        if type(effect) is Send:
+            return await self._send_once(effect)
+        if type(effect) is Respond:
+            return await self._respond(effect.compose, effect.parent)
+        return await getattr(self, effect.name)(*effect.args)  # a Step: this face's own (maybe wrapped) method
+
+    async def _send_once(self, effect: Send) -> Sent:
+        """The adapter's send within the effect's budget, on the loop (``asend``) or on a worker thread."""
+        platform = self.platform
+        with metrics.watching_send(platform.instance), deadline.within(effect.budget_s):
+            try:
+                async with asyncio.timeout(effect.budget_s):
+                    if isinstance(platform, AsyncSend):
+                        return await platform.asend(effect.parent, effect.text, provider_key=effect.provider_key)
+                    # to_thread carries the context: the thread's HTTP client sees the same deadline.
+                    return await asyncio.to_thread(platform.send, effect.parent, effect.text,
+                                                   provider_key=effect.provider_key)
+            except TimeoutError:
+                # Cut at the budget: the request may have acted (never "not sent"); the sweep reads back.
+                raise MaybeSent(f"send: the whole deadline ({effect.budget_s:.1f} s) passed (outcome unknown)") from None
+
+    async def _respond(self, compose: Compose | Responder, parent: Parent) -> str | None:
+        """Call the responder once, timed and counted like the sync face's."""
+        t0 = time.perf_counter()
+        try:
+            if isinstance(compose, Responder):
+                text = await compose.respond(parent)
+            elif inspect.iscoroutinefunction(compose):
+                text = await compose(parent)
+            else:
+                text = await asyncio.to_thread(compose, parent)  # a plain function may block (an LLM call)
+                if inspect.isawaitable(text):
+                    text = await text
+            text = _checked(text)
+        except BaseException:
+            metrics.responder_called(self.platform.instance, time.perf_counter() - t0, failed=True)
+            raise
+        metrics.responder_called(self.platform.instance, time.perf_counter() - t0, text)
+        return text
+
+    # -- the public face ------------------------------------------------------------------------------
+
+    async def check(self, parent_id: str) -> Outcome | None:
+        """Return what blocks ``post`` for ``parent_id``, read-only; None if a post would claim it."""
+        return await self._run(self.check_steps(parent_id))
+
+    async def retire(self, parent_id: str, reason: str) -> bool:
+        """End a row that waits to be offered again as ``skipped`` with ``reason``; True if this call moved it."""
+        return await self._run(self.retire_steps(parent_id, reason))
+
+    @metrics.observe_post
+    async def post(self, parent: Parent, text: str | Compose, *, path: str = "api") -> Outcome:
+        """Reply to ``parent`` at most once; ``text`` is the reply or a responder (sync or async) to call once."""
+        async with self._slots:
+            return await self._run(self.post_steps(parent, text, path=path))
+
+    async def begin(self, parent: Parent, *, owner: str, path: str = "api") -> Lease | Outcome:
+        """Claim ``parent``'s key as ``composing`` for ``owner`` (nothing is sent); else say what blocks it."""
+        holder = self if self.dry_run or not self.claiming else self._as_holder(owner)
+        return await holder._run(holder.begin_steps(parent, owner=owner, path=path))
+
+    async def finish(self, lease: Lease, text: str) -> Outcome:
+        """Post ``text`` under ``lease`` (raises ``LeaseLost``, nothing sent, when it is not held any more)."""
+        if not text or not text.strip():
+            raise ValueError("text: must not be empty")
+        holder = self._as_holder(lease.owner)
+        return await holder._run(holder.finish_steps(lease, text))
+
+    async def watch_sends(self) -> int:
+        """Push the deadline of every row whose send has run past half its budget; return how many moved."""
+        return await self._run(self.watch_steps())
+
+    # -- the seams (Step) ---------------------------------------------------------------------------
+
+    async def _claim(self, key: Key, parent: Parent, path: str, text: str | None) -> st.Row | Outcome:
+        """Take the key atomically; return the claimed row, or an Outcome if not ours."""
+        return await self._run(self.claim_steps(key, parent, path, text))
+
+    async def _open_composed(self, key: Key, row: Reply | st.Row, text: str) -> st.Row | Outcome:
+        """Turn our composing claim into a durable open row, unless the lease was lost."""
+        return await self._run(self.open_steps(key, row, text))
+
+    async def _send(self, key: Key, parent: Parent, row: Reply | st.Row, text: str) -> Outcome:
+        """Send an open row's text and record its fate."""
+        return await self._run(self.send_steps(key, parent, row, text))
+
+    async def _close(self, key: Key, attempt: int, reply_id: str, kind: str, status: Status = Status.POSTED) -> Outcome:
+        """Close our row with the reply id; a lost close is left to the sweep."""
+        return await self._run(self.close_steps(key, attempt, reply_id, kind, status))
+
+    # -- the send watch task ----------------------------------------------------------------------
+
+    def _start_watch(self) -> None:
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_loop(), name="replyd-send-watch")
+
+    async def _watch_loop(self) -> None:
+        assert self._watch_interval_s is not None
+        while True:
+            await asyncio.sleep(self._watch_interval_s)
+            try:
+                await self.watch_sends()
+            except Exception as exc:  # the watch must outlive any one failure
+                log.error("replyd.guard.watch_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+
+    async def aclose(self) -> None:
+        """Stop the send watch (and the store thread this guard started)."""
+        task, self._watcher = self._watcher, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self._own_thread:
+            await asyncio.to_thread(self.store_thread.close)
+
+
+class AsyncGuardSession:
+    """One bot's async guard over one store, with the connections it opened (``async with open_guard(...)``)."""
+
+    def __init__(self, guard: AsyncGuard, *, owns_store: bool = True, http: Any = None) -> None:
+        self.guard = guard
+        self.store = guard.store
+        self.platform = guard.platform
+        self.identity = guard.identity
+        self._owns_store = owns_store
+        self._http = http
+
+    async def post(self, parent: str | Parent, text: str | Compose, *, path: str = "library") -> Outcome:
+        """Reply to ``parent`` (id, URL or Parent) at most once; ``text`` may be a responder (sync or async)."""
+        found = await self._unblocked(parent)
+        if isinstance(found, Outcome):
+            metrics.outcome(self.platform.instance, found.status.value)
+            return found
+        return await self.guard.post(found, text, path=path)
+
+    async def _unblocked(self, parent: str | Parent) -> Parent | Outcome:
+        """What blocks ``parent`` (read-only, on the id as given), else the parent resolved (on a thread)."""
+        if isinstance(parent, Parent):
+            return parent
+        blocked = await self.guard.check(parent)
+        if blocked is not None:
+            return blocked
+        try:
+            return await asyncio.to_thread(self.platform.resolve, parent)
+        except PlatformError as exc:
+            metrics.platform_error(self.platform.instance, "resolve", exc)
+            raise
+        except Exception as exc:  # an adapter bug on a read path: report it as an unreadable answer
+            metrics.platform_error(self.platform.instance, "resolve", exc)
+            raise BadResponse(f"resolve: {type(exc).__name__}") from None
+
+    async def check(self, parent_id: str) -> Outcome | None:
+        """Return what blocks a post to ``parent_id`` (read-only), or None if a post would claim it."""
+        return await self.guard.check(parent_id)
+
+    async def begin(self, parent: Parent, *, owner: str, path: str = "library") -> Lease | Outcome:
+        """Take a compose lease on ``parent`` for ``owner`` (see ``replyd.library.begin``)."""
+        return await self.guard.begin(parent, owner=owner, path=path)
+
+    async def finish(self, lease: Lease, text: str) -> Outcome:
+        """Post ``text`` under ``lease`` (see ``replyd.library.finish``)."""
+        return await self.guard.finish(lease, text)
+
+    async def history(self, parent_id: str) -> list[Event]:
+        """Return every event of this bot's key for ``parent_id``."""
+        return await self.guard.store_thread.run(self.store.history, self.guard.key(parent_id))
+
+    async def sweep(self, *, on_duplicate: str = "report") -> SweepResult:
+        """Bound this bot's due open rows by reading back: the sync sweeper, on a worker thread."""
+        g = self.guard
+        sweeper = Sweeper(self.store, [Bot(self.platform, self.identity, g.lag)], clock=g.clock, owner=g.owner,
+                          max_attempts=g.max_attempts, on_duplicate=on_duplicate)
+        return await asyncio.to_thread(sweeper.run_once)
+
+    async def aclose(self) -> None:
+        """Release the guard's watch, its store thread, the HTTP client and the store this session opened."""
+        await self.guard.aclose()
+        if self._http is not None:
+            await asyncio.to_thread(self._http.close)
+            self._http = None
+        if self._owns_store:
+            await asyncio.to_thread(self.store.dispose)
+
+    async def __aenter__(self) -> AsyncGuardSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+@asynccontextmanager
+async def open_guard(store_url: str | None, platform: str | Platform, settings: Mapping[str, Any] | None = None, *,
+                     store_threads: int | None = None, **options: Any) -> AsyncIterator[AsyncGuardSession]:
+    """Open the store, log the bot in (all on threads), yield an async session; close it all on exit.
+
+    ``options`` are ``replyd.library.open_guard``'s (``clock``, ``max_attempts``, ``send_timeout_s``,
+    ``compose_lease_s``, ``dry_run``, ``migrate``, ``db_clock``); ``store_threads``: how many threads run
+    store calls (default 1 on SQLite, its one writer; 4 on PostgreSQL).
+    """
+    from replyd.library import open_guard as open_sync  # the one place a bot is opened: the sync library's
+
+    if isinstance(platform, LoopBound):
+        platform.bind_loop(asyncio.get_running_loop())  # its login (on a thread below) runs on this loop
+    session = await asyncio.to_thread(open_sync, store_url, platform, settings, **options)
+    sync = session.guard
+    threads = store_threads or (1 if session.store.is_sqlite else 4)
+    guard = AsyncGuard(session.store, session.platform, session.identity, clock=sync.clock, owner=sync.owner,
+                       max_attempts=sync.max_attempts, send_timeout_s=sync.send_timeout_s,
+                       compose_lease_s=sync.compose_lease_s, dry_run=sync.dry_run, lag=sync.lag,
+                       store_thread=StoreThread(session.store, threads))
+    guard._own_thread = True  # the session's guard stops the thread it was given
+    out = AsyncGuardSession(guard, http=session._http)
+    session._http = None  # the async session closes it
+    try:
+        yield out
+    finally:
+        await out.aclose()

@@ -1,0 +1,954 @@
+"""The guard's decisions, written once: a sans-I/O core that two faces drive (``replyd.guard``, ``replyd.aio``).
+
+Every rule of the one posting function (claim, compose, open, send budget, close, release, reject, reopen,
+late landing, the send watch, the breaker's hooks, compose leases) lives here as a generator. It does no
+I/O itself: where it needs the store, the platform's send or the responder, it *yields* an effect
+(``Call``, ``Send``, ``Respond``, or ``Step`` for a sub-step a face may intercept) and takes the result back
+(or the exception, thrown in at the same point). A face runs the effects its own way:
+
+- ``replyd.guard.Guard`` (sync) calls them in the calling thread, exactly as the guard always did;
+- ``replyd.aio.AsyncGuard`` awaits them: store calls on the store's own thread, an async send where the
+  adapter offers one (else the sync send on a worker thread), an ``async def`` responder on the loop.
+
+Why generators and not an h11-style explicit state machine: the decisions interleave a dozen I/O calls with
+branches on their results (and transactions whose bodies branch on what they read); as generators the code
+keeps the order it is reasoned about in (docs/ARCHITECTURE.md, "States of a row"), sub-steps compose with
+``yield from``, and each driver is a dozen lines. A transaction is one effect: the core hands the face a
+function of the store that runs whole (and atomically) wherever the face runs store calls.
+
+Order of work for one parent:
+
+1. pre-check and claim in one write transaction: insert the key's row if absent
+   (``ON CONFLICT DO NOTHING``), or compare-and-set a claimable row (released,
+   an expired ``composing`` lease, or ``not_landed`` with an attempt left);
+2. with a responder, the claim is ``composing`` (cheap, never sent) and the text
+   is written next; ``open`` is committed durably right before the send;
+3. send through the adapter; close with the reply id read back from the
+   response, release only when the adapter proves nothing was sent, reject on a
+   refusal, and leave the row open for the sweep on anything ambiguous.
+
+If the log cannot be written nothing is sent (fail closed) and the caller gets
+``StoreError``, distinct from ``ContentionError``.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import functools
+import hashlib
+import itertools
+import json
+import threading
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import Any
+
+import structlog
+
+from replyd import metrics
+from replyd import store as st
+from replyd.breaker import SEND, Admit, Breaker, Ticket
+from replyd.clock import Clock, SystemClock
+from replyd.errors import (
+    AlreadyLanded,
+    ContentionError,
+    DefinitelyNotSent,
+    LeaseLost,
+    PlatformError,
+    RateLimited,
+    Rejected,
+    StoreError,
+)
+from replyd.lag import ListingLag
+from replyd.platforms.base import Identity, Parent, Platform, ProviderKeys, Sent, default_provider_key
+from replyd.store import Key, Reply, Store
+
+log = structlog.get_logger("replyd.guard")  # the events keep their names (replyd.guard.<verb>) on both faces
+
+# A send left with less than this fraction of ``send_timeout_s`` before its row's deadline does not leave: it
+# would most likely end timed out after leaving (ambiguous, an attempt spent), where not sending costs nothing.
+MIN_SEND_FRACTION = 0.1
+
+# A responder: returns the text (None or "" declines), or an awaitable of it (an ``async def`` responder).
+Compose = Callable[[Parent], "str | None | Awaitable[str | None]"]
+
+
+# -- the effects a face runs for the core ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Run ``fn(*args, **kwargs)``: a store call (or a whole transaction); blocking, so off the loop."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send ``text`` to ``parent`` through the adapter, the whole send within ``budget_s`` (replyd.deadline)."""
+
+    parent: Parent
+    text: str
+    provider_key: str
+    budget_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Respond:
+    """Call the responder once for ``parent``; the result is the text (None or "" declines)."""
+
+    compose: Compose
+    parent: Parent
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Run the face's own method ``name`` (a seam crash-injection tests and the chaos shim wrap)."""
+
+    name: str
+    args: tuple[Any, ...] = ()
+
+
+Effect = Call | Send | Respond | Step
+Steps = Generator[Effect, Any, Any]  # what every decision is: yields effects, returns its result
+
+
+class Drive:
+    """One run of a decision for a face's driver: the ``effect`` to do next, until ``done`` (then ``value``)."""
+
+    __slots__ = ("done", "effect", "steps", "value")
+
+    def __init__(self, steps: Steps) -> None:
+        self.steps, self.done, self.value = steps, False, None
+        self._step(steps.__next__)
+
+    def _step(self, fn: Callable[..., Any], *arg: Any) -> None:
+        try:
+            self.effect: Effect | None = fn(*arg)
+        except StopIteration as stop:
+            self.done, self.value, self.effect = True, stop.value, None
+
+    def ok(self, result: Any) -> None:
+        """Hand the effect's result back to the decision."""
+        self._step(self.steps.send, result)
+
+    def fail(self, exc: BaseException) -> None:
+        """Throw the effect's exception in at the point it arose: the decision says what it means."""
+        self._step(self.steps.throw, exc)
+
+
+def io(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Call:
+    """The effect of calling ``fn`` on the store side."""
+    return Call(fn, args, kwargs)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A compose lease: ``key``'s ``composing`` claim at ``attempt``, held by ``owner`` until ``until``."""
+
+    key: Key
+    owner: str
+    attempt: int
+    until: float
+
+
+class Status(enum.StrEnum):
+    """What happened to one call of ``Guard.post``, as a value the caller acts on."""
+
+    POSTED = "posted"  # this call sent the reply; reply_id set
+    ALREADY_ANSWERED = "already_answered"  # a reply exists; reply_id set
+    IN_FLIGHT = "in_flight"  # someone holds the key, or it awaits the sweep
+    NOT_SENT = "not_sent"  # provably not sent; retry later (retry_after_s)
+    UNCERTAIN = "uncertain"  # this call's send may have landed; the sweep decides
+    REJECTED = "rejected"  # the platform refused; terminal until rearmed
+    GAVE_UP = "gave_up"  # attempts exhausted; terminal until rearmed
+    DECLINED = "declined"  # the responder chose not to answer
+    DRY_RUN = "dry_run"  # shadow mode: the reply was logged, nothing was sent or claimed
+    SKIPPED = "skipped"  # the policy said not to answer (detail: the reason); nothing was claimed
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of one ``Guard.post`` or ``Guard.check`` call."""
+
+    status: Status
+    key: Key
+    state: str | None = None
+    attempt: int = 0
+    reply_id: str | None = None
+    detail: str = ""
+    retry_after_s: float | None = None
+
+    @property
+    def sent(self) -> bool:
+        """True when this call made the platform create a reply."""
+        return self.status is Status.POSTED
+
+
+def text_hash(text: str) -> str:
+    """Return the hash stored with an open row (text is never part of the key)."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _json_default(obj: Any) -> Any:
+    # What asdict() would have made of a dataclass nested in ``extra``; anything else as default=str did.
+    return asdict(obj) if is_dataclass(obj) and not isinstance(obj, type) else str(obj)
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def snapshot_json(parent: Parent) -> str:
+    """The row's ``snapshot`` column: ``json.dumps(parent.snapshot(), default=str)``, the same text without
+    ``asdict``'s deep copy of the parent (it is serialised at once, never kept or changed)."""
+    names = _FIELDS.get(type(parent))
+    if names is None:
+        names = _FIELDS[type(parent)] = tuple(f.name for f in fields(parent))
+    return _snapshot_encode({n: getattr(parent, n) for n in names})
+
+
+_snapshot_encode = json.JSONEncoder(default=_json_default).encode  # json.dumps' settings, made once
+
+
+def _classify(row: Reply | st.Row, key: Key, now: float) -> Outcome:
+    """Describe an existing row the caller may not claim."""
+    s = row.state
+    if s == st.CLOSED:
+        return Outcome(Status.ALREADY_ANSWERED, key, s, row.attempt, row.reply_id)
+    if s == st.REJECTED:
+        return Outcome(Status.REJECTED, key, s, row.attempt, detail=row.error or "")
+    if s == st.GAVE_UP:
+        return Outcome(Status.GAVE_UP, key, s, row.attempt, detail=row.error or "")
+    if s == st.DECLINED:
+        return Outcome(Status.DECLINED, key, s, row.attempt)
+    if s == st.SKIPPED:  # retired by re-find: the policy rules the parent out (the reason is in error)
+        return Outcome(Status.SKIPPED, key, s, row.attempt, detail=(row.error or "").removeprefix("policy: "))
+    if s in (st.RELEASED, st.NOT_LANDED) and row.not_before and row.not_before > now:
+        return Outcome(Status.NOT_SENT, key, s, row.attempt, detail="backing off", retry_after_s=row.not_before - now)
+    return Outcome(Status.IN_FLIGHT, key, s, row.attempt)
+
+
+class SendWatch:
+    """The sends running in this process, so one that outlives its budget keeps its row away from the sweep.
+
+    The whole-request deadline (``replyd.deadline``) bounds sends made through replyd's HTTP client, but an
+    adapter may block elsewhere (DNS, a custom transport, a paused process). While a send runs, the row must
+    not be judged: the sweep would mark it ``not_landed`` and a retry could land beside it. So a live send
+    that has run past half its budget pushes its row's deadline on, again at every tick, until it returns.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seq = itertools.count()
+        self._running: dict[int, tuple[Key, int, float]] = {}
+        self._noted: set[int] = set()  # tokens whose overrun is already in the audit log
+
+    def started(self, key: Key, attempt: int, at: float) -> int:
+        """Note a send about to leave; return its token."""
+        token = next(self._seq)
+        with self._lock:
+            self._running[token] = (key, attempt, at)
+        return token
+
+    def finished(self, token: int) -> None:
+        """Note that the send with ``token`` returned (or raised)."""
+        with self._lock:
+            self._running.pop(token, None)
+            self._noted.discard(token)
+
+    def first_note(self, token: int) -> bool:
+        """True the first time it is asked for a running send: its overrun goes in the audit log once."""
+        with self._lock:
+            if token in self._noted or token not in self._running:
+                return False
+            self._noted.add(token)
+            return True
+
+    def overdue(self, now: float, after_s: float) -> list[tuple[int, Key, int, float]]:
+        """Return the sends (token, key, attempt, started) running for at least ``after_s`` at ``now``."""
+        with self._lock:
+            return [(t, *v) for t, v in self._running.items() if now - v[2] >= after_s]
+
+
+
+@functools.lru_cache(maxsize=None)
+def _offers_provider_keys(cls: type) -> bool:
+    """Whether an adapter class offers ``ProviderKeys``: once per class, because a runtime Protocol check costs
+    about 16 µs, a tenth of a SQLite post (measured by ``make bench`` section 1)."""
+    return issubclass(cls, ProviderKeys)
+
+
+class GuardCore:
+    """The guard's decisions for one bot on one platform, each parent at most once; faces run their effects."""
+
+    def __init__(
+        self,
+        store: Store,
+        platform: Platform,
+        identity: Identity,
+        *,
+        clock: Clock | None = None,
+        owner: str | None = None,
+        max_attempts: int = 2,
+        send_timeout_s: float = 30.0,
+        compose_lease_s: float = 120.0,
+        dry_run: bool = False,
+        responder_backoff_s: float = 30.0,
+        responder_backoff_max_s: float = 3600.0,
+        watch_interval_s: float | None = 1.0,
+        lag: ListingLag | None = None,
+        breaker: Breaker | None = None,
+    ) -> None:
+        self.store = store
+        self.breaker = breaker  # the bot's write-path breaker (replyd.breaker); None: never paused
+        self.platform = platform
+        self.identity = identity
+        self.clock = clock or store.clock or SystemClock()
+        self.owner = owner or st.make_owner()
+        self.max_attempts = max_attempts
+        self.send_timeout_s = send_timeout_s
+        self.compose_lease_s = compose_lease_s
+        self.dry_run = dry_run
+        self.responder_backoff_s = responder_backoff_s
+        self.responder_backoff_max_s = responder_backoff_max_s
+        self.claiming = True  # the daemon clears this on shutdown: no new claims
+        # The listing delay in use (configured, or learned from the observed lag): the daemon shares the sweep's.
+        self.lag = lag or ListingLag(store, platform.instance, platform.listing_delay_s, clock=self.clock)
+        self.sends = SendWatch()
+        # The face's watch starts with the first send; None: the caller ticks ``watch_sends`` itself (tests).
+        self._watch_interval_s = None if watch_interval_s is None else min(watch_interval_s, send_timeout_s / 4)
+
+    def key(self, parent_id: str) -> Key:
+        """Return the answered-log key for ``parent_id`` exactly as given."""
+        return Key(self.platform.instance, self.identity.sender_id, parent_id)
+
+    def provider_key(self, parent_id: str) -> str:
+        """Return the idempotency key for this parent: the same on every attempt."""
+        if _offers_provider_keys(type(self.platform)):
+            return self.platform.provider_key(self.identity.sender_id, parent_id)  # type: ignore[attr-defined]
+        return default_provider_key(self.platform.instance, self.identity.sender_id, parent_id)
+
+    def _claimable(self, row: Reply | st.Row, now: float, *, backoff: bool = True) -> bool:
+        if row.state == st.RELEASED:
+            return not backoff or not row.not_before or row.not_before <= now
+        if row.state == st.COMPOSING:
+            return row.lease_until is not None and row.lease_until < now
+        if row.state == st.NOT_LANDED:
+            # Attempts an outage swallowed (excused) do not count; their retry waits out its back-off.
+            counted = row.attempt - (row.excused or 0)
+            return counted < self.max_attempts and (not backoff or not row.not_before or row.not_before <= now)
+        return False
+
+    def _start_watch(self) -> None:
+        """Start the face's send watch (a thread, or a task); the core only asks for it."""
+
+    def _as_holder(self, owner: str) -> Any:
+        """The same guard acting as ``owner``, so claims and lease checks name the lease's holder.
+
+        A shallow copy: it shares the store, the adapter and the send watch. Its sends are watched by
+        the guard's own watch (started here), so a copy never starts one of its own.
+        """
+        if self._watch_interval_s is not None:
+            self._start_watch()
+        holder = copy.copy(self)
+        holder.owner = owner
+        holder._watch_interval_s = None
+        return holder
+
+    # -- read-only ---------------------------------------------------------------
+
+    def check_steps(self, parent_id: str) -> Steps:
+        """What blocks ``post`` for ``parent_id``, read-only; None if a post would claim it."""
+        key = self.key(parent_id)
+        row = yield io(self.store.peek, key)
+        if row is None or self._claimable(row, self.clock.now()):
+            return None
+        return _classify(row, key, self.clock.now())
+
+    def retire_steps(self, parent_id: str, reason: str) -> Steps:
+        """End a row that waits to be offered again (released, not_landed, an expired composing lease) as
+        ``skipped`` with ``reason``: the policy rules its parent out for good. True if this call moved it."""
+        key = self.key(parent_id)
+        row = yield io(self.store.peek, key)
+        now = self.clock.now()
+        if row is None or not self._claimable(row, now, backoff=False):
+            return False
+        values = {"state": st.SKIPPED, "updated_at": now, "error": f"policy: {reason}", "lease_owner": None,
+                  "lease_until": None, "not_before": None}
+        ok = yield io(
+            self.store.cas_event,
+            key, states=[row.state], attempt=row.attempt, values=values, lease_owner=st.lease_holder(row),
+            event={"kind": "retired", "state": st.SKIPPED, "attempt": row.attempt, "owner": self.owner,
+                   "detail": {"reason": reason, "from": row.state}},
+            relaxed=True, doing="retiring",
+        )
+        if ok:
+            log.info("replyd.guard.retired", parent_id=parent_id, reason=reason, previous=row.state)
+        return ok
+
+    # -- the one posting function ---------------------------------------------------
+
+    def post_steps(self, parent: Parent, text: str | Compose, *, path: str = "api") -> Steps:
+        """Reply to ``parent`` at most once; ``text`` is the reply or a responder to call once."""
+        key = self.key(parent.id)
+        if not self.claiming:
+            return Outcome(Status.NOT_SENT, key, detail="shutting down")
+        compose = None if isinstance(text, str) else text
+        if self.dry_run:
+            return (yield from self._shadow_steps(key, parent, text, path))
+        ticket = yield from self._admit_steps(key, parent, path, hold=compose is not None)
+        if isinstance(ticket, Outcome):
+            return ticket
+        try:
+            return (yield from self._post_steps(key, parent, text, compose, path, ticket))
+        finally:
+            if self.breaker is not None:
+                self.breaker.abandon(ticket)  # a no-op once the send was recorded
+
+    def _post_steps(self, key: Key, parent: Parent, text: str | Compose, compose: Compose | None, path: str,
+                    ticket: Ticket) -> Steps:
+        """``post`` once the breaker let the call through: claim, compose, open, send."""
+        claim = yield Step("_claim", (key, parent, path, None if compose else text))
+        if isinstance(claim, Outcome):
+            return claim
+        row = claim
+        if compose is not None:
+            written = yield from self._compose_steps(key, parent, row, compose)
+            if isinstance(written, Outcome):
+                return written
+            body = written
+            paused = yield from self._paused_steps(key, row, ticket)
+            if paused is not None:
+                return paused
+            row = yield Step("_open_composed", (key, row, body))
+            if isinstance(row, Outcome):
+                return row
+        else:
+            body = text
+        out = yield Step("_send", (key, parent, row, body))
+        yield from self._record_steps(ticket, key, row.attempt, out)
+        return out
+
+    # -- the write-path breaker (replyd.breaker) -----------------------------------------------
+
+    def _admit_steps(self, key: Key, parent: Parent, path: str, *, hold: bool) -> Steps:
+        """Ask the bot's breaker before any claim; refused: an Outcome, and (``hold``) a new parent is kept
+        as a ``released`` row, no attempt used, so a discovery path whose cursor moves on does not lose it."""
+        if self.breaker is None:
+            return SEND
+        ticket = self.breaker.admit()
+        if ticket.kind is not Admit.REFUSED:
+            return ticket
+        wait_s = self.breaker.retry_in_s()
+        if hold:
+            now = self.clock.now()
+            values = {"state": st.RELEASED, "attempt": 1, "created_at": now, "updated_at": now, "path": path,
+                      "snapshot": snapshot_json(parent), "author_id": parent.author_id[:255], "owner": self.owner,
+                      "provider_key": self.provider_key(parent.id), "not_before": now + wait_s,
+                      "error": "breaker open: sends paused"}
+            reason = self.breaker.reason
+
+            def hold_row() -> None:
+                with self.store.transaction(relaxed=True, doing="holding a parent while sends are paused") as tx:
+                    if tx.insert_new(key, values):
+                        tx.append_event(key, "held", state=st.RELEASED, attempt=1, owner=self.owner,
+                                        detail={"path": path, "reason": reason})
+
+            try:
+                yield io(hold_row)
+            except StoreError as exc:  # nothing was claimed or sent: the next discovery offers it again
+                log.warning("replyd.guard.hold_failed", parent_id=key.parent_id, error=str(exc))
+        return Outcome(Status.NOT_SENT, key, detail="breaker open: sends paused", retry_after_s=wait_s)
+
+    def _paused_steps(self, key: Key, row: Reply | st.Row, ticket: Ticket) -> Steps:
+        """The breaker opened while this claim composed: release it before the open commit (no attempt used)."""
+        if self.breaker is None or ticket.kind is not Admit.SEND or not self.breaker.is_open:
+            return None
+        wait_s = self.breaker.retry_in_s()
+        detail = {"error": "breaker open: sends paused", "not_before": self.clock.now() + wait_s}
+        if not (yield from self._transition_steps(key, [st.COMPOSING], row.attempt, st.RELEASED, "held", detail,
+                                                  relaxed=True, lease_owner=self.owner)):
+            return (yield from self._lost_lease_steps(key))
+        return Outcome(Status.NOT_SENT, key, st.RELEASED, row.attempt, detail=detail["error"], retry_after_s=wait_s)
+
+    def _record_steps(self, ticket: Ticket, key: Key, attempt: int, out: Outcome) -> Steps:
+        """Tell the breaker the send's fate; mark the sends an outage swallowed (the sweep excuses them)."""
+        if self.breaker is None:
+            return
+        if out.status is Status.NOT_SENT:
+            failed: bool | None = None if out.retry_after_s is not None else True  # a 429 says nothing
+        else:
+            failed = out.status is Status.UNCERTAIN
+        for k, a in self.breaker.record(ticket, (key, attempt), failed):  # type: ignore[misc]
+            try:
+                yield io(self._mark_outage, k, a)
+            except StoreError as exc:  # the sweep's own look at the breaker still excuses it in this process
+                log.warning("replyd.guard.outage_mark_failed", parent_id=k.parent_id, error=str(exc))
+
+    def _mark_outage(self, key: Key, attempt: int) -> None:
+        """Mark ``attempt``'s send as swallowed by an outage, so the sweep's not-landed proof of it is excused.
+
+        The sends that open the breaker fail over several seconds: the sweep may already have judged the first
+        ones (counted) before the pattern was seen. Such an attempt is excused here, once, in the same
+        transaction; a ``gave_up`` it caused is undone when the attempts left then allow a retry. (One
+        transaction: a face runs it whole, as one store call.)
+        """
+        assert self.breaker is not None
+        with self.store.transaction(relaxed=True, doing="marking a send the outage swallowed") as tx:
+            tx.append_event(key, "outage_send", state=None, attempt=attempt, owner=self.owner,
+                            detail={"reason": self.breaker.reason})
+            row = tx.get(key)
+            judged = tx.has_event(key, st.NOT_LANDED, attempt) or tx.has_event(key, st.GAVE_UP, attempt)
+            if row is None or not judged or tx.has_event(key, "excused", attempt):
+                return
+            excused = (row.excused or 0) + 1
+            values: dict[str, Any] = {"excused": excused}
+            if row.state == st.GAVE_UP and row.attempt == attempt and row.attempt - excused < self.max_attempts:
+                values.update(state=st.NOT_LANDED, updated_at=self.clock.now(), not_before=None)
+            tx.cas_event(key, states=[row.state], attempt=row.attempt, values=values,
+                         event={"kind": "excused", "state": values.get("state", row.state), "attempt": attempt,
+                                "owner": self.owner, "detail": {"counted": attempt - excused, "late": True}})
+
+    # -- claim, compose, open ------------------------------------------------------------------
+
+    def claim_steps(self, key: Key, parent: Parent, path: str, text: str | None) -> Steps:
+        """Take the key atomically; return the claimed row, or an Outcome if not ours."""
+        now = self.clock.now()
+        if text is not None:
+            state, extra = st.OPEN, self._open_values(now, text)
+        else:
+            state, extra = st.COMPOSING, {"lease_owner": self.owner, "lease_until": now + self.compose_lease_s}
+        common = {
+            "state": state,
+            "updated_at": now,
+            "path": path,
+            "snapshot": snapshot_json(parent),
+            "author_id": parent.author_id[:255],
+            "owner": self.owner,
+            **extra,
+        }
+        new = {**common, "attempt": 1, "created_at": now, "provider_key": self.provider_key(parent.id)}
+
+        def reclaim(row: st.Row) -> dict[str, Any] | None:
+            # The row exists: ours only if claimable, compared-and-set on the (state, attempt) read here.
+            if not self._claimable(row, now):
+                return None
+            attempt = row.attempt + 1 if row.state == st.NOT_LANDED else row.attempt
+            return {**common, "attempt": attempt, "error": None, "not_before": None, "reply_id": None}
+
+        try:
+            # One transaction: the row (inserted, or compared-and-set) and its "claimed" event; durable unless composing.
+            won, row, values = yield io(self.store.claim, key, new, reclaim,
+                                        {"kind": "claimed", "owner": self.owner, "detail": {"path": path}},
+                                        relaxed=state == st.COMPOSING, doing="claiming")
+        except ContentionError:
+            log.warning("replyd.guard.contended", parent_id=key.parent_id)
+            raise
+        except StoreError as exc:
+            log.error("replyd.guard.store_failed", parent_id=key.parent_id, error=str(exc))
+            raise
+        if not won or values is None:
+            # Not ours (or lost the race): whatever stands must be reported, including a finished answer.
+            return _classify(row, key, now) if row else Outcome(Status.IN_FLIGHT, key)
+        log.info("replyd.guard.claimed", parent_id=key.parent_id, state=state, attempt=values["attempt"], path=path)
+        return st.Row.of(key, values)
+
+    def _shadow_steps(self, key: Key, parent: Parent, text: str | Compose, path: str) -> Steps:
+        """Dry run: write the reply once, log and record it as ``would_post``; claim and send nothing."""
+        now = self.clock.now()
+        row = yield io(self.store.get, key)
+        if row is not None and not self._claimable(row, now):
+            return _classify(row, key, now)
+        # One responder call per parent, even though nothing is claimed: later offers see this event.
+        if (yield io(self.store.last_event, key, ["would_post"])) is not None:
+            return Outcome(Status.DRY_RUN, key, detail="dry run: shown before")
+        if isinstance(text, str):
+            body: str | None = text
+        else:
+            try:
+                body = yield Respond(text, parent)
+            except Exception as exc:
+                detail = f"{type(exc).__name__}: {getattr(exc, 'detail', '') or exc}"[:300]
+                log.warning("replyd.guard.responder_failed", parent_id=key.parent_id, error=detail, dry_run=True)
+                return Outcome(Status.NOT_SENT, key, detail=f"dry run: {detail}")
+        if not body or not body.strip():
+            yield io(self.store.record, key, "would_decline", owner=self.owner, detail={"path": path})
+            return Outcome(Status.DECLINED, key, detail="dry run: the responder declined")
+        log.info("replyd.guard.would_post", parent_id=key.parent_id, path=path, text=body[:500])
+        yield io(self.store.record, key, "would_post", owner=self.owner,
+                 detail={"path": path, "text": body[:2000], "text_hash": text_hash(body)})
+        return Outcome(Status.DRY_RUN, key, detail="dry run: would post")
+
+    def _open_values(self, now: float, text: str) -> dict[str, Any]:
+        return {
+            "opened_at": now,
+            "deadline_at": now + self.send_timeout_s + self.lag.delay_s(),
+            "text_hash": text_hash(text),
+            "lease_owner": None,
+            "lease_until": None,
+        }
+
+    def _compose_steps(self, key: Key, parent: Parent, row: Reply, compose: Compose) -> Steps:
+        """Call the responder once for a composing claim; release or decline on failure."""
+        try:
+            text = yield Respond(compose, parent)
+        except Exception as exc:  # a responder failure costs no attempt: the row goes back, with a backoff
+            detail = (getattr(exc, "detail", "") or f"{type(exc).__name__}: {exc}")[:300]
+            wait_s = yield from self._backoff_steps(key)
+            nb = self.clock.now() + wait_s
+            log.warning("replyd.guard.responder_failed", parent_id=key.parent_id, error=detail, backoff_s=wait_s)
+            # Only while our lease holds: a composer that outlived it must not undo the new holder's work.
+            if not (yield from self._transition_steps(key, [st.COMPOSING], row.attempt, st.RELEASED,
+                                                      "responder_failed",
+                                                      {"error": detail, "not_before": nb, "backoff_s": wait_s},
+                                                      relaxed=True, lease_owner=self.owner)):
+                return (yield from self._lost_lease_steps(key))
+            return Outcome(Status.NOT_SENT, key, st.RELEASED, row.attempt, detail=detail, retry_after_s=wait_s)
+        if not text or not text.strip():
+            if not (yield from self._transition_steps(key, [st.COMPOSING], row.attempt, st.DECLINED, "declined", {},
+                                                      relaxed=True, lease_owner=self.owner)):
+                return (yield from self._lost_lease_steps(key))
+            return Outcome(Status.DECLINED, key, st.DECLINED, row.attempt)
+        return text
+
+    def _lost_lease_steps(self, key: Key) -> Steps:
+        """Report what stands after our compose lease was taken over (or the store refused the write)."""
+        current = yield io(self.store.peek, key)
+        log.warning("replyd.guard.lease_lost", parent_id=key.parent_id, state=current.state if current else None)
+        return _classify(current, key, self.clock.now()) if current else Outcome(Status.IN_FLIGHT, key)
+
+    def _backoff_steps(self, key: Key) -> Steps:
+        """How long to wait before calling the responder again: doubling per failure in a row."""
+        try:
+            failures = yield io(self.store.count_events, key, "responder_failed", after_kinds=("opened", "rearmed"))
+        except StoreError:
+            failures = 0
+        return min(self.responder_backoff_max_s, self.responder_backoff_s * 2.0 ** failures)
+
+    def open_steps(self, key: Key, row: Reply | st.Row, text: str) -> Steps:
+        """Turn our composing claim into a durable open row, unless the lease was lost."""
+        now = self.clock.now()
+        values = {**self._open_values(now, text), "state": st.OPEN, "updated_at": now}
+        # Durable (the send follows), and only while our composing lease holds.
+        ok = yield io(
+            self.store.cas_event,
+            key, states=[st.COMPOSING], attempt=row.attempt, values=values, lease_owner=self.owner,
+            event={"kind": "opened", "state": st.OPEN, "attempt": row.attempt, "owner": self.owner}, doing="opening",
+        )
+        if not ok:
+            current = yield io(self.store.peek, key)
+            return _classify(current, key, now) if current else Outcome(Status.IN_FLIGHT, key)
+        return st.Row(**{**row.model_dump(), **values})
+
+    # -- the send ------------------------------------------------------------------------------
+
+    def send_steps(self, key: Key, parent: Parent, row: Reply | st.Row, text: str) -> Steps:
+        """Send an open row's text (every path sends from here) and record its fate."""
+        attempt = row.attempt
+        budget_s = yield from self._budget_steps(key, row)  # every path (post, finish, API, MCP) sends from here
+        if isinstance(budget_s, Outcome):
+            return budget_s
+        if self._watch_interval_s is not None:
+            self._start_watch()
+        token = self.sends.started(key, attempt, self.clock.now())
+        try:
+            # The whole send, every request in it, ends by the row's send deadline: the sweep's judgement counts on it.
+            sent: Sent = yield Send(parent, text, row.provider_key or self.provider_key(parent.id), budget_s)
+        except AlreadyLanded as exc:
+            if exc.reply_id:
+                # This call created nothing: the caller learns the reply was already there.
+                return (yield Step("_close", (key, attempt, exc.reply_id, "already_landed", Status.ALREADY_ANSWERED)))
+            yield from self._note_open_steps(key, attempt, exc)
+            return Outcome(Status.UNCERTAIN, key, st.OPEN, attempt, detail=exc.detail)
+        except RateLimited as exc:
+            now = self.clock.now()
+            nb = now + (60.0 if exc.retry_after_s is None else exc.retry_after_s)
+            yield from self._transition_steps(key, [st.OPEN], attempt, st.RELEASED, "released",
+                                              {"error": str(exc), "not_before": nb}, error=exc)
+            return Outcome(Status.NOT_SENT, key, st.RELEASED, attempt, detail=exc.detail, retry_after_s=nb - now)
+        except DefinitelyNotSent as exc:
+            yield from self._transition_steps(key, [st.OPEN], attempt, st.RELEASED, "released", {"error": str(exc)},
+                                              error=exc)
+            return Outcome(Status.NOT_SENT, key, st.RELEASED, attempt, detail=exc.detail)
+        except Rejected as exc:
+            yield from self._transition_steps(key, [st.OPEN], attempt, st.REJECTED, "rejected", {"error": str(exc)},
+                                              error=exc)
+            return Outcome(Status.REJECTED, key, st.REJECTED, attempt, detail=exc.detail)
+        except PlatformError as exc:
+            yield from self._note_open_steps(key, attempt, exc)
+            return Outcome(Status.UNCERTAIN, key, st.OPEN, attempt, detail=exc.detail)
+        except Exception as exc:  # an unmapped error after the request may have left: never release
+            yield from self._note_open_steps(key, attempt, exc)
+            return Outcome(Status.UNCERTAIN, key, st.OPEN, attempt, detail=f"{type(exc).__name__}: {exc}"[:300])
+        finally:
+            self.sends.finished(token)
+        return (yield Step("_close", (key, attempt, sent.reply_id, "closed")))
+
+    # -- a send never leaves past its row's deadline ---------------------------------------
+
+    def _budget_steps(self, key: Key, row: Reply | st.Row) -> Steps:
+        """Seconds the send about to leave may take, or the Outcome of one too late to leave (nothing sent).
+
+        The sweep may judge the row from its deadline on (``opened_at + send_timeout_s +`` the listing delay,
+        on the clock the sweep reads: the database's on PostgreSQL), so a reply must be created by
+        ``opened_at + send_timeout_s`` to be listed when it looks. A stall between the open write and here
+        (the database's answer held, a paused process or VM) eats that budget: the request gets what is
+        left, and when too little is, it does not leave and the row is released (``_too_late_steps``).
+        """
+        now = self.clock.now()
+        opened_at = row.opened_at if row.opened_at is not None else now
+        left_s = min(self.send_timeout_s, opened_at + self.send_timeout_s - now)
+        if left_s >= MIN_SEND_FRACTION * self.send_timeout_s:
+            return left_s
+        return (yield from self._too_late_steps(key, row.attempt, now - opened_at))
+
+    def _too_late_steps(self, key: Key, attempt: int, stalled_s: float) -> Steps:
+        """Release a row whose send found itself past its deadline, by compare-and-set: nothing was sent.
+
+        The sweep may have judged it meanwhile (``not_landed``, or ``gave_up`` on the last attempt: true, but
+        this attempt never went out, so it is given back), and a re-find may have claimed the next attempt:
+        then the row has moved on, the compare-and-set loses and only a note is written.
+        """
+        metrics.too_late(self.platform.instance)
+        now = self.clock.now()
+        detail = {"stalled_s": round(stalled_s, 3), "send_timeout_s": self.send_timeout_s}
+        error = f"not sent: {stalled_s:.1f} s passed between the open and the send (budget {self.send_timeout_s:g} s)"
+        values = {"state": st.RELEASED, "updated_at": now, "error": error, "not_before": None,
+                  "lease_owner": None, "lease_until": None}
+
+        def release() -> str | None:
+            with self.store.transaction(relaxed=True, doing="releasing a send too late to leave") as tx:
+                before = tx.get(key)
+                state = before.state if before is not None else None
+                if tx.cas_event(key, states=[st.OPEN, st.NOT_LANDED, st.GAVE_UP], attempt=attempt, values=values):
+                    tx.append_event(key, "too_late", state=st.RELEASED, attempt=attempt, owner=self.owner,
+                                    detail={**detail, "from": state})
+                    return st.RELEASED
+                # the row moved on (a newer attempt, closed): a note for explain, no state
+                tx.append_event(key, "too_late", state=None, attempt=attempt, owner=self.owner,
+                                detail={**detail, "row_state": state})
+                return state
+
+        state: str | None = st.OPEN
+        try:
+            state = yield io(release)
+        except StoreError as exc:
+            # The row stays open and the sweep judges it not_landed, which is true: nothing was sent.
+            log.error("replyd.guard.release_failed", parent_id=key.parent_id, error=str(exc))
+        log.warning("replyd.guard.too_late", platform=key.platform, parent_id=key.parent_id, attempt=attempt,
+                    stalled_s=round(stalled_s, 3), send_timeout_s=self.send_timeout_s, state=state)
+        return Outcome(Status.NOT_SENT, key, state, attempt, detail=error, retry_after_s=0.0)
+
+    # -- sends that outlive their budget ---------------------------------------------------
+
+    def watch_steps(self) -> Steps:
+        """Push the deadline of every row whose send has run past half its budget; return how many moved."""
+        now = self.clock.now()
+        moved = 0
+        for token, key, attempt, started in self.sends.overdue(now, self.send_timeout_s / 2):
+            try:
+                if (yield io(self._extend, token, key, attempt, started, now)):
+                    moved += 1
+            except StoreError as exc:
+                log.warning("replyd.guard.watch_failed", parent_id=key.parent_id, error=str(exc))
+                continue
+            log.warning("replyd.guard.send_overdue", parent_id=key.parent_id, attempt=attempt,
+                        running_s=round(now - started, 3), send_timeout_s=self.send_timeout_s)
+        return moved
+
+    def _extend(self, token: int, key: Key, attempt: int, started: float, now: float) -> bool:
+        """One running send's deadline pushed on (one transaction, run whole by the face)."""
+        with self.store.transaction(relaxed=True, doing="extending a running send") as tx:
+            if not tx.cas_event(key, states=[st.OPEN], attempt=attempt, values={"updated_at": now},
+                                deadline_at_least=now + self.send_timeout_s + self.lag.delay_s()):
+                return False
+            if self.sends.first_note(token):  # one note per send, not per tick
+                tx.append_event(key, "send_overdue", state=st.OPEN, attempt=attempt,
+                                owner=self.owner, detail={"running_s": round(now - started, 3)})
+            return True
+
+    # -- the fate of a send --------------------------------------------------------------------
+
+    def close_steps(self, key: Key, attempt: int, reply_id: str, kind: str, status: Status = Status.POSTED) -> Steps:
+        """Close our row with the reply id; a lost close is left to the sweep."""
+        now = self.clock.now()
+        if kind == "closed":
+            self.lag.sent(reply_id)  # the listing lag is timed from here, on a clock no wall-clock step moves
+        # Every close keeps a deadline: from the configured delay on the sweep measures this reply's listing lag,
+        # and once the delay in use has passed it verifies that no other reply (an earlier attempt's) landed.
+        verify_at = now + self.lag.configured_s
+        values = {"state": st.CLOSED, "reply_id": reply_id, "closed_at": now, "updated_at": now, "error": None,
+                  "deadline_at": verify_at}
+        detail = {"reply_id": reply_id}
+        try:
+            # One relaxed transaction: the compare-and-set and its event; a late_landing note if the row moved on.
+            # not_landed or gave_up at our attempt: the sweep looked too early; our reply did land.
+            ok = yield io(
+                self.store.cas_event,
+                key, states=[st.OPEN, st.NOT_LANDED, st.GAVE_UP], attempt=attempt, values=values,
+                event={"kind": kind, "state": st.CLOSED, "attempt": attempt, "owner": self.owner, "detail": detail},
+                otherwise={"kind": "late_landing", "attempt": attempt, "owner": self.owner, "detail": detail},
+                relaxed=True, doing="closing",
+            )
+        except StoreError as exc:
+            log.error("replyd.guard.close_failed", parent_id=key.parent_id, reply_id=reply_id, error=str(exc))
+            return Outcome(status, key, st.OPEN, attempt, reply_id, detail="posted; close not recorded, the sweep will close it")
+        if not ok:
+            log.warning("replyd.guard.late_landing", parent_id=key.parent_id, reply_id=reply_id, attempt=attempt)
+            try:
+                yield io(self._late_landing, key, attempt, reply_id)
+            except StoreError as exc:
+                log.error("replyd.guard.late_landing_failed", parent_id=key.parent_id, reply_id=reply_id,
+                          error=str(exc))
+        log.info("replyd.guard.posted", parent_id=key.parent_id, reply_id=reply_id, attempt=attempt)
+        return Outcome(status, key, st.CLOSED, attempt, reply_id)
+
+    def _late_landing(self, key: Key, attempt: int, reply_id: str) -> None:
+        """Our reply landed after the row moved on: make sure it is counted, not just noted (one transaction).
+
+        Closed with another reply: a duplicate, whether or not that close was verified already; the row's
+        deadline comes back to now, so the sweep's verification counts it (from the ``late_landing`` event's
+        id, whatever its read-back lists), reports ``duplicate_detected`` and deletes it with
+        ``on_duplicate = "delete_newer"``. Judged or released at a later attempt (nothing of that attempt
+        landed, as far as replyd knows): the parent is answered, so the row closes with our reply
+        (``reconciled``) before another attempt can go out.
+        """
+        now = self.clock.now()
+        with self.store.transaction(relaxed=True, doing="recording a late landing") as tx:
+            row = tx.get(key)
+            if row is None or row.reply_id == reply_id:
+                return
+            if row.state == st.CLOSED:
+                tx.cas_event(key, states=[st.CLOSED], attempt=row.attempt, values={"deadline_at": now})
+                log.error("replyd.guard.duplicate_landed", platform=key.platform, parent_id=key.parent_id,
+                          reply_id=reply_id, kept=row.reply_id, attempt=attempt)
+            elif row.state in (st.NOT_LANDED, st.GAVE_UP, st.RELEASED) and row.attempt > attempt:
+                values = {"state": st.CLOSED, "reply_id": reply_id, "closed_at": now, "updated_at": now,
+                          "error": None, "not_before": None, "deadline_at": now + self.lag.configured_s}
+                if tx.cas_event(key, states=[row.state], attempt=row.attempt, values=values):
+                    tx.append_event(key, "reconciled", state=st.CLOSED, attempt=row.attempt, owner=self.owner,
+                                    detail={"reply_id": reply_id, "from": row.state, "late_attempt": attempt})
+
+    def _transition_steps(
+        self,
+        key: Key,
+        states: list[str],
+        attempt: int,
+        to: str,
+        kind: str,
+        detail: dict[str, Any],
+        *,
+        error: BaseException | None = None,
+        relaxed: bool = False,
+        lease_owner: str | None = None,
+    ) -> Steps:
+        now = self.clock.now()
+        values: dict[str, Any] = {"state": to, "updated_at": now, "lease_owner": None, "lease_until": None}
+        if "not_before" in detail:
+            values["not_before"] = detail["not_before"]
+        if error is not None or "error" in detail:
+            values["error"] = detail.get("error") or str(error)
+        try:
+            ok = yield io(
+                self.store.cas_event,
+                key, states=states, attempt=attempt, values=values,
+                event={"kind": kind, "state": to, "attempt": attempt, "owner": self.owner, "detail": detail},
+                lease_owner=lease_owner, relaxed=relaxed, doing=kind,
+            )
+        except StoreError as exc:
+            # The row stays as it was (open rows are swept); never guess a state.
+            log.error("replyd.guard.transition_failed", parent_id=key.parent_id, to=to, error=str(exc))
+            return False
+        log.info(f"replyd.guard.{kind}", parent_id=key.parent_id, attempt=attempt, ok=ok, **{k: v for k, v in detail.items() if k == "error"})
+        return ok
+
+    def _note_open_steps(self, key: Key, attempt: int, exc: BaseException) -> Steps:
+        """Record an ambiguous send: the row is (back) open for the sweep, one listing delay from now.
+
+        The sweep may have judged the row while this send still ran (``not_landed``, or ``gave_up`` on the last
+        attempt): the send may have landed after that read-back, so the row goes back to ``open`` at the same
+        attempt. If the row moved on (a newer attempt, closed), only a note is written.
+        """
+        detail = (getattr(exc, "detail", "") or f"{type(exc).__name__}: {exc}")[:300]
+        now = self.clock.now()
+        # The send has returned: whatever it did is done, so one listing delay from now is enough to look.
+        # An open row keeps a later deadline (a running send's); a judged one's is its next reconciling look.
+        look_at = now + self.lag.delay_s()
+        values = {"state": st.OPEN, "error": detail, "updated_at": now}
+
+        def reopen() -> str | None:
+            with self.store.transaction(relaxed=True, doing="recording an ambiguous send") as tx:
+                before = tx.get(key)
+                if tx.cas_event(key, states=[st.OPEN, st.NOT_LANDED, st.GAVE_UP], attempt=attempt, values=values,
+                                deadline_at_least=look_at):
+                    was = before.state if before is not None and before.state != st.OPEN else None
+                    note = {"error": detail, **({"reopened_from": was} if was else {})}
+                    tx.append_event(key, "maybe_sent", state=st.OPEN, attempt=attempt, owner=self.owner, detail=note)
+                    return was
+                # the row moved on: a note for explain, no state (it would contradict the row)
+                tx.append_event(key, "late_maybe_sent", state=None, attempt=attempt, owner=self.owner,
+                                detail={"error": detail, "row_state": before.state if before else None})
+                return None
+
+        reopened = None
+        try:
+            reopened = yield io(reopen)
+        except StoreError:
+            pass  # the open row itself is durable; this note is only for explain
+        log.warning("replyd.guard.maybe_sent", parent_id=key.parent_id, attempt=attempt, error=detail,
+                    **({"reopened_from": reopened} if reopened else {}))
+
+    # -- compose leases: begin, compose elsewhere, finish ------------------------------------------------
+
+    def begin_steps(self, parent: Parent, *, owner: str, path: str = "api") -> Steps:
+        """Claim ``parent``'s key as ``composing`` for ``owner`` (nothing is sent); else say what blocks it."""
+        key = self.key(parent.id)
+        if self.dry_run:
+            return Outcome(Status.DRY_RUN, key,
+                           detail="dry run: no lease is taken; post the text to see what would be sent")
+        if not self.claiming:
+            return Outcome(Status.NOT_SENT, key, detail="shutting down")
+        # The guard's own claim, as the holder: the same compare-and-set every path uses.
+        claim = yield Step("_claim", (key, parent, path, None), )
+        if isinstance(claim, Outcome):
+            metrics.outcome(self.platform.instance, claim.status.value)
+            return claim
+        return Lease(key, owner, claim.attempt, claim.lease_until)
+
+    def finish_steps(self, lease: Lease, text: str) -> Steps:
+        """Post ``text`` under ``lease``: open the composing row while the lease is live and ours, then send.
+
+        Raises ``LeaseLost`` (nothing sent) when the lease ran out or the key is no longer this holder's.
+        (Run on the lease holder: ``_as_holder(lease.owner)``.)
+        """
+        if not text or not text.strip():
+            raise ValueError("text: must not be empty")
+        now = self.clock.now()
+        row = yield io(self.store.peek, lease.key)
+        if row is None or row.state != st.COMPOSING or row.lease_owner != lease.owner or row.attempt != lease.attempt:
+            raise LeaseLost(f"not held any more: {self.where(lease.key, row, now)}")
+        if row.lease_until is not None and row.lease_until < now:
+            raise LeaseLost(f"expired {now - row.lease_until:.1f} s ago (compose leases last {self.compose_lease_s:g} s); "
+                            "nothing was sent: call begin_reply again")
+        # Durable open, compared-and-set on (composing, attempt, lease owner): a lease taken over since loses here.
+        opened = yield Step("_open_composed", (lease.key, row, text))
+        if isinstance(opened, Outcome):
+            current = yield io(self.store.peek, lease.key)
+            raise LeaseLost(f"lost while opening: {self.where(lease.key, current, now)}")
+        parent = Parent.from_snapshot(json.loads(row.snapshot or "{}"))
+        out = yield Step("_send", (lease.key, parent, opened, text))
+        metrics.outcome(self.platform.instance, out.status.value)
+        return out
+
+    def where(self, key: Key, row: st.Row | None, now: float) -> str:
+        """Say in words where a key stands now, for a lease refusal."""
+        if row is None:
+            return "the key has no row; nothing was sent"
+        if row.state == st.COMPOSING:
+            return "another holder is composing a reply to this parent; nothing was sent"
+        out = _classify(row, key, now) if not self._claimable(row, now) else None
+        status = out.status.value if out else f"{row.state} and claimable"
+        return f"the parent is now {status}" + (f" (reply {row.reply_id})" if row.reply_id else "") + "; nothing was sent"
