@@ -18,6 +18,8 @@ kind               signature header (HMAC-SHA256 of the body)   event header / d
 ``slack``          ``X-Slack-Signature: v0=<hex>`` of           in the body (``event.type``) /
                    ``v0:{X-Slack-Request-Timestamp}:{body}``,   ``X-Slack-Retry-Num`` (logged:
                    refused outside a 5-minute window            the event id is in the body)
+``telegram``       ``X-Telegram-Bot-Api-Secret-Token``: the     in the body (``update_id``)
+                   ``secret_token`` itself (constant-time)
 =================  ==========================================  ===============================
 
 Slack also checks the URL once with a signed ``url_verification`` delivery: an adapter that is a
@@ -110,10 +112,20 @@ def slack_verify(secret: str, body: bytes, headers: Mapping[str, str], now: floa
     return hmac.compare_digest(slack_sign(secret, stamp, body).encode(), header.encode())
 
 
+def telegram_verify(secret: str, body: bytes, headers: Mapping[str, str], now: float) -> bool:
+    """True when a Telegram delivery carries ``secret`` (the ``secret_token`` of ``setWebhook``) in
+    ``X-Telegram-Bot-Api-Secret-Token``, compared in constant time (Telegram sends the token itself, no HMAC)."""
+    header = (headers.get("x-telegram-bot-api-secret-token") or "").strip()
+    if not header or not header.isascii():
+        return False
+    return hmac.compare_digest(secret.encode(), header.encode())
+
+
 KINDS: dict[str, Kind] = {
     "github": Kind("x-hub-signature-256", "x-github-event", "x-github-delivery"),
     "discourse": Kind("x-discourse-event-signature", "x-discourse-event", "x-discourse-event-id"),
     "slack": Kind("x-slack-signature", "", "x-slack-retry-num", check=slack_verify),
+    "telegram": Kind("x-telegram-bot-api-secret-token", "", "", check=telegram_verify),
 }
 
 
