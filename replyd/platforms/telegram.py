@@ -361,8 +361,15 @@ class TelegramPlatform(_http.HttpPlatform):
     def delete(self, reply_id: str) -> None:
         """``deleteMessage`` of one of the bot's own messages."""
         chat_id, message_id = split_id(reply_id)
-        self._api("deleteMessage", {"chat_id": chat_id, "message_id": message_id}, acts=True)
-        self.log.info("replyd.telegram.deleted", reply_id=reply_id)
+        try:
+            self._api("deleteMessage", {"chat_id": chat_id, "message_id": message_id}, acts=True)
+        except Rejected as exc:
+            if exc.status != 400:
+                raise
+            # The Bot API answers every "cannot" with 400 (already deleted, or too old to delete): logged, done.
+            self.log.info("replyd.telegram.deleted", reply_id=reply_id, already_gone=True, detail=exc.detail)
+            return
+        self.log.info("replyd.telegram.deleted", reply_id=reply_id, already_gone=False)
 
     # --- Addressing -------------------------------------------------------------------------------
 
