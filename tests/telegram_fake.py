@@ -100,6 +100,10 @@ class TelegramWorld:
         self.held = threading.Event()
         self.release_held = threading.Event()
         self.get_updates_offsets: list[int | None] = []
+        self.held_tag = ""  # the api_url tag of the client whose send is held
+        self.served: Counter[int] = Counter()  # update_id -> times getUpdates returned it
+        self.batches = 0  # non-empty getUpdates answers
+        self.batch_served = threading.Event()
 
     # --- the people's side -------------------------------------------------------------------
 
@@ -219,7 +223,10 @@ class TelegramApi:
 
     def __init__(self, world: TelegramWorld, *, token: str = TOKEN) -> None:
         self.world, self.token = world, token
-        self.app = Starlette(routes=[Route("/bot{token}/{method}", self._endpoint, methods=["GET", "POST"])])
+        # A path prefix before /bot<token> (``api_url = <fake>/<tag>``) names the client in a test (Telegram has
+        # none): which replica held a send, for instance.
+        self.app = Starlette(routes=[Route("/bot{token}/{method}", self._endpoint, methods=["GET", "POST"]),
+                                     Route("/{tag}/bot{token}/{method}", self._endpoint, methods=["GET", "POST"])])
         self.server = AppServer(self.app)
 
     @property
@@ -256,6 +263,8 @@ class TelegramApi:
         handler = getattr(self, f"_m_{method}", None)
         if handler is None:
             return JSONResponse({"ok": False, "error_code": 404, "description": "Not Found"}, status_code=404)
+        if method == "sendMessage":
+            args = {**args, "_tag": request.path_params.get("tag", "")}
         return await handler(args)
 
     async def _m_getMe(self, args: dict[str, Any]) -> Response:  # noqa: N802
@@ -286,6 +295,11 @@ class TelegramApi:
                     return _err("error_409_webhook")
                 batch = [copy.deepcopy(u) for _, _, u in w.updates[:max(1, min(limit, 100))]]
             if batch or time.monotonic() >= deadline:
+                if batch:
+                    with w.lock:
+                        w.served.update(u["update_id"] for u in batch)
+                        w.batches += 1
+                    w.batch_served.set()
                 return JSONResponse({"ok": True, "result": batch})
             await asyncio.sleep(0.05)
 
@@ -298,6 +312,7 @@ class TelegramApi:
         if fault == "error_after":
             return JSONResponse({"ok": False, "error_code": 502, "description": "Bad Gateway"}, status_code=502)
         if fault == "hold":
+            self.world.held_tag = args.get("_tag", "")
             self.world.held.set()
             while not self.world.release_held.is_set():
                 await asyncio.sleep(0.05)
