@@ -34,22 +34,11 @@ DMS = (5000000001, 5000000003)
 def _config(path: Path, *, api_url: str, store_url: str, port: int, mode: str) -> Path:
     push = '[bots.push]\nkind = "telegram"\nsecret_env = "TG_SECRET"\n' if mode == "webhook" else ""
     path.write_text(f"""
-[store]
-url = "{store_url}"
-
-[log]
-format = "json"
-level = "info"
-
-[api]
-enabled = true
-port = {port}
-
-[guard]
-send_timeout_s = 3.0
-
-[sweep]
-interval_s = 0.5
+store = {{ url = "{store_url}" }}
+log = {{ format = "json", level = "info" }}
+api = {{ enabled = true, port = {port} }}
+guard = {{ send_timeout_s = 3.0 }}
+sweep = {{ interval_s = 0.5 }}
 
 [[bots]]
 name = "tg"
