@@ -233,6 +233,9 @@ class TelegramPlatform(_http.HttpPlatform):
         chat = msg["chat"]
         extra: dict[str, Any] = {"chat_id": chat_id, "message_id": message_id, "chat_type": chat.get("type"),
                                  "addressed": True}
+        replied = msg.get("reply_to_message")
+        if isinstance(replied, dict) and isinstance(replied.get("message_id"), int):
+            extra["reply_to"] = replied["message_id"]
         if msg.get("is_topic_message") is True and isinstance(msg.get("message_thread_id"), int):
             extra["message_thread_id"] = msg["message_thread_id"]
         url = ""
@@ -370,6 +373,13 @@ class TelegramPlatform(_http.HttpPlatform):
             self.log.info("replyd.telegram.deleted", reply_id=reply_id, already_gone=True, detail=exc.detail)
             return
         self.log.info("replyd.telegram.deleted", reply_id=reply_id, already_gone=False)
+
+    # --- ThreadDepth -------------------------------------------------------------------------------
+
+    def thread_depth(self, parent: Parent, limit: int) -> int:
+        """1 when the parent replies to a message, else 0: the Bot API shows one level (``reply_to_message``) and
+        a bot cannot read further up, so this is a lower bound (``max_depth`` stops a loop one level late)."""
+        return min(1, limit + 1) if parent.extra.get("reply_to") is not None else 0
 
     # --- Addressing -------------------------------------------------------------------------------
 
