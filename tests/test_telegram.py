@@ -330,3 +330,30 @@ def test_provably_unsent_failures_are_retried_as_everywhere(api, world, store, c
     assert guard.post(parent, "x").status is Status.POSTED
     clock.advance(60.0)
     assert sweeper.run_once().unconfirmed == 0 and world.bot_replies(pid) == 1
+
+
+def test_status_and_confirm_on_the_command_line(api, world, tmp_path) -> None:
+    """`replyd status --json` counts the unconfirmed row; `replyd confirm telegram PARENT --reply-id` closes it;
+    `replyd rearm --state unconfirmed --dry-run` lists what would be sent again."""
+    from tests.api_harness import replyd_cli
+
+    clock = FakeClock()
+    db = f"sqlite:///{tmp_path / 'cli.sqlite3'}"
+    store = st.Store.open(db, clock=clock)
+    plat = make(api, clock=clock)
+    guard, sweeper = _guard(store, plat, clock)
+    a, b = world.post(GROUP, "a"), world.post(GROUP, "b")
+    world.send_faults = ["lost", "lost"]
+    for p in plat.inbox(None).parents:
+        guard.post(p, "x")
+    clock.advance(60.0)
+    sweeper.run_once()
+    store.dispose()
+    shown = json.loads(replyd_cli("status", "--json", "--store", db).stdout)
+    assert {(c["state"], c["rows"]) for c in shown["counts"]} == {("unconfirmed", 2)}
+    dry = replyd_cli("rearm", "--state", "unconfirmed", "--dry-run", "--json", "--store", db)
+    assert dry.returncode == 0 and a in dry.stdout and b in dry.stdout, dry.stderr
+    # A group's parent id starts with "-": "--" ends the options, as for any command line.
+    done = replyd_cli("confirm", "--reply-id", world.unanswered[0], "--json", "--store", db, "--", "telegram", a)
+    assert done.returncode == 0 and json.loads(done.stdout)["state"] == "closed", done.stderr
+    assert world.reply_counts() == {a: 1, b: 1}
