@@ -357,3 +357,39 @@ def test_status_and_confirm_on_the_command_line(api, world, tmp_path) -> None:
     done = replyd_cli("confirm", "--reply-id", world.unanswered[0], "--json", "--store", db, "--", "telegram", a)
     assert done.returncode == 0 and json.loads(done.stdout)["state"] == "closed", done.stderr
     assert world.reply_counts() == {a: 1, b: 1}
+
+
+def test_a_second_poller_ends_the_first_with_409_and_nothing_is_confirmed(api, world) -> None:
+    """Two replicas long-polling at once: the earlier poll ends 409 (a read: DefinitelyNotSent), the later
+    one serves the update; neither confirms it."""
+    import threading
+    import time
+
+    plat, other = make(api, long_poll_s=5), make(api, long_poll_s=5)
+    got: dict[str, Any] = {}
+
+    def poll(name: str, p: TelegramPlatform) -> None:
+        got[name] = _outcome(lambda: p.inbox(None))
+
+    def generation(n: int) -> None:
+        end = time.monotonic() + 5
+        while world.poll_generation < n and time.monotonic() < end:
+            time.sleep(0.02)
+
+    threads = [threading.Thread(target=poll, args=("first", plat)), threading.Thread(target=poll, args=("second", other))]
+    threads[0].start()
+    generation(1)
+    threads[1].start()
+    generation(2)
+    threads[0].join(10)
+    pid = world.post(GROUP, "while two poll")
+    threads[1].join(10)
+    assert isinstance(got["first"], DefinitelyNotSent) and got["first"].status == 409, got
+    assert [p.id for p in got["second"].parents] == [pid] and len(world.pending_updates()) == 1
+
+
+def _outcome(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception as exc:  # the test looks at what the poll raised
+        return exc
