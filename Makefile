@@ -10,6 +10,9 @@ BSKY   := tests/bsky
 RUNS ?= 20
 SEED ?= 1
 JOBS ?= 1
+# pytest-xdist workers for `make test`: more than the 2 cores, as the slow tests mostly sleep (README, Tests).
+TEST_WORKERS ?= 4
+PYTEST_XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: install install-bench run test test-fast bsky-deps bench chaos clean
 
@@ -38,10 +41,10 @@ run: $(VENV)/.installed-runtime
 	$(VENV)/bin/replyd demo
 
 test: install bsky-deps
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_XDIST)
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(PYTEST_XDIST) -m "not slow"
 
 $(VENV)/.installed-bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[test,bench]'

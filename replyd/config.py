@@ -349,7 +349,8 @@ class ResponderConfig(BaseModel):
 class PushConfig(_Strict):
     """Push discovery for one bot: webhook deliveries (received by the API) or a held stream."""
 
-    kind: Literal["github", "discourse", "slack", "telegram", "mastodon_stream", "slack_socket", "bluesky_firehose"]
+    kind: Literal["github", "discourse", "slack", "discord", "telegram", "mastodon_stream", "slack_socket",
+                  "bluesky_firehose", "discord_gateway", "imap_idle"]
     # Webhooks: the environment variable holding the secret the platform signs deliveries with.
     secret_env: str = ""
     # The inbox poll stays on as the backstop, at this interval unless pollers.inbox_interval_s is set.
@@ -358,7 +359,7 @@ class PushConfig(_Strict):
     @property
     def webhook(self) -> bool:
         """Whether deliveries arrive through the API (else the daemon holds a stream open)."""
-        return self.kind not in ("mastodon_stream", "slack_socket", "bluesky_firehose")
+        return self.kind not in ("mastodon_stream", "slack_socket", "bluesky_firehose", "discord_gateway", "imap_idle")
 
     @model_validator(mode="after")
     def _secret_for_webhooks(self) -> PushConfig:
@@ -407,7 +408,8 @@ class BotConfig(_Strict):
     @model_validator(mode="after")
     def _stream_fits_platform(self) -> BotConfig:
         # A stream is one platform's own (webhook kinds only name a signature scheme, so they are not checked).
-        wants = {"mastodon_stream": "mastodon", "bluesky_firehose": "bluesky"}.get(self.push.kind if self.push else "")
+        wants = {"mastodon_stream": "mastodon", "bluesky_firehose": "bluesky", "discord_gateway": "discord",
+                 "imap_idle": "email"}.get(self.push.kind if self.push else "")
         if wants and self.platform != wants:
             raise ValueError(f"push.kind {self.push.kind!r} is for platform {wants!r}, not {self.platform!r}")  # type: ignore[union-attr]
         return self

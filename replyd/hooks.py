@@ -20,6 +20,9 @@ kind               signature header (HMAC-SHA256 of the body)   event header / d
                    refused outside a 5-minute window            the event id is in the body)
 ``telegram``       ``X-Telegram-Bot-Api-Secret-Token``: the     in the body (``update_id``)
                    ``secret_token`` itself (constant-time)
+``discord``        ``X-Signature-Ed25519``: Ed25519 of          in the body (``type``) / the
+                   ``{X-Signature-Timestamp}{body}`` under the  interaction id is in the body
+                   app's public key (``secret_env``), 5 min
 =================  ==========================================  ===============================
 
 Slack also checks the URL once with a signed ``url_verification`` delivery: an adapter that is a
@@ -54,7 +57,7 @@ import structlog
 
 from replyd import metrics
 from replyd.errors import ReplydError
-from replyd.platforms.base import Parent, WebhookChallenge, WebhookSource
+from replyd.platforms.base import Parent, WebhookAnswer, WebhookChallenge, WebhookSource
 
 if TYPE_CHECKING:
     from replyd.guard import Outcome
@@ -121,11 +124,29 @@ def telegram_verify(secret: str, body: bytes, headers: Mapping[str, str], now: f
     return hmac.compare_digest(secret.encode(), header.encode())
 
 
+def discord_verify(public_key: str, body: bytes, headers: Mapping[str, str], now: float) -> bool:
+    """True when a Discord interaction is signed (Ed25519 over ``timestamp + body``) by the application's public
+    key and its timestamp is within 5 minutes of ``now`` (replyd's replay window: Discord documents none)."""
+    from nacl.exceptions import BadSignatureError, ValueError as NaclValueError
+    from nacl.signing import VerifyKey
+
+    stamp = (headers.get("x-signature-timestamp") or "").strip()
+    sig = (headers.get("x-signature-ed25519") or "").strip()
+    if not _STAMP.fullmatch(stamp) or abs(now - int(stamp)) > SLACK_WINDOW_S or not re.fullmatch(r"[0-9a-f]{128}", sig):
+        return False
+    try:
+        VerifyKey(bytes.fromhex(public_key)).verify(stamp.encode() + body, bytes.fromhex(sig))
+    except (BadSignatureError, NaclValueError, ValueError, TypeError):
+        return False
+    return True
+
+
 KINDS: dict[str, Kind] = {
     "github": Kind("x-hub-signature-256", "x-github-event", "x-github-delivery"),
     "discourse": Kind("x-discourse-event-signature", "x-discourse-event", "x-discourse-event-id"),
     "slack": Kind("x-slack-signature", "", "x-slack-retry-num", check=slack_verify),
     "telegram": Kind("x-telegram-bot-api-secret-token", "", "", check=telegram_verify),
+    "discord": Kind("x-signature-ed25519", "", "", check=discord_verify),
 }
 
 
@@ -227,6 +248,8 @@ class Receiver:
         log.info("replyd.hooks.accepted", bot=bot, platform=hook.instance, delivery=delivery, hook_event=event,
                  parents=[p.id for p in inside])
         metrics.webhook(hook.instance, "accepted")
+        if isinstance(hook.source, WebhookAnswer) and (answer := hook.source.webhook_answer(payload)) is not None:
+            return Answer(200, answer)  # Discord's deferred interaction response: the post runs after it
         return Answer(202, {"accepted": len(inside), "parents": [p.id for p in inside],
                             **({"dropped": reasons} if reasons else {})})
 

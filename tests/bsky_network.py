@@ -11,7 +11,8 @@ PostgreSQL or Redis is unreachable, the tests are skipped locally with the
 reason, and FAIL when ``CI=true``.
 
 ``tests/conftest.py`` imports the fixture, so one network serves every module of a session (a module that
-imported it again would get a network of its own).
+imported it again would get a network of its own); on xdist workers every test that uses it is in the ``bsky``
+group (``SERVER_GROUPS`` there), which runs on one worker: one network per run.
 """
 
 from __future__ import annotations

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+import structlog
 
 from replyd.clock import FakeClock
 from replyd.store import Store
 from tests.bsky_network import bsky_network  # noqa: F401  (one dev-env network per session for every Bluesky test)
 from tests.synapse_server import synapse  # noqa: F401  (one Synapse per session for every Matrix test)
+from tests.mail_server import mail_server  # noqa: F401  (one Postfix + Dovecot per session for the email tests)
 
 PG_ADMIN_URL = os.environ.get("REPLYD_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/postgres")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -34,9 +36,30 @@ def load_allowed_skips(path: Path = ALLOWED_SKIPS_FILE) -> dict[str, str]:
     return allowed
 
 
+def plain_nodeid(nodeid: str) -> str:
+    """``nodeid`` without the ``@group`` that ``--dist loadgroup`` appends to a grouped test's id."""
+    at = nodeid.rfind("@")
+    return nodeid[:at] if at > nodeid.rfind("]") else nodeid  # an "@" inside [params] is the test's own
+
+
 def skip_allowed(nodeid: str, allowed: dict[str, str]) -> bool:
-    """Whether the allow-list lets ``nodeid`` skip under CI."""
+    """Whether the allow-list lets ``nodeid`` (grouped by xdist or not) skip under CI."""
+    nodeid = plain_nodeid(nodeid)
     return any(nodeid == pat or fnmatch.fnmatchcase(nodeid, pat) for pat in allowed)
+
+
+# Session servers too costly to start on every xdist worker: every test that uses one joins its group, and
+# `--dist loadgroup` runs a group on one worker, so each server starts once per run (fixture -> group).
+SERVER_GROUPS = {"synapse": "synapse", "bsky_network": "bsky"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into "@group" node id suffixes
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put each test that uses a shared session server (directly or through a fixture) in that server's group."""
+    for item in items:
+        for fixture, group in SERVER_GROUPS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
 
 
 _ALLOWED_KEY = pytest.StashKey[dict[str, str]]()
@@ -65,6 +88,16 @@ def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-
         report.outcome = "failed"
         report.longrepr = f"module skipped under CI=true (not in tests/{ALLOWED_SKIPS_FILE.name}): {why}"
     return report
+
+
+@pytest.fixture(autouse=True)
+def _structlog_config_restored() -> Iterator[None]:
+    """Each test gets back the structlog config it started with: a test that configures logging in-process
+    (``log.configure(level="warning")``) must not filter the events a later test on the same xdist worker
+    captures."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 def _pg_reachable() -> str | None:

@@ -14,7 +14,8 @@ When ``matrix-synapse`` is not installed or the server does not come up, the
 tests are skipped locally with the reason, and FAIL when ``CI=true``.
 
 The fixture is imported by tests/conftest.py, so every module shares the one
-server (a session fixture imported into two modules would start two).
+server (a session fixture imported into two modules would start two); on xdist workers every test that
+uses it is in the ``synapse`` group (``SERVER_GROUPS`` there), which runs on one worker: one server per run.
 """
 
 from __future__ import annotations

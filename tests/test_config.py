@@ -297,12 +297,21 @@ def _verdict(args: list[str]) -> str:
         os.kill(os.getpid(), signal.SIGTERM)
         raise httpx.ConnectError("stopped at the first platform contact", request=request)
 
+    def first_imap_contact(host: str, *_a: object, **_kw: object) -> object:
+        # The email adapter's first contact is an IMAP connection, not an HTTP request.
+        contacted.append(f"imap://{host}")
+        if threading.current_thread() is threading.main_thread():
+            raise _Contacted(f"imap://{host}")
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise OSError("stopped at the first platform contact")
+
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     guard = threading.Timer(30.0, os.kill, (os.getpid(), signal.SIGTERM))  # a run that never contacts: no hang
     guard.start()
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(httpx.Client, "send", first_contact)
+            mp.setattr("replyd.platforms.email.IMAPClient", first_imap_contact)
             try:
                 res = CliRunner().invoke(app, args, catch_exceptions=True)
             except _Contacted:  # a BaseException: the runner lets it through

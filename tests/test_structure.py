@@ -34,6 +34,7 @@ DYNAMIC_GETATTR_OK = {
 # A ``.send`` that is no platform's send, each listed with why: (module, the attribute expression).
 NOT_A_PLATFORM_SEND = {
     ("platforms/slack.py", "ws.send"): "Socket Mode's envelope ack on the adapter's own WebSocket, never a reply",
+    ("platforms/discord.py", "ws.send"): "Gateway frames (identify, resume, heartbeats) on the adapter's own WebSocket",
 }
 
 

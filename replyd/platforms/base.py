@@ -227,6 +227,16 @@ class WebhookChallenge(Protocol):
 
 
 @runtime_checkable
+class WebhookAnswer(Protocol):
+    """Optional: an adapter whose platform wants a body in the answer to an accepted delivery (Discord's deferred
+    interaction response), not the receiver's own 202."""
+
+    def webhook_answer(self, payload: Any) -> dict[str, Any] | None:
+        """Return the body of a 200 answering an accepted ``payload``, or None for the receiver's usual answer."""
+        ...
+
+
+@runtime_checkable
 class StreamSource(Protocol):
     """Optional: an adapter that can hold its platform's push stream open."""
 

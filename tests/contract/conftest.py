@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import SERVER_GROUPS
 from tests.contract.harnesses import HARNESSES, Harness, build
 from tests.fakes_forum import store_template  # noqa: F401  (a migrated SQLite template per module, copied per test)
 
@@ -38,6 +39,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             marks.append(pytest.mark.xfail(reason=f"{name} adapter bug: {bug}", raises=AssertionError, strict=True))
         if entry.backend == "bsky_network":
             marks.append(pytest.mark.slow)  # as tests/test_bluesky_network.py: the network takes a minute to start
+        if entry.backend in SERVER_GROUPS:
+            # the backend is fetched by getfixturevalue, unseen by the root conftest's grouping: name it here
+            marks.append(pytest.mark.xdist_group(SERVER_GROUPS[entry.backend]))
         params.append(pytest.param(name, id=name, marks=marks))
     metafunc.parametrize("adapter_name", params)
 

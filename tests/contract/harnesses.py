@@ -906,6 +906,210 @@ class TelegramHarness(Harness):
         self.api.stop()
 
 
+# --- Discord on the stateful fake -------------------------------------------------------------
+
+
+class DiscordHarness(Harness):
+    """Discord on ``tests/discord_fake.py`` (REST on the published shapes), replies counted on the fake by reference."""
+
+    kind = "discord"
+    skips = {
+        "test_search_cursor_moves_forward": "a Discord bot cannot search messages",
+        "test_three_paths_find_the_parent_and_it_is_answered_once":
+            "a Discord bot cannot search messages: one of the three paths does not exist",
+    }
+    bad_settings = bad({"token": SECRET}, missing=("token",), wrong=(
+        ("token", "Bot " + SECRET), ("api_url", "ftp://x"), ("channels", ["#general"]), ("page_limit", 0),
+        ("gateway_url", "https://x"), ("search_queries", ["help"]), ("listing_delay_s", -1), ("colour", "red")))
+    small_pages = {"page_limit": 1, "max_pages": 1}
+    url_key = "api_url"
+    send_route = ("POST", r"^/api/v10/channels/\d+/messages$")
+    delete_route = ("DELETE", r"^/api/v10/channels/\d+/messages/\d+$")
+    ALICE = "53908099506183680"
+
+    def __init__(self, http: httpx.Client) -> None:
+        from tests.discord_fake import BOT_ID, DiscordRest, DiscordWorld
+
+        self.http = http
+        self.clock = FakeClock(time.time())
+        self.world = DiscordWorld(now=self.clock.now)
+        self.channels: dict[int, str] = {}
+        self.bot = BOT_ID
+        self.api = DiscordRest(self.world).__enter__()
+        self.proxy = FaultProxy(self.api.url.removesuffix("/api/v10"))
+
+    def settings(self) -> dict[str, Any]:
+        """The bot token on the fake, through the proxy; the listed channels are the poll's."""
+        from tests.discord_fake import BOT_TOKENS
+
+        return {"api_url": self.proxy.url + "/api/v10", "token": BOT_TOKENS[0], "listing_delay_s": 0,
+                "channels": [self._channel(i) for i in range(3)]}
+
+    def bot_id(self) -> str:
+        """The bot user id /users/@me serves."""
+        return self.bot
+
+    def secret(self) -> str:
+        """The bot token."""
+        from tests.discord_fake import BOT_TOKENS
+
+        return BOT_TOKENS[0]
+
+    def provider_key(self, adapter: Platform, parent_id: str) -> str:
+        """The adapter's own 25-character nonce (``ProviderKeys``)."""
+        from replyd.platforms.discord import discord_nonce
+
+        return discord_nonce(adapter.instance, self.bot_id(), parent_id)
+
+    def _channel(self, place: int) -> str:
+        if place not in self.channels:
+            self.channels[place] = self.world.add_channel()
+        return self.channels[place]
+
+    def post(self, text: str, *, mention: bool = True, place: int = 0) -> Post:
+        """Alice says ``text`` in the place's channel, mentioning the bot; refs: the served id and the jump link."""
+        from tests.discord_fake import GUILD
+
+        self.clock.advance(1)
+        cid = self._channel(place)
+        pid = self.world.say(cid, self.ALICE, text, mention=mention)
+        mid = pid.partition(":")[2]
+        return Post(pid, self.ALICE, [pid, f"https://discord.com/channels/{GUILD}/{cid}/{mid}"])
+
+    def reply_ids(self, parent_id: str) -> list[str]:
+        """The bot's live messages referencing the parent, as the fake holds them."""
+        channel = parent_id.partition(":")[0]
+        return [f"{channel}:{m.id}" for m in self.world.bot_replies(parent_id)]
+
+    def refusal(self) -> Reply:
+        """Discord's 50035 Invalid Form Body."""
+        from tests.discord_fake import fixture
+
+        return Reply(400, fixture("error_invalid_form_body"))
+
+    def rate_limit(self) -> Reply:
+        """Discord's bucket 429 with Retry-After and the body's retry_after."""
+        return Reply(429, {"message": "You are being rate limited.", "retry_after": RETRY_AFTER_S, "global": False},
+                     {"retry-after": str(RETRY_AFTER_S), "x-ratelimit-scope": "user"})
+
+    def gone(self) -> Reply:
+        """Discord's 10008 Unknown Message."""
+        from tests.discord_fake import fixture
+
+        return Reply(404, fixture("error_unknown_message"))
+
+    def read_routes(self, parent: Parent) -> list[str]:
+        """The parent's channel listing."""
+        channel = parent.id.partition(":")[0]
+        return [rf"^/api/v10/channels/{channel}/messages\?"]
+
+    def close(self) -> None:
+        """Stop the proxy and the fake."""
+        assert self.proxy is not None
+        self.proxy.close()
+        self.api.__exit__(None, None, None)
+
+
+# --- email on a real Postfix and Dovecot ------------------------------------------------------
+
+
+class EmailHarness(Harness):
+    """Email on a real Postfix (SMTP) and Dovecot (IMAP, LMTP); replies counted in the customer's Maildir on disk."""
+
+    kind = "email"
+    skips = {
+        "test_read_back_partial_checks_only_what_was_read":
+            "email read-back is one IMAP connection: a fault cuts it for every parent (the rest stay unchecked)",
+        "test_delete_removes_the_reply_and_twice_is_done": "a sent mail cannot be taken back (delete is Rejected)",
+        "test_delete_meeting_not_found_is_done": "a sent mail cannot be taken back (delete is Rejected)",
+    }
+    bad_settings = bad({"address": "bot@example.org", "password": SECRET, "imap_host": "imap.example.org",
+                        "smtp_host": "smtp.example.org"},
+                       missing=("address", "password", "imap_host", "smtp_host"), wrong=(
+        ("address", "bot"), ("address", "a b@example.org"), ("password", SECRET + " x"), ("imap_tls", "tls"),
+        ("imap_port", 0), ("smtp_port", 70000), ("answer", "all"), ("max_fetch", 0), ("listing_delay_s", "2"),
+        ("colour", "red")))
+    small_pages = {"max_fetch": 1}
+    patience_s = 10.0  # delivery through Postfix and LMTP is asynchronous
+
+    def __init__(self, mail: Any, http: httpx.Client) -> None:
+        from tests.mail_proxy import CutProxy, SmtpFaultProxy
+
+        self.mail, self.http = mail, http
+        self.clock = FakeClock(SystemClock().now())
+        self.bot = mail.add_user("bot")
+        self.alice = mail.add_user("alice")
+        self.smtp = SmtpFaultProxy(mail.smtp_port)
+        self.imap = CutProxy(mail.imap_port)
+
+    def settings(self) -> dict[str, Any]:
+        """The bot's mailbox, through the proxies."""
+        return self.mail.settings(self.bot, smtp_port=self.smtp.port, imap_port=self.imap.port, listing_delay_s=1.0)
+
+    def bot_id(self) -> str:
+        """The bot's address."""
+        return self.bot
+
+    def secret(self) -> str:
+        """The bot's password."""
+        return str(self.mail.passwords[self.bot])
+
+    def post(self, text: str, *, mention: bool = True, place: int = 0) -> Post:
+        """Alice mails the bot; refs: the Message-ID, it without brackets, its ``mid:`` URL."""
+        from tests.mail_server import person_mail
+
+        msg = person_mail(self.alice, self.bot, f"question {place}: {text[:40]}", text)
+        self.mail.deliver(msg)
+        mid = str(msg["Message-ID"])
+        self.settle_ids([mid])
+        return Post(mid, self.alice, [mid, mid.strip("<>"), f"mid:{mid.strip('<>')}"])
+
+    def settle_ids(self, ids: list[str]) -> None:
+        """Wait until the bot's Maildir holds every mail of ``ids``."""
+        want = set(ids)
+        self.mail.wait_for(self.bot, lambda ms: want <= {str(m.get("Message-ID", "")) for m in ms})
+
+    def settle(self, posts: list[Post]) -> None:
+        """Wait for the mails' delivery."""
+        self.settle_ids([p.id for p in posts])
+
+    def reply_ids(self, parent_id: str) -> list[str]:
+        """Message-IDs of the bot's replies in alice's Maildir whose In-Reply-To is the parent, once delivery is still."""
+        return [str(m["Message-ID"]) for m in self.mail.settled_replies(self.alice, parent_id, sender=self.bot)]
+
+    def echo_secret(self, status: int, *, every_request: bool = False) -> None:
+        """The next DATA (or every IMAP connection) meets a reply that repeats the password."""
+        text = f"token {self.secret()} is odd"
+        if every_request:
+            self.imap.greet = f"* BYE {text}\r\n".encode()
+            return
+        code = {422: 554, 500: 451, 429: 452, 401: 535}.get(status, 554)
+        self.smtp.add(f"{code} {text}")
+
+    def fail_next_send(self, fault: str) -> None:
+        """The next message's DATA meets ``fault`` (an answer without an id is a garbled one: the id is ours)."""
+        self.smtp.add({"no_id": "garbled"}.get(fault, fault))
+
+    def faults_met(self) -> bool:
+        """Whether every queued fault was met."""
+        return self.smtp.pending() == 0
+
+    def unreachable(self) -> Platform:
+        """An adapter whose IMAP and SMTP ports refuse connections."""
+        from tests.mail_server import free_port
+
+        return self.adapter(imap_port=free_port(), smtp_port=free_port())
+
+    def break_reads(self, parent: Parent | None = None) -> None:
+        """Every IMAP connection meets a BYE (no per-parent break: one connection serves the whole read-back)."""
+        self.imap.greet = b"* BYE server shutting down\r\n"
+
+    def close(self) -> None:
+        """Stop the proxies."""
+        self.smtp.close()
+        self.imap.close()
+
+
 @dataclass(frozen=True)
 class Entry:
     """One adapter's row in the contract-suite parameters: its harness and the session fixture it runs on."""
@@ -924,6 +1128,8 @@ HARNESSES: dict[str, Entry] = {
     "matrix": Entry(MatrixHarness, "synapse"),
     "slack": Entry(SlackHarness, None),
     "telegram": Entry(TelegramHarness, None),
+    "discord": Entry(DiscordHarness, None),
+    "email": Entry(EmailHarness, "mail_server"),
 }
 
 

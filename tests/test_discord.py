@@ -1,0 +1,349 @@
+"""The Discord adapter against the stateful fake (tests/discord_fake.py) over real HTTP and a real WebSocket."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from replyd.clock import SystemClock
+from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, RateLimited, Rejected
+from replyd.platforms.base import Pending, ProviderKeys, make_platform
+from replyd.platforms.discord import NONCE_LEN, DiscordPlatform, discord_nonce
+from tests.discord_fake import BOT_ID, BOT_TOKENS, DiscordRest, DiscordWorld, Gateway
+
+ALICE, BOB = "53908099506183680", "53908099506183681"
+
+
+@pytest.fixture
+def world() -> DiscordWorld:
+    """A fresh guild with a nonce window of two minutes."""
+    return DiscordWorld()
+
+
+@pytest.fixture
+def rest(world: DiscordWorld) -> Iterator[DiscordRest]:
+    """The REST fake on an ephemeral port."""
+    with DiscordRest(world) as api:
+        yield api
+
+
+@pytest.fixture
+def http() -> Iterator[httpx.Client]:
+    """A plain client (no proxies from the environment)."""
+    with httpx.Client(trust_env=False) as c:
+        yield c
+
+
+def adapter(rest: DiscordRest, http: httpx.Client, **extra: Any) -> DiscordPlatform:
+    """The adapter as the daemon builds it, by kind from settings."""
+    settings = {"api_url": rest.url, "token": BOT_TOKENS[0], "listing_delay_s": 0, **extra}
+    p = make_platform("discord", settings, http=http, clock=SystemClock())
+    assert isinstance(p, DiscordPlatform)
+    return p
+
+
+def send_key(p: DiscordPlatform, parent_id: str) -> str:
+    """The key the guard passes: the adapter's ProviderKeys answer."""
+    assert isinstance(p, ProviderKeys)
+    return p.provider_key(p.whoami().sender_id, parent_id)
+
+
+def test_identity_and_a_reply_carries_nonce_reference_and_no_everyone_ping(world, rest, http) -> None:
+    """whoami is /users/@me; the reply references the parent, enforces a 25-character nonce and pings no @everyone."""
+    p = adapter(rest, http)
+    assert p.whoami().sender_id == BOT_ID
+    cid = world.add_channel()
+    pid = world.say(cid, ALICE, "help?")
+    key = send_key(p, pid)
+    assert len(key) == NONCE_LEN and key == discord_nonce("discord", BOT_ID, pid)
+    sent = p.send(p.resolve(pid), "hi @everyone", provider_key=key)
+    [reply] = world.bot_replies(pid)
+    assert sent.reply_id == f"{cid}:{reply.id}" and reply.nonce == key
+    assert reply.reference == pid.partition(":")[2]
+    assert "everyone" not in reply.mentions
+
+
+def test_a_lost_answer_retried_with_the_same_nonce_gets_the_earlier_message(world, rest, http) -> None:
+    """Created, answer lost (MaybeSent); the retry with the same key answers the first message: one on the fake."""
+    p = adapter(rest, http)
+    cid = world.add_channel()
+    pid = world.say(cid, ALICE, "help?")
+    parent = p.resolve(pid)
+    world.create_faults = ["lost"]
+    with pytest.raises(MaybeSent):
+        p.send(parent, "first words", provider_key=send_key(p, pid))
+    sent = p.send(parent, "reworded retry", provider_key=send_key(p, pid))
+    assert [f"{cid}:{m.id}" for m in world.bot_replies(pid)] == [sent.reply_id]
+    assert world.nonce_hits == 1
+
+
+def test_a_slow_answer_timed_out_and_retried_while_it_lands_makes_one_message(world, rest, http) -> None:
+    """The answer takes 1.5 s, the adapter waits 0.5 s (MaybeSent); the retry at once, same nonce: one message."""
+    p = adapter(rest, http, timeout_s=0.5)
+    cid = world.add_channel()
+    pid = world.say(cid, ALICE, "help?")
+    parent = p.resolve(pid)
+    world.create_delay_s = 1.5
+    with pytest.raises(MaybeSent):
+        p.send(parent, "first", provider_key=send_key(p, pid))
+    world.create_delay_s = 0.0
+    sent = p.send(parent, "again", provider_key=send_key(p, pid))
+    assert [f"{cid}:{m.id}" for m in world.bot_replies(pid)] == [sent.reply_id]
+
+
+def test_past_the_nonce_window_the_read_back_finds_the_reply_by_author_and_reference(world, rest, http) -> None:
+    """With a window of 0 s the nonce protects nothing: the read-back (author id + message_reference, never
+    text) is what closes the row; the bot's unreferenced message and another author's reply do not count."""
+    world.nonce_window_s = 0.0
+    p = adapter(rest, http)
+    cid = world.add_channel()
+    pid = world.say(cid, ALICE, "help?")
+    other = world.say(cid, BOB, "me too?")
+    world.create_faults = ["lost"]
+    with pytest.raises(MaybeSent):
+        p.send(p.resolve(pid), "answer", provider_key=send_key(p, pid))
+    world.say(cid, BOB, "answer", mention=False, reply_to=pid.partition(":")[2])  # same text, not the bot's
+    world.create(cid, {"content": "answer"}, BOT_TOKENS[0])  # the bot's, but no reference
+    rb = p.read_back([Pending(p.resolve(pid), time.time() - 5), Pending(p.resolve(other), time.time() - 5)],
+                     sender_id=BOT_ID)
+    assert rb.checked == {pid, other}
+    assert [r.reply_id for r in rb.found[pid]] == [f"{cid}:{m.id}" for m in world.bot_replies(pid)]
+    assert other not in rb.found
+
+
+def test_read_back_is_one_walk_per_channel_and_a_failed_walk_checks_nothing(world, rest, http) -> None:
+    """Three parents in one channel: one listing request; a 500 on it leaves all three unchecked."""
+    p = adapter(rest, http)
+    cid = world.add_channel()
+    pids = [world.say(cid, ALICE, f"q{i}") for i in range(3)]
+    pend = [Pending(p.resolve(x), time.time() - 5) for x in pids]
+    before = rest.calls.get("messages GET", 0)
+    assert p.read_back(pend, sender_id=BOT_ID).checked == set(pids)
+    assert rest.calls["messages GET"] - before == 1
+    world.read_faults = ["5xx"]
+    assert p.read_back(pend, sender_id=BOT_ID).checked == set()
+
+
+@pytest.mark.parametrize(("setup", "error"), [
+    ("too_long", Rejected), ("forbidden", Rejected), ("parent_deleted", Rejected), ("error_before", MaybeSent),
+    ("error_after", MaybeSent), ("nonce_deleted", Rejected),
+])
+def test_the_error_table(world, rest, http, setup, error) -> None:
+    """50035, 50013, a deleted parent (fail_if_not_exists: nothing posted), 5xx, and 10008 for a nonce whose
+    message was deleted (not posted again)."""
+    p = adapter(rest, http)
+    cid = world.add_channel(forbidden=setup == "forbidden")
+    pid = world.say(cid, ALICE, "help?")
+    parent = p.resolve(pid)
+    text = "x" * 2001 if setup == "too_long" else "ok"
+    if setup == "parent_deleted":
+        world.find(cid, pid.partition(":")[2]).deleted = True  # type: ignore[union-attr]
+    if setup in ("error_before", "error_after"):
+        world.create_faults = [setup]
+    if setup == "nonce_deleted":
+        p.send(parent, "ok", provider_key=send_key(p, pid))
+        world.bot_replies(pid)[0].deleted = True
+    with pytest.raises(error):
+        p.send(parent, text, provider_key=send_key(p, pid))
+    made = 0 if setup in ("too_long", "forbidden", "parent_deleted", "error_before", "nonce_deleted") else 1
+    assert len(world.bot_replies(pid)) == made
+
+
+def test_rate_limits_block_the_bucket_or_everything(world, rest, http) -> None:
+    """A bucket 429 (Retry-After 65) blocks that channel's creates, not reads; a global 429 blocks every request."""
+    p = adapter(rest, http)
+    cid = world.add_channel()
+    pid = world.say(cid, ALICE, "help?")
+    parent = p.resolve(pid)
+    world.create_faults = ["ratelimited"]
+    with pytest.raises(RateLimited) as got:
+        p.send(parent, "ok", provider_key=send_key(p, pid))
+    assert got.value.retry_after_s == 65
+    n = world.create_requests
+    with pytest.raises(RateLimited):
+        p.send(parent, "ok", provider_key=send_key(p, pid))
+    assert world.create_requests == n  # refused locally: nothing left
+    p.resolve(pid)  # reads still go
+    q = adapter(rest, http)
+    world.create_faults = ["global"]
+    with pytest.raises(RateLimited) as got:
+        q.send(q.resolve(pid), "ok", provider_key=send_key(q, pid))
+    assert got.value.retry_after_s == 2
+    with pytest.raises(RateLimited):
+        q.resolve(pid)
+
+
+def test_a_bucket_limit_over_http_is_met_with_429s_and_nothing_doubles(world, rest, http) -> None:
+    """The fake enforces 2 creates per 30 s per channel: the third is RateLimited, never sent."""
+    world.bucket_limit = (2, 30.0)
+    p = adapter(rest, http)
+    cid = world.add_channel()
+    pids = [world.say(cid, ALICE, f"q{i}") for i in range(3)]
+    outcomes = []
+    for pid in pids:
+        try:
+            p.send(p.resolve(pid), "ok", provider_key=send_key(p, pid))
+            outcomes.append("sent")
+        except RateLimited:
+            outcomes.append("limited")
+    assert "limited" in outcomes and sum(len(world.bot_replies(x)) for x in pids) == outcomes.count("sent")
+
+
+def test_bad_token_is_definitely_not_sent(world, rest, http) -> None:
+    """401 on /users/@me: DefinitelyNotSent, the token never in the detail."""
+    p = adapter(rest, http, token="not-the-token-SECRET")
+    with pytest.raises(DefinitelyNotSent) as got:
+        p.whoami()
+    assert "SECRET" not in got.value.detail
+
+
+def test_inbox_finds_mentions_replies_to_the_bot_and_dms_only(world, rest, http) -> None:
+    """The backstop poll: a mention, a reply to the bot's message and a DM; not a channel message for others."""
+    cid, dm = world.add_channel(), world.add_channel(dm=True)
+    p = adapter(rest, http, channels=[cid, dm])
+    mention = world.say(cid, ALICE, "help?")
+    world.say(cid, BOB, "chatter", mention=False)
+    p.send(p.resolve(mention), "answer", provider_key=send_key(p, mention))
+    mine = world.bot_replies(mention)[0].id
+    reply = world.say(cid, BOB, "thanks bot", mention=False, reply_to=mine)
+    private = world.say(dm, ALICE, "psst", mention=False)
+    page = p.inbox(None)
+    assert [x.id for x in page.parents] == [mention, reply, private]
+    assert p.inbox(page.cursor).parents == []
+
+
+def test_settings_errors_are_one_line_naming_the_key() -> None:
+    """Bad settings: the key named, the token never echoed."""
+    for raw, key in [({}, "token"), ({"token": "Bot SECRETSECRET"}, "token"),
+                     ({"token": "t", "channels": ["#general"]}, "channels"),
+                     ({"token": "t", "gateway_url": "ws://example.com"}, "gateway_url"),
+                     ({"token": "t", "page_limit": 101}, "page_limit"),
+                     ({"token": "t", "search_queries": ["x"]}, "search_queries")]:
+        with pytest.raises(ConfigError) as got:
+            DiscordPlatform.Settings.load("discord", raw)
+        assert f"'{key}'" in str(got.value) and "SECRET" not in str(got.value)
+
+
+# --- the Gateway ------------------------------------------------------------------------
+
+
+def _collect(p: DiscordPlatform, out: list[str], stop: threading.Event) -> threading.Thread:
+    """Run the adapter's stream as StreamRunner does (reconnect on end), collecting parent ids."""
+
+    def run() -> None:
+        while not stop.is_set():
+            try:
+                for parent in p.stream(stop):
+                    out.append(parent.id)
+            except Exception:
+                pass
+            stop.wait(0.2)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _until(cond: Any, timeout_s: float = 10.0) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end and not cond():
+        time.sleep(0.05)
+    assert cond()
+
+
+def test_gateway_identify_dispatch_resume_with_seq_and_replays(world, http) -> None:
+    """IDENTIFY, a mention dispatched; a forced reconnect RESUMEs with the last seq seen; a replay of
+    already-seen events yields the same parent id again (the guard's key makes it harmless)."""
+    gw = Gateway(world, heartbeat_ms=300, replay_seen=2)
+    try:
+        with DiscordRest(world, gateway_url=gw.url) as api:
+            p = adapter(api, http)
+            cid = world.add_channel()
+            got: list[str] = []
+            stop = threading.Event()
+            t = _collect(p, got, stop)
+            _until(lambda: gw.connections == 1)
+            first = world.say(cid, ALICE, "one")
+            world.say(cid, BOB, "not for the bot", mention=False)
+            _until(lambda: first in got)
+            seq_seen = p._session["seq"]
+            gw.force_reconnect()
+            _until(lambda: gw.resumes)
+            assert gw.identifies == 1 and gw.resumes[0][1] == seq_seen
+            second = world.say(cid, ALICE, "two")
+            _until(lambda: second in got)
+            assert got.count(first) == 2 and got.count(second) == 1  # the replayed one, same id
+            stop.set()
+            t.join(3)
+    finally:
+        gw.close()
+
+
+def test_gateway_events_missed_while_down_come_on_resume(world, http) -> None:
+    """A message dispatched while the client is away is replayed after RESUME (seq honoured, not from zero)."""
+    gw = Gateway(world, heartbeat_ms=300)
+    try:
+        with DiscordRest(world, gateway_url=gw.url) as api:
+            p = adapter(api, http)
+            cid = world.add_channel()
+            got: list[str] = []
+            stop = threading.Event()
+            t = _collect(p, got, stop)
+            _until(lambda: gw.connections == 1)
+            a = world.say(cid, ALICE, "a")
+            _until(lambda: a in got)
+            stop.set()
+            t.join(3)
+            missed = world.say(cid, ALICE, "while away")
+            stop2 = threading.Event()
+            t2 = _collect(p, got, stop2)
+            _until(lambda: missed in got)
+            assert got.count(a) == 1  # nothing before the seq again
+            stop2.set()
+            t2.join(3)
+    finally:
+        gw.close()
+
+
+def test_gateway_invalid_session_identifies_afresh_and_4014_names_the_intent(world, http) -> None:
+    """INVALID_SESSION d:false → a new IDENTIFY; asking for MESSAGE_CONTENT where it is not allowed → 4014."""
+    gw = Gateway(world, heartbeat_ms=300)
+    try:
+        with DiscordRest(world, gateway_url=gw.url) as api:
+            p = adapter(api, http)
+            got: list[str] = []
+            stop = threading.Event()
+            t = _collect(p, got, stop)
+            _until(lambda: gw.connections == 1)
+            gw.invalidate(resumable=False)
+            _until(lambda: gw.identifies == 2)
+            stop.set()
+            t.join(3)
+            q = adapter(api, http, message_content=True)
+            with pytest.raises(DefinitelyNotSent, match="MESSAGE_CONTENT"):
+                list(q.stream(threading.Event()))
+    finally:
+        gw.close()
+
+
+def test_gateway_zombie_connection_is_closed_and_resumed(world, http) -> None:
+    """No heartbeat ACK: the adapter ends the connection and the next one RESUMEs."""
+    gw = Gateway(world, heartbeat_ms=200)
+    try:
+        with DiscordRest(world, gateway_url=gw.url) as api:
+            p = adapter(api, http)
+            got: list[str] = []
+            stop = threading.Event()
+            gw.stop_acks = True
+            t = _collect(p, got, stop)
+            _until(lambda: gw.identifies == 1)
+            _until(lambda: len(gw.resumes) >= 1, 5)
+            stop.set()
+            t.join(3)
+    finally:
+        gw.close()
