@@ -146,6 +146,8 @@ def test_two_replicas_webhook_redeliveries_lost_offset_lost_answers_sigkill(pg_u
         kills.append((f"{held} mid-send", time.monotonic()))
         world.release_held.set()
         start = world.batches
+        for i in range(30, 36):  # new updates: the next batch served is one whose offset is about to be lost
+            parents.append(post(i))
         _wait(lambda: world.batches > start, 60, "no getUpdates batch served after the mid-send kill")
         for r in reps.values():  # right after a batch was served: its offset was never sent back
             if r.proc is not None and r.proc.poll() is None:
