@@ -349,8 +349,8 @@ class ResponderConfig(BaseModel):
 class PushConfig(_Strict):
     """Push discovery for one bot: webhook deliveries (received by the API) or a held stream."""
 
-    kind: Literal["github", "discourse", "slack", "discord", "mastodon_stream", "slack_socket", "bluesky_firehose",
-                  "discord_gateway", "imap_idle"]
+    kind: Literal["github", "discourse", "slack", "discord", "telegram", "mastodon_stream", "slack_socket",
+                  "bluesky_firehose", "discord_gateway", "imap_idle"]
     # Webhooks: the environment variable holding the secret the platform signs deliveries with.
     secret_env: str = ""
     # The inbox poll stays on as the backstop, at this interval unless pollers.inbox_interval_s is set.

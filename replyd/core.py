@@ -165,6 +165,7 @@ class Status(enum.StrEnum):
     UNCERTAIN = "uncertain"  # this call's send may have landed; the sweep decides
     REJECTED = "rejected"  # the platform refused; terminal until rearmed
     GAVE_UP = "gave_up"  # attempts exhausted; terminal until rearmed
+    UNCONFIRMED = "unconfirmed"  # a send may have landed where nothing can read it back; an operator resolves it
     DECLINED = "declined"  # the responder chose not to answer
     DRY_RUN = "dry_run"  # shadow mode: the reply was logged, nothing was sent or claimed
     SKIPPED = "skipped"  # the policy said not to answer (detail: the reason); nothing was claimed
@@ -222,6 +223,8 @@ def _classify(row: Reply | st.Row, key: Key, now: float) -> Outcome:
         return Outcome(Status.REJECTED, key, s, row.attempt, detail=row.error or "")
     if s == st.GAVE_UP:
         return Outcome(Status.GAVE_UP, key, s, row.attempt, detail=row.error or "")
+    if s == st.UNCONFIRMED:
+        return Outcome(Status.UNCONFIRMED, key, s, row.attempt, row.reply_id, detail=row.error or "")
     if s == st.DECLINED:
         return Outcome(Status.DECLINED, key, s, row.attempt)
     if s == st.SKIPPED:  # retired by re-find: the policy rules the parent out (the reason is in error)
@@ -786,9 +789,11 @@ class GuardCore:
         try:
             # One relaxed transaction: the compare-and-set and its event; a late_landing note if the row moved on.
             # not_landed or gave_up at our attempt: the sweep looked too early; our reply did land.
+            # unconfirmed at our attempt (a platform without read-back): the answer came after the deadline and
+            # is the proof nothing else could give, so the row closes rather than wait for an operator.
             ok = yield io(
                 self.store.cas_event,
-                key, states=[st.OPEN, st.NOT_LANDED, st.GAVE_UP], attempt=attempt, values=values,
+                key, states=[st.OPEN, st.NOT_LANDED, st.GAVE_UP, st.UNCONFIRMED], attempt=attempt, values=values,
                 event={"kind": kind, "state": st.CLOSED, "attempt": attempt, "owner": self.owner, "detail": detail},
                 otherwise={"kind": "late_landing", "attempt": attempt, "owner": self.owner, "detail": detail},
                 relaxed=True, doing="closing",

@@ -363,7 +363,7 @@ class Daemon:
             self._watch(bot, p.timeout_s)
             sc = self.cfg.sweep
             self.sweepers[name] = Sweeper(
-                self.store, [Bot(bot.platform, bot.identity, bot.guard.lag, bot.guard.breaker)], clock=self.clock,
+                self.store, [Bot(bot.platform, bot.identity, bot.guard.lag, bot.guard.breaker, name=name)], clock=self.clock,
                 owner=self.owner, batch=sc.batch, lease_s=sc.lease_s, retry_s=sc.retry_s,
                 max_attempts=self.cfg.guard.max_attempts, on_duplicate=sc.on_duplicate, config=sc,
                 guard_config=self.cfg.guard,

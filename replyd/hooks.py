@@ -18,6 +18,8 @@ kind               signature header (HMAC-SHA256 of the body)   event header / d
 ``slack``          ``X-Slack-Signature: v0=<hex>`` of           in the body (``event.type``) /
                    ``v0:{X-Slack-Request-Timestamp}:{body}``,   ``X-Slack-Retry-Num`` (logged:
                    refused outside a 5-minute window            the event id is in the body)
+``telegram``       ``X-Telegram-Bot-Api-Secret-Token``: the     in the body (``update_id``)
+                   ``secret_token`` itself (constant-time)
 ``discord``        ``X-Signature-Ed25519``: Ed25519 of          in the body (``type``) / the
                    ``{X-Signature-Timestamp}{body}`` under the  interaction id is in the body
                    app's public key (``secret_env``), 5 min
@@ -113,6 +115,15 @@ def slack_verify(secret: str, body: bytes, headers: Mapping[str, str], now: floa
     return hmac.compare_digest(slack_sign(secret, stamp, body).encode(), header.encode())
 
 
+def telegram_verify(secret: str, body: bytes, headers: Mapping[str, str], now: float) -> bool:
+    """True when a Telegram delivery carries ``secret`` (the ``secret_token`` of ``setWebhook``) in
+    ``X-Telegram-Bot-Api-Secret-Token``, compared in constant time (Telegram sends the token itself, no HMAC)."""
+    header = (headers.get("x-telegram-bot-api-secret-token") or "").strip()
+    if not header or not header.isascii():
+        return False
+    return hmac.compare_digest(secret.encode(), header.encode())
+
+
 def discord_verify(public_key: str, body: bytes, headers: Mapping[str, str], now: float) -> bool:
     """True when a Discord interaction is signed (Ed25519 over ``timestamp + body``) by the application's public
     key and its timestamp is within 5 minutes of ``now`` (replyd's replay window: Discord documents none)."""
@@ -134,6 +145,7 @@ KINDS: dict[str, Kind] = {
     "github": Kind("x-hub-signature-256", "x-github-event", "x-github-delivery"),
     "discourse": Kind("x-discourse-event-signature", "x-discourse-event", "x-discourse-event-id"),
     "slack": Kind("x-slack-signature", "", "x-slack-retry-num", check=slack_verify),
+    "telegram": Kind("x-telegram-bot-api-secret-token", "", "", check=telegram_verify),
     "discord": Kind("x-signature-ed25519", "", "", check=discord_verify),
 }
 

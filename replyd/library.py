@@ -37,7 +37,7 @@ from replyd.sweep import Bot, Sweeper, SweepResult
 log = structlog.get_logger("replyd.library")
 
 # Terminal states an operator may send back to claimable.
-REARMABLE = (st.REJECTED, st.GAVE_UP, st.DECLINED, st.SKIPPED)
+REARMABLE = (st.REJECTED, st.GAVE_UP, st.DECLINED, st.SKIPPED, st.UNCONFIRMED)
 
 
 # -- posting ---------------------------------------------------------------------------------
@@ -262,6 +262,44 @@ def rearm(store: Store, key: Key, *, by: str, reason: str = "", owner: str | Non
     log.info("replyd.library.rearmed" if ok else "replyd.library.rearm_refused", platform=key.platform,
              parent_id=key.parent_id, previous=row.state, by=by)
     return RearmResult(key, ok, row.state, current)
+
+
+@dataclass(frozen=True)
+class ConfirmResult:
+    """What a confirm did: ``previous`` is the state it found (None: no row)."""
+
+    key: Key
+    confirmed: bool
+    previous: str | None
+    row: Reply | None
+
+
+def confirm(store: Store, key: Key, *, by: str, reply_id: str | None = None, reason: str = "",
+            owner: str | None = None) -> ConfirmResult:
+    """Mark an ``unconfirmed`` key answered: ``closed`` (with ``reply_id`` when the operator knows it), event
+    ``confirmed``; compare-and-set, so a key in any other state is left alone.
+
+    For a platform without read-back (``NoReadBack``): the operator saw the reply land (in the chat), so the
+    parent must never be answered again. Nothing is sent or read on the platform.
+    """
+    now = store.clock.now()
+    with store.transaction(doing="confirming") as tx:
+        row = tx.get(key)
+        if row is None:
+            return ConfirmResult(key, False, None, None)
+        if row.state != st.UNCONFIRMED:
+            return ConfirmResult(key, False, row.state, row)
+        values = {"state": st.CLOSED, "updated_at": now, "closed_at": now, "error": None, "deadline_at": None,
+                  "reply_id": reply_id or row.reply_id, "lease_owner": None, "lease_until": None}
+        ok = tx.cas_event(key, states=[st.UNCONFIRMED], attempt=row.attempt, values=values)
+        if ok:
+            tx.append_event(key, "confirmed", state=st.CLOSED, attempt=row.attempt, owner=owner,
+                            detail={"by": by, **({"reply_id": reply_id} if reply_id else {}),
+                                    **({"reason": reason} if reason else {})})
+        current = tx.get(key)
+    log.info("replyd.library.confirmed" if ok else "replyd.library.confirm_refused", platform=key.platform,
+             parent_id=key.parent_id, previous=row.state, by=by)
+    return ConfirmResult(key, ok, row.state, current)
 
 
 def rearm_many(store: Store, bots: Sequence[tuple[str, str]], *, state: str, since: float | None = None, by: str,

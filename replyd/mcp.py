@@ -161,6 +161,8 @@ _NEXT = {
                       "check_parent later",
     Status.REJECTED: "the platform refused a reply to this parent; an operator may rearm it",
     Status.GAVE_UP: "replyd gave up on this parent after its attempts; an operator may rearm it",
+    Status.UNCONFIRMED: "do not send again: a reply may have landed and this platform cannot show it; an operator "
+                        "confirms it or rearms it",
     Status.DECLINED: "the bot declined this parent; an operator may rearm it",
     Status.DRY_RUN: "dry run: logged, nothing was sent",
     Status.SKIPPED: "do not answer: the bot's policy skips this parent (see reason)",
@@ -572,7 +574,7 @@ TOOLS: dict[str, ToolSpec] = {
     "check_parent": ToolSpec(ParentArgs, Service.check_parent, read_only=True, description=(
         "Where a parent post stands for a bot, without claiming or sending anything. status is answered "
         "(reply_id and reply_url), in_flight (another session holds it), free (you may begin_reply), skipped "
-        "(the bot's policy says not to answer; reason names the rule), backing_off, rejected, gave_up or declined."
+        "(the bot's policy says not to answer; reason names the rule), backing_off, rejected, gave_up, unconfirmed or declined."
         + _SCOPE)),
     "begin_reply": ToolSpec(ParentArgs, Service.begin_reply, read_only=False, idempotent=False, description=(
         "Call BEFORE composing a reply. If the parent is free, returns status leased with a lease token: only "

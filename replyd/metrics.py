@@ -62,7 +62,7 @@ RESPONDER_SECONDS = Histogram(
 )
 SWEEP_ROWS = Counter(
     "replyd_sweep_rows",
-    "Rows the sweep decided, by result (closed, not_landed, gave_up, left_open, verified, reconciled).",
+    "Rows the sweep decided, by result (closed, not_landed, gave_up, left_open, verified, reconciled, unconfirmed).",
     ["platform", "result"],
     registry=None,
 )
@@ -163,7 +163,7 @@ _KINDS: tuple[tuple[type[BaseException], str], ...] = (
     (Rejected, "rejected"),
     (BadResponse, "bad_response"),
 )
-_SWEEP_RESULTS = ("closed", "not_landed", "gave_up", "left_open", "verified", "reconciled")
+_SWEEP_RESULTS = ("closed", "not_landed", "gave_up", "left_open", "verified", "reconciled", "unconfirmed")
 
 # Labelled children by (metric name, labels): `labels()` validates and locks on every call (~3 µs);
 # a dict hit is ~0.1 µs. A racing first call at worst builds the same child twice.

@@ -152,7 +152,7 @@ def render(summary: dict[str, Any], *, refresh_s: int = 5) -> str:
     cards = [
         f'<div class="card {"ok" if store_ok else "bad"}" id="card-store">store<b>{"up" if store_ok else "down"}</b></div>',
         *(f'<div class="card" id="card-{_e(s)}">{_e(s.replace("_", " "))}<b>{totals.get(s, 0)}</b></div>'
-          for s in (st.CLOSED, st.OPEN, st.NOT_LANDED, st.REJECTED, st.GAVE_UP)),
+          for s in (st.CLOSED, st.OPEN, st.NOT_LANDED, st.REJECTED, st.GAVE_UP, st.UNCONFIRMED)),
         f'<div class="card" id="card-oldest">oldest open (s)<b>{summary["oldest_open_age_s"]:.0f}</b></div>',
     ]
     live = summary.get("liveness", {})
@@ -162,19 +162,24 @@ def render(summary: dict[str, Any], *, refresh_s: int = 5) -> str:
     cards.insert(1, f'<div class="card {"bad" if stale or failing else "ok"}" id="card-liveness">paths'
                     f'<b>{word}</b></div>')
     gave_up: dict[str, int] = {}
+    unconfirmed: dict[str, int] = {}
     for c in summary["counts"]:
         if c["state"] == st.GAVE_UP:
             gave_up[c["platform"]] = gave_up.get(c["platform"], 0) + c["rows"]
+        if c["state"] == st.UNCONFIRMED:
+            unconfirmed[c["platform"]] = unconfirmed.get(c["platform"], 0) + c["rows"]
     bot_rows = "".join(
         f'<tr id="bot-{_e(name)}"><td>{_e(name)}</td><td>{_state_cell(b, live.get(name))}</td>'
         f'<td><code>{_e(b.get("platform") or "")}</code></td><td><code>{_e(b.get("sender_id") or "")}</code></td>'
         f'<td>{_breaker_cell(live.get(name))}</td>'
         f'<td class="n" data-gave-up="{gave_up.get(b.get("platform") or "", 0)}">{gave_up.get(b.get("platform") or "", 0)}</td>'
+        f'<td class="n" data-unconfirmed="{unconfirmed.get(b.get("platform") or "", 0)}">'
+        f'{unconfirmed.get(b.get("platform") or "", 0)}</td>'
         f'<td>{_paths_cell(name, live.get(name))}</td></tr>'
         for name, b in sorted(bots.items())
     )
     bots_html = (f'<table id="bots"><tr><th>bot</th><th>state</th><th>platform</th><th>sender id</th>'
-                 f'<th>write breaker</th><th>gave up</th><th>paths (last success)</th></tr>{bot_rows}</table>'
+                 f'<th>write breaker</th><th>gave up</th><th>unconfirmed</th><th>paths (last success)</th></tr>{bot_rows}</table>'
                  if bots else '<p class="empty">no bots configured</p>')
     store_note = "" if store_ok else f'<p class="bad" id="store-error">store unavailable: {_e(summary["store"].get("error"))}</p>'
     return f"""<!doctype html>

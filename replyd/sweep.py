@@ -37,7 +37,7 @@ from replyd.breaker import Breaker
 from replyd.clock import Clock, SystemClock
 from replyd.config import GuardConfig, SweepConfig
 from replyd.lag import ListingLag
-from replyd.platforms.base import Identity, OwnReply, Parent, ParentReplies, Pending, Platform, ReadBack
+from replyd.platforms.base import Identity, OwnReply, Parent, ParentReplies, Pending, Platform, ReadBack, reads_back
 from replyd.store import Key, Reply, Store, Tx
 
 log = structlog.get_logger("replyd.sweep")
@@ -61,11 +61,12 @@ class SweepResult:
     reconciled: int = 0
     waiting: int = 0  # looked at, given a later look (a close not yet verified, a judged row with no reply yet)
     verified_on_close: int = 0  # of ``verified``: closed by this pass's read-back, which was late enough to verify
+    unconfirmed: int = 0  # open rows of a ``NoReadBack`` platform moved to ``unconfirmed`` (never retried on their own)
 
     def add(self, other: SweepResult) -> None:
         """Accumulate another pass's counts."""
         for name in ("leased", "closed", "not_landed", "gave_up", "left_open", "duplicates", "readback_errors", "verified",
-                     "reconciled", "waiting", "verified_on_close"):
+                     "reconciled", "waiting", "verified_on_close", "unconfirmed"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.by_platform.update(other.by_platform)
 
@@ -78,6 +79,7 @@ class Bot:
     identity: Identity
     lag: ListingLag | None = None  # the listing delay in use; the Sweeper makes one when not given
     breaker: Breaker | None = None  # the bot's write-path breaker in this process: a send it saw open is excused
+    name: str = ""  # the bot's config name, for alert lines
 
 
 class Sweeper:
@@ -137,6 +139,8 @@ class Sweeper:
         res.leased = len(rows)
         if not rows:
             return res
+        if not reads_back(bot.platform):
+            return self._no_read_back(bot, rows, now, res)
         pending = [
             Pending(parent=Parent.from_snapshot(json.loads(r.snapshot or "{}") or {"id": r.parent_id, "author_id": ""}),
                     # The first claim, not this attempt's open: an earlier attempt may have landed late.
@@ -164,6 +168,38 @@ class Sweeper:
                  not_landed=res.not_landed, gave_up=res.gave_up, left_open=res.left_open, duplicates=res.duplicates,
                  verified=res.verified, reconciled=res.reconciled, waiting=res.waiting,
                  verified_on_close=res.verified_on_close)
+        return res
+
+    def _no_read_back(self, bot: Bot, rows: list[Reply], now: float, res: SweepResult) -> SweepResult:
+        """A ``NoReadBack`` platform: nothing can be read back, so nothing is judged "not found" and retried.
+
+        An open row past its deadline (its send's fate unknown: a lost response, a 5xx, a crash mid-send) moves to
+        ``unconfirmed`` for an operator; any other leased row (a close, which cannot be verified) loses its
+        deadline. The compare-and-set keeps a row whose send still runs (``Guard.watch_sends`` moves its deadline).
+        """
+        for r in rows:
+            key = Key(r.platform, r.sender_id, r.parent_id)
+            with self.store.transaction(relaxed=True, doing="sweeping") as tx:
+                if r.state != st.OPEN:
+                    tx.cas_event(key, states=[r.state], attempt=r.attempt, lease_owner=self.owner,
+                                 values={"deadline_at": None, "lease_owner": None, "lease_until": None})
+                    continue
+                why = "the send may have landed and this platform cannot list the bot's replies"
+                values = {"state": st.UNCONFIRMED, "updated_at": now, "deadline_at": None, "lease_owner": None,
+                          "lease_until": None, "error": why}
+                if not tx.cas_event(key, states=[st.OPEN], attempt=r.attempt, values=values, lease_owner=self.owner,
+                                    due_by=now):
+                    continue
+                maybe = tx.has_event(key, "maybe_sent", r.attempt)
+                tx.append_event(key, st.UNCONFIRMED, state=st.UNCONFIRMED, attempt=r.attempt, owner=self.owner,
+                                detail={"maybe_sent": maybe})
+            res.unconfirmed += 1
+            log.error("replyd.reply.unconfirmed", bot=bot.name, platform=bot.platform.instance, parent_id=r.parent_id,
+                      attempt=r.attempt, maybe_sent=maybe,
+                      resolve="replyd rearm (send again) or replyd confirm (mark answered)")
+        res.by_platform[bot.platform.instance] += len(rows)
+        metrics.sweep_pass(bot.platform.instance, res)
+        log.info("replyd.sweep.passed", platform=bot.platform.instance, leased=res.leased, unconfirmed=res.unconfirmed)
         return res
 
     def _parent_look(self, bot: Bot, rows: list[Reply], pending: list[Pending], rb: ReadBack, now: float,

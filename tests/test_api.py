@@ -371,3 +371,28 @@ def test_rearm_many_touches_only_the_named_bot(tmp_path):
     for g in guards.values():
         g.close()
     store.dispose()
+
+
+def test_confirm_and_status_of_an_unconfirmed_key_via_api(h):
+    """POST .../confirm closes an unconfirmed key (event confirmed, reply id kept); any other state is 409;
+    /v1/status, /metrics and the status page count unconfirmed rows (made here as a no-read-back sweep does)."""
+    from replyd import store as st
+
+    pid = h.parent()
+    assert post(h, pid, "x" * 600).status_code == 409  # a rejected row, then moved as the sweep would move it
+    s = h.daemon.store
+    key = st.Key(h.instance, h.bot.id, pid)
+    with s.transaction() as tx:
+        assert tx.cas_event(key, states=[st.REJECTED], attempt=1, values={"state": st.UNCONFIRMED})
+    with h.client() as c:
+        assert any(x["state"] == "unconfirmed" and x["rows"] == 1 for x in c.get("/v1/status").json()["counts"])
+        assert 'replyd_rows{platform="sim",state="unconfirmed"} 1.0' in c.get("/metrics").text
+        assert 'data-unconfirmed="1"' in c.get("/").text
+        assert c.post(f"/v1/replies/sim/{pid}/confirm", json={"reply_id": 5}).status_code == 422
+        r = c.post(f"/v1/replies/sim/{pid}/confirm", json={"reply_id": "109999", "reason": "seen in the chat"})
+        assert r.status_code == 200, r.text
+        assert r.json()["row"]["state"] == "closed" and r.json()["row"]["reply_id"] == "109999"
+        again = c.post(f"/v1/replies/sim/{pid}/confirm", json={})
+        assert again.status_code == 409 and again.json()["state"] == "closed"
+        kinds = [e["kind"] for e in c.get(f"/v1/replies/sim/{pid}").json()["events"]]
+    assert kinds[-1] == "confirmed" and post(h, pid).status_code == 200  # already answered

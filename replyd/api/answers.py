@@ -28,6 +28,7 @@ OUTCOME_CODES = {
     Status.UNCERTAIN: 202,
     Status.REJECTED: 409,
     Status.GAVE_UP: 409,
+    Status.UNCONFIRMED: 409,
     Status.DECLINED: 409,
     Status.SKIPPED: 409,
     Status.DRY_RUN: 202,  # accepted and logged; nothing was sent (dry run)

@@ -20,7 +20,7 @@ from replyd import library, metrics, statuspage
 from replyd import store as st
 from replyd.api.answers import EXCEPTION_HANDLERS, body, error, outcome_response, retry_after, row_dict
 from replyd.api.gate import Gate, HostCheck, open_paths
-from replyd.api.models import (MAX_PARENT_ID, BotState, Event, Health, OpenRow, Ready, ReadyStore, Rearmed, RearmedMany,
+from replyd.api.models import (MAX_PARENT_ID, BotState, Confirmed, ConfirmIn, Event, Health, OpenRow, Ready, ReadyStore, Rearmed, RearmedMany,
                                RearmIn, RearmItem, ReplyHistory, ReplyIn, StateCount, StatusSummary, StoreInfo)
 from replyd.api.openapi import ROUTES, openapi_document
 from replyd.errors import PlatformError, RateLimited, Rejected, ReplydError
@@ -217,6 +217,28 @@ class Api:
                          state=res.row.state)
         log.info("replyd.api.rearmed", bot=name, parent_id=key.parent_id, previous=res.previous)
         return body(Rearmed(rearmed=True, bot=name, previous_state=res.previous, row=row_dict(res.row)))
+
+    async def confirm(self, request: Request) -> Response:
+        """POST /v1/replies/{platform}/{parent_id}/confirm: an operator marks an unconfirmed key answered."""
+        if (deny := self._writes_disabled()) is not None:
+            return deny
+        found = self._key_of(request)
+        if isinstance(found, Response):
+            return found
+        name, guard, key = found
+        req = await self._json(request, ConfirmIn, "a JSON object (reply_id, reason)")
+        if isinstance(req, Response):
+            return req
+        res = await run_in_threadpool(library.confirm, self.store, key, by="api", reply_id=req.reply_id,
+                                      reason=req.reason, owner=guard.owner)
+        if res.row is None:
+            return error(404, "no_row", f"no row for parent {key.parent_id!r} of bot {name!r} (ids are exact)",
+                         field="parent_id")
+        if not res.confirmed:
+            return error(409, "not_unconfirmed", f"the key is {res.previous}; only an unconfirmed key can be confirmed",
+                         state=res.row.state)
+        log.info("replyd.api.confirmed", bot=name, parent_id=key.parent_id)
+        return body(Confirmed(confirmed=True, bot=name, row=row_dict(res.row)))
 
     async def rearm_many(self, request: Request) -> Response:
         """POST /v1/rearm: an operator sends every row in a terminal state (since a time, one bot or all) back."""

@@ -114,6 +114,24 @@ class Rearmed(Body):
     row: Row
 
 
+class Confirmed(Body):
+    """An unconfirmed key marked answered by an operator (``closed``, event ``confirmed``)."""
+
+    confirmed: Literal[True]
+    bot: str
+    row: Row
+
+
+class ConfirmIn(BaseModel):
+    """The body of ``POST /v1/replies/{platform}/{parent_id}/confirm``: the reply's id, when the operator knows it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, title="ConfirmRequest")
+
+    reply_id: str | None = Field(None, min_length=1, max_length=MAX_PARENT_ID, pattern=NO_NUL,
+                                 description="The landed reply's id as the platform serves it (optional).")
+    reason: str = Field("", max_length=500, pattern=NO_NUL, description="Why, recorded on the confirmed event.")
+
+
 def _json_integer(value: Any) -> Any:
     """A JSON integer, written ``3`` or ``3.0`` (JSON Schema's integer is a number with no fraction)."""
     if isinstance(value, float) and value.is_integer():

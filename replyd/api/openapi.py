@@ -11,7 +11,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 from replyd.api.gate import OPENABLE_ROUTES
-from replyd.api.models import (RESPONSES, Error, Health, Outcome, PostOutcome, Ready, Rearmed, RearmedMany, RearmIn,
+from replyd.api.models import (RESPONSES, Confirmed, ConfirmIn, Error, Health, Outcome, PostOutcome, Ready, Rearmed,
+                               RearmedMany, RearmIn,
                                ReplyHistory, ReplyIn, StatusSummary)
 
 HEADERS = {
@@ -109,6 +110,19 @@ ROUTES: tuple[Op, ...] = (
            409: Answer("The key is not in a rearmable state (state says which it is in)."),
            503: STORE_DOWN,
        }),
+    Op("POST", "/v1/replies/{platform}/{parent_id:path}/confirm", "confirm", "confirmReply",
+       "Operator: mark an unconfirmed key answered (closed, event confirmed): its reply was seen on the platform.",
+       "write", {
+           200: Answer("Confirmed: the key is closed and will not be answered again.", Confirmed),
+           400: Answer("The body is not valid JSON."),
+           403: WRITES_DISABLED,
+           404: NO_ROW,
+           409: Answer("The key is not unconfirmed (state says which it is in)."),
+           413: Answer("The body is too large."),
+           415: Answer("The body is not application/json."),
+           422: Answer("The body is not a valid request; field names the first bad field."),
+           503: STORE_DOWN,
+       }, request=ConfirmIn),
     Op("POST", "/v1/rearm", "rearm_many", "rearmMany",
        "Operator: move every row in a terminal state (changed since a time, of one bot or all) to released.", "write", {
            200: Answer("What matched, each row, and what was rearmed (nothing on a dry run).", RearmedMany),

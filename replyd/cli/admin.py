@@ -48,7 +48,7 @@ def rearm(
     parent: Annotated[str | None, typer.Argument(help="Parent id exactly as the platform serves it.",
                                                  show_default=False)] = None,
     state: Annotated[str | None, typer.Option(help="Rearm every row in this state instead of one parent: "
-                                                   "gave_up, rejected, declined or skipped.")] = None,
+                                                   "gave_up, rejected, declined, skipped or unconfirmed.")] = None,
     since: Annotated[str | None, typer.Option(help="With --state: only rows that changed since then (2h, 7d, "
                                                    "2026-12-01T08:00Z, epoch seconds); default: any time.")] = None,
     only_bot: Annotated[str | None, typer.Option("--bot", help="With --state: only this bot (name or instance); "
@@ -104,6 +104,48 @@ def rearm(
     else:
         err.print(f"not rearmed: the key is {res.previous}; only {', '.join(library.REARMABLE)} can be rearmed")
     raise typer.Exit(0 if res.rearmed else 1)
+
+
+def confirm(
+    bot: Annotated[str, typer.Argument(help="A bot name from the config, or the platform instance as stored.",
+                                       show_default=False)],
+    parent: Annotated[str, typer.Argument(help="Parent id exactly as the platform serves it.", show_default=False)],
+    reply_id: Annotated[str | None, typer.Option("--reply-id", help="The landed reply's id, when you know it.")] = None,
+    sender: Annotated[str | None, typer.Option(help="Own sender id, when several accounts share the instance.")] = None,
+    reason: Annotated[str, typer.Option(help="Why, recorded on the confirmed event.")] = "",
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    store: StoreOpt = None,
+) -> None:
+    """Mark an unconfirmed parent answered (you saw the reply land): closed, event confirmed; never sent again.
+
+    For platforms without read-back (Telegram): ``replyd rearm BOT PARENT`` sends again instead. Reads and
+    writes the store only: no platform secret is needed and no request is made.
+    """
+    cfg = _load(config, secrets=False, store=store)
+    s = _existing_store(cfg)
+    from replyd import library
+
+    instance = _instance_of(cfg, bot) or bot
+    rows = [r for r in s.find(parent, instance) if sender is None or r.sender_id == sender]
+    if not rows:
+        err.print(f"no row for parent id {parent!r} on {instance} (ids are exact: case and leading zeros matter)"
+                  + _elsewhere(cfg, s, bot, parent))
+        raise typer.Exit(1)
+    if len(rows) > 1:
+        err.print(f"{len(rows)} accounts have a row for {parent!r} on {instance}: pass --sender "
+                  f"({', '.join(r.sender_id for r in rows)})")
+        raise typer.Exit(1)
+    res = library.confirm(s, Key(rows[0].platform, rows[0].sender_id, parent), by="cli", reply_id=reply_id,
+                          reason=reason, owner=cfg.replica_id or None)
+    if as_json:
+        _emit_json({"confirmed": res.confirmed, "previous_state": res.previous,
+                    "state": res.row.state if res.row else None})
+    elif res.confirmed:
+        out.print(f"confirmed: {instance} parent {parent} was unconfirmed, now closed; it will not be answered again")
+    else:
+        err.print(f"not confirmed: the key is {res.previous}; only an unconfirmed key can be confirmed")
+    raise typer.Exit(0 if res.confirmed else 1)
 
 
 def _elsewhere(cfg: Config, s: Store, bot: str, parent: str) -> str:

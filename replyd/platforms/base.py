@@ -278,6 +278,31 @@ class MeasuresClock(Protocol):
         ...
 
 
+@runtime_checkable
+class NoReadBack(Protocol):
+    """Optional: a platform where a bot cannot list what it sent (Telegram, WhatsApp): the no-read-back class.
+
+    The core reads this capability, never a platform name. On such a platform the promise is *at most once,
+    every doubt reported*: a send the adapter answered ``MaybeSent`` for (a lost response, a 5xx, a read
+    timeout), or an open row a crash left behind, is never judged by a read-back (there is none) and never
+    retried on its own. The guard leaves the row ``open`` as everywhere; the sweep, once the row's deadline has
+    passed, moves it to ``unconfirmed`` (event ``unconfirmed``, log ``replyd.reply.unconfirmed``) instead of
+    reading back. An operator resolves it: ``replyd rearm`` sends again, ``replyd confirm`` marks it answered.
+    Provably-unsent failures (``DefinitelyNotSent``: connect refused, 429, 401) are released and retried as on
+    every platform. Such an adapter's ``read_back`` returns an empty ``ReadBack`` (nothing checked), so a
+    caller that reads back anyway learns nothing, and never "not found".
+    """
+
+    def no_read_back(self) -> str:
+        """Why the bot's own replies cannot be listed here (one sentence, for operators and docs)."""
+        ...
+
+
+def reads_back(platform: object) -> bool:
+    """Whether ``platform`` can list the bot's own replies (False for a ``NoReadBack`` adapter)."""
+    return not isinstance(platform, NoReadBack)
+
+
 def default_provider_key(instance: str, sender_id: str, parent_id: str) -> str:
     """Return the idempotency key for a (sender, parent): the same on every attempt."""
     raw = f"replyd\x1f{instance}\x1f{sender_id}\x1f{parent_id}".encode()

@@ -20,8 +20,11 @@ NOT_LANDED = "not_landed"
 GAVE_UP = "gave_up"
 DECLINED = "declined"
 SKIPPED = "skipped"  # re-offered, and the policy now rules it out for good (too old, denied ...): reason in error
-STATES = (COMPOSING, OPEN, CLOSED, RELEASED, REJECTED, NOT_LANDED, GAVE_UP, DECLINED, SKIPPED)
-TERMINAL = (CLOSED, REJECTED, GAVE_UP, DECLINED, SKIPPED)
+# A send that may have landed on a platform without read-back (``platforms.base.NoReadBack``): never retried on its
+# own; an operator resolves it (``replyd rearm`` sends again, ``replyd confirm`` marks it answered).
+UNCONFIRMED = "unconfirmed"
+STATES = (COMPOSING, OPEN, CLOSED, RELEASED, REJECTED, NOT_LANDED, GAVE_UP, DECLINED, SKIPPED, UNCONFIRMED)
+TERMINAL = (CLOSED, REJECTED, GAVE_UP, DECLINED, SKIPPED, UNCONFIRMED)
 # Rows that wait for a path to move them on: re-find re-offers them (see ``reoffer_due``).
 REOFFERED = (NOT_LANDED, RELEASED, COMPOSING)
 # Rows the sweep leases once their deadline has passed (the deadline says what it is for; see Store.lease_due).

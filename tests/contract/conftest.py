@@ -26,7 +26,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "harness" not in metafunc.fixturenames:
         return
     params = []
+    # A module of one guarantee class's cases (``NO_READ_BACK = True``) runs on the adapters of that class only.
+    only_no_read_back = getattr(metafunc.module, "NO_READ_BACK", False)
     for name, entry in HARNESSES.items():
+        if only_no_read_back and not entry.harness.no_read_back:
+            continue
         why = entry.harness.skips.get(metafunc.function.__name__)
         marks = [pytest.mark.skip(reason=f"{name}: {why}")] if why else []
         bug = entry.harness.known_bugs.get(metafunc.function.__name__)

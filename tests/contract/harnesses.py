@@ -81,6 +81,8 @@ class Harness:
     probes_unclear_sends: ClassVar[bool] = False
     # Settings that make listings page in small steps.
     small_pages: ClassVar[dict[str, Any]] = {}
+    # The adapter is a ``NoReadBack`` platform: the cases of ``test_no_read_back.py`` run on it.
+    no_read_back: ClassVar[bool] = False
 
     clock: FakeClock  # every harness: the adapter, guard and sweep read it; a test moves it past deadlines
     proxy: FaultProxy | None = None
@@ -797,6 +799,113 @@ class SlackHarness(Harness):
         self.api.__exit__(None, None, None)
 
 
+class TelegramHarness(Harness):
+    """Telegram on ``tests/telegram_fake.py`` (the Bot API from its documentation), counted in the fake's chats."""
+
+    kind = "telegram"
+    no_read_back = True
+    _NO_READ_BACK = "a Telegram bot cannot list what it sent (no read-back): test_no_read_back.py covers the class"
+    skips = {
+        "test_read_back_found_after_a_lost_response": _NO_READ_BACK,
+        "test_read_back_found_is_the_sent_reply_oldest_first": _NO_READ_BACK,
+        "test_read_back_not_found_is_checked_without_replies": _NO_READ_BACK,
+        "test_read_back_partial_checks_only_what_was_read": _NO_READ_BACK,
+        "test_read_parents_finds_the_reply_without_the_own_feed": _NO_READ_BACK,
+        "test_delete_removes_the_reply_and_twice_is_done": _NO_READ_BACK + " (its last step is a read-back)",
+        "test_lost_answer_is_closed_by_the_sweep_with_the_landed_reply": _NO_READ_BACK,
+        "test_5xx_with_nothing_created_gets_one_more_attempt": _NO_READ_BACK,
+        "test_crash_between_send_and_close_is_closed_by_the_sweep": _NO_READ_BACK,
+        "test_pollers_over_three_paths_with_lost_answers_one_reply_and_one_call_each": _NO_READ_BACK,
+        "test_three_paths_find_the_parent_and_it_is_answered_once":
+            "a bot cannot search Telegram or re-read a chat: getUpdates (or the webhook) is the only path",
+        "test_search_cursor_moves_forward": "a bot cannot search Telegram",
+        "test_resolve_every_reference_gives_the_served_parent":
+            "a bot cannot read a message by id: resolve gives the served id, not the author",
+    }
+    bad_settings = bad({"token": "1:" + SECRET}, missing=("token",), wrong=(
+        ("token", "has space " + SECRET), ("api_url", "ftp://x"), ("mode", "push"), ("long_poll_s", 60),
+        ("updates_limit", 0), ("listing_delay_s", -1), ("colour", "red")))
+    small_pages = {"updates_limit": 1}
+    url_key = "api_url"
+    send_route = ("POST", r"^/bot[^/]+/sendMessage")
+    delete_route = ("POST", r"^/bot[^/]+/deleteMessage")
+    ALICE = 5000000002
+
+    def __init__(self, http: httpx.Client) -> None:
+        from tests.telegram_fake import TelegramApi, TelegramWorld
+
+        self.http = http
+        self.clock = FakeClock(time.time())
+        self.world = TelegramWorld(now=self.clock.now)
+        self.api = TelegramApi(self.world).start()
+        self.proxy = FaultProxy(self.api.url)
+
+    def settings(self) -> dict[str, Any]:
+        """The bot token on the fake, through the proxy; short polls."""
+        from tests.telegram_fake import TOKEN
+
+        return {"api_url": self.proxy.url, "token": TOKEN, "long_poll_s": 0}
+
+    def bot_id(self) -> str:
+        """The bot user id getMe serves."""
+        from tests.telegram_fake import BOT_ID
+
+        return str(BOT_ID)
+
+    def secret(self) -> str:
+        """The bot token (it travels in the URL path)."""
+        from tests.telegram_fake import TOKEN
+
+        return TOKEN
+
+    def post(self, text: str, *, mention: bool = True, place: int = 0) -> Post:
+        """Alice says ``text`` in the place's supergroup, mentioning the bot; refs: the served id and the t.me/c link."""
+        self.clock.advance(1)
+        chat = -1001000000000 - place
+        self.world.chat(chat, type="supergroup")
+        pid = self.world.post(chat, text, user_id=self.ALICE, mention=mention)
+        mid = pid.partition(":")[2]
+        return Post(pid, str(self.ALICE), [pid, f"https://t.me/c/{str(chat).removeprefix('-100')}/{mid}"])
+
+    def parent(self, adapter: Platform, text: str = "", *, place: int = 0) -> Parent:
+        """A new mention, as the inbox serves it (resolve cannot know its author)."""
+        post = self.post(text or f"{tag()} how do widgets work?", place=place)
+        return self.eventually(lambda: next(p for p in adapter.inbox(None).parents if p.id == post.id),
+                               lambda p: p.id == post.id)
+
+    def reply_ids(self, parent_id: str) -> list[str]:
+        """The bot's messages replying to the parent, as the fake holds them."""
+        chat_id, _, mid = parent_id.partition(":")
+        chat = self.world.chats.get(int(chat_id))
+        if chat is None:
+            return []
+        return [f"{chat_id}:{m['message_id']}" for m in list(chat.messages.values())
+                if m["from"]["is_bot"] and (m.get("reply_to_message") or {}).get("message_id") == int(mid)]
+
+    def refusal(self) -> Reply:
+        """The Bot API's 400 ``Bad Request``."""
+        return Reply(400, {"ok": False, "error_code": 400, "description": "Bad Request: message text is empty"})
+
+    def rate_limit(self) -> Reply:
+        """The Bot API's 429 with ``parameters.retry_after``."""
+        return Reply(429, {"ok": False, "error_code": 429, "description": f"Too Many Requests: retry after "
+                           f"{RETRY_AFTER_S}", "parameters": {"retry_after": RETRY_AFTER_S}})
+
+    def gone(self) -> Reply:
+        """The Bot API's answer deleting a message that is not there."""
+        return Reply(400, {"ok": False, "error_code": 400, "description": "Bad Request: message to delete not found"})
+
+    def read_routes(self, parent: Parent) -> list[str]:
+        """None: nothing reads back on Telegram."""
+        return []
+
+    def close(self) -> None:
+        """Stop the proxy and the fake."""
+        assert self.proxy is not None
+        self.proxy.close()
+        self.api.stop()
+
+
 # --- Discord on the stateful fake -------------------------------------------------------------
 
 
@@ -899,6 +1008,8 @@ class DiscordHarness(Harness):
         assert self.proxy is not None
         self.proxy.close()
         self.api.__exit__(None, None, None)
+
+
 # --- email on a real Postfix and Dovecot ------------------------------------------------------
 
 
@@ -1016,6 +1127,7 @@ HARNESSES: dict[str, Entry] = {
     "bluesky": Entry(BlueskyHarness, "bsky_network"),
     "matrix": Entry(MatrixHarness, "synapse"),
     "slack": Entry(SlackHarness, None),
+    "telegram": Entry(TelegramHarness, None),
     "discord": Entry(DiscordHarness, None),
     "email": Entry(EmailHarness, "mail_server"),
 }
