@@ -347,3 +347,21 @@ def test_gateway_zombie_connection_is_closed_and_resumed(world, http) -> None:
             t.join(3)
     finally:
         gw.close()
+
+
+def test_thread_depth_walks_the_reference_chain_one_request_a_level(world, rest, http) -> None:
+    """ThreadDepth: a top-level message is 0; a reply three deep is 3; the walk stops at limit + 1."""
+    from replyd.platforms.base import ThreadDepth
+
+    p = adapter(rest, http)
+    assert isinstance(p, ThreadDepth)
+    cid = world.add_channel()
+    top = world.say(cid, ALICE, "top")
+    chain = [top]
+    for i in range(3):
+        chain.append(world.say(cid, BOB if i % 2 == 0 else ALICE, f"re {i}", reply_to=chain[-1].partition(":")[2]))
+    assert p.thread_depth(p.resolve(top), 10) == 0
+    deepest = p.resolve(chain[-1])
+    assert p.thread_depth(deepest, 10) == 3
+    assert p.thread_depth(deepest, 1) == 2  # capped at limit + 1, like every adapter's
+    assert p.thread_depth(deepest, 0) == 1  # a reply with limit 0: no request needed

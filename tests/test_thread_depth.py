@@ -48,3 +48,15 @@ def test_memory_scripted_failures_and_bad_depths() -> None:
     for bad in ("2", -1, True, None):
         with pytest.raises(BadResponse):
             p.thread_depth(Parent(id="x", author_id="y", extra={"depth": bad}), 3)
+
+
+def test_email_depth_is_the_references_count_capped() -> None:
+    """Email: the answered mail's References entries are its ancestors (no request), capped at limit + 1."""
+    from replyd.platforms.email import EmailPlatform
+
+    def mail(refs: list[str]) -> Parent:
+        return Parent(id="<root@x>", author_id="a@x", author_handle="a@x", text="", extra={"references": refs})
+
+    assert EmailPlatform.thread_depth(None, mail([]), 5) == 0  # type: ignore[arg-type]  # uses no state
+    assert EmailPlatform.thread_depth(None, mail(["<a@x>", "<b@x>", "<c@x>"]), 5) == 3  # type: ignore[arg-type]
+    assert EmailPlatform.thread_depth(None, mail(["<a@x>", "<b@x>", "<c@x>"]), 1) == 2  # type: ignore[arg-type]

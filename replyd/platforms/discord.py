@@ -156,6 +156,15 @@ def _link(guild: str | None, channel: str, message: str) -> str:
     return f"https://discord.com/channels/{guild or '@me'}/{channel}/{message}"
 
 
+def _ref_id(msg: dict[str, Any], channel: str) -> str | None:
+    """The id of the message ``msg`` replies to in the same channel, else None (a forward or a cross-post)."""
+    ref = msg.get("message_reference") if isinstance(msg.get("message_reference"), dict) else {}
+    mid = ref.get("message_id")
+    if not isinstance(mid, str) or not _SNOWFLAKE.match(mid) or ref.get("channel_id", channel) != channel:
+        return None
+    return mid if ref.get("type", 0) == 0 else None  # type 1 is a forward, not a reply
+
+
 @register_platform("discord")
 class DiscordPlatform(_http.HttpPlatform):
     """A Discord bot user as a replyd platform: mentions, replies and DMs in, replies by message reference out."""
@@ -377,7 +386,7 @@ class DiscordPlatform(_http.HttpPlatform):
             created_at=created if created is not None else snowflake_ms(mid) / 1000.0,
             thread_depth=1 if ref else 0,
             extra={"channel": channel, "message": mid, "guild": guild, "dm": is_dm, "mentioned": mentioned,
-                   "reply_to_me": reply_to_me},
+                   "reply_to_me": reply_to_me, "ref": _ref_id(msg, channel)},
         )
 
     def addresses(self, parent: Parent, identity: Identity) -> bool:
@@ -470,6 +479,27 @@ class DiscordPlatform(_http.HttpPlatform):
         if isinstance(p, str):
             raise Rejected(f"resolve: {p}")
         return p
+
+    def thread_depth(self, parent: Parent, limit: int) -> int:
+        """``ThreadDepth``: how many messages up the ``message_reference`` chain ``parent`` sits, at most ``limit + 1``.
+
+        One ``GET /channels/{id}/messages/{id}`` per level (Discord serves one level, ``referenced_message``, on
+        each message); a reference to another channel, or to a deleted message (10008), ends the walk and
+        counts as one ancestor, so the answer is then a lower bound."""
+        channel = parent.extra.get("channel")
+        ref = parent.extra.get("ref")
+        depth = 0
+        while isinstance(ref, str) and isinstance(channel, str) and depth <= limit:
+            depth += 1
+            if depth > limit:
+                break
+            try:
+                resp = self._api("GET", "/channels/{id}/messages/{id}", f"/channels/{channel}/messages/{ref}",
+                                 what="thread_depth", major=channel)
+            except Rejected:  # the ancestor is gone or not visible: it still counted as one
+                break
+            ref = _ref_id(_http.json_body(resp, "thread_depth", dict), channel)
+        return min(depth, limit + 1)
 
     # --- the Gateway ------------------------------------------------------------------
 

@@ -354,6 +354,12 @@ class EmailPlatform:
         finally:
             self._bye(c)
 
+    def thread_depth(self, parent: Parent, limit: int) -> int:
+        """``ThreadDepth``: the mails above the one answered, from its own ``References`` (RFC 5322 3.6.4), at
+        most ``limit + 1``, no request; a client that trims the header makes it a lower bound."""
+        refs = parent.extra.get("references") or []
+        return min(len(refs) if isinstance(refs, list) else parent.thread_depth, limit + 1)
+
     # --- send ---------------------------------------------------------------------------------------
 
     def reply_message_id(self, provider_key: str) -> str:
