@@ -163,7 +163,6 @@ def test_outage_pauses_sends_and_spends_no_attempt(outage_s, rate_per_s, fresh_p
           f"first answer {first_s:.1f} s (bound {resume_bound_s:.1f} s), median {after[len(after) // 2]:.1f} s, "
           f"last {last_s:.1f} s (bound {bound_s:.1f} s); creates attempted {report['creates_attempted']}, "
           f"500s {report['faults_injected']}")
-    assert first_s <= resume_bound_s and last_s <= bound_s
     s = Store.open(url)
     try:
         rows = s.rows_in(f"mastodon:{srv.base_url}", bot.id, list(st.STATES), limit=5000)
@@ -182,4 +181,6 @@ def test_outage_pauses_sends_and_spends_no_attempt(outage_s, rate_per_s, fresh_p
     closed = sum(events_in(log, "replyd.breaker.closed") for log in logs.values())
     print(f"breaker opened {opened}, closed {closed}; not-landed proofs excused {excused}")
     assert opened >= 2 and closed >= 1  # both replicas paused (the killed one too); they resumed
+    # Timing last: a slow drain on a loaded machine must not hide the counts above.
+    assert first_s <= resume_bound_s and last_s <= bound_s
     assert report["outages"] == [[start_at, end_at]]
