@@ -77,6 +77,11 @@ class GuardConfig(_Strict):
     retry_horizon_s: float = Field(6 * 3600.0, gt=0)
     retry_backoff_s: float = Field(5.0, ge=0)
     retry_backoff_max_s: float = Field(300.0, ge=0)
+    # A retry's send that the sweep proves not landed by two reads (the batched walk and the parent's own replies,
+    # ParentReplies), after the listing delay in use, is excused like an outage's: no attempt, the same back-off
+    # and horizon. At most this many per parent (0: never); past it such proofs count against max_attempts again,
+    # so a platform whose parent listing lags past the delay costs a bounded number of duplicates.
+    max_proven_retries: int = Field(8, ge=0, le=100)
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
     send_timeout_s: float = Field(30.0, gt=0)
     compose_lease_s: float = Field(120.0, gt=0)

@@ -190,7 +190,7 @@ class Prepared:
     cfg: BotConfig
     platform: Platform
     responder: Responder
-    timeout_s: float  # the adapter's per-request timeout: a run in flight past interval + this counts as stuck
+    timeout_s: float  # the adapter's per-request timeout: bounds how long a path may go without a success
 
 
 class Daemon:
@@ -432,11 +432,12 @@ class Daemon:
         """Track the bot's scheduled paths and sweep in the liveness record; label its metrics by name."""
         assert self.liveness is not None
         pc, name = bot.cfg.pollers, bot.cfg.name
-        for path, every_s in (("inbox", bot.cfg.inbox_interval_s()),
-                              ("search", pc.search_interval_s if pc.search_queries else 0),
-                              ("refind", pc.refind_interval_s), (SWEEP, self.cfg.sweep.interval_s)):
+        for path, every_s, jitter_s in (("inbox", bot.cfg.inbox_interval_s(), pc.jitter_s),
+                                        ("search", pc.search_interval_s if pc.search_queries else 0, pc.jitter_s),
+                                        ("refind", pc.refind_interval_s, pc.jitter_s),
+                                        (SWEEP, self.cfg.sweep.interval_s, self.cfg.sweep.interval_s / 2)):
             if every_s > 0:
-                self.liveness.track(name, path, every_s, timeout_s)
+                self.liveness.track(name, path, every_s, timeout_s, jitter_s or 0.0)
         self.liveness.identify(name, bot.platform.instance, bot.identity.sender_id)
         if isinstance(bot.platform, MeasuresClock):
             self.liveness.platform_clock(name, bot.platform.clock_view)

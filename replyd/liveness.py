@@ -7,8 +7,17 @@ hangs; readiness, the status page, ``replyd status`` and ``/metrics`` read it.
 A path is *failing* (not ready) as soon as ``failures_not_ready`` runs in a
 row failed, or its current run has been in flight longer than its interval
 plus the adapter's request timeout (a frozen platform makes requests time
-out, not fail fast: the stuck run counts while it hangs). A success clears
-both. A path is *stale* when it has had no successful run for
+out, not fail fast: the stuck run counts while it hangs), or it is *overdue*:
+no success for one interval plus its jitter plus one request timeout while a
+run is in flight or the last run failed. Overdue is counted from the last
+success, not from the run's start: a frozen platform's runs each end at the
+request timeout (one failure, not yet N) and the next starts an interval
+later, so a count of failures or a run's own age sees a freeze only an
+interval + a timeout after the first run met it; the last success came before
+the freeze, so the fastest path turns the daemon not ready within its
+interval + timeout of it (issue 29: within one inbox interval, the re-find
+path being due every few seconds). A run merely late to start (a busy
+scheduler) is not overdue: nothing has failed yet. A success clears all three. A path is *stale* when it has had no successful run for
 ``stale_after_intervals`` × its interval (at least ``stale_min_s``), counted
 from its last success or, before the first one, from when the daemon started
 tracking it: the backstop for a path that neither fails nor succeeds.
@@ -75,6 +84,7 @@ class PathHealth:
     failures: int = 0  # in a row, reset by a success
     runs: int = 0
     timeout_s: float = 0.0  # the adapter's request timeout: a run in flight past interval + this is stuck
+    jitter_s: float = 0.0  # the scheduler's jitter on this path: a run may start this much past its interval
     running_since: float | None = None  # the run in flight started then (None: none is)
 
     def age_s(self, now: float) -> float:
@@ -107,6 +117,8 @@ def describe(path: str, h: dict[str, Any]) -> str:
         words += f", {n} failure{'s' if n != 1 else ''} in a row: {error}"
     if h.get("running_s") is not None and h.get("stuck"):
         words += f", a run in flight for {ago(h['running_s'])} (no answer)"
+    elif h.get("overdue") and h.get("running_s") is not None:
+        words += f", a run in flight (due every {ago(h['interval_s'])})"
     if h["stale"]:
         words += f" — STALE (limit {ago(h['stale_after_s'])})"
     elif h.get("failing"):
@@ -142,10 +154,12 @@ class Liveness:
         self._clocks: dict[str, Callable[[], dict[str, Any]]] = {}  # bot -> its platform clock's view
         self._lock = threading.Lock()
 
-    def track(self, bot: str, path: str, interval_s: float, timeout_s: float = 0.0) -> None:
-        """Start watching ``path`` of ``bot``, scheduled every ``interval_s``, its requests bounded by ``timeout_s``."""
+    def track(self, bot: str, path: str, interval_s: float, timeout_s: float = 0.0, jitter_s: float = 0.0) -> None:
+        """Start watching ``path`` of ``bot``, scheduled every ``interval_s`` (+ up to ``jitter_s``), its requests
+        bounded by ``timeout_s``."""
         with self._lock:
-            self._paths[(bot, path)] = PathHealth(interval_s=interval_s, since=self.clock.now(), timeout_s=timeout_s)
+            self._paths[(bot, path)] = PathHealth(interval_s=interval_s, since=self.clock.now(), timeout_s=timeout_s,
+                                                  jitter_s=jitter_s)
 
     # -- a bot's start and breaker ---------------------------------------------------------------
 
@@ -247,6 +261,12 @@ class Liveness:
         """How long a run of ``h`` may be in flight before it counts as failing: its interval plus a request's timeout."""
         return h.interval_s + h.timeout_s
 
+    @staticmethod
+    def overdue_after_s(h: PathHealth) -> float:
+        """How long ``h`` may go without a success while its runs hang or fail: interval + jitter + a request's
+        timeout (an interval again when the timeout is not known, so a slow healthy run is never counted)."""
+        return h.interval_s + h.jitter_s + (h.timeout_s if h.timeout_s > 0 else h.interval_s)
+
     def snapshot(self, store: st.Store | None = None) -> dict[str, dict[str, Any]]:
         """Return, per bot, each path's record, staleness and words, and the oldest due open row's age."""
         now = self.clock.now()
@@ -273,8 +293,9 @@ class Liveness:
                  "failures": h.failures, "last_error": h.last_error, "last_error_at": h.last_error_at,
                  "runs": h.runs, "stale_after_s": self.stale_after_s(h), "running_s": running_s,
                  "stuck": running_s is not None and running_s > self.stuck_after_s(h)}
+            d["overdue"] = (running_s is not None or h.failures > 0) and h.age_s(now) > self.overdue_after_s(h)
             d["stale"] = d["age_s"] > d["stale_after_s"]
-            d["failing"] = d["stuck"] or h.failures >= self.failures_not_ready
+            d["failing"] = d["stuck"] or d["overdue"] or h.failures >= self.failures_not_ready
             d["words"] = describe(path, d)
             b["paths"][path] = d
             if d["stale"]:

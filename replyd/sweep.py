@@ -157,11 +157,12 @@ class Sweeper:
         # Read once per pass, outside the rows' transactions (a refresh reads and writes the store).
         delay_s = bot.lag.refresh_if_due() if bot.lag is not None else bot.platform.listing_delay_s
         verify_s = bot.lag.verify_delay_s() if bot.lag is not None else delay_s
+        looked: set[str] = set()  # parents whose own replies were read this pass (the second read)
         if not res.readback_errors:  # a platform failing its listings gets no second round of reads this pass
-            rb = self._parent_look(bot, rows, pending, rb, now, verify_s)
+            rb, looked = self._parent_look(bot, rows, pending, rb, now, verify_s)
         # Closed rows first: their looks may prove a longer lag (the warm-up) before an open row is judged.
         for r in sorted(rows, key=lambda r: r.state != st.CLOSED):
-            self._decide(bot, r, rb, now, delay_s, verify_s, res)
+            self._decide(bot, r, rb, now, delay_s, verify_s, res, proven=r.parent_id in looked)
         res.by_platform[bot.platform.instance] += len(rows)
         metrics.sweep_pass(bot.platform.instance, res)
         log.info("replyd.sweep.passed", platform=bot.platform.instance, leased=res.leased, closed=res.closed,
@@ -203,20 +204,21 @@ class Sweeper:
         return res
 
     def _parent_look(self, bot: Bot, rows: list[Reply], pending: list[Pending], rb: ReadBack, now: float,
-                     verify_s: float) -> ReadBack:
+                     verify_s: float) -> tuple[ReadBack, set[str]]:
         """Rows that needed a retry: read each one's parent by itself (``ParentReplies``), not through the walk.
 
         A retry exists because a read-back missed the first attempt's reply (or it landed late); the batched
         walk that missed it may miss it again, and then the verification would see one reply and be satisfied.
         So a retried row, once it is due to be verified (closed for the delay in use) or judged (open), is
         decided on the union of both reads, and is checked only when its parent's own listing was read.
+        Also returns the parents so read (two reads that agree: a not-landed proof strong enough to excuse).
         """
         if not isinstance(bot.platform, ParentReplies):
-            return rb
+            return rb, set()
         due = {r.parent_id for r in rows if r.attempt > 1 and (
             r.state == st.OPEN or (r.state == st.CLOSED and now >= (r.closed_at or now) + verify_s))}
         if not due:
-            return rb
+            return rb, set()
         try:
             second = bot.platform.read_parents([p for p in pending if p.parent.id in due],
                                                sender_id=bot.identity.sender_id)
@@ -232,7 +234,7 @@ class Sweeper:
                 found[pid] = sorted(merged.values(), key=lambda m: m.created_at or 0.0)
             else:
                 found.pop(pid, None)
-        return ReadBack(found=found, checked=(rb.checked - due) | (second.checked & due))
+        return ReadBack(found=found, checked=(rb.checked - due) | (second.checked & due)), second.checked & due
 
     def _duplicates(self, tx: Tx, key: Key, r: Reply, kept: str, newer: list[str], res: SweepResult) -> list[str]:
         """Record own replies beyond the first to one parent; return the ids to delete (if configured)."""
@@ -302,23 +304,35 @@ class Sweeper:
             res.waiting += 1  # a later look for an unaccounted attempt's reply
         return self._duplicates(tx, key, r, kept or "", newer, res)
 
-    def _not_landed(self, tx: Tx, bot: Bot, key: Key, r: Reply, now: float) -> tuple[str, dict, dict]:
+    def _not_landed(self, tx: Tx, bot: Bot, key: Key, r: Reply, now: float,
+                    proven: bool = False) -> tuple[str, dict, dict]:
         """The verdict on an open row whose send is proven not landed: (state, row values, event detail).
 
         A send an outage swallowed (marked ``outage_send`` by a guard's breaker, or made while this process's
         breaker was open) is excused: it spends no attempt; the parent is retried after a back-off (doubling
-        per excused attempt) until ``retry_horizon_s`` after its first claim. Other sends count against
-        ``max_attempts`` as before.
+        per excused attempt) until ``retry_horizon_s`` after its first claim. So is a retry's send ``proven``
+        not landed by two reads (the walk and the parent's own replies, after the delay in use), up to
+        ``guard.max_proven_retries`` per parent: the weather below the breaker's threshold (one 500 here and
+        there) spends no attempt either. Other sends count against ``max_attempts`` as before: the first
+        attempt's proof is the walk's alone, and a platform whose parent listing lags past the delay makes
+        every proof wrong, so past the bound its sends count again (at most that many duplicates per parent,
+        each one counted by the verification's union of known reply ids).
         """
         sent_at = r.opened_at or r.created_at
         excused = r.excused or 0
         swallowed = tx.has_event(key, "outage_send", r.attempt) or (
             bot.breaker is not None and bot.breaker.open_during(sent_at, now))
+        why = "outage"
+        if (not swallowed and proven and self.guard_cfg.max_proven_retries > 0
+                and not tx.has_event(key, "excused", r.attempt)
+                and tx.count_events(key, "proven_not_landed") < self.guard_cfg.max_proven_retries):
+            swallowed, why = True, "proven"
+            tx.append_event(key, "proven_not_landed", state=None, attempt=r.attempt, owner=self.owner)
         # Once per attempt (a late "maybe sent" can reopen the row at the same attempt for a second verdict).
         if swallowed and not tx.has_event(key, "excused", r.attempt):
             excused += 1
             tx.append_event(key, "excused", state=st.OPEN, attempt=r.attempt, owner=self.owner,
-                            detail={"counted": r.attempt - excused})
+                            detail={"counted": r.attempt - excused, "why": why})
         counted = r.attempt - excused
         horizon_at = r.created_at + self.guard_cfg.retry_horizon_s
         note = {"counted": counted, "excused": excused}
@@ -371,7 +385,7 @@ class Sweeper:
         return []
 
     def _decide(self, bot: Bot, r: Reply, rb: ReadBack, now: float, delay_s: float, verify_s: float,
-                res: SweepResult) -> None:
+                res: SweepResult, *, proven: bool = False) -> None:
         key = Key(r.platform, r.sender_id, r.parent_id)
         mine = rb.found.get(r.parent_id) or []
         delete: list[str] = []
@@ -403,7 +417,7 @@ class Sweeper:
                 if tx.cas_event(key, states=[st.OPEN], attempt=r.attempt, values=values, lease_owner=self.owner):
                     res.waiting += 1
             elif r.parent_id in rb.checked:
-                to, retry, note = self._not_landed(tx, bot, key, r, now)
+                to, retry, note = self._not_landed(tx, bot, key, r, now, proven=proven)
                 values = {"state": to, "updated_at": now, "lease_owner": None, "lease_until": None,
                           "error": "no own reply found after the listing delay",
                           "deadline_at": self._next_look(now, now, delay_s), **retry}

@@ -190,8 +190,9 @@ def test_an_outage_spends_no_attempt_and_every_parent_is_answered_once(store, pl
 
 
 def test_attempts_outside_an_outage_still_count(store, plat, clock):
-    """One lost send among landing ones opens nothing: its parent spends attempts and gives up at max_attempts."""
-    g, sw, brk = rig(store, plat, clock)
+    """One lost send among landing ones opens nothing: with proven retries not excused (max_proven_retries 0), its
+    parent spends attempts and gives up at max_attempts."""
+    g, sw, brk = rig(store, plat, clock, max_proven_retries=0)
     lone = plat.add_parent("lone")
     plat.script = ["error_before"]
     assert g.post(lone, compose).status is Status.UNCERTAIN
@@ -207,9 +208,35 @@ def test_attempts_outside_an_outage_still_count(store, plat, clock):
     assert row.state == st.GAVE_UP and row.attempt == 2 and row.excused == 0
 
 
+def test_retries_proven_not_landed_by_two_reads_are_excused_up_to_the_bound(store, plat, clock):
+    """Weather outside an outage: the first attempt's walk-only proof counts; each retry proven not landed by the
+    walk and the parent's own replies is excused (back-off, no attempt) up to guard.max_proven_retries, after which
+    proofs count again and max_attempts gives up."""
+    g, sw, brk = rig(store, plat, clock, max_proven_retries=2)
+    lone = plat.add_parent("lone")
+    for i in range(4):
+        assert g.post(plat.add_parent(f"ok{i}"), compose).status is Status.POSTED
+    plat.script = ["error_before"]
+    assert g.post(lone, compose).status is Status.UNCERTAIN
+    for i in range(120):  # landing sends between the lone parent's failures: the breaker stays closed
+        clock.advance(1.0)
+        sw.run_once()
+        assert g.post(plat.add_parent(f"w{i}"), compose).status is Status.POSTED
+        plat.script = ["error_before"]
+        g.post(lone, compose)
+        plat.script = []
+    assert not brk.is_open
+    row = store.get(g.key("lone"))
+    events = [(e.kind, e.attempt) for e in store.history(g.key("lone"))]
+    assert ("excused", 2) in events and ("excused", 3) in events and ("excused", 1) not in events, events
+    assert ("proven_not_landed", 4) not in events and ("excused", 4) not in events, events
+    assert row.state == st.GAVE_UP and row.attempt == 4 and row.excused == 2, (row, events)
+    assert plat.reply_count("lone") == 0 and plat.send_calls == 4 + 4 + 120
+
+
 def test_excused_retries_back_off_and_end_at_the_horizon(store, plat, clock):
     """An excused not_landed waits its back-off; past guard.retry_horizon_s the next proof gives up."""
-    g, sw, brk = rig(store, plat, clock, retry_horizon_s=100.0)
+    g, sw, brk = rig(store, plat, clock, retry_horizon_s=100.0, max_proven_retries=0)
     plat.script = ["error_before"] * 3
     ps = [plat.add_parent(f"h{i}") for i in range(3)]
     for p in ps:

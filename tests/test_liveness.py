@@ -29,7 +29,7 @@ STALE_S = 30.0  # health.stale_min_s: past the first freeze, before the end of t
 def test_liveness_words_and_bound_on_a_fake_clock():
     """A path is stale only past max(factor × interval, minimum) since its last success; failures are counted."""
     clock = FakeClock(1_000.0)
-    live = Liveness(clock, stale_after_intervals=3, stale_min_s=10, failures_not_ready=8)  # only staleness here
+    live = Liveness(clock, stale_after_intervals=3, stale_min_s=10, failures_not_ready=8)  # not failing by count
     live.track("bot", "inbox", 30)
     live.track("bot", "sweep", 1)
     clock.advance(9)
@@ -39,7 +39,8 @@ def test_liveness_words_and_bound_on_a_fake_clock():
     for _ in range(7):
         live.failed("bot", "inbox", "inbox: HTTP 503")
     snap = live.snapshot()["bot"]
-    assert snap["paths"]["inbox"]["words"] == "inbox: last ok 89 s ago, 7 failures in a row: HTTP 503"
+    # Not 8 in a row, but overdue: 89 s without a success > interval + interval (no request timeout known).
+    assert snap["paths"]["inbox"]["words"] == "inbox: last ok 89 s ago, 7 failures in a row: HTTP 503 — FAILING"
     assert snap["stale"] == ["sweep"]  # never ran: 98 s since start > max(3 × 1, 10)
     clock.advance(2)
     assert [p.split(": ")[:2] for p in live.problems()] == [["bot bot", "inbox"], ["bot bot", "sweep"]]
@@ -89,6 +90,32 @@ def test_failing_stuck_start_and_breaker_on_a_fake_clock():
     live.start_failed("b", "bot b: refused the login (HTTP 401): check SIM_TOKEN")
     assert live.problems() == ["bot b: failed to start: bot b: refused the login (HTTP 401): check SIM_TOKEN"]
     assert live.retry_in_s("b") is None
+
+
+def test_overdue_counts_from_the_last_success_on_a_fake_clock():
+    """A frozen platform's runs each end at the request timeout (one failure, never N) and the next starts an
+    interval later: the path is failing once interval + jitter + timeout passed since its last success while a run
+    hangs or the last one failed, not an interval + timeout after the run that met the freeze; a run merely late
+    to start is not."""
+    clock = FakeClock(1_000.0)
+    live = Liveness(clock, stale_after_intervals=3, stale_min_s=600, failures_not_ready=5)
+    live.track("a", "refind", 1, timeout_s=1.5, jitter_s=0.1)
+    live.ok("a", "refind")
+    clock.advance(3)  # a busy scheduler: no run started, none failed
+    assert live.snapshot()["a"]["failing"] == []
+    live.ok("a", "refind")
+    clock.advance(1)
+    with live.running("a", "refind"):  # the freeze: the run hangs for its timeout
+        clock.advance(1.5)
+        assert live.snapshot()["a"]["failing"] == []  # 2.5 s since the last success: not yet 2.6
+    live.failed("a", "refind", "refind: timed out")
+    clock.advance(0.2)
+    p = live.snapshot()["a"]["paths"]["refind"]
+    assert p["failing"] and p["overdue"] and not p["stuck"] and p["failures"] == 1, p
+    with live.running("a", "refind"):
+        assert "a run in flight (due every 1 s)" in live.snapshot()["a"]["paths"]["refind"]["words"]
+    live.ok("a", "refind")
+    assert live.snapshot()["a"]["failing"] == []
 
 
 STALE_RGB = (0xB3, 0x26, 0x1E)  # statuspage.py's red for a stale path and a bad card
@@ -162,15 +189,15 @@ def _wait(cond, timeout_s: float) -> float | None:
 
 FREEZES_S = (20.0, 45.0, 80.0)  # SIGSTOP lengths: shorter than, about and past the staleness bound
 INBOX_S, REFIND_S, TIMEOUT_S = 3.0, 1.0, 1.5  # refind's runs outlast their interval while frozen: skips
-# Not ready after 2 failures in a row: the first run to meet the freeze starts within one interval and fails after
-# the request timeout, the next one interval later fails too; plus the probe's own cadence.
-DOWN_BOUND_S = 2 * INBOX_S + TIMEOUT_S + 1.0
+# Issue 29's bound: not ready within one inbox interval of the freeze (the refind path, due every second, is
+# overdue 1 s + jitter + min(timeout, interval) after its last success, which came before the freeze).
+DOWN_BOUND_S = INBOX_S
 UP_BOUND_S = INBOX_S + 1.0  # the next run after SIGCONT succeeds (a hung one answers at once)
 
 
 @pytest.mark.slow
 def test_frozen_sim_turns_readiness_status_page_and_cli_failing_then_stale(tmp_path, monkeypatch, caplog):
-    """SIGSTOP on the sim for 20, 45 and 80 s: /readyz not ready within two inbox intervals plus a request timeout
+    """SIGSTOP on the sim for 20, 45 and 80 s: /readyz not ready within one inbox interval
     and throughout the freeze, long before the staleness bound; the page and `status --json` show the failing path,
     then the stale one (red, in a Chromium screenshot); each skipped run is one `replyd.poll.skipped` event, not
     APScheduler's warning; ready within one inbox interval after SIGCONT."""

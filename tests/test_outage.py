@@ -1,5 +1,5 @@
-"""A write outage on the sim (every send 500 for 40 s or 5 min) under traffic, two `replyd run` replicas on
-PostgreSQL, one SIGKILLed and restarted during it: every parent answered once (counted by the sim) soon after
+"""A write outage on the sim (every send 500 for 40 s, 5 min, or 30 min with REPLYD_LONG_OUTAGE=1) under traffic,
+two `replyd run` replicas on PostgreSQL, one SIGKILLed and restarted during it: every parent answered once (counted by the sim) soon after
 the outage ends, and no attempt spent on the outage (the store's rows and events, as `explain` shows them)."""
 
 from __future__ import annotations
@@ -93,8 +93,16 @@ def events_in(log: Path, name: str) -> int:
     return sum(1 for line in log.read_text(errors="replace").splitlines() if f'"{name}"' in line)
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("outage_s,rate_per_s", [(40.0, 1.0), (300.0, 0.5)], ids=["40s", "5min"])
+LONG = os.environ.get("REPLYD_LONG_OUTAGE") == "1"  # the 30-minute case: 35 minutes of wall time, on request
+
+
+@pytest.mark.parametrize("outage_s,rate_per_s", [
+    pytest.param(40.0, 1.0, id="40s", marks=pytest.mark.timeout(900)),
+    pytest.param(300.0, 0.5, id="5min", marks=pytest.mark.timeout(900)),
+    pytest.param(1800.0, 0.2, id="30min", marks=[
+        pytest.mark.timeout(3000),
+        pytest.mark.skipif(not LONG, reason="a 30-minute outage takes 35 minutes: set REPLYD_LONG_OUTAGE=1")]),
+])
 def test_outage_pauses_sends_and_spends_no_attempt(outage_s, rate_per_s, fresh_pg, tmp_path):  # noqa: F811
     """Every parent is answered exactly once, within the bound after the outage's end; no row gave up and
     every row's counted attempts (attempt - excused) is its one landing send."""
@@ -155,7 +163,6 @@ def test_outage_pauses_sends_and_spends_no_attempt(outage_s, rate_per_s, fresh_p
           f"first answer {first_s:.1f} s (bound {resume_bound_s:.1f} s), median {after[len(after) // 2]:.1f} s, "
           f"last {last_s:.1f} s (bound {bound_s:.1f} s); creates attempted {report['creates_attempted']}, "
           f"500s {report['faults_injected']}")
-    assert first_s <= resume_bound_s and last_s <= bound_s
     s = Store.open(url)
     try:
         rows = s.rows_in(f"mastodon:{srv.base_url}", bot.id, list(st.STATES), limit=5000)
@@ -174,4 +181,6 @@ def test_outage_pauses_sends_and_spends_no_attempt(outage_s, rate_per_s, fresh_p
     closed = sum(events_in(log, "replyd.breaker.closed") for log in logs.values())
     print(f"breaker opened {opened}, closed {closed}; not-landed proofs excused {excused}")
     assert opened >= 2 and closed >= 1  # both replicas paused (the killed one too); they resumed
+    # Timing last: a slow drain on a loaded machine must not hide the counts above.
+    assert first_s <= resume_bound_s and last_s <= bound_s
     assert report["outages"] == [[start_at, end_at]]

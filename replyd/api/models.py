@@ -222,7 +222,10 @@ class PathHealth(Body):
     stale: bool
     running_s: float | None = Field(default=None, description="Seconds the run in flight has run (null: none is).")
     stuck: bool = Field(default=False, description="The run in flight has run past the interval + the request timeout.")
-    failing: bool = Field(default=False, description="health.failures_not_ready runs in a row failed, or stuck: not ready.")
+    overdue: bool = Field(default=False, description="No success for the interval + jitter + the request timeout while a "
+                          "run is in flight or the last one failed.")
+    failing: bool = Field(default=False, description="health.failures_not_ready runs in a row failed, stuck or overdue: "
+                          "not ready.")
     words: str = Field(description="inbox: last ok 3 min ago, 7 failures in a row: HTTP 503")
 
 

@@ -87,6 +87,14 @@ class Tx:
                                    e.parent_id == key.parent_id, e.kind == kind, e.attempt == attempt).limit(1))
         return self._conn.execute(q).first() is not None
 
+    def count_events(self, key: Key, kind: str) -> int:
+        """How many events of ``kind`` ``key`` has (e.g. the sweep's ``proven_not_landed`` marks)."""
+        e = EVENTS.c
+        q = (sa.select(sa.func.count()).select_from(EVENTS)
+             .where(e.platform == key.platform, e.sender_id == key.sender_id, e.parent_id == key.parent_id,
+                    e.kind == kind))
+        return int(self._conn.execute(q).scalar() or 0)
+
     def reply_id_events(self, key: Key) -> list[tuple[str, int | None, dict[str, Any]]]:
         """Return (kind, attempt, detail) of ``key``'s events that name own reply ids, a send that may have
         landed, or a verification, oldest first."""
