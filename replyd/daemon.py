@@ -464,7 +464,7 @@ class Daemon:
 
         assert self.hooks is not None and isinstance(bot.platform, WebhookSource)
         self.hooks.hooks[name] = Hook(name, kind, secret, bot.platform, bot.pipeline.offer,
-                                      instance=bot.platform.instance)
+                                      instance=bot.platform.instance, guard=bot.guard)
         log.info("replyd.hooks.ready", bot=name, platform=bot.platform.instance, kind=kind,
                  path=f"/v1/hooks/{name}")
 

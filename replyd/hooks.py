@@ -2,8 +2,17 @@
 
 A delivery is checked before anything else happens (its HMAC signature over the raw body, with the
 bot's secret from the environment), parsed by the bot's adapter into parents (the id as served, so the
-key is the one the pollers use), and offered to the bot's pipeline with path ``webhook`` in the
+key is the one the pollers use), recorded, and offered to the bot's pipeline with path ``webhook`` in the
 background: the platform gets its answer at once (GitHub waits 10 s, Slack 3 s) and the post runs after.
+
+Recorded before the ack: every parent of an accepted delivery is inserted as a ``released`` row (its snapshot,
+no attempt spent, event ``received``) unless its key already has a row, all of them in one durable commit,
+before the 2xx. A replica SIGKILLed between the ack and the guard's claim then loses nothing: re-find's
+re-offer (``Pollers.reoffer``, on any replica, or this one restarted) offers the row from its snapshot.
+Telegram (``setWebhook``) and WhatsApp do not deliver again after a 2xx, and Telegram refuses ``getUpdates``
+while a webhook is set, so without the row such a delivery would be gone. A store that cannot take the
+commit gets the delivery answered 503 (nothing acked, nothing offered), so a platform that retries does.
+The offer after the ack is unchanged: the guard claims the ``released`` row as it claims re-find's.
 A delivery redelivered, delivered out of order or delivered to two replicas needs nothing here: the
 guard's key makes the second offer ``already_answered`` or ``in_flight``. Polling stays on as the
 backstop: a delivery that never arrives is found by the next poll.
@@ -56,11 +65,14 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from replyd import metrics
-from replyd.errors import ReplydError
+from replyd import store as st
+from replyd.core import Status, snapshot_json
+from replyd.errors import ContentionError, ReplydError, StoreError
 from replyd.platforms.base import Parent, WebhookAnswer, WebhookChallenge, WebhookSource
+from replyd.policy import FINAL_SKIPS
 
 if TYPE_CHECKING:
-    from replyd.guard import Outcome
+    from replyd.guard import Guard, Outcome
 
 log = structlog.get_logger("replyd.hooks")
 
@@ -173,6 +185,8 @@ class Answer:
 # The one answer before authentication, for an unknown bot as for a bad signature (names no header, no kind).
 BAD_SIGNATURE = Answer(401, {"error": "bad_signature",
                              "detail": "the delivery is not signed with this hook's secret (or its timestamp is stale)"})
+# The store could not keep the delivery's parents: not acked, so a platform that retries delivers it again.
+STORE_DOWN = Answer(503, {"error": "store_unavailable", "detail": "the delivery could not be recorded; retry it"})
 _DECOY_SECRET = secrets.token_hex(32)  # an unknown bot's body is signed-checked too: the same work, the same time
 
 
@@ -186,6 +200,7 @@ class Hook:
     source: WebhookSource
     offer: Callable[[Parent, str], Outcome]  # the bot's Pipeline.offer
     instance: str = ""
+    guard: Guard | None = None  # the bot's guard: its store keeps each parent before the ack (None: not kept)
 
 
 class Receiver:
@@ -243,6 +258,9 @@ class Receiver:
         if not inside:
             metrics.webhook(hook.instance, "dropped")
             return Answer(202, {"accepted": 0, "dropped": reasons})
+        if not self._keep(hook, inside, delivery):
+            metrics.webhook(hook.instance, "store_failed")
+            return STORE_DOWN
         for parent in inside:
             self._pool.submit(self._offer, hook, parent, delivery)
         log.info("replyd.hooks.accepted", bot=bot, platform=hook.instance, delivery=delivery, hook_event=event,
@@ -277,11 +295,36 @@ class Receiver:
         return inside, reasons
 
     @staticmethod
+    def _keep(hook: Hook, parents: list[Parent], delivery: str) -> bool:
+        """Record ``parents`` as ``released`` rows (where their key has none) in one durable commit; False when
+        the store cannot take it (the delivery must not be acked)."""
+        guard = hook.guard
+        if guard is None:
+            return True
+        now = guard.clock.now()
+        rows = [(guard.key(p.id), {"state": st.RELEASED, "attempt": 1, "created_at": now, "updated_at": now,
+                                   "path": "webhook", "snapshot": snapshot_json(p), "author_id": p.author_id[:255],
+                                   "owner": guard.owner, "provider_key": guard.provider_key(p.id)})
+                for p in parents]
+        try:
+            made = guard.store.insert_absent(rows, {"kind": "received", "owner": guard.owner,
+                                                    "detail": {"path": "webhook", "delivery": delivery}},
+                                             doing="recording a webhook delivery")
+        except (StoreError, ContentionError) as exc:
+            log.error("replyd.hooks.store_failed", bot=hook.bot, platform=hook.instance, delivery=delivery,
+                      error=str(exc)[:300])
+            return False
+        log.debug("replyd.hooks.kept", bot=hook.bot, platform=hook.instance, delivery=delivery, new=made)
+        return True
+
+    @staticmethod
     def _offer(hook: Hook, parent: Parent, delivery: str) -> None:
         try:
             out = hook.offer(parent, "webhook")
             log.info("replyd.hooks.offered", bot=hook.bot, platform=hook.instance, delivery=delivery,
                      parent_id=parent.id, status=out.status.value)
+            if hook.guard is not None and out.status is Status.SKIPPED and out.detail in FINAL_SKIPS:
+                hook.guard.retire(parent.id, out.detail)  # its kept row must not wait for re-find to rule it out
         except Exception as exc:  # the poll backstop finds it again; a worker must not die
             log.error("replyd.hooks.offer_failed", bot=hook.bot, platform=hook.instance, delivery=delivery,
                       parent_id=parent.id, error=f"{type(exc).__name__}: {exc}"[:300])

@@ -92,7 +92,7 @@ LISTING_LAG = Histogram(
 )
 WEBHOOKS = Counter(
     "replyd_webhook_deliveries",
-    "Webhook deliveries by result (accepted, ignored, dropped, bad_signature, bad_body, unreadable).",
+    "Webhook deliveries by result (accepted, ignored, dropped, bad_signature, bad_body, unreadable, store_failed).",
     ["platform", "result"],
     registry=None,
 )

@@ -269,6 +269,25 @@ def test_a_transaction_commits_all_its_steps_or_none(store, clock):
     assert store.get(k).state == st.CLOSED and kinds(store, k) == ["closed", "verified", "skipped_note"]
 
 
+def test_insert_absent_adds_only_missing_keys_with_their_event(store, clock):
+    """insert_absent creates the rows of keys without one (one event each), leaves an existing row and its events
+    alone, and a key re-offered from the new row's snapshot is claimable as released (nothing spent)."""
+    done = seed(store, "ia-closed", state=st.CLOSED, reply_id="r1")
+    vals = {"state": st.RELEASED, "attempt": 1, "created_at": clock.now(), "updated_at": clock.now(),
+            "path": "webhook", "snapshot": '{"id": "x"}'}
+    event = {"kind": "received", "owner": "me", "detail": {"delivery": "d1"}}
+    assert store.insert_absent([(key("ia-1"), vals), (done, vals), (key("ia-2"), vals)], event) == 2
+    assert store.get(done).state == st.CLOSED and kinds(store, done) == []
+    for pid in ("ia-1", "ia-2"):
+        row, [ev] = store.get(key(pid)), store.history(key(pid))
+        assert (row.state, row.attempt, row.path, row.snapshot) == (st.RELEASED, 1, "webhook", '{"id": "x"}')
+        assert (ev.kind, ev.state, ev.attempt, ev.owner, json.loads(ev.detail)) == (
+            "received", st.RELEASED, 1, "me", {"delivery": "d1"})
+    assert store.insert_absent([(key("ia-1"), {**vals, "path": "again"})], event) == 0
+    assert store.get(key("ia-1")).path == "webhook" and len(store.history(key("ia-1"))) == 1
+    assert [r.parent_id for r in store.reoffer_due(P, S, now=clock.now(), after=None, limit=10)] == ["ia-1", "ia-2"]
+
+
 def test_record_notes_the_rows_state_and_attempt(store, clock):
     """A note carries the row's current state and attempt (none for a key without a row)."""
     k = seed(store, "n1", state=st.CLOSED, attempt=2)

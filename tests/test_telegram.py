@@ -243,6 +243,40 @@ def test_webhook_deliveries_need_the_secret_token(api, world) -> None:
     assert unaddressed.status == 202 and unaddressed.body["accepted"] == 0
 
 
+def test_an_accepted_delivery_is_a_durable_row_before_its_ack_and_a_down_store_is_503(api, world, store, clock) -> None:
+    """Each parent of an accepted delivery is a ``released`` row (snapshot, event ``received``) before the 2xx and
+    before the offer, which claims it as re-find would; a store that cannot commit: 503, nothing offered."""
+    plat = make(api, clock=clock)
+    guard = Guard(store, plat, plat.whoami(), clock=clock, send_timeout_s=10.0)
+    seen: list = []
+
+    def offer(parent: Parent, path: str) -> Any:
+        seen.append(store.get(guard.key(parent.id)))  # what another replica's re-find could see by now
+        return guard.post(parent, "answer", path=path)
+
+    rx = Receiver({"tg": Hook("tg", "telegram", SECRET, plat, offer, plat.instance, guard=guard)})
+    head = {"x-telegram-bot-api-secret-token": SECRET}
+    pid = world.post(GROUP, "hello")
+    [update] = [u for _, _, u in world.updates]
+    ok = rx.receive("tg", head, json.dumps(update).encode())
+    rx.close()
+    assert ok.status == 202 and [(r.state, r.attempt, r.path) for r in seen] == [(st.RELEASED, 1, "webhook")]
+    assert json.loads(seen[0].snapshot)["id"] == pid and world.bot_replies(pid) == 1
+    assert [e.kind for e in store.history(guard.key(pid))][:2] == ["received", "claimed"]
+    assert store.get(guard.key(pid)).state == st.CLOSED
+    down = st.Store.open("postgresql+psycopg://nobody@127.0.0.1:9/none?connect_timeout=2", clock=clock, migrate=None)
+    dead = Guard(down, plat, plat.whoami(), clock=clock, send_timeout_s=10.0)
+    offered: list = []
+    rx = Receiver({"tg": Hook("tg", "telegram", SECRET, plat, lambda p, path: offered.append(p), plat.instance,
+                              guard=dead)})
+    with capture_logs() as logs:
+        refused = rx.receive("tg", head, json.dumps(update).encode())
+    rx.close()
+    down.dispose()
+    assert refused.status == 503 and refused.body["error"] == "store_unavailable" and offered == []
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["replyd.hooks.store_failed"]
+
+
 def test_the_fake_redelivers_until_acked(api, world) -> None:
     """The fake's webhook side repeats a delivery that was not answered 2xx, with the secret header."""
     from tests.fixtures_server import FixtureServer, Reply

@@ -191,3 +191,64 @@ def test_two_replicas_webhook_redeliveries_lost_offset_lost_answers_sigkill(pg_u
     print(f"parents {len(parents)}, deliveries {sum(sender.deliveries.values())}, sendMessage {world.send_requests}, "
           f"lost landings {len(lost)}, unconfirmed {len(unconfirmed)} (in flight at a kill "
           f"{len(unconfirmed - lost)}), duplicates 0, re-served updates {sum(n > 1 for n in world.served.values())}")
+
+
+# Replica A as `replyd run`, but its hook workers never offer: what a SIGKILL between the ack and the claim leaves.
+_NEVER_OFFERS = """
+import runpy, sys, threading
+from replyd import hooks
+hooks.Receiver._offer = staticmethod(lambda hook, parent, delivery: threading.Event().wait())
+sys.argv = ["replyd", *sys.argv[1:]]
+runpy.run_module("replyd", run_name="__main__")
+"""
+
+
+@pytest.mark.postgres
+def test_a_delivery_acked_by_a_replica_killed_before_its_claim_is_answered_by_the_other(pg_url, tmp_path) -> None:
+    """A acks a webhook delivery (2xx: Telegram never sends it again) and is SIGKILLed before it claims; B's
+    re-find re-offers the row A kept before its ack: one reply on the fake."""
+    eng = sa.create_engine(pg_url)
+    with eng.begin() as c:
+        c.exec_driver_sql("TRUNCATE replies, events, cursors, listing_lag, listing_delay")
+    eng.dispose()
+    world = TelegramWorld(seed=34)
+    world.chat(GROUPS[0], type="supergroup")
+    api = TelegramApi(world).start()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TG_TOKEN": TOKEN, "TG_SECRET": SECRET}
+    reps: dict[str, Replica] = {}
+    sender = None
+    try:
+        for rid, head in (("a", [sys.executable, "-c", _NEVER_OFFERS]), ("b", [sys.executable, "-m", "replyd"])):
+            port = free_port()
+            (tmp_path / rid).mkdir()
+            cfg = _config(tmp_path / rid / "replyd.toml", api_url=f"{api.url}/{rid}", store_url=pg_url, port=port,
+                          mode="webhook")
+            reps[rid] = Replica(rid, [*head, "run", "--config", str(cfg), "--grace-s", "3"],
+                                {**env, "REPLYD_REPLICA_ID": f"ack-{rid}"}, tmp_path / f"{rid}.log")
+            reps[rid].port = port  # type: ignore[attr-defined]
+        a = reps["a"].start()
+        _wait(lambda: _up(f"http://127.0.0.1:{a.port}/healthz"), 60, "replica a did not start")
+        world.webhook = {"url": "", "secret_token": SECRET}
+        pid = world.post(GROUPS[0], "question for the bot")
+        sender = WebhookSender(world, [f"http://127.0.0.1:{a.port}/v1/hooks/tg"], retry_s=0.1).start()
+        _wait(lambda: not world.pending_updates(), 20, "replica a did not ack the delivery")
+        sender.stop()
+        assert sender.statuses[202] == 1 and sum(sender.deliveries.values()) == 1, sender.statuses
+        a.kill()  # acked, never claimed: Telegram will not deliver it again, getUpdates is refused (webhook set)
+        assert world.reply_counts()[pid] == 0
+        reps["b"].start()
+        _wait(lambda: world.reply_counts()[pid] >= 1, 30, "the acked parent was never answered")
+        time.sleep(1.0)  # a second reply, if any, lands now
+    finally:
+        if sender is not None:
+            sender.stop()
+        for r in reps.values():
+            r.stop()
+        api.stop()
+    rows = _rows(pg_url)
+    assert world.reply_counts()[pid] == 1 and rows == {pid: "closed"}, rows
+    eng = sa.create_engine(pg_url)
+    with eng.connect() as c:
+        events = [(k, o) for k, o in c.exec_driver_sql("SELECT kind, owner FROM events ORDER BY id").all()]
+    eng.dispose()
+    assert events[:2] == [("received", "ack-a"), ("claimed", "ack-b")], events  # kept by A, claimed by B

@@ -382,3 +382,17 @@ class Store(Reads):
             row = tx.get(key)
             tx.append_event(key, kind, state=row.state if row else None, attempt=row.attempt if row else None,
                             owner=owner, detail=detail)
+
+    def insert_absent(self, rows: Sequence[tuple[Key, Mapping[str, Any]]], event: Mapping[str, Any], *,
+                      doing: str = "recording found parents") -> int:
+        """Insert each key's row unless the key already has one (whatever its state), each new row with ``event``
+        (kind, owner, detail; state and attempt are the row's), all in ONE durable transaction: when this returns,
+        every key has a row another replica's re-find can see. Return how many rows this call created."""
+        made = 0
+        with self.transaction(relaxed=False, doing=doing) as tx:
+            for key, values in rows:
+                if tx.insert_new(key, values):
+                    made += 1
+                    tx.append_event(key, event["kind"], state=values.get("state"), attempt=values.get("attempt"),
+                                    owner=event.get("owner"), detail=event.get("detail"))
+        return made

@@ -60,6 +60,9 @@ class AnsweredLog(Protocol):
         """Compare-and-set on (state, attempt[, lease]) with its event, in one transaction."""
     def record(self, key: Key, kind: str, *, owner: str | None = None, detail: Mapping[str, Any] | None = None) -> None:
         """Append one note event carrying the row's state and attempt."""
+    def insert_absent(self, rows: Sequence[tuple[Key, Mapping[str, Any]]], event: Mapping[str, Any], *,
+                      doing: str = "recording found parents") -> int:
+        """Insert each key's row unless the key has one, each new row with ``event``, in one durable transaction."""
     def transaction(self, *, relaxed: bool = False, doing: str = "writing") -> AbstractContextManager[Tx]:
         """Several compare-and-sets and events committed together."""
 
