@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from replyd import store as st
+from replyd.config import GuardConfig
 from replyd.errors import StoreError
 from replyd.guard import Guard, Status
 from replyd.platforms.memory import MemoryPlatform
@@ -108,8 +109,11 @@ def test_lost_response_is_closed_by_the_sweep(guard, plat, sweeper, clock, store
     assert plat.reply_count("p1") == 1
 
 
-def test_not_landed_allows_exactly_one_retry_then_gives_up(guard, plat, sweeper, clock, store):
-    """An ambiguous failure that did not land gets one more attempt; a second miss gives up."""
+def test_not_landed_allows_exactly_one_retry_then_gives_up(guard, plat, store, clock):
+    """An ambiguous failure that did not land gets one more attempt; a second miss gives up (proven retries not
+    excused, max_proven_retries 0: max_attempts alone bounds them)."""
+    sweeper = Sweeper(store, [Bot(plat, plat.whoami())], clock=clock, retry_s=30.0,
+                      guard_config=GuardConfig(max_proven_retries=0))
     plat.script = ["error_before", "error_before"]
     guard.post(plat.add_parent("p1"), "x")
     clock.advance(16)

@@ -104,10 +104,13 @@ def test_inbox_finds_mentions_once_and_moves_its_cursor(world: World) -> None:
     hs.say(alice, world.room, "just chatting", mention_bot=False)
     hs.say(hs.bot, world.room, f"I am {hs.bot.user_id}")  # its own words never call the bot
     page = world.platform.inbox(start)
-    assert [p.id for p in page.parents] == [by_mentions, by_body]
-    assert page.parents[0].extra["room_id"] == world.room and page.parents[1].author_id == bob.user_id
+    # This room's parents only: the homeserver is shared by the suite's Matrix tests (one xdist group), and a
+    # room another test invited the bot to may first show up in this /sync, with its own mentions.
+    mine = [p for p in page.parents if p.extra["room_id"] == world.room]
+    assert [p.id for p in mine] == [by_mentions, by_body]
+    assert mine[1].author_id == bob.user_id
     assert page.cursor and page.cursor != start
-    assert world.platform.inbox(page.cursor).parents == []
+    assert [p for p in world.platform.inbox(page.cursor).parents if p.extra["room_id"] == world.room] == []
 
 
 def test_send_replies_in_the_room_with_the_relation_and_read_back_finds_it(world: World) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from replyd import store as st
-from replyd.config import SweepConfig
+from replyd.config import GuardConfig, SweepConfig
 from replyd.guard import Guard, Status
 from replyd.lag import ListingLag
 from replyd.platforms.memory import MemoryPlatform
@@ -141,10 +141,11 @@ def test_delete_newer_acts_on_a_union_duplicate(store, plat, guard, clock):
 
 
 def test_gave_up_row_reconciled_when_its_reply_lists_late(store, plat, guard, clock):
-    """A row given up because the listing was 15x slower is closed as reconciled by a later look, reply id kept."""
+    """A row given up because the listing was 15x slower is closed as reconciled by a later look, reply id kept
+    (proven retries not excused: with them the second miss is retried, up to guard.max_proven_retries)."""
     plat.real_listing_delay_s = 30.0
     plat.script = ["lost", "lost"]
-    sw = sweeper(store, plat, guard, clock)
+    sw = sweeper(store, plat, guard, clock, guard_config=GuardConfig(max_proven_retries=0))
     parent = plat.add_parent("p1")
     guard.post(parent, "x")
     sweep_for(sw, clock, 3.5)

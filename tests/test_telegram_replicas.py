@@ -159,7 +159,7 @@ def test_two_replicas_webhook_redeliveries_lost_offset_lost_answers_sigkill(pg_u
         eng.dispose()
         for r in reps.values():
             r.start()
-        _wait(lambda: settled() >= set(parents), 90, "phase 2: not every parent answered or unconfirmed")
+        _wait(lambda: settled() >= set(parents), 180, "phase 2: not every parent answered or unconfirmed")
         time.sleep(2.0)  # a late duplicate, if any, lands now
     finally:
         world.release_held.set()

@@ -317,5 +317,5 @@ class Ready(Body):
 
 
 # Every body the document names, in the order its components list them.
-RESPONSES: tuple[type[BaseModel], ...] = (Error, Outcome, PostOutcome, Row, Event, ReplyHistory, Rearmed,
+RESPONSES: tuple[type[BaseModel], ...] = (Error, Outcome, PostOutcome, Row, Event, ReplyHistory, Rearmed, Confirmed,
                                           RearmedMany, RearmItem, StatusSummary, BotState, BotLiveness, BotStart, Breaker, Health, Ready)
