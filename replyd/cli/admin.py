@@ -84,6 +84,21 @@ def rearm(
     assert bot is not None and parent is not None
     from replyd import library
 
+    instance, row = _one_row(cfg, s, bot, parent, sender)
+    res = library.rearm(s, Key(row.platform, row.sender_id, parent), by="cli", reason=reason,
+                        owner=cfg.replica_id or None)
+    if as_json:
+        _emit_json({"rearmed": res.rearmed, "previous_state": res.previous,
+                    "state": res.row.state if res.row else None})
+    elif res.rearmed:
+        out.print(f"rearmed: {instance} parent {parent} was {res.previous}, now released; the next find may answer it")
+    else:
+        err.print(f"not rearmed: the key is {res.previous}; only {', '.join(library.REARMABLE)} can be rearmed")
+    raise typer.Exit(0 if res.rearmed else 1)
+
+
+def _one_row(cfg: Any, s: Any, bot: str, parent: str, sender: str | None) -> tuple[str, Any]:
+    """The bot's instance and its one row for ``parent`` (rearm, confirm), or exit 1 naming what is wrong."""
     instance = _instance_of(cfg, bot) or bot
     rows = [r for r in s.find(parent, instance) if sender is None or r.sender_id == sender]
     if not rows:
@@ -94,16 +109,7 @@ def rearm(
         err.print(f"{len(rows)} accounts have a row for {parent!r} on {instance}: pass --sender "
                   f"({', '.join(r.sender_id for r in rows)})")
         raise typer.Exit(1)
-    res = library.rearm(s, Key(rows[0].platform, rows[0].sender_id, parent), by="cli", reason=reason,
-                        owner=cfg.replica_id or None)
-    if as_json:
-        _emit_json({"rearmed": res.rearmed, "previous_state": res.previous,
-                    "state": res.row.state if res.row else None})
-    elif res.rearmed:
-        out.print(f"rearmed: {instance} parent {parent} was {res.previous}, now released; the next find may answer it")
-    else:
-        err.print(f"not rearmed: the key is {res.previous}; only {', '.join(library.REARMABLE)} can be rearmed")
-    raise typer.Exit(0 if res.rearmed else 1)
+    return instance, rows[0]
 
 
 def confirm(
@@ -126,17 +132,8 @@ def confirm(
     s = _existing_store(cfg)
     from replyd import library
 
-    instance = _instance_of(cfg, bot) or bot
-    rows = [r for r in s.find(parent, instance) if sender is None or r.sender_id == sender]
-    if not rows:
-        err.print(f"no row for parent id {parent!r} on {instance} (ids are exact: case and leading zeros matter)"
-                  + _elsewhere(cfg, s, bot, parent))
-        raise typer.Exit(1)
-    if len(rows) > 1:
-        err.print(f"{len(rows)} accounts have a row for {parent!r} on {instance}: pass --sender "
-                  f"({', '.join(r.sender_id for r in rows)})")
-        raise typer.Exit(1)
-    res = library.confirm(s, Key(rows[0].platform, rows[0].sender_id, parent), by="cli", reply_id=reply_id,
+    instance, row = _one_row(cfg, s, bot, parent, sender)
+    res = library.confirm(s, Key(row.platform, row.sender_id, parent), by="cli", reply_id=reply_id,
                           reason=reason, owner=cfg.replica_id or None)
     if as_json:
         _emit_json({"confirmed": res.confirmed, "previous_state": res.previous,
