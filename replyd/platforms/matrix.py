@@ -250,7 +250,10 @@ class MatrixPlatform(_http.HttpPlatform):
         A room whose timeline came back ``limited`` (more events than one sync
         returns) is paged back with ``/messages`` from its ``prev_batch`` to the
         old cursor; if ``max_pages`` runs out first, ``replyd.matrix.gap`` is
-        logged and re-find covers the rest.
+        logged and re-find covers the rest. Synapse caches a ``/sync`` answer
+        for two minutes (``sync_response_cache_duration``): the same cursor may
+        get the same page again, and later events come on the page after it,
+        so nothing is lost, only late.
         """
         what = "inbox"
         me = self._my_id()
