@@ -23,7 +23,7 @@ from replyd import aio
 from replyd import store as st
 from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, Rejected
 from replyd.guard import Status
-from replyd.platforms.base import Parent
+from replyd.platforms.base import NoReadBack, Parent, Pending, reads_back
 from replyd.platforms.memory import MemoryPlatform
 from replyd.platforms.own import OwnPlatform, from_httpx
 from replyd.sim import SimServer
@@ -208,10 +208,16 @@ def test_thousand_concurrent_posts_one_reply_each(store_url):
 # -- bring your own send -----------------------------------------------------------------------------
 
 
-def test_own_platform_requires_read_back():
-    """Without read_back an OwnPlatform is refused (the no-read-back class is not in the core yet)."""
-    with pytest.raises(ConfigError, match="read_back is required"):
-        OwnPlatform(instance="x:y", whoami=lambda: "1", send=lambda p, t, k: "r", read_back=None)
+def test_own_platform_without_read_back_is_of_the_no_read_back_class():
+    """Without read_back an OwnPlatform declares NoReadBack and reads back nothing (no parent ever "not found")."""
+    plain = OwnPlatform(instance="x:y", whoami=lambda: "1", send=lambda p, t, k: "r")
+    assert isinstance(plain, NoReadBack) and not reads_back(plain) and plain.no_read_back()
+    rb = plain.read_back([Pending(Parent(id="p", author_id="a"), 0.0)], sender_id="1")
+    assert rb.checked == set() and rb.found == {}
+    with_read = OwnPlatform(instance="x:y", whoami=lambda: "1", send=lambda p, t, k: "r", read_back=lambda ids: {})
+    assert reads_back(with_read) and isinstance(with_read, OwnPlatform)
+    with pytest.raises(ConfigError, match="read_back must be a call"):
+        OwnPlatform(instance="x:y", whoami=lambda: "1", send=lambda p, t, k: "r", read_back="nope")
 
 
 def test_httpx_errors_map_by_the_shared_table():
@@ -234,44 +240,56 @@ def test_httpx_errors_map_by_the_shared_table():
     assert from_httpx(other, what="send", acting=True) is other
 
 
+@pytest.mark.parametrize("reads", [True, False], ids=["read_back", "no_read_back"])
 @pytest.mark.parametrize("face", ["sync", "async"])
-def test_own_platform_lost_answer_is_found_by_the_sweep(tmp_path, face):
-    """A bot's own async calls behind OwnPlatform, the sim losing the create's answer: uncertain, then the
-    sweep finds the reply through read_back and closes the row; no retry, one reply on the sim (both faces)."""
+def test_own_platform_lost_answer(tmp_path, face, reads):
+    """A bot's own async calls behind OwnPlatform, the sim losing the create's answer: uncertain; with read_back
+    the sweep finds the reply and closes the row, without it (the no-read-back class) the sweep marks it
+    unconfirmed and no later post sends again; one reply on the sim either way (both faces)."""
     url = f"sqlite:///{tmp_path / 'own.sqlite3'}"
     with start_sim() as sim:
         parent = parents_on(sim, 1)[0]
         sim.queue_faults(next_creates=["lost_drop"])
 
-        async def run_async() -> tuple[Status, Status, str]:
+        def platform(client: httpx.AsyncClient) -> OwnPlatform:
+            calls = own_calls(sim.base_url, client)
+            if not reads:
+                del calls["read_back"]
+            return OwnPlatform(instance=f"mastodon:{sim.base_url}", listing_delay_s=0.2, **calls)
+
+        async def run_async() -> tuple[Status, list[Status], str]:
             async with bot_client() as client:
-                plat = OwnPlatform(instance=f"mastodon:{sim.base_url}", listing_delay_s=0.2,
-                                   **own_calls(sim.base_url, client))
-                async with aio.open_guard(url, plat, send_timeout_s=2.0) as g:
+                async with aio.open_guard(url, platform(client), send_timeout_s=2.0) as g:
                     first = await g.post(parent, "hello")
                     await asyncio.sleep(2.5)
                     await g.sweep()
-                    again = await g.post(parent, "hello again")
+                    again = [await g.post(parent, "hello again", path=path) for path in ("inbox", "refind")]
+                    await asyncio.sleep(2.5)
+                    await g.sweep()  # a later pass: nothing moves the row on
                     row = await g.guard.store_thread.run(g.store.get, g.guard.key(parent.id))
-                    return first.status, again.status, row.state
+                    return first.status, again, row.state
 
-        def run_sync() -> tuple[Status, Status, str]:
+        def run_sync() -> tuple[Status, list[Status], str]:
             from replyd import library
 
             client = bot_client()  # its calls run on the shared responder loop (the sync face awaits them there)
-            plat = OwnPlatform(instance=f"mastodon:{sim.base_url}", listing_delay_s=0.2,
-                               **own_calls(sim.base_url, client))
-            with library.open_guard(url, plat, send_timeout_s=2.0) as g:
+            with library.open_guard(url, platform(client), send_timeout_s=2.0) as g:
                 first = g.post(parent, "hello")
                 time.sleep(2.5)
                 g.sweep()
-                again = g.post(parent, "hello again")
-                return first.status, again.status, g.store.get(g.guard.key(parent.id)).state
+                again = [g.post(parent, "hello again", path=path).status for path in ("inbox", "refind")]
+                time.sleep(2.5)
+                g.sweep()
+                return first.status, again, g.store.get(g.guard.key(parent.id)).state
 
         first, again, state = asyncio.run(run_async()) if face == "async" else run_sync()
         counts = bot_replies(sim)
+    again = [getattr(a, "status", a) for a in again]
     assert first is Status.UNCERTAIN
-    assert again is Status.ALREADY_ANSWERED and state == st.CLOSED
+    if reads:
+        assert again == [Status.ALREADY_ANSWERED] * 2 and state == st.CLOSED
+    else:
+        assert again == [Status.UNCONFIRMED] * 2 and state == st.UNCONFIRMED
     assert counts == {parent.id: 1}
 
 
