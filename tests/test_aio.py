@@ -81,6 +81,36 @@ def own_calls(base_url: str, client: httpx.AsyncClient) -> dict[str, Any]:
     return {"whoami": whoami, "send": send, "read_back": read_back}
 
 
+def mastodon_py_calls(base_url: str) -> dict[str, Any]:
+    """The same three calls written with Mastodon.py (a sync SDK on requests): what a Mastodon.py bot writes."""
+    from mastodon import Mastodon
+
+    m = Mastodon(access_token=BOT_TOKEN, api_base_url=base_url, version_check_mode="none", request_timeout=30)
+
+    def whoami() -> str:
+        return str(m.account_verify_credentials()["id"])
+
+    def send(parent: Parent, text: str, key: str) -> str:
+        return str(m.status_post(text, in_reply_to_id=parent.id, idempotency_key=key)["id"])
+
+    def read_back(parent_ids: list[str]) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {p: [] for p in parent_ids}
+        me, max_id = whoami(), None
+        while page := m.account_statuses(me, limit=40, max_id=max_id):
+            for s in page:
+                if str(s.get("in_reply_to_id")) in found:
+                    found[str(s["in_reply_to_id"])].append(str(s["id"]))
+            max_id = page[-1]["id"]
+        return found
+
+    return {"whoami": whoami, "send": send, "read_back": read_back}
+
+
+def sdk_calls(sdk: str, base_url: str, client: httpx.AsyncClient) -> dict[str, Any]:
+    """A bot's own calls for the sim: plain ``httpx.AsyncClient`` calls, or Mastodon.py's."""
+    return own_calls(base_url, client) if sdk == "httpx" else mastodon_py_calls(base_url)
+
+
 def bot_client() -> httpx.AsyncClient:
     """The bot's own async client (its SDK's, in real life)."""
     return httpx.AsyncClient(headers={"Authorization": f"Bearer {BOT_TOKEN}"}, timeout=30.0,
@@ -240,19 +270,21 @@ def test_httpx_errors_map_by_the_shared_table():
     assert from_httpx(other, what="send", acting=True) is other
 
 
+@pytest.mark.parametrize("sdk", ["httpx", "mastodon.py"])
 @pytest.mark.parametrize("reads", [True, False], ids=["read_back", "no_read_back"])
 @pytest.mark.parametrize("face", ["sync", "async"])
-def test_own_platform_lost_answer(tmp_path, face, reads):
-    """A bot's own async calls behind OwnPlatform, the sim losing the create's answer: uncertain; with read_back
-    the sweep finds the reply and closes the row, without it (the no-read-back class) the sweep marks it
-    unconfirmed and no later post sends again; one reply on the sim either way (both faces)."""
+def test_own_platform_lost_answer(tmp_path, face, reads, sdk):
+    """A bot's own calls behind OwnPlatform (an httpx.AsyncClient's, or Mastodon.py's), the sim losing the
+    create's answer: uncertain; with read_back the sweep finds the reply and closes the row, without it (the
+    no-read-back class) the sweep marks it unconfirmed and no later post sends again; one reply on the sim
+    either way (both faces)."""
     url = f"sqlite:///{tmp_path / 'own.sqlite3'}"
     with start_sim() as sim:
         parent = parents_on(sim, 1)[0]
         sim.queue_faults(next_creates=["lost_drop"])
 
         def platform(client: httpx.AsyncClient) -> OwnPlatform:
-            calls = own_calls(sim.base_url, client)
+            calls = sdk_calls(sdk, sim.base_url, client)
             if not reads:
                 del calls["read_back"]
             return OwnPlatform(instance=f"mastodon:{sim.base_url}", listing_delay_s=0.2, **calls)
@@ -293,12 +325,12 @@ def test_own_platform_lost_answer(tmp_path, face, reads):
     assert counts == {parent.id: 1}
 
 
-def _kill_between_send_and_close(url: str, base_url: str, parent: dict) -> None:
+def _kill_between_send_and_close(url: str, base_url: str, parent: dict, sdk: str) -> None:
     """Child: the async face and a bot's own client; SIGKILL after the send returned, before the close."""
 
     async def main() -> None:
         async with bot_client() as client:
-            plat = OwnPlatform(instance=f"mastodon:{base_url}", listing_delay_s=0.2, **own_calls(base_url, client))
+            plat = OwnPlatform(instance=f"mastodon:{base_url}", listing_delay_s=0.2, **sdk_calls(sdk, base_url, client))
             async with aio.open_guard(url, plat, send_timeout_s=2.0) as g:
                 async def die(*a: Any) -> None:
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -311,12 +343,14 @@ def _kill_between_send_and_close(url: str, base_url: str, parent: dict) -> None:
 
 
 @pytest.mark.slow
-def test_own_platform_sigkill_between_send_and_close(store_url):
-    """The async face's process SIGKILLed between send and close: the row stays open, a restarted bot posts
-    nothing (in flight), the sweep closes it from read_back; one reply on the sim."""
+@pytest.mark.parametrize("sdk", ["httpx", "mastodon.py"])
+def test_own_platform_sigkill_between_send_and_close(store_url, sdk):
+    """The async face's process (its own calls: httpx or Mastodon.py) SIGKILLed between send and close: the row
+    stays open, a restarted bot posts nothing (in flight), the sweep closes it from read_back; one reply on the sim."""
     with start_sim() as sim:
         parent = parents_on(sim, 1)[0]
-        child = CTX.Process(target=_kill_between_send_and_close, args=(store_url, sim.base_url, parent.snapshot()))
+        child = CTX.Process(target=_kill_between_send_and_close,
+                            args=(store_url, sim.base_url, parent.snapshot(), sdk))
         child.start()
         child.join(60)
         assert child.exitcode == -signal.SIGKILL
@@ -324,7 +358,7 @@ def test_own_platform_sigkill_between_send_and_close(store_url):
         async def restart() -> tuple[Status, str, Status]:
             async with bot_client() as client:
                 plat = OwnPlatform(instance=f"mastodon:{sim.base_url}", listing_delay_s=0.2,
-                                   **own_calls(sim.base_url, client))
+                                   **sdk_calls(sdk, sim.base_url, client))
                 async with aio.open_guard(store_url, plat, send_timeout_s=2.0) as g:
                     blocked = await g.post(parent, "hello")
                     await asyncio.sleep(2.5)
