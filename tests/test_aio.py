@@ -9,6 +9,7 @@ or a sync client) behind ``OwnPlatform`` survive a lost answer and a SIGKILL bet
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import random
@@ -326,11 +327,16 @@ def test_own_platform_lost_answer(tmp_path, face, reads, sdk):
 
 
 def _kill_between_send_and_close(url: str, base_url: str, parent: dict, sdk: str) -> None:
-    """Child: the async face and a bot's own client; SIGKILL after the send returned, before the close."""
+    """Child: the async face and a bot's own client (``sdk``); SIGKILL after the send returned, before the close."""
 
     async def main() -> None:
-        async with bot_client() as client:
-            plat = OwnPlatform(instance=f"mastodon:{base_url}", listing_delay_s=0.2, **sdk_calls(sdk, base_url, client))
+        async with contextlib.AsyncExitStack() as stack:
+            if sdk == "python-telegram-bot":
+                plat = ptb_platform(base_url)
+            else:
+                client = await stack.enter_async_context(bot_client())
+                plat = OwnPlatform(instance=f"mastodon:{base_url}", listing_delay_s=0.2,
+                                   **sdk_calls(sdk, base_url, client))
             async with aio.open_guard(url, plat, send_timeout_s=2.0) as g:
                 async def die(*a: Any) -> None:
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -370,3 +376,100 @@ def test_own_platform_sigkill_between_send_and_close(store_url, sdk):
         counts = bot_replies(sim)
     assert blocked is Status.IN_FLIGHT and state == st.CLOSED and after is Status.ALREADY_ANSWERED
     assert counts == {parent.id: 1}
+
+
+# -- python-telegram-bot behind OwnPlatform: the no-read-back class ------------------------------------
+
+
+def ptb_platform(api_url: str) -> OwnPlatform:
+    """A python-telegram-bot ``Bot``'s calls behind OwnPlatform, without read_back (the Bot API has none)."""
+    import telegram
+
+    from tests.telegram_fake import TOKEN
+
+    bot = telegram.Bot(TOKEN, base_url=f"{api_url}/bot")
+
+    async def whoami() -> str:
+        await bot.initialize()  # idempotent; on the loop the bot's calls live on
+        return str(bot.id)
+
+    async def send(parent: Parent, text: str, key: str) -> str:
+        chat_id, message_id = (int(x) for x in parent.id.split(":"))
+        msg = await bot.send_message(chat_id, text, reply_parameters=telegram.ReplyParameters(
+            message_id=message_id, allow_sending_without_reply=False))
+        return f"{msg.chat.id}:{msg.message_id}"
+
+    return OwnPlatform(instance=f"telegram:{api_url}", whoami=whoami, send=send, listing_delay_s=0.2)
+
+
+@pytest.fixture
+def telegram_fake():
+    """The Bot API fake (tests/telegram_fake.py) serving on a port: (its world, its API root)."""
+    from tests.telegram_fake import TelegramApi, TelegramWorld
+
+    world = TelegramWorld()
+    api = TelegramApi(world).start()
+    yield world, api.url
+    api.stop()
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_python_telegram_bot_lost_answer_ends_unconfirmed(tmp_path, telegram_fake, face):
+    """python-telegram-bot behind OwnPlatform (no read_back), the fake dropping the sendMessage answer after
+    creating the message: uncertain, then unconfirmed after the sweep; posts from other paths send nothing;
+    one reply on the fake (both faces)."""
+    world, api_url = telegram_fake
+    url = f"sqlite:///{tmp_path / 'ptb.sqlite3'}"
+    parent = Parent(id=world.post(-1001234, "what is the time?"), author_id="5000000002")
+    world.send_faults.append("lost")
+
+    async def run_async() -> list[Status]:
+        async with aio.open_guard(url, ptb_platform(api_url), send_timeout_s=2.0) as g:
+            out = [(await g.post(parent, "noon")).status]
+            await asyncio.sleep(2.5)
+            await g.sweep()
+            out += [(await g.post(parent, "noon, again", path=p)).status for p in ("inbox", "webhook")]
+            return out + [(await g.check(parent.id)).status]
+
+    def run_sync() -> list[Status]:
+        from replyd import library
+
+        with library.open_guard(url, ptb_platform(api_url), send_timeout_s=2.0) as g:
+            out = [g.post(parent, "noon").status]
+            time.sleep(2.5)
+            g.sweep()
+            out += [g.post(parent, "noon, again", path=p).status for p in ("inbox", "webhook")]
+            return out + [g.check(parent.id).status]
+
+    statuses = asyncio.run(run_async()) if face == "async" else run_sync()
+    assert statuses == [Status.UNCERTAIN] + [Status.UNCONFIRMED] * 3
+    assert world.bot_replies(parent.id) == 1 and world.send_requests == 1
+
+
+@pytest.mark.slow
+def test_python_telegram_bot_sigkill_between_send_and_close(store_url, telegram_fake):
+    """python-telegram-bot on the async face, SIGKILLed between send and close: the restarted bot sends nothing
+    (in flight, then unconfirmed after the sweep, never retried); the operator's confirm closes it; one reply."""
+    from replyd import library
+
+    world, api_url = telegram_fake
+    parent = Parent(id=world.post(-1001234, "what is the time?"), author_id="5000000002")
+    child = CTX.Process(target=_kill_between_send_and_close,
+                        args=(store_url, api_url, parent.snapshot(), "python-telegram-bot"))
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL and world.bot_replies(parent.id) == 1
+
+    async def restart() -> list[Status]:
+        async with aio.open_guard(store_url, ptb_platform(api_url), send_timeout_s=2.0) as g:
+            out = [(await g.post(parent, "noon")).status]
+            await asyncio.sleep(2.5)
+            await g.sweep()
+            out.append((await g.post(parent, "noon")).status)
+            key = g.guard.key(parent.id)
+            done = await g.guard.store_thread.run(library.confirm, g.store, key, by="test")
+            assert done.confirmed
+            return out + [(await g.post(parent, "noon")).status]
+
+    assert asyncio.run(restart()) == [Status.IN_FLIGHT, Status.UNCONFIRMED, Status.ALREADY_ANSWERED]
+    assert world.bot_replies(parent.id) == 1 and world.send_requests == 1
