@@ -473,3 +473,142 @@ def test_python_telegram_bot_sigkill_between_send_and_close(store_url, telegram_
 
     assert asyncio.run(restart()) == [Status.IN_FLIGHT, Status.UNCONFIRMED, Status.ALREADY_ANSWERED]
     assert world.bot_replies(parent.id) == 1 and world.send_requests == 1
+
+
+# -- atproto's AsyncClient behind OwnPlatform, on the real Bluesky dev-env ------------------------------
+
+
+class LoseCreates(httpx.AsyncBaseTransport):
+    """The SDK's transport, losing the answer of the next ``lose`` createRecord calls after the PDS acted."""
+
+    def __init__(self, lose: int = 0) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.lose = lose
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        resp = await self.inner.handle_async_request(request)
+        if self.lose and request.url.path.endswith("/com.atproto.repo.createRecord"):
+            self.lose -= 1
+            await resp.aread()  # the record is written; the answer never reaches the bot
+            await resp.aclose()
+            raise httpx.ReadError("connection lost after the request was sent", request=request)
+        return resp
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def atproto_platform(pds: str, handle: str, password: str, transport: httpx.AsyncBaseTransport | None = None
+                     ) -> OwnPlatform:
+    """atproto's ``AsyncClient`` calls behind OwnPlatform: a deterministic rkey per (bot, parent), read back by
+    ``getRecord`` at that rkey on the PDS (no indexing delay, and a retry could never post twice)."""
+    from atproto import AsyncClient
+
+    from replyd.platforms.bluesky import rkey_for
+
+    client = AsyncClient(base_url=f"{pds}/xrpc")
+    if transport is not None:  # the SDK's own httpx client, on a transport that can lose answers
+        client.request._client = httpx.AsyncClient(follow_redirects=True, transport=transport)
+    me: dict[str, str] = {}
+
+    async def whoami() -> str:
+        if "did" not in me:
+            await client.login(handle, password, fetch_bsky_profile=False)
+            me["did"] = (await client.com.atproto.server.get_session()).did
+        return me["did"]
+
+    async def send(parent: Parent, text: str, key: str) -> str:
+        did = await whoami()
+        ref = {"uri": parent.id, "cid": parent.extra["cid"]}
+        record = {"$type": "app.bsky.feed.post", "text": text, "createdAt": client.get_current_time_iso(),
+                  "reply": {"root": parent.extra.get("root", ref), "parent": ref}}
+        out = await client.com.atproto.repo.create_record(
+            {"repo": did, "collection": "app.bsky.feed.post", "rkey": rkey_for(did, parent.id), "record": record})
+        return out.uri
+
+    async def read_back(parent_ids: list[str]) -> dict[str, list[str]]:
+        from atproto_client.exceptions import BadRequestError
+
+        did, found = await whoami(), {}
+        for p in parent_ids:
+            try:
+                got = await client.com.atproto.repo.get_record(
+                    {"repo": did, "collection": "app.bsky.feed.post", "rkey": rkey_for(did, p)})
+            except BadRequestError as exc:
+                if getattr(exc.response.content, "error", None) == "RecordNotFound":
+                    found[p] = []  # looked: nothing there
+                continue           # anything else: not conclusive, the row stays open
+            else:
+                found[p] = [got.uri]
+        return found
+
+    return OwnPlatform(instance=f"bluesky:{pds}", whoami=whoami, send=send, read_back=read_back,
+                       listing_delay_s=0.2)
+
+
+def pds_replies(net: Any, parent_uri: str) -> int:
+    """The bot's posts replying to ``parent_uri``, counted in its repo on the PDS (listRecords, every page)."""
+    n, cursor = 0, None
+    while True:
+        r = net.xrpc("GET", "com.atproto.repo.listRecords", params={
+            "repo": net.bot.did, "collection": "app.bsky.feed.post", "limit": 100, **({"cursor": cursor} if cursor else {})})
+        r.raise_for_status()
+        body = r.json()
+        n += sum(1 for rec in body["records"] if rec["value"].get("reply", {}).get("parent", {}).get("uri") == parent_uri)
+        cursor = body.get("cursor")
+        if not cursor or not body["records"]:
+            return n
+
+
+def _bsky_parent(net: Any, text: str) -> Parent:
+    """A person's post mentioning the bot, as a parent (its URI, CID in ``extra``)."""
+    post = net.post(net.people["alice.test"], text, mention=net.bot)
+    return Parent(id=post["uri"], author_id=net.people["alice.test"].did, extra={"cid": post["cid"]})
+
+
+def _atproto_killed(url: str, pds: str, handle: str, password: str, parent: dict) -> None:
+    """Child: the async face and an atproto AsyncClient; SIGKILL after the send returned, before the close."""
+
+    async def main() -> None:
+        async with aio.open_guard(url, atproto_platform(pds, handle, password), send_timeout_s=5.0) as g:
+            async def die(*a: Any) -> None:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            g.guard._close = die  # type: ignore[method-assign]
+            await g.post(Parent.from_snapshot(parent), "hello from a dying bot")
+
+    asyncio.run(main())
+    raise SystemExit(3)  # unreachable when the kill happened
+
+
+@pytest.mark.slow
+def test_atproto_async_client_lost_answer_and_sigkill(bsky_network, tmp_path):
+    """atproto's AsyncClient behind OwnPlatform on the real dev-env PDS: (1) the SDK's transport loses the
+    createRecord answer: uncertain, the sweep reads the record back and closes the row, a repost sends nothing;
+    (2) the process is SIGKILLed between send and close: the restart is in flight, the sweep closes it. One reply
+    per parent, counted in the bot's repo on the PDS."""
+    net = bsky_network
+    url = f"sqlite:///{tmp_path / 'atproto.sqlite3'}"
+    lost, killed = _bsky_parent(net, "lost answer?"), _bsky_parent(net, "killed bot?")
+    child = CTX.Process(target=_atproto_killed,
+                        args=(url, net.pds, net.bot.handle, net.bot_app_password, killed.snapshot()))
+    child.start()
+    child.join(90)
+    assert child.exitcode == -signal.SIGKILL
+
+    async def run() -> list[Status]:
+        transport = LoseCreates(lose=1)
+        async with aio.open_guard(url, atproto_platform(net.pds, net.bot.handle, net.bot_app_password, transport),
+                                  send_timeout_s=5.0) as g:
+            out = [(await g.post(lost, "hello")).status, (await g.post(killed, "hello")).status]
+            await asyncio.sleep(5.5)
+            await g.sweep()
+            out += [(await g.post(p, "hello again")).status for p in (lost, killed)]
+            rows = [await g.guard.store_thread.run(g.store.get, g.guard.key(p.id)) for p in (lost, killed)]
+            assert transport.lose == 0 and [r.state for r in rows] == [st.CLOSED, st.CLOSED]
+            nobody = _bsky_parent(net, "nobody answered this")
+            assert await g.platform._read([nobody.id, lost.id]) == {nobody.id: [], lost.id: [rows[0].reply_id]}
+            return out
+
+    assert asyncio.run(run()) == [Status.UNCERTAIN, Status.IN_FLIGHT, Status.ALREADY_ANSWERED, Status.ALREADY_ANSWERED]
+    assert (pds_replies(net, lost.id), pds_replies(net, killed.id)) == (1, 1)
