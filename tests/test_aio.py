@@ -326,18 +326,21 @@ def test_own_platform_lost_answer(tmp_path, face, reads, sdk):
     assert counts == {parent.id: 1}
 
 
-def _kill_between_send_and_close(url: str, base_url: str, parent: dict, sdk: str) -> None:
+def _kill_between_send_and_close(url: str, base_url: str, parent: dict, sdk: str,
+                                 login: tuple[str, str] = ("", "")) -> None:
     """Child: the async face and a bot's own client (``sdk``); SIGKILL after the send returned, before the close."""
 
     async def main() -> None:
         async with contextlib.AsyncExitStack() as stack:
             if sdk == "python-telegram-bot":
                 plat = ptb_platform(base_url)
+            elif sdk == "atproto":
+                plat = atproto_platform(base_url, *login)
             else:
                 client = await stack.enter_async_context(bot_client())
                 plat = OwnPlatform(instance=f"mastodon:{base_url}", listing_delay_s=0.2,
                                    **sdk_calls(sdk, base_url, client))
-            async with aio.open_guard(url, plat, send_timeout_s=2.0) as g:
+            async with aio.open_guard(url, plat, send_timeout_s=5.0 if sdk == "atproto" else 2.0) as g:
                 async def die(*a: Any) -> None:
                     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -566,21 +569,6 @@ def _bsky_parent(net: Any, text: str) -> Parent:
     return Parent(id=post["uri"], author_id=net.people["alice.test"].did, extra={"cid": post["cid"]})
 
 
-def _atproto_killed(url: str, pds: str, handle: str, password: str, parent: dict) -> None:
-    """Child: the async face and an atproto AsyncClient; SIGKILL after the send returned, before the close."""
-
-    async def main() -> None:
-        async with aio.open_guard(url, atproto_platform(pds, handle, password), send_timeout_s=5.0) as g:
-            async def die(*a: Any) -> None:
-                os.kill(os.getpid(), signal.SIGKILL)
-
-            g.guard._close = die  # type: ignore[method-assign]
-            await g.post(Parent.from_snapshot(parent), "hello from a dying bot")
-
-    asyncio.run(main())
-    raise SystemExit(3)  # unreachable when the kill happened
-
-
 @pytest.mark.slow
 def test_atproto_async_client_lost_answer_and_sigkill(bsky_network, tmp_path):
     """atproto's AsyncClient behind OwnPlatform on the real dev-env PDS: (1) the SDK's transport loses the
@@ -590,8 +578,8 @@ def test_atproto_async_client_lost_answer_and_sigkill(bsky_network, tmp_path):
     net = bsky_network
     url = f"sqlite:///{tmp_path / 'atproto.sqlite3'}"
     lost, killed = _bsky_parent(net, "lost answer?"), _bsky_parent(net, "killed bot?")
-    child = CTX.Process(target=_atproto_killed,
-                        args=(url, net.pds, net.bot.handle, net.bot_app_password, killed.snapshot()))
+    child = CTX.Process(target=_kill_between_send_and_close,
+                        args=(url, net.pds, killed.snapshot(), "atproto", (net.bot.handle, net.bot_app_password)))
     child.start()
     child.join(90)
     assert child.exitcode == -signal.SIGKILL
