@@ -2,8 +2,9 @@
 
     PYTHONPATH=. python -m bench.aio [--posts 2000] [--pg postgresql+psycopg://postgres@127.0.0.1:5432/postgres]
 
-Per database: the median cost per post of ``Guard.post`` and of ``await AsyncGuard.post`` (sequential, the
-same store), their ratio, and the loop-lag probe (a task sleeping 1 ms and recording its overshoot) through
+Per database: the median cost per post of ``Guard.post`` and of ``await AsyncGuard.post`` (one of each in
+turn, on the same store, so a machine whose load moves during the run loads both faces alike), their ratio,
+the same with the stub send a coroutine (``asend``: a bot's own async send, no thread hop for it), and the loop-lag probe (a task sleeping 1 ms and recording its overshoot) through
 ``--concurrent`` posts gathered at once on the async face, and through the same posts made with the sync
 guard called inside the loop (the naive side: its stall measured the same way).
 """
@@ -54,27 +55,40 @@ async def _probe(lags: list[float], stop: asyncio.Event) -> None:
         lags.append(time.perf_counter() - t0 - 0.001)
 
 
-def run(url: str, posts: int, concurrent: int) -> dict[str, Any]:
+class AsyncStubPlatform(MemoryPlatform):
+    """The stubbed send as a coroutine (``AsyncSend``): what a bot's own async send costs the face, minus the network."""
+
+    async def asend(self, parent: Any, text: str, *, provider_key: str) -> Any:
+        return self.send(parent, text, provider_key=provider_key)
+
+
+def run(url: str, posts: int, concurrent: int, durability: str = "as_asked") -> dict[str, Any]:
     """One database's figures."""
-    store = Store.open(url)
+    store = Store.open(url, durability=durability)
     plat = MemoryPlatform(listing_delay_s=5.0)
     me = plat.whoami()
     sync = Guard(store, plat, me, watch_interval_s=None)
-    per_sync = []
-    for i in range(posts):
-        p = plat.add_parent(f"s{i}")
-        t0 = time.perf_counter()
-        sync.post(p, "x")
-        per_sync.append(time.perf_counter() - t0)
+    aplat = AsyncStubPlatform(instance="memory:async-stub", listing_delay_s=5.0)
+    per_sync: list[float] = []
 
     async def on_loop() -> dict[str, Any]:
         g = AsyncGuard(store, plat, me, watch_interval_s=None)
-        per_async = []
-        for i in range(posts):
+        ga = AsyncGuard(store, aplat, aplat.whoami(), watch_interval_s=None)
+        per_async, per_asend = [], []
+        for i in range(posts):  # in turn: sync, async (sync send on a thread), async (asend)
+            p = plat.add_parent(f"s{i}")
+            t0 = time.perf_counter()
+            sync.post(p, "x")
+            per_sync.append(time.perf_counter() - t0)
             p = plat.add_parent(f"a{i}")
             t0 = time.perf_counter()
             await g.post(p, "x")
             per_async.append(time.perf_counter() - t0)
+            p = aplat.add_parent(f"e{i}")
+            t0 = time.perf_counter()
+            await ga.post(p, "x")
+            per_asend.append(time.perf_counter() - t0)
+        await ga.aclose()
         lags: list[float] = []
         stop = asyncio.Event()
         task = asyncio.create_task(_probe(lags, stop))
@@ -92,13 +106,16 @@ def run(url: str, posts: int, concurrent: int) -> dict[str, Any]:
         stop.set()
         await task
         await g.aclose()
-        return {"per_async": per_async, "lag": _lag_stats(lags), "naive_lag": _lag_stats(naive)}
+        return {"per_async": per_async, "per_asend": per_asend, "lag": _lag_stats(lags), "naive_lag": _lag_stats(naive)}
 
     got = asyncio.run(on_loop())
     store.dispose()
     s_med, a_med = statistics.median(per_sync), statistics.median(got["per_async"])
-    return {"sync_us": round(s_med * 1e6, 1), "async_us": round(a_med * 1e6, 1), "ratio": round(a_med / s_med, 3),
-            "loop_lag_async": got["lag"], "loop_lag_sync_in_loop": got["naive_lag"]}
+    e_med = statistics.median(got["per_asend"])
+    return {"durability": durability, "sync_us": round(s_med * 1e6, 1), "async_us": round(a_med * 1e6, 1),
+            "ratio": round(a_med / s_med, 3), "async_asend_us": round(e_med * 1e6, 1),
+            "ratio_asend": round(e_med / s_med, 3), "loop_lag_async": got["lag"],
+            "loop_lag_sync_in_loop": got["naive_lag"]}
 
 
 def main() -> None:
@@ -108,11 +125,12 @@ def main() -> None:
     ap.add_argument("--concurrent", type=int, default=1000)
     ap.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--sqlite", default=f"sqlite:////tmp/replyd-bench-aio-{uuid.uuid4().hex[:8]}.sqlite3")
+    ap.add_argument("--durability", default="as_asked", choices=["as_asked", "durable", "relaxed"])
     a = ap.parse_args()
-    print(json.dumps({"db": "sqlite", **run(a.sqlite, a.posts, a.concurrent)}))
+    print(json.dumps({"db": "sqlite", **run(a.sqlite, a.posts, a.concurrent, a.durability)}))
     url, drop = _fresh_pg(a.pg)
     try:
-        print(json.dumps({"db": "postgresql", **run(url, a.posts, a.concurrent)}))
+        print(json.dumps({"db": "postgresql", **run(url, a.posts, a.concurrent, a.durability)}))
     finally:
         drop()
 

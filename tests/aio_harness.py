@@ -5,6 +5,10 @@ its coroutines on a private event loop thread, waiting for the result: a test wr
 drives the async face's driver (store calls on its store thread, the send on a worker thread) unchanged.
 Attributes are shared with the async guard (``claiming``, ``breaker``, ``owner`` ...), and a seam replaced on
 the instance (``g._close = die``) is the async face's seam: a plain function's result is awaited as is.
+
+``StoreOnFace`` is a store reached the way the async face reaches it (every call on its ``StoreThread``,
+awaited from the harness loop; a transaction whole on one store thread), so the store contract suite runs on
+both faces (``store_on``: the store as is, or behind the async face's threads).
 """
 
 from __future__ import annotations
@@ -12,12 +16,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
-from replyd.aio import AsyncGuard
+from replyd.aio import AsyncGuard, StoreThread
 from replyd.guard import Guard
+from replyd.store import Store
 
 _LOOP: asyncio.AbstractEventLoop | None = None
 _LOCK = threading.Lock()
@@ -72,6 +79,60 @@ class BlockingAsyncGuard:
         asyncio.run_coroutine_threadsafe(self._g.aclose(), loop()).result()
 
 
+def _on(thread: StoreThread, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` run as the async face runs a store call: awaited from the loop, on ``thread``."""
+    return asyncio.run_coroutine_threadsafe(thread.run(fn, *args, **kwargs), loop()).result()
+
+
+class _CallsOn:
+    """An object whose every call runs on a store thread (a ``Tx`` inside a transaction on the face)."""
+
+    def __init__(self, inner: Any, thread: StoreThread) -> None:
+        object.__setattr__(self, "_inner", inner)
+        object.__setattr__(self, "_thread", thread)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._inner, name)
+        if not callable(value) or name.startswith("__"):
+            return value
+        return lambda *a, **kw: _on(self._thread, value, *a, **kw)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._inner, name, value)  # ``store.clock = ...``, ``store.claim_commit = ...``: the store's own
+
+
+class StoreOnFace(_CallsOn):
+    """A store reached as ``replyd.aio`` reaches it: each call on the face's ``StoreThread`` (one on SQLite, four
+    on PostgreSQL, as ``open_guard`` starts them), a transaction entered, used and left on one store thread."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store, StoreThread(store, 1 if store.is_sqlite else 4))
+        object.__setattr__(self, "_tx_thread", StoreThread(store, 1))  # a whole transaction on one thread
+
+    @contextmanager
+    def transaction(self, **kwargs: Any) -> Iterator[Any]:
+        """The store's transaction, every step of it on one store thread (as the face runs one: one call)."""
+        cm = _on(self._tx_thread, self._inner.transaction, **kwargs)
+        tx = _on(self._tx_thread, cm.__enter__)
+        try:
+            yield _CallsOn(tx, self._tx_thread)
+        except BaseException as exc:
+            if not _on(self._tx_thread, cm.__exit__, type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            _on(self._tx_thread, cm.__exit__, None, None, None)
+
+    def close(self) -> None:
+        """Stop the face's store threads (the store itself stays open: its owner disposes it)."""
+        self._thread.close()
+        self._tx_thread.close()
+
+
+def raw(store: Any) -> Store:
+    """The store behind ``store`` (itself when it is one)."""
+    return store._inner if isinstance(store, StoreOnFace) else store
+
+
 FACES = {"sync": Guard, "async": BlockingAsyncGuard}
 
 
@@ -79,3 +140,16 @@ FACES = {"sync": Guard, "async": BlockingAsyncGuard}
 def face(request: pytest.FixtureRequest) -> type:
     """The guard class of one face: ``Guard`` or the async face behind the same API."""
     return FACES[request.param]
+
+
+@contextmanager
+def store_on(face: type, store: Store) -> Iterator[Any]:
+    """``store`` as ``face`` reaches it: as is (the sync face), or through the async face's store threads."""
+    if face is Guard:
+        yield store
+        return
+    faced = StoreOnFace(store)
+    try:
+        yield faced
+    finally:
+        faced.close()

@@ -218,6 +218,28 @@ class TelegramWorld:
         return fault or "", msg
 
 
+# Parameters whose form value is the string as sent (never decoded as JSON, "123" is a text).
+_STRING_PARAMS = frozenset({"text", "caption", "secret_token", "url", "description"})
+
+
+async def _arguments(request: Request) -> dict[str, Any]:
+    """A method's parameters, passed as the Bot API takes them: a JSON body, or a query string, an urlencoded or
+    multipart form whose values are strings, numbers or JSON-serialised objects (python-telegram-bot sends forms)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind in ("application/x-www-form-urlencoded", "multipart/form-data") or (not kind and request.query_params):
+        fields = dict(request.query_params) | (dict(await request.form()) if kind else {})
+        out: dict[str, Any] = {}
+        for name, value in fields.items():
+            value = str(value)
+            try:
+                out[name] = value if name in _STRING_PARAMS else json.loads(value)
+            except ValueError:
+                out[name] = value
+        return out
+    raw = await request.body()
+    return json.loads(raw) if raw else {}
+
+
 class TelegramApi:
     """The Bot API over HTTP: ``/bot<token>/<method>`` with JSON bodies."""
 
@@ -256,8 +278,7 @@ class TelegramApi:
             return _err("error_401")
         method = request.path_params["method"]
         try:
-            raw = await request.body()
-            args = json.loads(raw) if raw else {}
+            args = await _arguments(request)
         except ValueError:
             return JSONResponse({"ok": False, "error_code": 400, "description": "Bad Request: invalid JSON"}, 400)
         handler = getattr(self, f"_m_{method}", None)

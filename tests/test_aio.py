@@ -9,6 +9,7 @@ or a sync client) behind ``OwnPlatform`` survive a lost answer and a SIGKILL bet
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import random
@@ -23,7 +24,7 @@ from replyd import aio
 from replyd import store as st
 from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, Rejected
 from replyd.guard import Status
-from replyd.platforms.base import Parent
+from replyd.platforms.base import NoReadBack, Parent, Pending, reads_back
 from replyd.platforms.memory import MemoryPlatform
 from replyd.platforms.own import OwnPlatform, from_httpx
 from replyd.sim import SimServer
@@ -79,6 +80,36 @@ def own_calls(base_url: str, client: httpx.AsyncClient) -> dict[str, Any]:
             max_id = page[-1]["id"]
 
     return {"whoami": whoami, "send": send, "read_back": read_back}
+
+
+def mastodon_py_calls(base_url: str) -> dict[str, Any]:
+    """The same three calls written with Mastodon.py (a sync SDK on requests): what a Mastodon.py bot writes."""
+    from mastodon import Mastodon
+
+    m = Mastodon(access_token=BOT_TOKEN, api_base_url=base_url, version_check_mode="none", request_timeout=30)
+
+    def whoami() -> str:
+        return str(m.account_verify_credentials()["id"])
+
+    def send(parent: Parent, text: str, key: str) -> str:
+        return str(m.status_post(text, in_reply_to_id=parent.id, idempotency_key=key)["id"])
+
+    def read_back(parent_ids: list[str]) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {p: [] for p in parent_ids}
+        me, max_id = whoami(), None
+        while page := m.account_statuses(me, limit=40, max_id=max_id):
+            for s in page:
+                if str(s.get("in_reply_to_id")) in found:
+                    found[str(s["in_reply_to_id"])].append(str(s["id"]))
+            max_id = page[-1]["id"]
+        return found
+
+    return {"whoami": whoami, "send": send, "read_back": read_back}
+
+
+def sdk_calls(sdk: str, base_url: str, client: httpx.AsyncClient) -> dict[str, Any]:
+    """A bot's own calls for the sim: plain ``httpx.AsyncClient`` calls, or Mastodon.py's."""
+    return own_calls(base_url, client) if sdk == "httpx" else mastodon_py_calls(base_url)
 
 
 def bot_client() -> httpx.AsyncClient:
@@ -208,10 +239,16 @@ def test_thousand_concurrent_posts_one_reply_each(store_url):
 # -- bring your own send -----------------------------------------------------------------------------
 
 
-def test_own_platform_requires_read_back():
-    """Without read_back an OwnPlatform is refused (the no-read-back class is not in the core yet)."""
-    with pytest.raises(ConfigError, match="read_back is required"):
-        OwnPlatform(instance="x:y", whoami=lambda: "1", send=lambda p, t, k: "r", read_back=None)
+def test_own_platform_without_read_back_is_of_the_no_read_back_class():
+    """Without read_back an OwnPlatform declares NoReadBack and reads back nothing (no parent ever "not found")."""
+    plain = OwnPlatform(instance="x:y", whoami=lambda: "1", send=lambda p, t, k: "r")
+    assert isinstance(plain, NoReadBack) and not reads_back(plain) and plain.no_read_back()
+    rb = plain.read_back([Pending(Parent(id="p", author_id="a"), 0.0)], sender_id="1")
+    assert rb.checked == set() and rb.found == {}
+    with_read = OwnPlatform(instance="x:y", whoami=lambda: "1", send=lambda p, t, k: "r", read_back=lambda ids: {})
+    assert reads_back(with_read) and isinstance(with_read, OwnPlatform)
+    with pytest.raises(ConfigError, match="read_back must be a call"):
+        OwnPlatform(instance="x:y", whoami=lambda: "1", send=lambda p, t, k: "r", read_back="nope")
 
 
 def test_httpx_errors_map_by_the_shared_table():
@@ -234,54 +271,76 @@ def test_httpx_errors_map_by_the_shared_table():
     assert from_httpx(other, what="send", acting=True) is other
 
 
+@pytest.mark.parametrize("sdk", ["httpx", "mastodon.py"])
+@pytest.mark.parametrize("reads", [True, False], ids=["read_back", "no_read_back"])
 @pytest.mark.parametrize("face", ["sync", "async"])
-def test_own_platform_lost_answer_is_found_by_the_sweep(tmp_path, face):
-    """A bot's own async calls behind OwnPlatform, the sim losing the create's answer: uncertain, then the
-    sweep finds the reply through read_back and closes the row; no retry, one reply on the sim (both faces)."""
+def test_own_platform_lost_answer(tmp_path, face, reads, sdk):
+    """A bot's own calls behind OwnPlatform (an httpx.AsyncClient's, or Mastodon.py's), the sim losing the
+    create's answer: uncertain; with read_back the sweep finds the reply and closes the row, without it (the
+    no-read-back class) the sweep marks it unconfirmed and no later post sends again; one reply on the sim
+    either way (both faces)."""
     url = f"sqlite:///{tmp_path / 'own.sqlite3'}"
     with start_sim() as sim:
         parent = parents_on(sim, 1)[0]
         sim.queue_faults(next_creates=["lost_drop"])
 
-        async def run_async() -> tuple[Status, Status, str]:
+        def platform(client: httpx.AsyncClient) -> OwnPlatform:
+            calls = sdk_calls(sdk, sim.base_url, client)
+            if not reads:
+                del calls["read_back"]
+            return OwnPlatform(instance=f"mastodon:{sim.base_url}", listing_delay_s=0.2, **calls)
+
+        async def run_async() -> tuple[Status, list[Status], str]:
             async with bot_client() as client:
-                plat = OwnPlatform(instance=f"mastodon:{sim.base_url}", listing_delay_s=0.2,
-                                   **own_calls(sim.base_url, client))
-                async with aio.open_guard(url, plat, send_timeout_s=2.0) as g:
+                async with aio.open_guard(url, platform(client), send_timeout_s=2.0) as g:
                     first = await g.post(parent, "hello")
                     await asyncio.sleep(2.5)
                     await g.sweep()
-                    again = await g.post(parent, "hello again")
+                    again = [await g.post(parent, "hello again", path=path) for path in ("inbox", "refind")]
+                    await asyncio.sleep(2.5)
+                    await g.sweep()  # a later pass: nothing moves the row on
                     row = await g.guard.store_thread.run(g.store.get, g.guard.key(parent.id))
-                    return first.status, again.status, row.state
+                    return first.status, again, row.state
 
-        def run_sync() -> tuple[Status, Status, str]:
+        def run_sync() -> tuple[Status, list[Status], str]:
             from replyd import library
 
             client = bot_client()  # its calls run on the shared responder loop (the sync face awaits them there)
-            plat = OwnPlatform(instance=f"mastodon:{sim.base_url}", listing_delay_s=0.2,
-                               **own_calls(sim.base_url, client))
-            with library.open_guard(url, plat, send_timeout_s=2.0) as g:
+            with library.open_guard(url, platform(client), send_timeout_s=2.0) as g:
                 first = g.post(parent, "hello")
                 time.sleep(2.5)
                 g.sweep()
-                again = g.post(parent, "hello again")
-                return first.status, again.status, g.store.get(g.guard.key(parent.id)).state
+                again = [g.post(parent, "hello again", path=path).status for path in ("inbox", "refind")]
+                time.sleep(2.5)
+                g.sweep()
+                return first.status, again, g.store.get(g.guard.key(parent.id)).state
 
         first, again, state = asyncio.run(run_async()) if face == "async" else run_sync()
         counts = bot_replies(sim)
+    again = [getattr(a, "status", a) for a in again]
     assert first is Status.UNCERTAIN
-    assert again is Status.ALREADY_ANSWERED and state == st.CLOSED
+    if reads:
+        assert again == [Status.ALREADY_ANSWERED] * 2 and state == st.CLOSED
+    else:
+        assert again == [Status.UNCONFIRMED] * 2 and state == st.UNCONFIRMED
     assert counts == {parent.id: 1}
 
 
-def _kill_between_send_and_close(url: str, base_url: str, parent: dict) -> None:
-    """Child: the async face and a bot's own client; SIGKILL after the send returned, before the close."""
+def _kill_between_send_and_close(url: str, base_url: str, parent: dict, sdk: str,
+                                 login: tuple[str, str] = ("", "")) -> None:
+    """Child: the async face and a bot's own client (``sdk``); SIGKILL after the send returned, before the close."""
 
     async def main() -> None:
-        async with bot_client() as client:
-            plat = OwnPlatform(instance=f"mastodon:{base_url}", listing_delay_s=0.2, **own_calls(base_url, client))
-            async with aio.open_guard(url, plat, send_timeout_s=2.0) as g:
+        async with contextlib.AsyncExitStack() as stack:
+            if sdk == "python-telegram-bot":
+                plat = ptb_platform(base_url)
+            elif sdk == "atproto":
+                plat = atproto_platform(base_url, *login)
+            else:
+                client = await stack.enter_async_context(bot_client())
+                plat = OwnPlatform(instance=f"mastodon:{base_url}", listing_delay_s=0.2,
+                                   **sdk_calls(sdk, base_url, client))
+            async with aio.open_guard(url, plat, send_timeout_s=5.0 if sdk == "atproto" else 2.0) as g:
                 async def die(*a: Any) -> None:
                     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -293,12 +352,14 @@ def _kill_between_send_and_close(url: str, base_url: str, parent: dict) -> None:
 
 
 @pytest.mark.slow
-def test_own_platform_sigkill_between_send_and_close(store_url):
-    """The async face's process SIGKILLed between send and close: the row stays open, a restarted bot posts
-    nothing (in flight), the sweep closes it from read_back; one reply on the sim."""
+@pytest.mark.parametrize("sdk", ["httpx", "mastodon.py"])
+def test_own_platform_sigkill_between_send_and_close(store_url, sdk):
+    """The async face's process (its own calls: httpx or Mastodon.py) SIGKILLed between send and close: the row
+    stays open, a restarted bot posts nothing (in flight), the sweep closes it from read_back; one reply on the sim."""
     with start_sim() as sim:
         parent = parents_on(sim, 1)[0]
-        child = CTX.Process(target=_kill_between_send_and_close, args=(store_url, sim.base_url, parent.snapshot()))
+        child = CTX.Process(target=_kill_between_send_and_close,
+                            args=(store_url, sim.base_url, parent.snapshot(), sdk))
         child.start()
         child.join(60)
         assert child.exitcode == -signal.SIGKILL
@@ -306,7 +367,7 @@ def test_own_platform_sigkill_between_send_and_close(store_url):
         async def restart() -> tuple[Status, str, Status]:
             async with bot_client() as client:
                 plat = OwnPlatform(instance=f"mastodon:{sim.base_url}", listing_delay_s=0.2,
-                                   **own_calls(sim.base_url, client))
+                                   **sdk_calls(sdk, sim.base_url, client))
                 async with aio.open_guard(store_url, plat, send_timeout_s=2.0) as g:
                     blocked = await g.post(parent, "hello")
                     await asyncio.sleep(2.5)
@@ -318,3 +379,224 @@ def test_own_platform_sigkill_between_send_and_close(store_url):
         counts = bot_replies(sim)
     assert blocked is Status.IN_FLIGHT and state == st.CLOSED and after is Status.ALREADY_ANSWERED
     assert counts == {parent.id: 1}
+
+
+# -- python-telegram-bot behind OwnPlatform: the no-read-back class ------------------------------------
+
+
+def ptb_platform(api_url: str) -> OwnPlatform:
+    """A python-telegram-bot ``Bot``'s calls behind OwnPlatform, without read_back (the Bot API has none)."""
+    import telegram
+
+    from tests.telegram_fake import TOKEN
+
+    bot = telegram.Bot(TOKEN, base_url=f"{api_url}/bot")
+
+    async def whoami() -> str:
+        await bot.initialize()  # idempotent; on the loop the bot's calls live on
+        return str(bot.id)
+
+    async def send(parent: Parent, text: str, key: str) -> str:
+        chat_id, message_id = (int(x) for x in parent.id.split(":"))
+        msg = await bot.send_message(chat_id, text, reply_parameters=telegram.ReplyParameters(
+            message_id=message_id, allow_sending_without_reply=False))
+        return f"{msg.chat.id}:{msg.message_id}"
+
+    return OwnPlatform(instance=f"telegram:{api_url}", whoami=whoami, send=send, listing_delay_s=0.2)
+
+
+@pytest.fixture
+def telegram_fake():
+    """The Bot API fake (tests/telegram_fake.py) serving on a port: (its world, its API root)."""
+    from tests.telegram_fake import TelegramApi, TelegramWorld
+
+    world = TelegramWorld()
+    api = TelegramApi(world).start()
+    yield world, api.url
+    api.stop()
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_python_telegram_bot_lost_answer_ends_unconfirmed(tmp_path, telegram_fake, face):
+    """python-telegram-bot behind OwnPlatform (no read_back), the fake dropping the sendMessage answer after
+    creating the message: uncertain, then unconfirmed after the sweep; posts from other paths send nothing;
+    one reply on the fake (both faces)."""
+    world, api_url = telegram_fake
+    url = f"sqlite:///{tmp_path / 'ptb.sqlite3'}"
+    parent = Parent(id=world.post(-1001234, "what is the time?"), author_id="5000000002")
+    world.send_faults.append("lost")
+
+    async def run_async() -> list[Status]:
+        async with aio.open_guard(url, ptb_platform(api_url), send_timeout_s=2.0) as g:
+            out = [(await g.post(parent, "noon")).status]
+            await asyncio.sleep(2.5)
+            await g.sweep()
+            out += [(await g.post(parent, "noon, again", path=p)).status for p in ("inbox", "webhook")]
+            return out + [(await g.check(parent.id)).status]
+
+    def run_sync() -> list[Status]:
+        from replyd import library
+
+        with library.open_guard(url, ptb_platform(api_url), send_timeout_s=2.0) as g:
+            out = [g.post(parent, "noon").status]
+            time.sleep(2.5)
+            g.sweep()
+            out += [g.post(parent, "noon, again", path=p).status for p in ("inbox", "webhook")]
+            return out + [g.check(parent.id).status]
+
+    statuses = asyncio.run(run_async()) if face == "async" else run_sync()
+    assert statuses == [Status.UNCERTAIN] + [Status.UNCONFIRMED] * 3
+    assert world.bot_replies(parent.id) == 1 and world.send_requests == 1
+
+
+@pytest.mark.slow
+def test_python_telegram_bot_sigkill_between_send_and_close(store_url, telegram_fake):
+    """python-telegram-bot on the async face, SIGKILLed between send and close: the restarted bot sends nothing
+    (in flight, then unconfirmed after the sweep, never retried); the operator's confirm closes it; one reply."""
+    from replyd import library
+
+    world, api_url = telegram_fake
+    parent = Parent(id=world.post(-1001234, "what is the time?"), author_id="5000000002")
+    child = CTX.Process(target=_kill_between_send_and_close,
+                        args=(store_url, api_url, parent.snapshot(), "python-telegram-bot"))
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL and world.bot_replies(parent.id) == 1
+
+    async def restart() -> list[Status]:
+        async with aio.open_guard(store_url, ptb_platform(api_url), send_timeout_s=2.0) as g:
+            out = [(await g.post(parent, "noon")).status]
+            await asyncio.sleep(2.5)
+            await g.sweep()
+            out.append((await g.post(parent, "noon")).status)
+            key = g.guard.key(parent.id)
+            done = await g.guard.store_thread.run(library.confirm, g.store, key, by="test")
+            assert done.confirmed
+            return out + [(await g.post(parent, "noon")).status]
+
+    assert asyncio.run(restart()) == [Status.IN_FLIGHT, Status.UNCONFIRMED, Status.ALREADY_ANSWERED]
+    assert world.bot_replies(parent.id) == 1 and world.send_requests == 1
+
+
+# -- atproto's AsyncClient behind OwnPlatform, on the real Bluesky dev-env ------------------------------
+
+
+class LoseCreates(httpx.AsyncBaseTransport):
+    """The SDK's transport, losing the answer of the next ``lose`` createRecord calls after the PDS acted."""
+
+    def __init__(self, lose: int = 0) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.lose = lose
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        resp = await self.inner.handle_async_request(request)
+        if self.lose and request.url.path.endswith("/com.atproto.repo.createRecord"):
+            self.lose -= 1
+            await resp.aread()  # the record is written; the answer never reaches the bot
+            await resp.aclose()
+            raise httpx.ReadError("connection lost after the request was sent", request=request)
+        return resp
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def atproto_platform(pds: str, handle: str, password: str, transport: httpx.AsyncBaseTransport | None = None
+                     ) -> OwnPlatform:
+    """atproto's ``AsyncClient`` calls behind OwnPlatform: a deterministic rkey per (bot, parent), read back by
+    ``getRecord`` at that rkey on the PDS (no indexing delay, and a retry could never post twice)."""
+    from atproto import AsyncClient
+
+    from replyd.platforms.bluesky import rkey_for
+
+    client = AsyncClient(base_url=f"{pds}/xrpc")
+    if transport is not None:  # the SDK's own httpx client, on a transport that can lose answers
+        client.request._client = httpx.AsyncClient(follow_redirects=True, transport=transport)
+    me: dict[str, str] = {}
+
+    async def whoami() -> str:
+        if "did" not in me:
+            await client.login(handle, password, fetch_bsky_profile=False)
+            me["did"] = (await client.com.atproto.server.get_session()).did
+        return me["did"]
+
+    async def send(parent: Parent, text: str, key: str) -> str:
+        did = await whoami()
+        ref = {"uri": parent.id, "cid": parent.extra["cid"]}
+        record = {"$type": "app.bsky.feed.post", "text": text, "createdAt": client.get_current_time_iso(),
+                  "reply": {"root": parent.extra.get("root", ref), "parent": ref}}
+        out = await client.com.atproto.repo.create_record(
+            {"repo": did, "collection": "app.bsky.feed.post", "rkey": rkey_for(did, parent.id), "record": record})
+        return out.uri
+
+    async def read_back(parent_ids: list[str]) -> dict[str, list[str]]:
+        from atproto_client.exceptions import BadRequestError
+
+        did, found = await whoami(), {}
+        for p in parent_ids:
+            try:
+                got = await client.com.atproto.repo.get_record(
+                    {"repo": did, "collection": "app.bsky.feed.post", "rkey": rkey_for(did, p)})
+            except BadRequestError as exc:
+                if getattr(exc.response.content, "error", None) == "RecordNotFound":
+                    found[p] = []  # looked: nothing there
+                continue           # anything else: not conclusive, the row stays open
+            else:
+                found[p] = [got.uri]
+        return found
+
+    return OwnPlatform(instance=f"bluesky:{pds}", whoami=whoami, send=send, read_back=read_back,
+                       listing_delay_s=0.2)
+
+
+def pds_replies(net: Any, parent_uri: str) -> int:
+    """The bot's posts replying to ``parent_uri``, counted in its repo on the PDS (listRecords, every page)."""
+    n, cursor = 0, None
+    while True:
+        r = net.xrpc("GET", "com.atproto.repo.listRecords", params={
+            "repo": net.bot.did, "collection": "app.bsky.feed.post", "limit": 100, **({"cursor": cursor} if cursor else {})})
+        r.raise_for_status()
+        body = r.json()
+        n += sum(1 for rec in body["records"] if rec["value"].get("reply", {}).get("parent", {}).get("uri") == parent_uri)
+        cursor = body.get("cursor")
+        if not cursor or not body["records"]:
+            return n
+
+
+def _bsky_parent(net: Any, text: str) -> Parent:
+    """A person's post mentioning the bot, as a parent (its URI, CID in ``extra``)."""
+    post = net.post(net.people["alice.test"], text, mention=net.bot)
+    return Parent(id=post["uri"], author_id=net.people["alice.test"].did, extra={"cid": post["cid"]})
+
+
+@pytest.mark.slow
+def test_atproto_async_client_lost_answer_and_sigkill(bsky_network, tmp_path):
+    """atproto's AsyncClient behind OwnPlatform on the real dev-env PDS: (1) the SDK's transport loses the
+    createRecord answer: uncertain, the sweep reads the record back and closes the row, a repost sends nothing;
+    (2) the process is SIGKILLed between send and close: the restart is in flight, the sweep closes it. One reply
+    per parent, counted in the bot's repo on the PDS."""
+    net = bsky_network
+    url = f"sqlite:///{tmp_path / 'atproto.sqlite3'}"
+    lost, killed = _bsky_parent(net, "lost answer?"), _bsky_parent(net, "killed bot?")
+    child = CTX.Process(target=_kill_between_send_and_close,
+                        args=(url, net.pds, killed.snapshot(), "atproto", (net.bot.handle, net.bot_app_password)))
+    child.start()
+    child.join(90)
+    assert child.exitcode == -signal.SIGKILL
+
+    async def run() -> list[Status]:
+        transport = LoseCreates(lose=1)
+        async with aio.open_guard(url, atproto_platform(net.pds, net.bot.handle, net.bot_app_password, transport),
+                                  send_timeout_s=5.0) as g:
+            out = [(await g.post(lost, "hello")).status, (await g.post(killed, "hello")).status]
+            await asyncio.sleep(5.5)
+            await g.sweep()
+            out += [(await g.post(p, "hello again")).status for p in (lost, killed)]
+            rows = [await g.guard.store_thread.run(g.store.get, g.guard.key(p.id)) for p in (lost, killed)]
+            assert transport.lose == 0 and [r.state for r in rows] == [st.CLOSED, st.CLOSED]
+            nobody = _bsky_parent(net, "nobody answered this")
+            assert await g.platform._read([nobody.id, lost.id]) == {nobody.id: [], lost.id: [rows[0].reply_id]}
+            return out
+
+    assert asyncio.run(run()) == [Status.UNCERTAIN, Status.IN_FLIGHT, Status.ALREADY_ANSWERED, Status.ALREADY_ANSWERED]
+    assert (pds_replies(net, lost.id), pds_replies(net, killed.id)) == (1, 1)

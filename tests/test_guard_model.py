@@ -43,6 +43,7 @@ from pathlib import Path
 
 import hypothesis.strategies as hs
 import pytest
+import sqlalchemy as sa
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -54,6 +55,7 @@ from replyd.config import PollerConfig
 from replyd.errors import MaybeSent
 from replyd.guard import Guard, Status
 from tests.aio_harness import BlockingAsyncGuard
+from tests.conftest import PG_ADMIN_URL, _pg_reachable
 from replyd.pipeline import Pipeline
 from replyd.platforms.base import Parent
 from replyd.platforms.memory import STEPS, MemoryPlatform
@@ -177,16 +179,29 @@ ALLOWED[st.RELEASED] = ALLOWED[st.RELEASED] | {st.CLOSED}
 DENIED = "p1"  # the drain's policy rules this parent out for good (a denied keyword in its text)
 
 _DB: dict[str, Store] = {}
+_PG_NAMES: list[str] = []  # the PostgreSQL databases this module created (dropped at its end)
 
 
-def shared_store() -> Store:
-    """One migrated SQLite store for all examples; each example uses its own platform instance (key part)."""
-    if "s" not in _DB:
-        # tmpfs when there is one: every claim commits with synchronous=FULL.
-        base = "/dev/shm" if Path("/dev/shm").is_dir() else None
-        path = Path(tempfile.mkdtemp(prefix="replyd-model-", dir=base)) / "model.sqlite3"
-        _DB["s"] = Store.open(f"sqlite:///{path}")
-    return _DB["s"]
+def shared_store(db: str = "sqlite") -> Store:
+    """One migrated store per database for all examples; each example uses its own platform instance (key part)."""
+    if db not in _DB:
+        if db == "sqlite":
+            # tmpfs when there is one: every claim commits with synchronous=FULL.
+            base = "/dev/shm" if Path("/dev/shm").is_dir() else None
+            path = Path(tempfile.mkdtemp(prefix="replyd-model-", dir=base)) / "model.sqlite3"
+            _DB[db] = Store.open(f"sqlite:///{path}")
+        else:
+            why = _pg_reachable()
+            if why:
+                pytest.skip(f"PostgreSQL unreachable at {PG_ADMIN_URL} ({why})")
+            name = f"replyd_model_{uuid.uuid4().hex[:10]}"
+            admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+            with admin.connect() as c:
+                c.exec_driver_sql(f'CREATE DATABASE "{name}"')
+            admin.dispose()
+            _PG_NAMES.append(name)
+            _DB[db] = Store.open(sa.engine.make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False))
+    return _DB[db]
 
 
 class GuardModel(RuleBasedStateMachine):
@@ -195,7 +210,7 @@ class GuardModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.clock = FakeClock()
-        self.store = shared_store()
+        self.store = shared_store(self.DB)
         self.store.clock = self.clock
         self.plat = ModelPlatform(instance=f"memory:{uuid.uuid4().hex}", listing_delay_s=LISTING_DELAY, clock=self.clock)
         me = self.plat.whoami()
@@ -213,7 +228,8 @@ class GuardModel(RuleBasedStateMachine):
         # The daemon's re-find over both replicas' log: one waiting row a page, the policy p1 now fails.
         self.refind_policy = Policy(deny_keywords=["spam"])
 
-    FACES: tuple[type, type] = (Guard, Guard)  # the face each replica runs (MixedFaceModel: one of each)
+    FACES: tuple[type, type] = (Guard, Guard)  # the face each replica runs (see VARIANTS)
+    DB = "sqlite"  # the shared store's database
 
     def _guard(self, i: int) -> Guard:
         """A (re)started replica: a new owner and a fresh view of the store; its send watch is ticked by the model."""
@@ -427,32 +443,49 @@ class GuardModel(RuleBasedStateMachine):
                 assert r.reply_id in mine, (pid, r.reply_id, mine)
 
 
-GuardModel.TestCase.settings = settings(
-    max_examples=int(os.environ.get("REPLYD_MODEL_EXAMPLES", "150")), stateful_step_count=30, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
-TestGuardModel = GuardModel.TestCase
+# The model on each face (both replicas sync, both async, one of each: the two faces of the one state machine
+# racing on one store, every death and stall point included), on SQLite and PostgreSQL. Examples per variant
+# from the environment (the sync SQLite model is the cheap one: it runs the most).
+VARIANTS = {  # test class name: (the replicas' faces, database, examples variable, default examples)
+    "TestGuardModel": ((Guard, Guard), "sqlite", "REPLYD_MODEL_EXAMPLES", 150),
+    "TestAsyncFaceModel": ((BlockingAsyncGuard, BlockingAsyncGuard), "sqlite", "REPLYD_MODEL_EXAMPLES_ASYNC", 30),
+    "TestMixedFaceModel": ((Guard, BlockingAsyncGuard), "sqlite", "REPLYD_MODEL_EXAMPLES_MIXED", 20),
+    "TestGuardModelPostgres": ((Guard, Guard), "postgres", "REPLYD_MODEL_EXAMPLES_PG", 30),
+    "TestAsyncFaceModelPostgres": ((BlockingAsyncGuard, BlockingAsyncGuard), "postgres", "REPLYD_MODEL_EXAMPLES_PG", 30),
+    "TestMixedFaceModelPostgres": ((Guard, BlockingAsyncGuard), "postgres", "REPLYD_MODEL_EXAMPLES_MIXED", 20),
+}
 
 
-class MixedFaceModel(GuardModel):
-    """The same model with replica 1 on the asyncio face (replyd.aio, behind Guard's API): both faces of the one
-    state machine racing on one store, every death and stall point included."""
+def _variant(name: str, faces: tuple[type, type], db: str, env: str, default: int) -> type:
+    """The model's TestCase with ``faces`` on ``db``."""
+    model = type(name.removeprefix("Test"), (GuardModel,), {"FACES": faces, "DB": db,
+                                                            "__doc__": f"The model, faces {faces}, on {db}."})
+    case = model.TestCase
+    case.settings = settings(
+        max_examples=int(os.environ.get(env, str(default))), stateful_step_count=30, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    if db == "postgres":
+        case.pytestmark = [pytest.mark.postgres]
+    return case
 
-    FACES = (Guard, BlockingAsyncGuard)
 
-
-MixedFaceModel.TestCase.settings = settings(
-    max_examples=int(os.environ.get("REPLYD_MODEL_EXAMPLES_MIXED", "20")), stateful_step_count=30, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
-TestMixedFaceModel = MixedFaceModel.TestCase
+for _name, _args in VARIANTS.items():
+    globals()[_name] = _variant(_name, *_args)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _dispose_store():
     yield
-    if "s" in _DB:
-        _DB.pop("s").dispose()
+    for db in list(_DB):
+        _DB.pop(db).dispose()
+    if _PG_NAMES:
+        admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+        with admin.connect() as c:
+            for name in _PG_NAMES:
+                c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+        _PG_NAMES.clear()
 
 
 def test_slow_ambiguous_send_is_not_swept_before_its_listing_delay(tmp_path) -> None:

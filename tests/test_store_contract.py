@@ -1,4 +1,6 @@
-"""The store contract suite: every test runs on SQLite and on the real PostgreSQL (the ``store`` fixture).
+"""The store contract suite: every test runs on SQLite and on the real PostgreSQL (the ``store`` fixture), and
+on both faces of the guard: the store as the sync face calls it, and as the async face does (every call on its
+store threads, awaited from a loop: ``tests/aio_harness.StoreOnFace``), guards built by the face under test.
 
 What a backend must do, through the public contract only: claim (atomic, durable), compare-and-set with its
 event, transactions, events and reads, sweep leases, cursors, overdue and re-offer pages, listing-lag samples and
@@ -21,11 +23,19 @@ import sqlalchemy as sa
 from replyd import store as st
 from replyd.clock import FakeClock
 from replyd.errors import SchemaError, StoreError
-from replyd.guard import Guard, Status
+from replyd.guard import Status
 from replyd.platforms.memory import MemoryPlatform
 from replyd.store import AnsweredLog, Key, PostgresStore, SQLiteStore, Store
+from tests.aio_harness import BlockingAsyncGuard, StoreOnFace, face, raw, store_on  # noqa: F401  (face: both faces)
 
 P, S = "memory:contract", "bot-1"
+
+
+@pytest.fixture
+def store(store: Store, face: type) -> Iterator[Store]:
+    """The conftest's store as ``face`` reaches it: as is (sync), or through the async face's store threads."""
+    with store_on(face, store) as faced:
+        yield faced
 
 
 def key(pid: str) -> Key:
@@ -59,7 +69,7 @@ def open_row(clock: FakeClock, owner: str = "me", **more) -> dict:  # noqa: ANN0
 def test_open_picks_the_backend_the_url_names(store, store_url):
     """Store.open returns SQLiteStore for sqlite:// and PostgresStore for postgresql://, both meeting the contract."""
     assert isinstance(store, AnsweredLog)
-    assert type(store) is (SQLiteStore if store_url.startswith("sqlite") else PostgresStore)
+    assert type(raw(store)) is (SQLiteStore if store_url.startswith("sqlite") else PostgresStore)
     assert store.is_sqlite == store_url.startswith("sqlite")
     current, head = store.schema_revision()
     assert current == head
@@ -171,10 +181,10 @@ def test_reclaim_of_an_expired_composing_lease_checks_its_holder(store_url, cloc
         b.dispose()
 
 
-def test_a_failing_event_write_undoes_the_row(store, store_url, clock):
+def test_a_failing_event_write_undoes_the_row(store, store_url, clock, face):
     """Row and event commit together: when the event cannot be written, neither is, and nothing is sent."""
     plat = MemoryPlatform(clock=clock)
-    guard = Guard(store, plat, plat.whoami(), clock=clock, send_timeout_s=10.0)
+    guard = face(raw(store), plat, plat.whoami(), clock=clock, send_timeout_s=10.0)
     eng = sa.create_engine(store_url)
     with eng.begin() as c:
         if store.is_sqlite:
@@ -199,6 +209,7 @@ def test_a_failing_event_write_undoes_the_row(store, store_url, clock):
         eng.dispose()
     assert guard.post(plat.parents["p1"], "x").status is Status.POSTED
     assert kinds(store, guard.key("p1")) == ["claimed", "closed"]
+    guard.close()
 
 
 # -- compare-and-set, transactions, notes -----------------------------------------------------------
@@ -443,15 +454,16 @@ def test_listing_delays_are_recorded_per_platform(store, clock):
 # -- durability ---------------------------------------------------------------------------------------
 
 
-def _sqlite_commits(store: Store, posts: int) -> list[tuple[str | None, str]]:
-    """Guard posts on ``store``; (the write, the synchronous level) of every COMMIT SQLite ran."""
+def _sqlite_commits(store: Store, posts: int, face: type) -> list[tuple[str | None, str]]:
+    """``face``'s guard posts on ``store``; (the write, the synchronous level) of every COMMIT SQLite ran."""
     trace: list[str] = []
     store.dispose()  # connections opened from here on are traced
     store.on_connect(lambda dbc: dbc.set_trace_callback(trace.append))
     plat = MemoryPlatform(clock=store.clock)
-    g = Guard(store, plat, plat.whoami(), clock=store.clock)
+    g = face(store, plat, plat.whoami(), clock=store.clock, watch_interval_s=None)
     for i in range(posts):
         assert g.post(plat.add_parent(f"p{i}"), "x").status is Status.POSTED
+    g.close()
     sync, commits, last_write = "FULL", [], None  # a new connection starts FULL
     for s in trace:
         u = s.strip().upper()
@@ -466,11 +478,11 @@ def _sqlite_commits(store: Store, posts: int) -> list[tuple[str | None, str]]:
 
 @pytest.mark.parametrize("durability,claim,close", [("as_asked", "FULL", "NORMAL"), ("durable", "FULL", "FULL"),
                                                     ("relaxed", "NORMAL", "NORMAL")])
-def test_sqlite_durability(tmp_path, clock, durability, claim, close):
+def test_sqlite_durability(tmp_path, clock, durability, claim, close, face):
     """SQLite: the claim commits FULL and the close NORMAL, unless the store's durability option pins both."""
     store = Store.open(f"sqlite:///{tmp_path / 'd.sqlite3'}", clock=clock, durability=durability)
     try:
-        assert _sqlite_commits(store, 2) == [("INSERT", claim), ("UPDATE", close)] * 2
+        assert _sqlite_commits(store, 2, face) == [("INSERT", claim), ("UPDATE", close)] * 2
     finally:
         store.dispose()
 
@@ -510,7 +522,7 @@ def commit_modes(pg_url: str) -> Iterator[Callable[[], list[tuple[str, str | Non
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("durability", ["as_asked", "durable", "relaxed"])
-def test_postgres_durability(pg_url, clock, durability):
+def test_postgres_durability(pg_url, clock, durability, face):
     """PostgreSQL: every open row commits synchronously and closes/notes with synchronous_commit off, as asked;
     a relaxed close never leaks into the next claim on the same connection; the option pins every commit."""
     with commit_modes(pg_url) as read_modes:
@@ -522,11 +534,12 @@ def test_postgres_durability(pg_url, clock, durability):
         store = Store.open(pg_url, clock=clock, durability=durability)
         try:
             plat = MemoryPlatform(clock=clock)
-            g = Guard(store, plat, plat.whoami(), clock=clock)
+            g = face(store, plat, plat.whoami(), clock=clock, watch_interval_s=None)
             for pid in ("text", "again"):  # the second claim runs on the connection the first close used
                 assert g.post(plat.add_parent(pid), "a reply").status is Status.POSTED
             assert g.post(plat.add_parent("composed"), lambda p: "composed reply").status is Status.POSTED
             store.record(Key("p", "s", "probe"), "probe", owner="t")
+            g.close()
             modes = read_modes()
             opened = [m for _, s, m in modes if s == st.OPEN]
             relaxed = [m for k, _, m in modes if k in ("closed", "probe")]
@@ -545,9 +558,10 @@ KEYS = 40
 RACERS = 4
 
 
-def _racer(url: str, me: str, seed_: int, barrier, out) -> None:  # noqa: ANN001
+def _racer(url: str, me: str, seed_: int, barrier, out, on_async_face: bool) -> None:  # noqa: ANN001
     """One replica process: claim every key (in its own order) and lease due rows; report what it won."""
-    store = Store.open(url, migrate=False)
+    opened = Store.open(url, migrate=False)
+    store = StoreOnFace(opened) if on_async_face else opened
     order = [f"k{i}" for i in range(KEYS)]
     random.Random(seed_).shuffle(order)
 
@@ -568,10 +582,12 @@ def _racer(url: str, me: str, seed_: int, barrier, out) -> None:  # noqa: ANN001
             leased += [r.parent_id for r in got]
         out.put((me, won, leased))
     finally:
-        store.dispose()
+        if on_async_face:
+            store.close()
+        opened.dispose()
 
 
-def test_replica_processes_claim_and_lease_each_key_once(store, store_url):
+def test_replica_processes_claim_and_lease_each_key_once(store, store_url, face):
     """Real OS processes claim the same keys (new and released ones) and lease the same due rows: one winner each."""
     for i in range(0, KEYS, 2):  # half the keys exist, released: reclaim races the compare-and-set
         seed(store, f"k{i}", state=st.RELEASED)
@@ -581,7 +597,7 @@ def test_replica_processes_claim_and_lease_each_key_once(store, store_url):
                                                              "updated_at": 0.0, "deadline_at": 1.0})
     ctx = multiprocessing.get_context("spawn")
     barrier, out = ctx.Barrier(RACERS), ctx.Queue()
-    procs = [ctx.Process(target=_racer, args=(store_url, f"r{n}", n, barrier, out)) for n in range(RACERS)]
+    procs = [ctx.Process(target=_racer, args=(store_url, f"r{n}", n, barrier, out, face is BlockingAsyncGuard)) for n in range(RACERS)]
     for p in procs:
         p.start()
     results = [out.get(timeout=120) for _ in procs]

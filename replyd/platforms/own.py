@@ -22,10 +22,12 @@ or ``HTTPStatusError`` from ``raise_for_status()``) is mapped by the shared tabl
 (:func:`from_httpx`), so "could the request have acted" is answered once for adapters and your calls alike;
 anything else raised by ``send`` is ambiguous (the row stays open for the sweep, never retried blind).
 
-``read_back`` is required for now: it is what lets the sweep tell a lost answer from a send that never landed.
-Without it the guarantee would be the no-read-back class (an ambiguous send never retried on its own, and
-reported), which the core is getting for Telegram; until it lands, an ``OwnPlatform`` refuses to be built
-without ``read_back`` (docs/LIBRARY.md).
+Without ``read_back`` (``read_back=None``, or left out) the platform is of the no-read-back class
+(``platforms.base.NoReadBack``, as Telegram's adapter): the promise is *at most once, every doubt reported*.
+An ambiguous send (a lost answer, a 5xx, a timeout after the request left, anything unmapped) leaves its row
+``open``; once its deadline passes the sweep moves it to ``unconfirmed`` (never read back, never retried on
+its own) until an operator confirms it (``replyd confirm``, ``library.confirm``) or rearms it. A provably
+unsent failure (a refused connection, a 429) is released and retried as on every platform (docs/LIBRARY.md).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ from replyd.clock import SystemClock
 from replyd.errors import ConfigError, PlatformError, Rejected
 from replyd.platforms._http import raise_for_status, transport_error
 from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent
+
+# Why an OwnPlatform without read_back is of the no-read-back class (``NoReadBack.no_read_back``).
+NO_READ_BACK = ("no read_back call was given: the bot's own replies cannot be listed, so a send whose answer "
+                "was lost cannot be looked up")
 
 
 def from_httpx(exc: BaseException, *, what: str, acting: bool) -> BaseException:
@@ -75,18 +81,27 @@ def _settle(value: Any, home: asyncio.AbstractEventLoop | None) -> Any:
 
 
 class OwnPlatform:
-    """A platform of the user's own calls (``whoami``, ``send``, ``read_back``), for the guard's two faces."""
+    """A platform of the user's own calls (``whoami``, ``send``, ``read_back``), for the guard's two faces.
+
+    Built without ``read_back`` it is an ``OwnPlatformNoReadBack`` (the no-read-back class).
+    """
 
     kind: ClassVar[str] = "own"
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> OwnPlatform:
+        # The capability is a method the core checks with isinstance (``NoReadBack``): only an instance
+        # without read_back may have it, so the class is chosen here, from the one argument that decides.
+        if cls is OwnPlatform and kwargs.get("read_back") is None:
+            cls = OwnPlatformNoReadBack
+        return super().__new__(cls)
+
     def __init__(self, *, instance: str, whoami: Callable[[], Any], send: Callable[[Parent, str, str], Any],
-                 read_back: Callable[[list[str]], Any] | None, listing_delay_s: float = 10.0,
+                 read_back: Callable[[list[str]], Any] | None = None, listing_delay_s: float = 10.0,
                  delete: Callable[[str], Any] | None = None) -> None:
         if not instance or not instance.strip():
             raise ConfigError("OwnPlatform: instance must name the platform instance (e.g. 'mastodon:https://host')")
-        if read_back is None:
-            # TODO(no-read-back class): accept it once the core's no-read-back class lands (issue 31, h-telegram).
-            raise ConfigError("OwnPlatform: read_back is required (a platform without read-back is not supported yet)")
+        if read_back is not None and not callable(read_back):
+            raise ConfigError("OwnPlatform: read_back must be a call (parent ids -> own reply ids) or None")
         self.instance = instance
         self.listing_delay_s = float(listing_delay_s)
         self._whoami, self._post, self._read, self._delete = whoami, send, read_back, delete
@@ -98,7 +113,7 @@ class OwnPlatform:
         self._home = loop
 
     def __repr__(self) -> str:
-        return f"OwnPlatform({self.instance!r})"
+        return f"{type(self).__name__}({self.instance!r})"
 
     # -- identity and discovery (discovery is the bot's own: these find nothing) ------------------------
 
@@ -188,3 +203,15 @@ class OwnPlatform:
 
     def close(self) -> None:
         """Nothing to release: the user's client is the user's."""
+
+
+class OwnPlatformNoReadBack(OwnPlatform):
+    """An ``OwnPlatform`` without ``read_back``: the no-read-back class (``NoReadBack``), every doubt reported."""
+
+    def no_read_back(self) -> str:
+        """Why the bot's own replies cannot be listed here (``NoReadBack``)."""
+        return NO_READ_BACK
+
+    def read_back(self, pending: Sequence[Pending], *, sender_id: str) -> ReadBack:
+        """Nothing can be read back: nothing checked, so no row is ever judged "not found" (and retried)."""
+        return ReadBack()
