@@ -29,7 +29,7 @@ import concurrent.futures
 import functools
 import inspect
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -38,7 +38,8 @@ import structlog
 from replyd import deadline, metrics
 from replyd import store as st
 from replyd.clock import Clock
-from replyd.core import Call, Compose, Drive, Effect, GuardCore, Lease, Outcome, Respond, Send, Status, Steps
+from replyd.core import (PAGE_MAX, Call, Compose, Drive, Effect, GuardCore, Lease, Outcome, Respond, Send, Status, Steps,
+                         page_chunks)
 from replyd.errors import BadResponse, MaybeSent, PlatformError
 from replyd.platforms.base import AsyncSend, Identity, LoopBound, Parent, Platform, Sent
 from replyd.responders.base import Responder, _checked
@@ -152,6 +153,29 @@ class AsyncGuard(GuardCore):
         """Reply to ``parent`` at most once; ``text`` is the reply or a responder (sync or async) to call once."""
         async with self._slots:
             return await self._run(self.post_steps(parent, text, path=path))
+
+    async def post_page(self, items: Sequence[tuple[Parent, str | Compose]], *, path: str = "api") -> list[Outcome]:
+        """Reply to each parent of one page at most once, its new keys claimed in one transaction; in order (the
+        posts after the claim run concurrently, within ``max_in_flight``)."""
+        outs: list[Outcome] = []
+        for chunk in page_chunks(list(items), PAGE_MAX):
+            rows = await self.claim_page(chunk, path=path)
+            outs += await asyncio.gather(*(self.post_claimed(p, t, path=path, claimed=row)
+                                           for (p, t), row in zip(chunk, rows, strict=True)))
+        return outs
+
+    async def claim_page(self, items: Sequence[tuple[Parent, str | Compose]], *,
+                         path: str = "api") -> list[st.Row | None]:
+        """Claim the new keys of ``items`` (at most ``PAGE_MAX``) in one transaction; per item its row or None."""
+        return await self._run(self.claim_page_steps([(p, t if isinstance(t, str) else None) for p, t in items],
+                                                     path))
+
+    @metrics.observe_post
+    async def post_claimed(self, parent: Parent, text: str | Compose, *, path: str = "api",
+                           claimed: st.Row | None = None) -> Outcome:
+        """``post`` after ``claim_page`` (``claimed`` None: this post claims alone, as ``post`` does)."""
+        async with self._slots:
+            return await self._run(self.post_steps(parent, text, path=path, claimed=claimed))
 
     async def begin(self, parent: Parent, *, owner: str, path: str = "api") -> Lease | Outcome:
         """Claim ``parent``'s key as ``composing`` for ``owner`` (nothing is sent); else say what blocks it."""

@@ -284,6 +284,16 @@ def _offers_provider_keys(cls: type) -> bool:
     return issubclass(cls, ProviderKeys)
 
 
+# The most parents one page claim takes: the sends of a page leave one after another (on the sync face) from one
+# open commit, and each eats the budget of those after it (``_budget_steps``), so a page stays short.
+PAGE_MAX = 16
+
+
+def page_chunks(items: list[Any], size: int) -> list[list[Any]]:
+    """``items`` cut into lists of at most ``size``."""
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
 class GuardCore:
     """The guard's decisions for one bot on one platform, each parent at most once; faces run their effects."""
 
@@ -394,27 +404,31 @@ class GuardCore:
 
     # -- the one posting function ---------------------------------------------------
 
-    def post_steps(self, parent: Parent, text: str | Compose, *, path: str = "api") -> Steps:
-        """Reply to ``parent`` at most once; ``text`` is the reply or a responder to call once."""
+    def post_steps(self, parent: Parent, text: str | Compose, *, path: str = "api",
+                   claimed: st.Row | None = None) -> Steps:
+        """Reply to ``parent`` at most once; ``text`` is the reply or a responder to call once. ``claimed``: the
+        row a page claim (``claim_page_steps``) already took for it, so this post starts after the claim."""
         key = self.key(parent.id)
-        if not self.claiming:
+        if claimed is None and not self.claiming:
             return Outcome(Status.NOT_SENT, key, detail="shutting down")
         compose = None if isinstance(text, str) else text
         if self.dry_run:
             return (yield from self._shadow_steps(key, parent, text, path))
-        ticket = yield from self._admit_steps(key, parent, path, hold=compose is not None)
+        ticket = yield from self._admit_steps(key, parent, path, hold=compose is not None and claimed is None)
         if isinstance(ticket, Outcome):
+            if claimed is not None:  # the page claimed it before the breaker opened: hand it back, unsent
+                yield from self._unclaim_steps(key, claimed, ticket)
             return ticket
         try:
-            return (yield from self._post_steps(key, parent, text, compose, path, ticket))
+            return (yield from self._post_steps(key, parent, text, compose, path, ticket, claimed))
         finally:
             if self.breaker is not None:
                 self.breaker.abandon(ticket)  # a no-op once the send was recorded
 
     def _post_steps(self, key: Key, parent: Parent, text: str | Compose, compose: Compose | None, path: str,
-                    ticket: Ticket) -> Steps:
-        """``post`` once the breaker let the call through: claim, compose, open, send."""
-        claim = yield Step("_claim", (key, parent, path, None if compose else text))
+                    ticket: Ticket, claimed: st.Row | None = None) -> Steps:
+        """``post`` once the breaker let the call through: claim (unless the page did), compose, open, send."""
+        claim = claimed if claimed is not None else (yield Step("_claim", (key, parent, path, None if compose else text)))
         if isinstance(claim, Outcome):
             return claim
         row = claim
@@ -517,9 +531,9 @@ class GuardCore:
 
     # -- claim, compose, open ------------------------------------------------------------------
 
-    def claim_steps(self, key: Key, parent: Parent, path: str, text: str | None) -> Steps:
-        """Take the key atomically; return the claimed row, or an Outcome if not ours."""
-        now = self.clock.now()
+    def _claim_values(self, parent: Parent, path: str, text: str | None, now: float) -> tuple[dict[str, Any],
+                                                                                             dict[str, Any]]:
+        """A claim's values: (those it writes on any row, a new row's): ``open`` with ``text``, else ``composing``."""
         if text is not None:
             state, extra = st.OPEN, self._open_values(now, text)
         else:
@@ -533,7 +547,50 @@ class GuardCore:
             "owner": self.owner,
             **extra,
         }
-        new = {**common, "attempt": 1, "created_at": now, "provider_key": self.provider_key(parent.id)}
+        return common, {**common, "attempt": 1, "created_at": now, "provider_key": self.provider_key(parent.id)}
+
+    def claim_page_steps(self, items: list[tuple[Parent, str | None]], path: str) -> Steps:
+        """The group claim: the new keys of a page's texts as ``open`` rows in ONE durable transaction; return,
+        per item, the row it claimed, or None where that post claims alone (its key has a row, or it composes).
+
+        A crash after this commit leaves the unsent ``open`` rows to the sweep (one listing delay: not landed,
+        offered again), as a crash right after a single claim would. Items with a responder are left to their
+        own claim: a ``composing`` claim is a relaxed commit already, and a page of them claimed at once would
+        hold every unsent one for ``compose_lease_s`` after a crash instead of one.
+        """
+        texts = [i for i, (_, text) in enumerate(items) if text is not None]
+        rows: list[st.Row | None] = [None] * len(items)
+        if (not self.claiming or self.dry_run or len(texts) < 2
+                or (self.breaker is not None and self.breaker.is_open)):
+            return rows  # nothing to share: each post claims alone (or holds, or shadows)
+        now = self.clock.now()
+        event = {"kind": "claimed", "owner": self.owner, "detail": {"path": path}}
+        batch = [(self.key(items[i][0].id), self._claim_values(items[i][0], path, items[i][1], now)[1], event)
+                 for i in texts]
+        try:
+            made = yield io(self.store.claim_new, batch, doing="claiming a page")
+        except StoreError as exc:
+            log.error("replyd.guard.store_failed", parent_id=batch[0][0].parent_id, page=len(batch), error=str(exc))
+            raise
+        for i, (key, new, _), created in zip(texts, batch, made, strict=True):
+            if created:
+                log.info("replyd.guard.claimed", parent_id=key.parent_id, state=new["state"], attempt=1, path=path,
+                         page=len(batch))
+                rows[i] = st.Row.of(key, new)
+        return rows
+
+    def _unclaim_steps(self, key: Key, row: st.Row, refused: Outcome) -> Steps:
+        """Release a row the page claimed when the breaker refuses its send: nothing was sent, no attempt used."""
+        detail = {"error": refused.detail, "not_before": self.clock.now() + (refused.retry_after_s or 0.0)}
+        holder = self.owner if row.state == st.COMPOSING else None
+        yield from self._transition_steps(key, [row.state], row.attempt, st.RELEASED, "held", detail, relaxed=True,
+                                          lease_owner=holder)
+
+    def claim_steps(self, key: Key, parent: Parent, path: str, text: str | None) -> Steps:
+        """Take the key atomically; return the claimed row, or an Outcome if not ours."""
+        now = self.clock.now()
+        common, new = self._claim_values(parent, path, text, now)
+        state = common["state"]
 
         def reclaim(row: st.Row) -> dict[str, Any] | None:
             # The row exists: ours only if claimable, compared-and-set on the (state, attempt) read here.

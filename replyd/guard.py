@@ -8,6 +8,7 @@ face, over the same core, is ``replyd.aio.AsyncGuard``.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -15,6 +16,7 @@ import structlog
 from replyd import deadline, metrics
 from replyd.core import (  # noqa: F401  (the names callers have always imported from here)
     MIN_SEND_FRACTION,
+    PAGE_MAX,
     Call,
     Compose,
     Drive,
@@ -28,6 +30,7 @@ from replyd.core import (  # noqa: F401  (the names callers have always imported
     Status,
     Step,
     Steps,
+    page_chunks,
     _classify,
     snapshot_json,
     text_hash,
@@ -92,6 +95,27 @@ class Guard(GuardCore):
     def post(self, parent: Parent, text: str | Compose, *, path: str = "api") -> Outcome:
         """Reply to ``parent`` at most once; ``text`` is the reply or a responder to call once."""
         return self._run(self.post_steps(parent, text, path=path))
+
+    def post_page(self, items: Sequence[tuple[Parent, str | Compose]], *, path: str = "api") -> list[Outcome]:
+        """Reply to each parent of one page at most once, its new keys claimed in one transaction; in order.
+
+        An exception (``StoreError``, ``ContentionError``) stops the page where it is raised: rows the page
+        claimed and did not reach wait for the sweep (``open``) or their compose lease (``composing``)."""
+        outs: list[Outcome] = []
+        for chunk in page_chunks(list(items), PAGE_MAX):
+            rows = self.claim_page(chunk, path=path)
+            outs += [self.post_claimed(p, t, path=path, claimed=row) for (p, t), row in zip(chunk, rows, strict=True)]
+        return outs
+
+    def claim_page(self, items: Sequence[tuple[Parent, str | Compose]], *, path: str = "api") -> list[st.Row | None]:
+        """Claim the new keys of ``items`` (at most ``PAGE_MAX``) in one transaction; per item its row or None."""
+        return self._run(self.claim_page_steps([(p, t if isinstance(t, str) else None) for p, t in items], path))
+
+    @metrics.observe_post
+    def post_claimed(self, parent: Parent, text: str | Compose, *, path: str = "api",
+                     claimed: st.Row | None = None) -> Outcome:
+        """``post`` after ``claim_page`` (``claimed`` None: this post claims alone, as ``post`` does)."""
+        return self._run(self.post_steps(parent, text, path=path, claimed=claimed))
 
     def watch_sends(self) -> int:
         """Push the deadline of every row whose send has run past half its budget; return how many moved."""

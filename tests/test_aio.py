@@ -153,8 +153,8 @@ async def probe(lags: list[float], stop: asyncio.Event) -> None:
 
 
 def test_a_slow_store_never_blocks_the_loop(store, clock):
-    """Store calls of 200 ms each run off the loop: 20 concurrent posts, the probe's worst overshoot < 150 ms
-    (a store call made on the loop would stall it 200 ms at a time)."""
+    """Store calls of 200 ms each run off the loop: 20 concurrent posts stall the probe < 1 s in all (a store
+    call made on the loop would stall it 200 ms per call, 4 s or more for 20 posts)."""
     plat = MemoryPlatform(clock=clock, listing_delay_s=5.0)
 
     async def run() -> list[float]:
@@ -171,7 +171,10 @@ def test_a_slow_store_never_blocks_the_loop(store, clock):
         return lags
 
     lags = asyncio.run(run())
-    assert max(lags) < 0.15, f"the loop stalled {max(lags) * 1000:.0f} ms"
+    # The sum of the stalls, not the worst one: a loaded machine (CI's xdist workers on two cores) may starve the
+    # loop's thread once for a few hundred ms, while a blocking face stalls it for every call.
+    stalled_s = sum(lag for lag in lags if lag > 0.05)
+    assert stalled_s < 1.0, f"the loop stalled {stalled_s * 1000:.0f} ms in all (worst {max(lags) * 1000:.0f} ms)"
     assert plat.send_calls == 20
 
 

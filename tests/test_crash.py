@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import signal
 
 import pytest
 
@@ -17,7 +15,6 @@ from replyd.sweep import Bot, Sweeper
 from tests import workers
 
 pytestmark = pytest.mark.slow
-CTX = mp.get_context("spawn")
 
 
 @pytest.mark.parametrize("face", ["sync", "async"])
@@ -26,10 +23,7 @@ def test_sigkill_then_sweep_leaves_one_reply(store_url, tmp_path, where, retries
     """After a SIGKILL of either face's process and a sweep, each parent has exactly one reply (one retry if
     nothing landed)."""
     journal = str(tmp_path / "journal.jsonl")
-    child = CTX.Process(target=workers.crash_in, args=(store_url, journal, "p1", where, face))
-    child.start()
-    child.join(120)
-    assert child.exitcode == -signal.SIGKILL
+    workers.run_until_sigkilled(workers.crash_in, store_url, journal, "p1", where, face)
 
     clock = FakeClock(SystemClock().now())
     store = Store.open(store_url, clock=clock)

@@ -33,7 +33,7 @@ def cut_composes(pg_url: str, killed_at: list[tuple[str, float]]) -> set[str]:
 def test_two_replicas_every_path_every_retry_one_reply_one_call(pg_url, tmp_path) -> None:
     """Events API (4 tries + an extra event id each), Socket Mode (a reconnect), the backstop poll, 3 lost
     chat.postMessage answers and a SIGKILL mid-send: one reply per message counted by the fake, one responder
-    call per message (two only where the SIGKILL also cut a compose short: that answer died with the process)."""
+    call per message (two at most where the SIGKILL also cut a compose short: that answer died with the process)."""
     eng = sa.create_engine(pg_url)
     with eng.begin() as c:
         c.exec_driver_sql("TRUNCATE replies, events, cursors, listing_lag, listing_delay")
@@ -44,5 +44,6 @@ def test_two_replicas_every_path_every_retry_one_reply_one_call(pg_url, tmp_path
     assert res.deliveries >= 12 * 4, res  # every message came by several paths, several times
     assert res.replies == {p: 1 for p in res.parents}, ({p: n for p, n in res.replies.items() if n != 1}, logs)
     cut = cut_composes(pg_url, res.killed_at)
-    wrong = {p: (res.calls[p], p in cut) for p in res.parents if res.calls[p] != 1 + (p in cut)}
+    # A cut compose may have died before its responder call or after it: one call or two, never more.
+    wrong = {p: (res.calls[p], p in cut) for p in res.parents if not 1 <= res.calls[p] <= 1 + (p in cut)}
     assert not wrong, (wrong, res.killed_at, logs)

@@ -181,19 +181,36 @@ def test_reclaim_of_an_expired_composing_lease_checks_its_holder(store_url, cloc
         b.dispose()
 
 
+@contextmanager
+def events_refused(store: Store, store_url: str, parent_id: str | None = None) -> Iterator[None]:
+    """A trigger makes every event insert fail ("no events"), or only those of ``parent_id``; dropped after."""
+    eng = sa.create_engine(store_url)
+    only = f"'{parent_id}'" if parent_id else None
+    with eng.begin() as c:
+        if store.is_sqlite:
+            when = f" WHEN NEW.parent_id = {only}" if only else ""
+            c.exec_driver_sql(f"CREATE TRIGGER t_no_events BEFORE INSERT ON events{when} "
+                              "BEGIN SELECT RAISE(ABORT, 'no events'); END")
+        else:
+            cond = f"NEW.parent_id = {only}" if only else "true"
+            c.exec_driver_sql("CREATE FUNCTION f_no_events() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                              f"IF {cond} THEN RAISE EXCEPTION 'no events'; END IF; RETURN NEW; END $$")
+            c.exec_driver_sql("CREATE TRIGGER t_no_events BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION f_no_events()")
+    try:
+        yield
+    finally:
+        with eng.begin() as c:
+            c.exec_driver_sql("DROP TRIGGER t_no_events" + ("" if store.is_sqlite else " ON events"))
+            if not store.is_sqlite:
+                c.exec_driver_sql("DROP FUNCTION f_no_events()")
+        eng.dispose()
+
+
 def test_a_failing_event_write_undoes_the_row(store, store_url, clock, face):
     """Row and event commit together: when the event cannot be written, neither is, and nothing is sent."""
     plat = MemoryPlatform(clock=clock)
     guard = face(raw(store), plat, plat.whoami(), clock=clock, send_timeout_s=10.0)
-    eng = sa.create_engine(store_url)
-    with eng.begin() as c:
-        if store.is_sqlite:
-            c.exec_driver_sql("CREATE TRIGGER t_no_events BEFORE INSERT ON events BEGIN SELECT RAISE(ABORT, 'no events'); END")
-        else:
-            c.exec_driver_sql("CREATE FUNCTION f_no_events() RETURNS trigger LANGUAGE plpgsql AS "
-                              "$$ BEGIN RAISE EXCEPTION 'no events'; END $$")
-            c.exec_driver_sql("CREATE TRIGGER t_no_events BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION f_no_events()")
-    try:
+    with events_refused(store, store_url):
         with pytest.raises(StoreError, match="no events"):
             guard.post(plat.add_parent("p1"), "x")
         assert store.get(guard.key("p1")) is None and plat.send_calls == 0
@@ -201,12 +218,6 @@ def test_a_failing_event_write_undoes_the_row(store, store_url, clock, face):
         with pytest.raises(StoreError, match="no events"):
             store.cas_event(k, states=[st.OPEN], attempt=1, values={"state": st.CLOSED}, event={"kind": "closed"})
         assert store.get(k).state == st.OPEN
-    finally:
-        with eng.begin() as c:
-            c.exec_driver_sql("DROP TRIGGER t_no_events" + ("" if store.is_sqlite else " ON events"))
-            if not store.is_sqlite:
-                c.exec_driver_sql("DROP FUNCTION f_no_events()")
-        eng.dispose()
     assert guard.post(plat.parents["p1"], "x").status is Status.POSTED
     assert kinds(store, guard.key("p1")) == ["claimed", "closed"]
     guard.close()
@@ -297,6 +308,31 @@ def test_insert_absent_adds_only_missing_keys_with_their_event(store, clock):
     assert store.insert_absent([(key("ia-1"), {**vals, "path": "again"})], event) == 0
     assert store.get(key("ia-1")).path == "webhook" and len(store.history(key("ia-1"))) == 1
     assert [r.parent_id for r in store.reoffer_due(P, S, now=clock.now(), after=None, limit=10)] == ["ia-1", "ia-2"]
+
+
+def test_claim_new_takes_a_page_of_new_keys_in_one_transaction(store, clock):
+    """claim_new inserts every missing key's row with its own event, leaves existing rows alone, answers in order."""
+    done = seed(store, "cn-done", state=st.CLOSED, reply_id="r1")
+    page = [(key(f"cn-{i}"), open_row(clock, provider_key=f"pk{i}"), {"kind": "claimed", "owner": "me",
+                                                                         "detail": {"path": "inbox"}})
+            for i in range(5)]
+    page.insert(2, (done, open_row(clock), {"kind": "claimed", "owner": "me"}))
+    assert store.claim_new(page) == [True, True, False, True, True, True]
+    assert store.get(done).state == st.CLOSED and kinds(store, done) == []
+    for i in range(5):
+        row, [ev] = store.get(key(f"cn-{i}")), store.history(key(f"cn-{i}"))
+        assert (row.state, row.attempt, row.provider_key, row.owner) == (st.OPEN, 1, f"pk{i}", "me")
+        assert (ev.kind, ev.state, ev.attempt, json.loads(ev.detail)) == ("claimed", st.OPEN, 1, {"path": "inbox"})
+    assert store.claim_new(page[:2]) == [False, False] and store.claim_new([]) == []
+
+
+def test_claim_new_is_all_or_nothing(store, store_url, clock):
+    """A page whose last event cannot be written leaves none of its rows: the page commits as one."""
+    with events_refused(store, store_url, parent_id="cx-3"):
+        with pytest.raises(StoreError, match="no events"):
+            store.claim_new([(key(f"cx-{i}"), open_row(clock), {"kind": "claimed", "owner": "me"}) for i in range(4)])
+        assert [store.get(key(f"cx-{i}")) for i in range(4)] == [None] * 4
+    assert store.claim_new([(key("cx-0"), open_row(clock), {"kind": "claimed", "owner": "me"})]) == [True]
 
 
 def test_record_notes_the_rows_state_and_attempt(store, clock):
@@ -454,15 +490,17 @@ def test_listing_delays_are_recorded_per_platform(store, clock):
 # -- durability ---------------------------------------------------------------------------------------
 
 
-def _sqlite_commits(store: Store, posts: int, face: type) -> list[tuple[str | None, str]]:
-    """``face``'s guard posts on ``store``; (the write, the synchronous level) of every COMMIT SQLite ran."""
+def _sqlite_commits(store: Store, posts: int, face: type, *, page: bool = False) -> list[tuple[str | None, str]]:
+    """``face``'s guard posts on ``store`` (one by one, or as one page); (the write, the synchronous level) of every
+    COMMIT SQLite ran."""
     trace: list[str] = []
     store.dispose()  # connections opened from here on are traced
     store.on_connect(lambda dbc: dbc.set_trace_callback(trace.append))
     plat = MemoryPlatform(clock=store.clock)
     g = face(store, plat, plat.whoami(), clock=store.clock, watch_interval_s=None)
-    for i in range(posts):
-        assert g.post(plat.add_parent(f"p{i}"), "x").status is Status.POSTED
+    parents = [plat.add_parent(f"p{i}") for i in range(posts)]
+    outs = g.post_page([(p, "x") for p in parents]) if page else [g.post(p, "x") for p in parents]
+    assert all(o.status is Status.POSTED for o in outs), outs
     g.close()
     sync, commits, last_write = "FULL", [], None  # a new connection starts FULL
     for s in trace:
@@ -483,6 +521,15 @@ def test_sqlite_durability(tmp_path, clock, durability, claim, close, face):
     store = Store.open(f"sqlite:///{tmp_path / 'd.sqlite3'}", clock=clock, durability=durability)
     try:
         assert _sqlite_commits(store, 2, face) == [("INSERT", claim), ("UPDATE", close)] * 2
+    finally:
+        store.dispose()
+
+
+def test_sqlite_page_claim_is_one_full_commit(tmp_path, clock, face):
+    """SQLite: a page of 6 posts commits its claims once (FULL) and each close on its own (NORMAL), on each face."""
+    store = Store.open(f"sqlite:///{tmp_path / 'd.sqlite3'}", clock=clock)
+    try:
+        assert _sqlite_commits(store, 6, face, page=True) == [("INSERT", "FULL")] + [("UPDATE", "NORMAL")] * 6
     finally:
         store.dispose()
 
@@ -538,12 +585,14 @@ def test_postgres_durability(pg_url, clock, durability, face):
             for pid in ("text", "again"):  # the second claim runs on the connection the first close used
                 assert g.post(plat.add_parent(pid), "a reply").status is Status.POSTED
             assert g.post(plat.add_parent("composed"), lambda p: "composed reply").status is Status.POSTED
+            page = g.post_page([(plat.add_parent(f"page{i}"), "a reply") for i in range(3)])  # one page claim
+            assert [o.status for o in page] == [Status.POSTED] * 3
             store.record(Key("p", "s", "probe"), "probe", owner="t")
             g.close()
             modes = read_modes()
             opened = [m for _, s, m in modes if s == st.OPEN]
             relaxed = [m for k, _, m in modes if k in ("closed", "probe")]
-            assert len(opened) >= 3 and len(relaxed) == 4, modes
+            assert len(opened) >= 6 and len(relaxed) == 7, modes
             want_open = "off" if durability == "relaxed" else default
             want_relaxed = default if durability == "durable" else "off"
             assert set(opened) == {want_open}, f"open rows committed {opened}, want {want_open}: {modes}"

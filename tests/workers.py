@@ -12,6 +12,16 @@ from replyd.platforms.memory import MemoryPlatform
 from replyd.store import Store
 
 
+def run_until_sigkilled(target, *args) -> None:  # noqa: ANN001
+    """Run ``target(*args)`` in a spawned child process and check that it died by SIGKILL (its planned crash)."""
+    import multiprocessing as mp
+
+    child = mp.get_context("spawn").Process(target=target, args=args)
+    child.start()
+    child.join(120)
+    assert child.exitcode == -signal.SIGKILL, f"{target.__name__}{args}: exit code {child.exitcode}"
+
+
 def _guard(url: str, journal: str, script: list[str] | None = None, face: str = "sync") -> Guard:
     store = Store.open(url)
     plat = MemoryPlatform(journal=journal, script=script or [], listing_delay_s=1.0)
@@ -70,4 +80,20 @@ def crash_before_close_on(kind: str, settings: dict, store_url: str, parent: dic
 
         g._close = die  # the send has returned; the process dies before the close commits
         g.post(Parent.from_snapshot(parent), text, path="inbox")
+    raise SystemExit(3)  # unreachable when the kill happened
+
+
+def crash_in_page(url: str, journal: str, n: int, kill_at: int, where: str, face: str = "sync") -> None:
+    """Post a page of ``n`` parents (``g0``…) through one page claim; SIGKILL this process at send ``kill_at``
+    (``before_send`` / ``after_send``), or right after the page claim commits (``after_claim``: nothing sent)."""
+    if where == "after_claim":
+        script: list[str] = []
+    else:
+        script = ["ok"] * kill_at + ["crash_before" if where == "before_send" else "crash_after"]
+    g = _guard(url, journal, script, face)
+    parents = [Parent(id=f"g{i}", author_id="u") for i in range(n)]
+    if where == "after_claim":
+        g.claim_page([(p, "x") for p in parents], path="inbox")
+        os.kill(os.getpid(), signal.SIGKILL)
+    g.post_page([(p, "x") for p in parents], path="inbox")
     raise SystemExit(3)  # unreachable when the kill happened

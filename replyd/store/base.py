@@ -388,11 +388,19 @@ class Store(Reads):
         """Insert each key's row unless the key already has one (whatever its state), each new row with ``event``
         (kind, owner, detail; state and attempt are the row's), all in ONE durable transaction: when this returns,
         every key has a row another replica's re-find can see. Return how many rows this call created."""
-        made = 0
-        with self.transaction(relaxed=False, doing=doing) as tx:
-            for key, values in rows:
-                if tx.insert_new(key, values):
-                    made += 1
+        return sum(self.claim_new([(key, values, event) for key, values in rows], doing=doing))
+
+    def claim_new(self, rows: Sequence[tuple[Key, Mapping[str, Any], Mapping[str, Any]]], *, relaxed: bool = False,
+                  doing: str = "claiming a page") -> list[bool]:
+        """The group claim: insert each ``(key, new, event)`` row unless its key has one, each created row with
+        its event, all in ONE transaction (durable unless ``relaxed``); return, in order, whether each was created.
+        A key that already has a row is left untouched (its caller claims it alone, with ``claim``'s reclaim)."""
+        made: list[bool] = []
+        with self.transaction(relaxed=relaxed, doing=doing) as tx:
+            for key, values, event in rows:
+                created = tx.insert_new(key, values)
+                made.append(created)
+                if created:
                     tx.append_event(key, event["kind"], state=values.get("state"), attempt=values.get("attempt"),
                                     owner=event.get("owner"), detail=event.get("detail"))
         return made

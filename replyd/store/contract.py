@@ -63,6 +63,9 @@ class AnsweredLog(Protocol):
     def insert_absent(self, rows: Sequence[tuple[Key, Mapping[str, Any]]], event: Mapping[str, Any], *,
                       doing: str = "recording found parents") -> int:
         """Insert each key's row unless the key has one, each new row with ``event``, in one durable transaction."""
+    def claim_new(self, rows: Sequence[tuple[Key, Mapping[str, Any], Mapping[str, Any]]], *, relaxed: bool = False,
+                  doing: str = "claiming a page") -> list[bool]:
+        """The group claim: each missing key's row with its own event, all in one transaction; which were made."""
     def transaction(self, *, relaxed: bool = False, doing: str = "writing") -> AbstractContextManager[Tx]:
         """Several compare-and-sets and events committed together."""
 

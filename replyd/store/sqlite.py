@@ -175,6 +175,23 @@ class SQLiteStore(Store):
                 return self._write(fairy, relaxed, insert)
             return self._reclaim(fairy, key, row, reclaim, event, relaxed)
 
+    def claim_new(self, rows: Sequence[tuple[Key, Mapping[str, Any], Mapping[str, Any]]], *, relaxed: bool = False,
+                  doing: str = "claiming a page") -> list[bool]:
+        """``Store.claim_new``: every insert and its event under one ``BEGIN IMMEDIATE`` … ``COMMIT`` (one fsync)."""
+        params = [self._claim_params(key, new, event) for key, new, event in rows]
+
+        def insert_all(dbc: Any) -> list[bool]:
+            made = []
+            for ins, ev in params:
+                created = dbc.execute(self._sql.insert, ins).rowcount == 1
+                if created:
+                    dbc.execute(self._sql.event, ev)
+                made.append(created)
+            return made
+
+        with self._driver(doing) as fairy:
+            return self._write(fairy, relaxed, insert_all)
+
     def _cas_with(self, fairy: Any, key: Key, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
                   lease_owner: str | None, event: Mapping[str, Any] | None, otherwise: Mapping[str, Any] | None,
                   relaxed: bool) -> bool:
