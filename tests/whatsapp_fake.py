@@ -6,7 +6,8 @@
   on the platform side: ``reply_counts()`` counts sent messages per ``context.message_id``; ``lost_parents``
   lists the parents of messages created whose answer never reached the client. ``send_faults`` (popped per
   send): ``"lost"`` created then the connection drops, ``"error_after"`` created then HTTP 500, ``"error_before"``
-  HTTP 500 and nothing created, ``"ratelimited"`` 130429, ``"pair"`` 131056. ``lose_fraction`` loses that share
+  HTTP 500 and nothing created, ``"ratelimited"`` 130429, ``"pair"`` 131056, ``"hold"`` created and the answer held until
+  ``release_held`` (then the connection drops). ``lose_fraction`` loses that share
   of the answers at random (seeded). Outside a customer's window a send is refused with 131047.
 - Status callbacks: every created message queues ``sent``, ``delivered``, ``read`` deliveries carrying its
   ``biz_opaque_callback_data``; ``drop_statuses`` drops that share of a message's reports (all of them).
@@ -18,6 +19,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import hashlib
@@ -81,6 +83,10 @@ class WhatsAppWorld:
         self.lost_ids: list[str] = []
         self.confirmable: set[str] = set()  # lost parents whose status reports were queued
         self.queue: list[dict[str, Any]] = []  # webhook deliveries waiting
+        self.held = threading.Event()  # a "hold" send was created and its answer is held
+        self.release_held = threading.Event()
+        self.held_tag = ""  # the api_url tag of the client whose send is held
+        self.send_times: list[tuple[float, str]] = []  # (monotonic arrival, parent) of every created message
         self.window_s = WINDOW_S  # a test moving its clock by days may widen it (the window has its own tests)
 
     def _wamid(self) -> str:
@@ -137,11 +143,12 @@ class WhatsAppWorld:
             wamid = self._wamid()
             biz = body.get("biz_opaque_callback_data")
             self.sent.append({"id": wamid, "to": to, "context": ctx, "text": text, "biz": biz})
-            if fault in ("lost", "error_after"):
+            self.send_times.append((time.monotonic(), ctx))
+            if fault in ("lost", "error_after", "hold"):
                 self.lost_parents.append(ctx)
                 self.lost_ids.append(wamid)
             if not (self.drop_statuses and self.rng.random() < self.drop_statuses):
-                if fault in ("lost", "error_after"):
+                if fault in ("lost", "error_after", "hold"):
                     self.confirmable.add(ctx)
                 for status in ("sent", "delivered", "read"):
                     report = {"id": wamid, "status": status, "timestamp": str(int(self.now())), "recipient_id": to}
@@ -203,6 +210,12 @@ class WhatsAppApi:
             return DropResponse(status_code=200)
         if fault == "error_after":
             return _err("error_131000", 500)
+        if fault == "hold":
+            self.world.held_tag = request.path_params.get("tag", "")
+            self.world.held.set()
+            while not self.world.release_held.is_set():
+                await asyncio.sleep(0.05)
+            return DropResponse(status_code=200)
         return JSONResponse(out)
 
 
