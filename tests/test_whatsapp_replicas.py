@@ -22,6 +22,8 @@ import pytest
 import sqlalchemy as sa
 
 from tests.slack_scenario import Replica, _up, _wait, free_port
+from tests.slack_scenario import replica_head
+from tests.slack_scenario import row_states as _rows
 from tests.whatsapp_fake import APP_SECRET, PHONE_ID, TOKEN, VERIFY_TOKEN, WebhookSender, WhatsAppApi, WhatsAppWorld
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,17 +31,7 @@ CUSTOMERS = [str(16505550000 + i) for i in range(8)]
 
 
 def _config(path: Path, *, api_url: str, store_url: str, port: int) -> Path:
-    path.write_text(f"""
-store = {{ url = "{store_url}" }}
-log = {{ format = "json", level = "info" }}
-api = {{ enabled = true, port = {port} }}
-guard = {{ send_timeout_s = 3.0 }}
-sweep = {{ interval_s = 0.5 }}
-
-[[bots]]
-name = "wa"
-platform = "whatsapp"
-
+    path.write_text(replica_head(store_url, port, "wa", "whatsapp") + f"""
 [bots.settings]
 api_url = "{api_url}"
 token_env = "WA_TOKEN"
@@ -52,25 +44,17 @@ search_interval_s = 0
 refind_interval_s = 0
 jitter_s = 0.0
 
+[bots.responder]
+kind = "template"
+template = "noted"
+
 [bots.push]
 kind = "whatsapp"
 secret_env = "WA_SECRET"
 verify_token_env = "WA_VERIFY"
-
-[bots.responder]
-kind = "template"
-template = "noted"
 """)
     os.chmod(path, 0o600)
     return path
-
-
-def _rows(url: str) -> dict[str, str]:
-    eng = sa.create_engine(url)
-    with eng.connect() as c:
-        rows = dict(c.exec_driver_sql("SELECT parent_id, state FROM replies").all())
-    eng.dispose()
-    return rows
 
 
 @pytest.mark.slow
