@@ -354,10 +354,12 @@ class ResponderConfig(BaseModel):
 class PushConfig(_Strict):
     """Push discovery for one bot: webhook deliveries (received by the API) or a held stream."""
 
-    kind: Literal["github", "discourse", "slack", "discord", "telegram", "mastodon_stream", "slack_socket",
+    kind: Literal["github", "discourse", "slack", "discord", "telegram", "whatsapp", "mastodon_stream", "slack_socket",
                   "bluesky_firehose", "discord_gateway", "imap_idle"]
     # Webhooks: the environment variable holding the secret the platform signs deliveries with.
     secret_env: str = ""
+    # WhatsApp (Meta) webhooks: the variable holding the verify token the GET handshake must show.
+    verify_token_env: str = ""
     # The inbox poll stays on as the backstop, at this interval unless pollers.inbox_interval_s is set.
     backstop_interval_s: float = Field(300.0, gt=0)
 
@@ -370,7 +372,17 @@ class PushConfig(_Strict):
     def _secret_for_webhooks(self) -> PushConfig:
         if self.webhook and not self.secret_env:
             raise ValueError(f"secret_env: a {self.kind} webhook needs the variable holding its signing secret")
+        if self.kind == "whatsapp" and not self.verify_token_env:
+            raise ValueError("verify_token_env: a whatsapp webhook needs the variable holding its verify token")
         return self
+
+    def verify_token(self) -> str:
+        """Return the handshake's verify token from the environment; a ConfigError naming the variable if unusable."""
+        value = _env_token("push.verify_token_env", self.verify_token_env) or ""
+        if len(value) < 16:
+            raise ConfigError(f"push.verify_token_env: environment variable {self.verify_token_env!r} is shorter "
+                              "than 16 characters")
+        return value
 
     def secret(self) -> str:
         """Return the secret from the environment (masked in logs); a ConfigError naming the variable if unusable."""

@@ -226,6 +226,7 @@ class Daemon:
         if push and not ac.enabled:
             raise ConfigError(f"bots ({', '.join(push)}): push webhooks arrive through the API: set api.enabled = true")
         self._secrets = {name: pc.secret() for name, pc in push.items()}
+        self._verify_tokens = {name: pc.verify_token() for name, pc in push.items() if pc.verify_token_env}
         if ac.enabled:
             # Imported here: uvicorn and starlette cost nothing when the API is off (sweep, adopt, ...).
             from replyd.api import Api, ApiServer, check_bind
@@ -464,7 +465,8 @@ class Daemon:
 
         assert self.hooks is not None and isinstance(bot.platform, WebhookSource)
         self.hooks.hooks[name] = Hook(name, kind, secret, bot.platform, bot.pipeline.offer,
-                                      instance=bot.platform.instance, guard=bot.guard)
+                                      instance=bot.platform.instance, guard=bot.guard,
+                                      verify_token=getattr(self, "_verify_tokens", {}).get(name, ""))
         log.info("replyd.hooks.ready", bot=name, platform=bot.platform.instance, kind=kind,
                  path=f"/v1/hooks/{name}")
 

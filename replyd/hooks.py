@@ -32,7 +32,18 @@ kind               signature header (HMAC-SHA256 of the body)   event header / d
 ``discord``        ``X-Signature-Ed25519``: Ed25519 of          in the body (``type``) / the
                    ``{X-Signature-Timestamp}{body}`` under the  interaction id is in the body
                    app's public key (``secret_env``), 5 min
+``whatsapp``       ``X-Hub-Signature-256: sha256=<hex>`` with   in the body (``entry[].changes``)
+                   the Meta app secret (``secret_env``)
 =================  ==========================================  ===============================
+
+WhatsApp (Meta) checks the URL with ``GET ?hub.mode=subscribe&hub.verify_token=…&hub.challenge=…``:
+``Receiver.challenge`` answers the challenge (text) when the token equals the hook's verify token
+(``push.verify_token_env``, compared in constant time), else the one 403. Its deliveries also carry
+``value.statuses[]`` (``WebhookReceipts``): a ``sent``/``delivered``/``read`` report whose
+``biz_opaque_callback_data`` names one of this bot's keys closes that row, ``unconfirmed`` or still ``open``
+(``library.confirm``: event ``confirmed`` by ``whatsapp_status``, the reply id the report's message id),
+before the 2xx; a ``failed`` report is logged (``replyd.hooks.delivery_failed``) and kept as an event
+``delivery_failed`` on its row. A report whose key is not this bot's confirms nothing.
 
 Slack also checks the URL once with a signed ``url_verification`` delivery: an adapter that is a
 ``WebhookChallenge`` answers it (200 and the challenge). Slack's retries of a slow or failed ack
@@ -68,7 +79,7 @@ from replyd import metrics
 from replyd import store as st
 from replyd.core import Status, snapshot_json
 from replyd.errors import ContentionError, ReplydError, StoreError
-from replyd.platforms.base import Parent, WebhookAnswer, WebhookChallenge, WebhookSource
+from replyd.platforms.base import Parent, Receipt, WebhookAnswer, WebhookChallenge, WebhookReceipts, WebhookSource
 from replyd.policy import FINAL_SKIPS
 
 if TYPE_CHECKING:
@@ -103,6 +114,7 @@ DROP_REASONS = frozenset({
     "not_addressed",       # no mention / assignment / reply to the bot that its notifications would show
     "other_workspace",     # Slack: an event of another workspace the app is installed in
     "channel_not_listed",  # Slack: a channel outside ``channels``
+    "other_phone_number",  # WhatsApp: a message to another number of the business account
     "out_of_scope",
 })
 
@@ -159,7 +171,10 @@ KINDS: dict[str, Kind] = {
     "slack": Kind("x-slack-signature", "", "x-slack-retry-num", check=slack_verify),
     "telegram": Kind("x-telegram-bot-api-secret-token", "", "", check=telegram_verify),
     "discord": Kind("x-signature-ed25519", "", "", check=discord_verify),
+    "whatsapp": Kind("x-hub-signature-256", "", ""),
 }
+# Status reports that prove a sent message exists (WhatsApp: "sent" is accepted by its servers).
+LANDED = frozenset({"sent", "delivered", "read"})
 
 
 def sign(secret: str, body: bytes) -> str:
@@ -187,6 +202,9 @@ BAD_SIGNATURE = Answer(401, {"error": "bad_signature",
                              "detail": "the delivery is not signed with this hook's secret (or its timestamp is stale)"})
 # The store could not keep the delivery's parents: not acked, so a platform that retries delivers it again.
 STORE_DOWN = Answer(503, {"error": "store_unavailable", "detail": "the delivery could not be recorded; retry it"})
+# The one answer to a verification handshake that is not this hook's (unknown bot, wrong token, not a handshake).
+BAD_CHALLENGE = Answer(403, {"error": "bad_verify_token", "detail": "not a subscription with this hook's verify token"})
+_CHALLENGE = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _DECOY_SECRET = secrets.token_hex(32)  # an unknown bot's body is signed-checked too: the same work, the same time
 
 
@@ -201,6 +219,10 @@ class Hook:
     offer: Callable[[Parent, str], Outcome]  # the bot's Pipeline.offer
     instance: str = ""
     guard: Guard | None = None  # the bot's guard: its store keeps each parent before the ack (None: not kept)
+    verify_token: str = ""  # a handshake's hub.verify_token (WhatsApp); "" refuses every handshake
+
+    def __repr__(self) -> str:
+        return f"Hook(bot={self.bot!r}, kind={self.kind!r}, instance={self.instance!r})"  # never the secrets
 
 
 class Receiver:
@@ -212,6 +234,20 @@ class Receiver:
         self.now = now  # the wall clock: Slack's timestamps are the sender's wall time
         self.max_body_bytes = max_body_bytes
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="replyd-hook")
+
+    def challenge(self, bot: str, params: Mapping[str, str]) -> Answer:
+        """Answer a verification handshake (``hub.mode=subscribe``): 200 with the challenge, else the one 403."""
+        hook = self.hooks.get(bot)
+        token = params.get("hub.verify_token") or ""
+        expected = hook.verify_token if hook is not None and hook.verify_token else _DECOY_SECRET
+        same = token.isascii() and hmac.compare_digest(expected.encode(), token.encode())
+        challenge = params.get("hub.challenge") or ""
+        if hook is None or not hook.verify_token or not same or params.get("hub.mode") != "subscribe" \
+                or not _CHALLENGE.fullmatch(challenge):
+            log.warning("replyd.hooks.bad_challenge", bot=printable(bot, 64))
+            return BAD_CHALLENGE
+        log.info("replyd.hooks.verified", bot=bot, platform=hook.instance)
+        return Answer(200, {"challenge": challenge})
 
     def receive(self, bot: str, headers: Mapping[str, str], body: bytes) -> Answer:
         """Handle one delivery for ``bot``; never raises, never waits for a post."""
@@ -241,6 +277,10 @@ class Receiver:
             if challenge is not None:
                 log.info("replyd.hooks.challenged", bot=bot, platform=hook.instance)
                 return Answer(200, challenge)
+        receipts = hook.source.webhook_receipts(payload) if isinstance(hook.source, WebhookReceipts) else []
+        if receipts and not self._receipts(hook, receipts):
+            metrics.webhook(hook.instance, "store_failed")
+            return STORE_DOWN
         try:
             found = hook.source.parse_webhook(event, payload)
         except ReplydError as exc:
@@ -252,8 +292,8 @@ class Receiver:
             reason = found if isinstance(found, str) else "no parent in it"
             log.info("replyd.hooks.ignored", bot=bot, platform=hook.instance, delivery=delivery, hook_event=event,
                      reason=reason)
-            metrics.webhook(hook.instance, "ignored")
-            return Answer(202, {"accepted": 0, "ignored": reason})
+            metrics.webhook(hook.instance, "statuses" if receipts else "ignored")
+            return Answer(202, {"accepted": 0, "ignored": reason, **({"statuses": len(receipts)} if receipts else {})})
         inside, reasons = self._scoped(hook, event, payload, found, delivery)
         if not inside:
             metrics.webhook(hook.instance, "dropped")
@@ -315,6 +355,46 @@ class Receiver:
                       error=str(exc)[:300])
             return False
         log.debug("replyd.hooks.kept", bot=hook.bot, platform=hook.instance, delivery=delivery, new=made)
+        return True
+
+    @staticmethod
+    def _receipts(hook: Hook, receipts: list[Receipt]) -> bool:
+        """Close each row a landed report proves (``library.confirm``), note each failed one; False when the store
+        cannot take it (the delivery must not be acked: Meta delivers it again)."""
+        from replyd import library
+
+        guard = hook.guard
+        if guard is None:
+            return True
+        for r in receipts:
+            if r.parent_id is None or r.provider_key is None:
+                continue  # not one of replyd's sends (another app's, or sent before replyd)
+            if not hmac.compare_digest(guard.provider_key(r.parent_id).encode(), r.provider_key.encode()):
+                log.warning("replyd.hooks.foreign_status", bot=hook.bot, platform=hook.instance,
+                            parent_id=printable(r.parent_id), status=r.status)
+                continue  # another bot's (or a forged) key: never confirms this bot's row
+            key = guard.key(r.parent_id)
+            try:
+                if r.status in LANDED:
+                    res = library.confirm(guard.store, key, by="whatsapp_status", reply_id=r.message_id,
+                                          reason=f"status {r.status}", owner=guard.owner,
+                                          states=(st.UNCONFIRMED, st.OPEN))
+                    if res.confirmed:
+                        log.info("replyd.hooks.confirmed", bot=hook.bot, platform=hook.instance,
+                                 parent_id=r.parent_id, reply_id=r.message_id, status=r.status, previous=res.previous)
+                        metrics.webhook(hook.instance, "confirmed")
+                elif r.status == "failed":
+                    log.error("replyd.hooks.delivery_failed", bot=hook.bot, platform=hook.instance,
+                              parent_id=r.parent_id, reply_id=r.message_id, errors=r.errors)
+                    metrics.webhook(hook.instance, "delivery_failed")
+                    with guard.store.transaction(doing="recording a failed delivery") as tx:
+                        row = tx.get(key)
+                        if row is not None:
+                            tx.append_event(key, "delivery_failed", state=row.state, attempt=row.attempt,
+                                            owner=guard.owner, detail={"reply_id": r.message_id, "errors": r.errors})
+            except (StoreError, ContentionError) as exc:
+                log.error("replyd.hooks.store_failed", bot=hook.bot, platform=hook.instance, error=str(exc)[:300])
+                return False
         return True
 
     @staticmethod

@@ -275,23 +275,25 @@ class ConfirmResult:
 
 
 def confirm(store: Store, key: Key, *, by: str, reply_id: str | None = None, reason: str = "",
-            owner: str | None = None) -> ConfirmResult:
+            owner: str | None = None, states: tuple[str, ...] = (st.UNCONFIRMED,)) -> ConfirmResult:
     """Mark an ``unconfirmed`` key answered: ``closed`` (with ``reply_id`` when the operator knows it), event
     ``confirmed``; compare-and-set, so a key in any other state is left alone.
 
     For a platform without read-back (``NoReadBack``): the operator saw the reply land (in the chat), so the
-    parent must never be answered again. Nothing is sent or read on the platform.
+    parent must never be answered again. Nothing is sent or read on the platform. ``states``: a platform's own
+    proof of the landing (WhatsApp's status webhook, ``replyd.hooks``) also closes a row still ``open`` (its send's
+    answer lost, the sweep not yet past its deadline).
     """
     now = store.clock.now()
     with store.transaction(doing="confirming") as tx:
         row = tx.get(key)
         if row is None:
             return ConfirmResult(key, False, None, None)
-        if row.state != st.UNCONFIRMED:
+        if row.state not in states:
             return ConfirmResult(key, False, row.state, row)
         values = {"state": st.CLOSED, "updated_at": now, "closed_at": now, "error": None, "deadline_at": None,
                   "reply_id": reply_id or row.reply_id, "lease_owner": None, "lease_until": None}
-        ok = tx.cas_event(key, states=[st.UNCONFIRMED], attempt=row.attempt, values=values)
+        ok = tx.cas_event(key, states=[row.state], attempt=row.attempt, values=values)
         if ok:
             tx.append_event(key, "confirmed", state=st.CLOSED, attempt=row.attempt, owner=owner,
                             detail={"by": by, **({"reply_id": reply_id} if reply_id else {}),

@@ -178,6 +178,32 @@ class Replica:
             self.kill()
 
 
+def replica_head(store_url: str, port: int, name: str, platform: str) -> str:
+    """The top of a no-read-back replica's config: store, JSON log, API on ``port``, short deadlines, one bot."""
+    return f"""
+store = {{ url = "{store_url}" }}
+log = {{ format = "json", level = "info" }}
+api = {{ enabled = true, port = {port} }}
+guard = {{ send_timeout_s = 3.0 }}
+sweep = {{ interval_s = 0.5 }}
+
+[[bots]]
+name = "{name}"
+platform = "{platform}"
+"""
+
+
+def row_states(url: str) -> dict[str, str]:
+    """Every answered-log row's parent id and state, read straight from the database."""
+    import sqlalchemy as sa
+
+    eng = sa.create_engine(url)
+    with eng.connect() as c:
+        rows = dict(c.exec_driver_sql("SELECT parent_id, state FROM replies").all())
+    eng.dispose()
+    return rows
+
+
 def _wait(cond: Any, timeout_s: float, what: str) -> None:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:

@@ -23,6 +23,8 @@ import pytest
 import sqlalchemy as sa
 
 from tests.slack_scenario import Replica, _up, _wait, free_port
+from tests.slack_scenario import replica_head
+from tests.slack_scenario import row_states as _rows
 from tests.telegram_fake import TOKEN, TelegramApi, TelegramWorld, WebhookSender
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,17 +35,7 @@ DMS = (5000000001, 5000000003)
 
 def _config(path: Path, *, api_url: str, store_url: str, port: int, mode: str) -> Path:
     push = '[bots.push]\nkind = "telegram"\nsecret_env = "TG_SECRET"\n' if mode == "webhook" else ""
-    path.write_text(f"""
-store = {{ url = "{store_url}" }}
-log = {{ format = "json", level = "info" }}
-api = {{ enabled = true, port = {port} }}
-guard = {{ send_timeout_s = 3.0 }}
-sweep = {{ interval_s = 0.5 }}
-
-[[bots]]
-name = "tg"
-platform = "telegram"
-
+    path.write_text(replica_head(store_url, port, "tg", "telegram") + f"""
 [bots.settings]
 api_url = "{api_url}"
 token_env = "TG_TOKEN"
@@ -65,14 +57,6 @@ template = "noted"
 """)
     os.chmod(path, 0o600)
     return path
-
-
-def _rows(url: str) -> dict[str, str]:
-    eng = sa.create_engine(url)
-    with eng.connect() as c:
-        rows = dict(c.exec_driver_sql("SELECT parent_id, state FROM replies").all())
-    eng.dispose()
-    return rows
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from replyd import library, metrics, statuspage
@@ -197,6 +197,16 @@ class Api:
         if isinstance(raw, Response):
             return raw
         answer = self.hooks.receive(bot, request.headers, raw)
+        return JSONResponse(answer.body, status_code=answer.status)
+
+    async def hook_challenge(self, request: Request) -> Response:
+        """GET /v1/hooks/{bot}: a verification handshake; the challenge as text when the verify token is the hook's."""
+        if self.hooks is None:
+            from replyd.hooks import BAD_CHALLENGE
+            return JSONResponse(BAD_CHALLENGE.body, status_code=BAD_CHALLENGE.status)
+        answer = self.hooks.challenge(request.path_params["bot"], request.query_params)
+        if answer.status == 200:
+            return PlainTextResponse(answer.body["challenge"])
         return JSONResponse(answer.body, status_code=answer.status)
 
     async def rearm(self, request: Request) -> Response:

@@ -102,6 +102,8 @@ ROUTES: tuple[Op, ...] = (
                        "platform refused before acting.", Outcome, ("Retry-After",)),
        }, request=ReplyIn),
     Op("POST", "/v1/hooks/{bot}", "hook", None, "A signed webhook delivery.", "open"),
+    Op("GET", "/v1/hooks/{bot}", "hook_challenge", None, "A webhook verification handshake (Meta's hub.challenge).",
+       "open"),
     Op("POST", "/v1/replies/{platform}/{parent_id:path}/rearm", "rearm", "rearmReply",
        "Operator: move a rejected, gave_up or declined key to released (event rearmed).", "write", {
            200: Answer("Rearmed: the next post may claim the key.", Rearmed),

@@ -101,6 +101,17 @@ class ReadBack:
 
 
 @dataclass(frozen=True)
+class Receipt:
+    """A platform's delivery report of one message the bot sent (WhatsApp's ``statuses`` webhook)."""
+
+    status: str  # the platform's word: sent, delivered, read, failed
+    message_id: str  # the sent message's id (the reply id)
+    provider_key: str | None = None  # replyd's key, when the report carries it back
+    parent_id: str | None = None  # the parent it answers, when the report carries it back
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Identity:
     """Who the bot is on one platform: the stable id is the sender half of the key."""
 
@@ -236,6 +247,15 @@ class WebhookSource(Protocol):
         A webhook (a GitHub App's, an organisation's, a Slack app in several workspaces) delivers more than
         the bot's config asks for: a parent is offered only inside what the pollers would have found.
         """
+        ...
+
+
+@runtime_checkable
+class WebhookReceipts(Protocol):
+    """Optional: an adapter whose webhook also reports on the bot's own sent messages (WhatsApp's ``statuses``)."""
+
+    def webhook_receipts(self, payload: Any) -> list[Receipt]:
+        """Return the delivery reports in ``payload`` (none: an empty list); no I/O."""
         ...
 
 

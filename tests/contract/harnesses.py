@@ -799,23 +799,51 @@ class SlackHarness(Harness):
         self.api.__exit__(None, None, None)
 
 
-class TelegramHarness(Harness):
+def no_read_back_skips(why: str) -> dict[str, str]:
+    """The read-back cases a ``NoReadBack`` harness skips (``test_no_read_back.py`` covers the class), with ``why``."""
+    return {name: why for name in (
+        "test_read_back_found_after_a_lost_response", "test_read_back_found_is_the_sent_reply_oldest_first",
+        "test_read_back_not_found_is_checked_without_replies", "test_read_back_partial_checks_only_what_was_read",
+        "test_read_parents_finds_the_reply_without_the_own_feed",
+        "test_lost_answer_is_closed_by_the_sweep_with_the_landed_reply",
+        "test_5xx_with_nothing_created_gets_one_more_attempt", "test_crash_between_send_and_close_is_closed_by_the_sweep",
+        "test_pollers_over_three_paths_with_lost_answers_one_reply_and_one_call_each")}
+
+
+def start_fake(h: Harness, http: httpx.Client, world_cls: type, api_cls: type) -> None:
+    """Give harness ``h`` a fake platform on its own fake clock, served over HTTP behind a fault proxy."""
+    h.http = http
+    h.clock = FakeClock(time.time())
+    h.world = world_cls(now=h.clock.now)  # type: ignore[attr-defined]
+    h.api = api_cls(h.world).start()  # type: ignore[attr-defined]
+    h.proxy = FaultProxy(h.api.url)  # type: ignore[attr-defined]
+
+
+class NoReadBackFakeHarness(Harness):
+    """A harness of the no-read-back class on a fake started by ``start_fake``: nothing to read back."""
+
+    no_read_back = True
+
+    def read_routes(self, parent: Parent) -> list[str]:
+        """None: nothing reads back on such a platform."""
+        return []
+
+    def close(self) -> None:
+        """Stop the proxy and the fake."""
+        assert self.proxy is not None
+        self.proxy.close()
+        self.api.stop()  # type: ignore[attr-defined]
+
+
+class TelegramHarness(NoReadBackFakeHarness):
     """Telegram on ``tests/telegram_fake.py`` (the Bot API from its documentation), counted in the fake's chats."""
 
     kind = "telegram"
     no_read_back = True
     _NO_READ_BACK = "a Telegram bot cannot list what it sent (no read-back): test_no_read_back.py covers the class"
     skips = {
-        "test_read_back_found_after_a_lost_response": _NO_READ_BACK,
-        "test_read_back_found_is_the_sent_reply_oldest_first": _NO_READ_BACK,
-        "test_read_back_not_found_is_checked_without_replies": _NO_READ_BACK,
-        "test_read_back_partial_checks_only_what_was_read": _NO_READ_BACK,
-        "test_read_parents_finds_the_reply_without_the_own_feed": _NO_READ_BACK,
+        **no_read_back_skips(_NO_READ_BACK),
         "test_delete_removes_the_reply_and_twice_is_done": _NO_READ_BACK + " (its last step is a read-back)",
-        "test_lost_answer_is_closed_by_the_sweep_with_the_landed_reply": _NO_READ_BACK,
-        "test_5xx_with_nothing_created_gets_one_more_attempt": _NO_READ_BACK,
-        "test_crash_between_send_and_close_is_closed_by_the_sweep": _NO_READ_BACK,
-        "test_pollers_over_three_paths_with_lost_answers_one_reply_and_one_call_each": _NO_READ_BACK,
         "test_three_paths_find_the_parent_and_it_is_answered_once":
             "a bot cannot search Telegram or re-read a chat: getUpdates (or the webhook) is the only path",
         "test_search_cursor_moves_forward": "a bot cannot search Telegram",
@@ -834,11 +862,7 @@ class TelegramHarness(Harness):
     def __init__(self, http: httpx.Client) -> None:
         from tests.telegram_fake import TelegramApi, TelegramWorld
 
-        self.http = http
-        self.clock = FakeClock(time.time())
-        self.world = TelegramWorld(now=self.clock.now)
-        self.api = TelegramApi(self.world).start()
-        self.proxy = FaultProxy(self.api.url)
+        start_fake(self, http, TelegramWorld, TelegramApi)
 
     def settings(self) -> dict[str, Any]:
         """The bot token on the fake, through the proxy; short polls."""
@@ -895,15 +919,6 @@ class TelegramHarness(Harness):
         """The Bot API's answer deleting a message that is not there."""
         return Reply(400, {"ok": False, "error_code": 400, "description": "Bad Request: message to delete not found"})
 
-    def read_routes(self, parent: Parent) -> list[str]:
-        """None: nothing reads back on Telegram."""
-        return []
-
-    def close(self) -> None:
-        """Stop the proxy and the fake."""
-        assert self.proxy is not None
-        self.proxy.close()
-        self.api.stop()
 
 
 # --- Discord on the stateful fake -------------------------------------------------------------
@@ -1110,6 +1125,88 @@ class EmailHarness(Harness):
         self.imap.close()
 
 
+# --- WhatsApp on the stateful fake ------------------------------------------------------------
+
+
+class WhatsAppHarness(NoReadBackFakeHarness):
+    """WhatsApp on ``tests/whatsapp_fake.py`` (the Cloud API from Meta's docs), counted in the fake's sent messages."""
+
+    kind = "whatsapp"
+    no_read_back = True
+    _NO_READ_BACK = "the Cloud API cannot list what a business sent (no read-back): test_no_read_back.py covers the class"
+    _WEBHOOK_ONLY = "the Cloud API delivers messages by webhook only: no inbox, search or re-find to poll"
+    skips = {
+        **no_read_back_skips(_NO_READ_BACK),
+        "test_delete_removes_the_reply_and_twice_is_done": "the Cloud API cannot delete a message a business sent",
+        "test_delete_meeting_not_found_is_done": "the Cloud API cannot delete a message a business sent",
+        "test_three_paths_find_the_parent_and_it_is_answered_once": _WEBHOOK_ONLY,
+        "test_inbox_cursor_moves_forward": _WEBHOOK_ONLY,
+        "test_search_cursor_moves_forward": _WEBHOOK_ONLY,
+    }
+    bad_settings = bad({"token": SECRET, "phone_number_id": "106540352242922"}, missing=("token", "phone_number_id"),
+                       wrong=(("token", "has space " + SECRET), ("phone_number_id", "+1 555"), ("api_url", "ftp://x"),
+                              ("api_version", "21"), ("listing_delay_s", -1), ("colour", "red")))
+    url_key = "api_url"
+    send_route = ("POST", r"/messages$")
+    delete_route = ("DELETE", r"^/nothing$")
+    ADA = "16505551234"
+
+    def __init__(self, http: httpx.Client) -> None:
+        from tests.whatsapp_fake import WhatsAppApi, WhatsAppWorld
+
+        start_fake(self, http, WhatsAppWorld, WhatsAppApi)
+        self.world.window_s = 10 * 365 * 86_400.0  # the cases move the clock by days; the window has its own tests
+
+    def settings(self) -> dict[str, Any]:
+        """The access token on the fake's number, through the proxy."""
+        from tests.whatsapp_fake import PHONE_ID, TOKEN
+
+        return {"api_url": self.proxy.url, "token": TOKEN, "phone_number_id": PHONE_ID}
+
+    def bot_id(self) -> str:
+        """The phone-number-id."""
+        from tests.whatsapp_fake import PHONE_ID
+
+        return PHONE_ID
+
+    def secret(self) -> str:
+        """The access token (a Bearer header)."""
+        from tests.whatsapp_fake import TOKEN
+
+        return TOKEN
+
+    def post(self, text: str, *, mention: bool = True, place: int = 0) -> Post:
+        """A customer (one per place) messages the number; refs: ``<wa_id>/<wamid>``."""
+        self.clock.advance(1)
+        wa_id = str(int(self.ADA) + place)
+        wamid = self.world.customer_says(wa_id, text)
+        return Post(wamid, wa_id, [f"{wa_id}/{wamid}"])
+
+    def parent(self, adapter: Platform, text: str = "", *, place: int = 0) -> Parent:
+        """A new message, as its webhook delivery serves it to the adapter."""
+        post = self.post(text or f"{tag()} how do widgets work?", place=place)
+        with self.world.lock:
+            found = [p for body in self.world.queue for p in (adapter.parse_webhook("", body) or [])  # type: ignore[attr-defined]
+                     if not isinstance(p, str) and p.id == post.id]
+        return found[0]
+
+    def reply_ids(self, parent_id: str) -> list[str]:
+        """The business's messages sent in context of the parent, as the fake holds them."""
+        with self.world.lock:
+            return [m["id"] for m in self.world.sent if m["context"] == parent_id]
+
+    def refusal(self) -> Reply:
+        """Graph's 400 invalid parameter."""
+        return Reply(400, {"error": {"message": "(#100) Invalid parameter", "type": "OAuthException", "code": 100}})
+
+    def rate_limit(self) -> Reply:
+        """130429 with a Retry-After."""
+        from tests.whatsapp_fake import fixture
+
+        return Reply(400, fixture("error_130429"), {"retry-after": str(RETRY_AFTER_S)})
+
+
+
 @dataclass(frozen=True)
 class Entry:
     """One adapter's row in the contract-suite parameters: its harness and the session fixture it runs on."""
@@ -1128,6 +1225,7 @@ HARNESSES: dict[str, Entry] = {
     "matrix": Entry(MatrixHarness, "synapse"),
     "slack": Entry(SlackHarness, None),
     "telegram": Entry(TelegramHarness, None),
+    "whatsapp": Entry(WhatsAppHarness, None),
     "discord": Entry(DiscordHarness, None),
     "email": Entry(EmailHarness, "mail_server"),
 }
