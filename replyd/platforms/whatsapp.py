@@ -274,6 +274,11 @@ class WhatsAppPlatform(_http.HttpPlatform):
         return Parent(id=wamid, author_id=wa_id, extra={"wa_id": wa_id, "phone_number_id": self.s.phone_number_id,
                                                         "addressed": True})
 
+    def thread_depth(self, parent: Parent, limit: int) -> int:
+        """1 when the parent quotes a message (``context.id``), else 0: the Cloud API shows one level and cannot
+        read a message by id, so this is a lower bound (``max_depth`` stops a loop one level late)."""
+        return min(1, limit + 1) if parent.extra.get("reply_to") is not None else 0
+
     # --- send, read-back, delete ------------------------------------------------------------------
 
     def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
