@@ -222,7 +222,8 @@ def test_three_replicas_sigkill_one_no_duplicates_sweep_shared(fresh_pg, tmp_pat
     # Sends whose own outcome was recorded after their row's deadline: the sweep may already hold such a row,
     # and the guard's close then wins the row from under the sweep's lease (legitimately: one verdict only).
     opened = {(p, a): at for p, a, k, s, at in timed if k == "opened" or (k == "claimed" and s == st.OPEN)}
-    late = {(p, a) for p, a, k, _, at in timed if k in ("closed", "already_landed", "released", "rejected")
+    # (A send that found itself too late to leave releases its row the same way: event ``too_late``.)
+    late = {(p, a) for p, a, k, _, at in timed if k in ("closed", "already_landed", "released", "rejected", "too_late")
             and (p, a) in opened and at > opened[(p, a)] + SEND_TIMEOUT_S + LISTING_DELAY_S}
     decisions = Counter((p, a) for p, a, k, _ in events if k in DECISIONS)
     closes = Counter(p for p, _, k, _ in events if k in CLOSES)
