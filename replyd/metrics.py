@@ -62,7 +62,8 @@ RESPONDER_SECONDS = Histogram(
 )
 SWEEP_ROWS = Counter(
     "replyd_sweep_rows",
-    "Rows the sweep decided, by result (closed, not_landed, gave_up, left_open, verified, reconciled, unconfirmed).",
+    "Rows the sweep decided, by result (closed, not_landed, gave_up, left_open, verified, reconciled, unconfirmed, "
+    "moved: changed under the lease by another writer).",
     ["platform", "result"],
     registry=None,
 )
@@ -163,7 +164,7 @@ _KINDS: tuple[tuple[type[BaseException], str], ...] = (
     (Rejected, "rejected"),
     (BadResponse, "bad_response"),
 )
-_SWEEP_RESULTS = ("closed", "not_landed", "gave_up", "left_open", "verified", "reconciled", "unconfirmed")
+_SWEEP_RESULTS = ("closed", "not_landed", "gave_up", "left_open", "verified", "reconciled", "unconfirmed", "moved")
 
 # Labelled children by (metric name, labels): `labels()` validates and locks on every call (~3 µs);
 # a dict hit is ~0.1 µs. A racing first call at worst builds the same child twice.

@@ -62,11 +62,14 @@ class SweepResult:
     waiting: int = 0  # looked at, given a later look (a close not yet verified, a judged row with no reply yet)
     verified_on_close: int = 0  # of ``verified``: closed by this pass's read-back, which was late enough to verify
     unconfirmed: int = 0  # open rows of a ``NoReadBack`` platform moved to ``unconfirmed`` (never retried on their own)
+    # Leased rows that changed under the lease before the verdict committed (a late close, a re-find's claim of a
+    # judged row, a running send's deadline pushed on): the other writer's change stands, this pass decides nothing.
+    moved: int = 0
 
     def add(self, other: SweepResult) -> None:
         """Accumulate another pass's counts."""
         for name in ("leased", "closed", "not_landed", "gave_up", "left_open", "duplicates", "readback_errors", "verified",
-                     "reconciled", "waiting", "verified_on_close", "unconfirmed"):
+                     "reconciled", "waiting", "verified_on_close", "unconfirmed", "moved"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.by_platform.update(other.by_platform)
 
@@ -168,7 +171,7 @@ class Sweeper:
         log.info("replyd.sweep.passed", platform=bot.platform.instance, leased=res.leased, closed=res.closed,
                  not_landed=res.not_landed, gave_up=res.gave_up, left_open=res.left_open, duplicates=res.duplicates,
                  verified=res.verified, reconciled=res.reconciled, waiting=res.waiting,
-                 verified_on_close=res.verified_on_close)
+                 verified_on_close=res.verified_on_close, moved=res.moved, leased_at=now)
         return res
 
     def _no_read_back(self, bot: Bot, rows: list[Reply], now: float, res: SweepResult) -> SweepResult:
@@ -182,14 +185,18 @@ class Sweeper:
             key = Key(r.platform, r.sender_id, r.parent_id)
             with self.store.transaction(relaxed=True, doing="sweeping") as tx:
                 if r.state != st.OPEN:
-                    tx.cas_event(key, states=[r.state], attempt=r.attempt, lease_owner=self.owner,
-                                 values={"deadline_at": None, "lease_owner": None, "lease_until": None})
+                    if tx.cas_event(key, states=[r.state], attempt=r.attempt, lease_owner=self.owner,
+                                    values={"deadline_at": None, "lease_owner": None, "lease_until": None}):
+                        res.waiting += 1  # nothing to look at again: its deadline is dropped
+                    else:
+                        self._moved(bot, r, now, res)
                     continue
                 why = "the send may have landed and this platform cannot list the bot's replies"
                 values = {"state": st.UNCONFIRMED, "updated_at": now, "deadline_at": None, "lease_owner": None,
                           "lease_until": None, "error": why}
                 if not tx.cas_event(key, states=[st.OPEN], attempt=r.attempt, values=values, lease_owner=self.owner,
                                     due_by=now):
+                    self._moved(bot, r, now, res)
                     continue
                 maybe = tx.has_event(key, "maybe_sent", r.attempt)
                 tx.append_event(key, st.UNCONFIRMED, state=st.UNCONFIRMED, attempt=r.attempt, owner=self.owner,
@@ -200,7 +207,8 @@ class Sweeper:
                       resolve="replyd rearm (send again) or replyd confirm (mark answered)")
         res.by_platform[bot.platform.instance] += len(rows)
         metrics.sweep_pass(bot.platform.instance, res)
-        log.info("replyd.sweep.passed", platform=bot.platform.instance, leased=res.leased, unconfirmed=res.unconfirmed)
+        log.info("replyd.sweep.passed", platform=bot.platform.instance, leased=res.leased, unconfirmed=res.unconfirmed,
+                 waiting=res.waiting, moved=res.moved, leased_at=now)
         return res
 
     def _parent_look(self, bot: Bot, rows: list[Reply], pending: list[Pending], rb: ReadBack, now: float,
@@ -257,8 +265,10 @@ class Sweeper:
         checked = r.parent_id in rb.checked
         if not checked and not mine:
             values = {"deadline_at": now + self.retry_s, "lease_owner": None, "lease_until": None}
-            tx.cas_event(key, states=[st.CLOSED], attempt=r.attempt, values=values, lease_owner=self.owner)
-            res.left_open += 1
+            if tx.cas_event(key, states=[st.CLOSED], attempt=r.attempt, values=values, lease_owner=self.owner):
+                res.left_open += 1
+            else:
+                self._moved(bot, r, now, res)
             return []
         events = tx.reply_id_events(key)
         listed = [m.reply_id for m in mine]
@@ -282,6 +292,8 @@ class Sweeper:
             values = {"deadline_at": nxt, "lease_owner": None, "lease_until": None}
             if tx.cas_event(key, states=[st.CLOSED], attempt=r.attempt, values=values, lease_owner=self.owner):
                 res.waiting += 1
+            else:
+                self._moved(bot, r, now, res)
             return []
         reported = {i for k, _, d in events if k == "duplicate_detected" for i in [d.get("kept"), *d.get("newer", [])]}
         kept = listed[0] if listed else own
@@ -295,6 +307,7 @@ class Sweeper:
         if newer and self.on_duplicate == "delete_newer" and kept and kept != own:
             values["reply_id"] = kept  # the newer ones are about to be deleted
         if not tx.cas_event(key, states=[st.CLOSED], attempt=r.attempt, values=values, lease_owner=self.owner):
+            self._moved(bot, r, now, res)
             return []
         if not any(k == "verified" and a == r.attempt for k, a, _ in events):
             tx.append_event(key, "verified", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
@@ -348,6 +361,12 @@ class Sweeper:
             note["retry_after_s"] = round(wait_s, 3)
         return st.NOT_LANDED, retry, note
 
+    def _moved(self, bot: Bot, r: Reply, leased_at: float, res: SweepResult) -> None:
+        """A leased row changed under the lease before its verdict: count it and name it (the other change stands)."""
+        res.moved += 1
+        log.info("replyd.sweep.row_moved", bot=bot.name, platform=bot.platform.instance, parent_id=r.parent_id,
+                 attempt=r.attempt, state=r.state, leased_at=leased_at, at=self.clock.now())
+
     @staticmethod
     def _judge_at(bot: Bot, r: Reply, delay_s: float) -> float:
         """The earliest an open row may be judged not found: the delay in use now after its send last moved."""
@@ -362,7 +381,7 @@ class Sweeper:
                 return at
         return None
 
-    def _reconcile(self, tx: Tx, key: Key, r: Reply, mine: list, rb: ReadBack, now: float,
+    def _reconcile(self, tx: Tx, bot: Bot, key: Key, r: Reply, mine: list, rb: ReadBack, now: float,
                    delay_s: float, res: SweepResult) -> list[str]:
         """A judged row's later look: an own reply found now closes it as ``reconciled``."""
         if mine:
@@ -371,6 +390,7 @@ class Sweeper:
                       "deadline_at": now + delay_s, "lease_owner": None, "lease_until": None}
             # Re-find may have claimed a not_landed row meanwhile: then the state or attempt differs, nothing moves.
             if not tx.cas_event(key, states=[r.state], attempt=r.attempt, values=values, lease_owner=self.owner):
+                self._moved(bot, r, now, res)
                 return []
             tx.append_event(key, "reconciled", state=st.CLOSED, attempt=r.attempt, owner=self.owner,
                             detail={"reply_id": first, "from": r.state, "judged_s": round(now - r.updated_at, 3)})
@@ -382,6 +402,8 @@ class Sweeper:
         values = {"deadline_at": nxt, "lease_owner": None, "lease_until": None}
         if tx.cas_event(key, states=[r.state], attempt=r.attempt, values=values, lease_owner=self.owner):
             res.waiting += 1
+        else:
+            self._moved(bot, r, now, res)
         return []
 
     def _decide(self, bot: Bot, r: Reply, rb: ReadBack, now: float, delay_s: float, verify_s: float,
@@ -393,7 +415,7 @@ class Sweeper:
             if r.state == st.CLOSED:
                 delete = self._verify(tx, bot, key, r, mine, rb, now, verify_s, res)
             elif r.state in (st.NOT_LANDED, st.GAVE_UP):
-                delete = self._reconcile(tx, key, r, mine, rb, now, delay_s, res)
+                delete = self._reconcile(tx, bot, key, r, mine, rb, now, delay_s, res)
             elif mine:
                 first = mine[0]
                 # Closed under our lease, which the verification below releases: this read-back came after the
@@ -406,16 +428,20 @@ class Sweeper:
                                     detail={"reply_id": first.reply_id})
                     res.closed += 1
                     closed = r.model_copy(update={k: v for k, v in values.items() if k != "deadline_at"})
-                    waiting, verified = res.waiting, res.verified
+                    waiting, verified, moved = res.waiting, res.verified, res.moved
                     delete = self._verify(tx, bot, key, closed, mine, rb, now, verify_s, res,
                                           basis=r.opened_at or r.created_at)
-                    res.waiting = waiting  # counted as closed
+                    res.waiting, res.moved = waiting, moved  # counted as closed (this transaction holds the row)
                     res.verified_on_close += res.verified - verified
+                else:
+                    self._moved(bot, r, now, res)
             elif r.parent_id in rb.checked and now < (judge_at := self._judge_at(bot, r, delay_s)):
                 # The delay in use grew since this row's deadline was set: not found yet proves nothing.
                 values = {"deadline_at": judge_at, "lease_owner": None, "lease_until": None}
                 if tx.cas_event(key, states=[st.OPEN], attempt=r.attempt, values=values, lease_owner=self.owner):
                     res.waiting += 1
+                else:
+                    self._moved(bot, r, now, res)
             elif r.parent_id in rb.checked:
                 to, retry, note = self._not_landed(tx, bot, key, r, now, proven=proven)
                 values = {"state": to, "updated_at": now, "lease_owner": None, "lease_until": None,
@@ -431,12 +457,16 @@ class Sweeper:
                         log.error("replyd.sweep.gave_up", parent_id=r.parent_id, attempt=r.attempt)
                     else:
                         res.not_landed += 1
+                else:
+                    self._moved(bot, r, now, res)
             else:
                 # Not looked at conclusively: keep it open and look again later.
                 values = {"deadline_at": now + self.retry_s, "lease_owner": None, "lease_until": None, "updated_at": now}
                 if tx.cas_event(key, states=[st.OPEN], attempt=r.attempt, values=values, lease_owner=self.owner):
                     tx.append_event(key, "swept_unknown", state=st.OPEN, attempt=r.attempt, owner=self.owner)
-                res.left_open += 1
+                    res.left_open += 1
+                else:
+                    self._moved(bot, r, now, res)
         for extra in delete:
             try:
                 bot.platform.delete(extra)

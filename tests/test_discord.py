@@ -271,6 +271,9 @@ def test_gateway_identify_dispatch_resume_with_seq_and_replays(world, http) -> N
             first = world.say(cid, ALICE, "one")
             world.say(cid, BOB, "not for the bot", mention=False)
             _until(lambda: first in got)
+            # Bob's message is dispatched too (seq 3): wait until the client has read every dispatch, or the
+            # seq it resumes with is one the test never saw.
+            _until(lambda: p._session["seq"] == max(s.seq for s in gw.sessions.values()))
             seq_seen = p._session["seq"]
             gw.force_reconnect()
             _until(lambda: gw.resumes)
