@@ -201,6 +201,7 @@ class Daemon:
         self.clock = clock or SystemClock()
         self.owner = cfg.replica_id or st.make_owner()
         self.stopping = threading.Event()
+        self.grace_expired = False  # set by stop() when running jobs outlived the grace
         self._clock_stale = threading.Event()  # set on a new database connection: re-anchor the clock
         self.store: Store | None = None
         self.http: httpx.Client | None = None
@@ -562,6 +563,7 @@ class Daemon:
             t.start()
             t.join(grace_s)
             if t.is_alive():
+                self.grace_expired = True
                 log.warning("replyd.daemon.grace_expired", hint="open rows are left to the sweep")
         for b in self.bots:
             b.pipeline.close()

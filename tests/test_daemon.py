@@ -220,6 +220,43 @@ def test_sigterm_stops_claiming_and_exits_zero(sim, tmp_path):
     assert guard and all(g.get("bot") == "sim" and g.get("platform") == f"mastodon:{srv.base_url}" for g in guard), guard[:3]
 
 
+def test_sigterm_with_a_job_stuck_past_the_grace_exits_at_once(sim, tmp_path):
+    """A compose still running after the grace (a 60 s responder) does not hold the process: it exits, says so."""
+    srv, world, bot = sim
+    cfg = write_config(tmp_path / "c.toml", srv.base_url, tmp_path / "r.sqlite3", responder="command")
+    cfg.write_text(cfg.read_text().replace('kind = "command"', 'kind = "command"\ncommand = ["sleep", "60"]\n'
+                                                                 'timeout_s = 60'))
+    world.generate(1, target=BOT)
+    log = tmp_path / "daemon.log"
+    p = _start_daemon(cfg, log)
+    try:
+        assert wait_until(lambda: _composing(tmp_path / "r.sqlite3"), 60), \
+            log.read_text()[-2000:]
+        p.send_signal(signal.SIGTERM)
+        # Grace 5 s: without the forced exit the interpreter joins the stuck job's thread for the rest of 60 s.
+        assert p.wait(40) == 0, log.read_text()[-2000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    text = log.read_text()
+    assert "replyd.daemon.grace_expired" in text and "replyd.daemon.exit_forced" in text, text[-2000:]
+    assert world.replies_by(bot.id) == {} or sum(world.replies_by(bot.id).values()) == 0
+
+
+def _composing(db: Path) -> bool:
+    """Whether the store has a row being composed (a responder running)."""
+    if not db.exists():
+        return False
+    s = Store.open(f"sqlite:///{db}")
+    try:
+        return any(n for (_, state), n in s.counts().items() if state == st.COMPOSING)
+    except Exception:  # the daemon is still creating the schema
+        return False
+    finally:
+        s.dispose()
+
+
 def test_stop_blocks_new_claims(sim, tmp_path):
     """After stop() begins, the guard refuses new claims (nothing is sent while shutting down)."""
     srv, world, bot = sim

@@ -315,23 +315,29 @@ def test_command_cgroups_of_a_dead_replyd_are_removed(tmp_path: Path, call_mark:
     base = cgroup_parent()[0]
     assert base is not None
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = base / f"call-{int(dead.stdout)}-1-test{call_mark[:6]}"
-    busy = base / f"call-{int(dead.stdout)}-2-test{call_mark[:6]}"
+    # A private parent group: every replyd in other test workers probes ``base`` for dead call groups too, and
+    # would remove this test's groups between their mkdir and the test's own probe.
+    own = base / f"test-{call_mark}"
+    own.mkdir()
+    stale = own / f"call-{int(dead.stdout)}-1-test{call_mark[:6]}"
+    busy = own / f"call-{int(dead.stdout)}-2-test{call_mark[:6]}"
     stale.mkdir()
     busy.mkdir()
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
         (busy / "cgroup.procs").write_text(str(sleeper.pid))
-        removed = remove_stale_cgroups(base)
+        removed = remove_stale_cgroups(own)
         assert stale.name in removed and busy.name not in removed
         assert not stale.exists() and busy.exists()
     finally:
         sleeper.kill()
         sleeper.wait()
         deadline = time.monotonic() + 2
-        while busy.exists() and time.monotonic() < deadline:
+        while (busy.exists() or own.exists()) and time.monotonic() < deadline:
             try:
-                busy.rmdir()
+                for group in (stale, busy, own):
+                    if group.exists():
+                        group.rmdir()
             except OSError:  # the killed sleep still counted for a few ms
                 time.sleep(0.01)
 

@@ -63,6 +63,8 @@ def status(
     now = s.clock.now()
     # Every non-terminal state has a job that moves it on (sweep, re-find): a row listed here is one they did not.
     overdue = s.overdue(now, overdue_after_s)
+    listing = lag.summaries(s)
+    s.dispose()  # every read is done: no pooled connection is left to the interpreter's exit
     daemon = _daemon_liveness(cfg)
     if as_json:
         data = {
@@ -72,7 +74,7 @@ def status(
             "overdue": [{"platform": r.platform, "parent_id": r.parent_id, "state": r.state, "attempt": r.attempt,
                          "over_s": round(over, 1)} for r, over in overdue],
             "daemon": daemon,
-            "listing": lag.summaries(s),  # per platform instance: configured and in-use delay, observed lag
+            "listing": listing,  # per platform instance: configured and in-use delay, observed lag
         }
         _emit_json(data)
         return
@@ -87,7 +89,7 @@ def status(
         for r in oldest:
             o.add_row(r.platform, r.parent_id, _ts(r.opened_at), f"{now - (r.opened_at or now):.0f}")
         out.print(o)
-    _print_listing(lag.summaries(s))
+    _print_listing(listing)
     if overdue:
         t = _Table("platform", "parent id", "state", "attempt", "past its bound (s)",
                   title=f"rows waiting more than {overdue_after_s:.0f} s past their bound")

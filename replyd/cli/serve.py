@@ -16,7 +16,38 @@ def run(config: ConfigOpt = None, grace_s: Annotated[float, typer.Option(help="S
 
     cfg = _load(config)
     preflight(cfg)  # the checks `replyd config check` makes: the same config passes both or neither
-    raise typer.Exit(Daemon(cfg).run_forever(grace_s))
+    daemon = Daemon(cfg)
+    code = daemon.run_forever(grace_s)
+    _exit_now(code, busy=daemon.grace_expired)
+
+
+def _exit_now(code: int, *, busy: bool) -> None:
+    """Leave the process once the stop is done, without joining threads still in a job past the grace.
+
+    The interpreter joins every thread pool's workers at exit, so a job stuck in a slow call (a responder, a
+    hung request) would hold a stop bounded by the grace for as long as that call lasts. Everything durable
+    is committed by now (each row's state is a transaction; an unfinished send's row is open for the sweep),
+    so the process exits at once, its log flushed.
+    """
+    import logging
+    import os
+    import sys
+    import threading
+
+    import structlog
+
+    if busy:
+        left = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive())
+        structlog.get_logger("replyd.daemon").warning(
+            "replyd.daemon.exit_forced", threads=left[:20], count=len(left),
+            hint="jobs still running after the grace; their rows are left to the sweep")
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def demo(
