@@ -18,10 +18,12 @@ def run(config: ConfigOpt = None, grace_s: Annotated[float, typer.Option(help="S
     preflight(cfg)  # the checks `replyd config check` makes: the same config passes both or neither
     daemon = Daemon(cfg)
     code = daemon.run_forever(grace_s)
-    _exit_now(code, busy=daemon.grace_expired)
+    if daemon.grace_expired:
+        _exit_now(code)
+    raise typer.Exit(code)
 
 
-def _exit_now(code: int, *, busy: bool) -> None:
+def _exit_now(code: int) -> None:
     """Leave the process once the stop is done, without joining threads still in a job past the grace.
 
     The interpreter joins every thread pool's workers at exit, so a job stuck in a slow call (a responder, a
@@ -36,11 +38,10 @@ def _exit_now(code: int, *, busy: bool) -> None:
 
     import structlog
 
-    if busy:
-        left = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive())
-        structlog.get_logger("replyd.daemon").warning(
-            "replyd.daemon.exit_forced", threads=left[:20], count=len(left),
-            hint="jobs still running after the grace; their rows are left to the sweep")
+    left = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive())
+    structlog.get_logger("replyd.daemon").warning(
+        "replyd.daemon.exit_forced", threads=left[:20], count=len(left),
+        hint="jobs still running after the grace; their rows are left to the sweep")
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
