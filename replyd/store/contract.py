@@ -72,6 +72,8 @@ class AnsweredLog(Protocol):
     # reads
     def history(self, key: Key) -> list[Event]:
         """Every event of ``key``, oldest first."""
+    def answer(self, key: Key) -> list[str] | None:
+        """The parts of ``key``'s composed answer (``Tx.put_answer``), or None."""
     def last_event(self, key: Key, kinds: Sequence[str] | None = None) -> Event | None:
         """The newest event of ``key`` (of ``kinds``)."""
     def count_events(self, key: Key, kind: str, *, after_kinds: Sequence[str] = ()) -> int:
