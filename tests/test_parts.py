@@ -247,9 +247,10 @@ def test_the_compose_lease_api_sends_a_long_text_in_parts(world, store):
     assert [c["text"] for c in _chain(plat, "p9")] == split(TEXT, Limit(LIMIT))
 
 
-def test_explain_shows_which_parts_landed(tmp_path, clock):
+def test_explain_and_status_show_which_parts_landed(tmp_path, clock):
     """``replyd explain --json`` lists a partly sent answer's parts: text, state and reply of each (the first
-    closed, the second open after a lost answer, the rest not claimed)."""
+    closed, the second open after a lost answer, the rest not claimed); ``replyd status --json`` lists the
+    answer among those being sent in parts, with the parts that landed."""
     import json
     import subprocess
     import sys
@@ -269,6 +270,12 @@ def test_explain_shows_which_parts_landed(tmp_path, clock):
     assert [p["text"] for p in parts] == split(TEXT, Limit(LIMIT))
     assert [p["state"] for p in parts[:2]] == [st.CLOSED, st.OPEN] and {p["state"] for p in parts[2:]} == {None}
     assert parts[0]["reply_id"] == plat.replies()[0]["reply_id"]
+    r = subprocess.run([sys.executable, "-m", "replyd", "status", "--store", url, "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    partial = json.loads(r.stdout)["in_parts"]
+    assert partial == [{"platform": plat.instance, "parent_id": "px", "parts": len(parts), "landed": [1],
+                        "states": [st.CLOSED, st.OPEN] + [None] * (len(parts) - 2)}]
 
 
 def test_a_retry_of_a_one_post_answer_sends_the_stored_text_without_composing(world, store, clock):

@@ -317,6 +317,9 @@ def test_reoffer_due_offers_an_answer_in_parts_never_a_part_row(store, clock):
     seed(store, "whole", state=st.PARTS, updated_at=1.0)
     seed(store, "whole#part2", state=st.NOT_LANDED, updated_at=2.0, path=st.PART_PATH)
     assert [r.parent_id for r in store.reoffer_due(P, S, now=10.0, after=None, limit=10)] == ["whole"]
+    seed(store, "older", state=st.PARTS, updated_at=0.5)
+    assert [r.parent_id for r in store.in_parts(10)] == ["older", "whole"]
+    assert [r.parent_id for r in store.in_parts(1)] == ["older"]
 
 
 def test_insert_absent_adds_only_missing_keys_with_their_event(store, clock):

@@ -65,6 +65,8 @@ def status(
     # Every non-terminal state has a job that moves it on (sweep, re-find): a row listed here is one they did not.
     overdue = s.overdue(now, overdue_after_s)
     daemon = _daemon_liveness(cfg)
+    # Answers in several parts not all sent yet: which parts landed, per parent.
+    partial = [(r, _parts_of(s, r)) for r in s.in_parts(10)]
     if as_json:
         data = {
             "store": s.url,
@@ -73,6 +75,9 @@ def status(
             "overdue": [{"platform": r.platform, "parent_id": r.parent_id, "state": r.state, "attempt": r.attempt,
                          "over_s": round(over, 1)} for r, over in overdue],
             "daemon": daemon,
+            "in_parts": [{"platform": r.platform, "parent_id": r.parent_id, "parts": len(ps),
+                          "landed": [p["part"] for p in ps if p["state"] == st.CLOSED],
+                          "states": [p["state"] for p in ps]} for r, ps in partial],
             "listing": lag.summaries(s),  # per platform instance: configured and in-use delay, observed lag
         }
         _emit_json(data)
@@ -88,6 +93,12 @@ def status(
         for r in oldest:
             o.add_row(r.platform, r.parent_id, _ts(r.opened_at), f"{now - (r.opened_at or now):.0f}")
         out.print(o)
+    if partial:
+        t = _Table("platform", "parent id", "parts landed", "parts' states", title="answers being sent in parts")
+        for r, ps in partial:
+            t.add_row(r.platform, r.parent_id, f"{sum(p['state'] == st.CLOSED for p in ps)} of {len(ps)}",
+                      " ".join(p["state"] or "-" for p in ps))
+        out.print(t)
     _print_listing(lag.summaries(s))
     if overdue:
         t = _Table("platform", "parent id", "state", "attempt", "past its bound (s)",

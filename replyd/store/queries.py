@@ -130,6 +130,12 @@ class Reads:
         with self._tx(write=False, doing="reading open rows") as conn:
             return [Row(**dict(m)) for m in conn.execute(q).mappings()]
 
+    def in_parts(self, limit: int = 10) -> list[Row]:
+        """Return the answers being sent in parts (state ``parts``), the longest waiting first."""
+        q = sa.select(REPLIES).where(REPLIES.c.state == PARTS).order_by(REPLIES.c.updated_at).limit(limit)
+        with self._tx(write=False, doing="reading answers in parts") as conn:
+            return [Row(**dict(m)) for m in conn.execute(q).mappings()]
+
     def reoffer_due(self, platform: str, sender_id: str, *, now: float, after: tuple[float, str] | None,
                     limit: int) -> list[Row]:
         """Return one page of a bot's rows that wait to be offered again, in (updated_at, parent_id) order.
