@@ -61,7 +61,8 @@ from replyd.errors import (
     StoreError,
 )
 from replyd.lag import ListingLag
-from replyd.platforms.base import Identity, Parent, Platform, ProviderKeys, Sent, default_provider_key
+from replyd.parts import PART_PATH, part_id, split
+from replyd.platforms.base import Identity, Parent, Platform, PostLimit, ProviderKeys, Sent, default_provider_key
 from replyd.store import Key, Reply, Store
 
 log = structlog.get_logger("replyd.guard")  # the events keep their names (replyd.guard.<verb>) on both faces
@@ -172,6 +173,20 @@ class Status(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class PartOutcome:
+    """Where one part of an answer in several parts stands: its row's state (None: not claimed yet), its reply."""
+
+    part: int
+    state: str | None = None
+    reply_id: str | None = None
+
+    @property
+    def landed(self) -> bool:
+        """True when this part's row is closed with its reply."""
+        return self.state == st.CLOSED
+
+
+@dataclass(frozen=True)
 class Outcome:
     """The result of one ``Guard.post`` or ``Guard.check`` call."""
 
@@ -179,9 +194,10 @@ class Outcome:
     key: Key
     state: str | None = None
     attempt: int = 0
-    reply_id: str | None = None
+    reply_id: str | None = None  # an answer in parts: its first part's reply
     detail: str = ""
     retry_after_s: float | None = None
+    parts: tuple[PartOutcome, ...] = ()  # an answer in several parts: every part, in order (empty: one post)
 
     @property
     def sent(self) -> bool:
@@ -275,6 +291,12 @@ class SendWatch:
         with self._lock:
             return [(t, *v) for t, v in self._running.items() if now - v[2] >= after_s]
 
+
+
+@functools.lru_cache(maxsize=None)
+def _offers_post_limit(cls: type) -> bool:
+    """Whether an adapter class offers ``PostLimit`` (answers in parts): once per class, as for provider keys."""
+    return issubclass(cls, PostLimit)
 
 
 @functools.lru_cache(maxsize=None)
@@ -377,8 +399,8 @@ class GuardCore:
         """What blocks ``post`` for ``parent_id``, read-only; None if a post would claim it."""
         key = self.key(parent_id)
         row = yield io(self.store.peek, key)
-        if row is None or self._claimable(row, self.clock.now()):
-            return None
+        if row is None or self._claimable(row, self.clock.now()) or row.state == st.PARTS:
+            return None  # an answer in parts: a post resumes it at its first part not closed
         return _classify(row, key, self.clock.now())
 
     def retire_steps(self, parent_id: str, reason: str) -> Steps:
@@ -387,7 +409,8 @@ class GuardCore:
         key = self.key(parent_id)
         row = yield io(self.store.peek, key)
         now = self.clock.now()
-        if row is None or not self._claimable(row, now, backoff=False):
+        # An answer in parts the policy now rules out ends too (its landed parts stay; explain shows them).
+        if row is None or not (self._claimable(row, now, backoff=False) or row.state == st.PARTS):
             return False
         values = {"state": st.SKIPPED, "updated_at": now, "error": f"policy: {reason}", "lease_owner": None,
                   "lease_until": None, "not_before": None}
@@ -428,18 +451,36 @@ class GuardCore:
     def _post_steps(self, key: Key, parent: Parent, text: str | Compose, compose: Compose | None, path: str,
                     ticket: Ticket, claimed: st.Row | None = None) -> Steps:
         """``post`` once the breaker let the call through: claim (unless the page did), compose, open, send."""
-        claim = claimed if claimed is not None else (yield Step("_claim", (key, parent, path, None if compose else text)))
+        # A text longer than one post is claimed as an answer to compose (never open whole), then stored in parts.
+        long_text = isinstance(text, str) and claimed is None and len(self.split(parent, text)) > 1
+        claim = claimed if claimed is not None else (
+            yield Step("_claim", (key, parent, path, None if compose or long_text else text)))
         if isinstance(claim, Outcome):
+            if claim.state == st.PARTS:  # composed and stored before: resume at its first part not closed
+                return (yield from self.parts_steps(key, parent, ticket))
             return claim
         row = claim
-        if compose is not None:
-            written = yield from self._compose_steps(key, parent, row, compose)
-            if isinstance(written, Outcome):
-                return written
-            body = written
+        if compose is not None or long_text:
+            # A retry (the last attempt proven not landed) sends the answer composed for it, never a new one.
+            stored = (yield io(self.store.answer, key)) if compose is not None and row.attempt > 1 else None
+            if stored:
+                body = "\n\n".join(stored)
+            elif compose is not None:
+                written = yield from self._compose_steps(key, parent, row, compose)
+                if isinstance(written, Outcome):
+                    return written
+                body = written
+            else:
+                body = text  # type: ignore[assignment]
             paused = yield from self._paused_steps(key, row, ticket)
             if paused is not None:
                 return paused
+            pieces = self.split(parent, body)
+            if len(pieces) > 1:
+                stored = yield from self._store_answer_steps(key, row, pieces)
+                if isinstance(stored, Outcome):
+                    return stored
+                return (yield from self.parts_steps(key, parent, ticket))
             row = yield Step("_open_composed", (key, row, body))
             if isinstance(row, Outcome):
                 return row
@@ -448,6 +489,154 @@ class GuardCore:
         out = yield Step("_send", (key, parent, row, body))
         yield from self._record_steps(ticket, key, row.attempt, out)
         return out
+
+    # -- an answer in several parts (replyd.parts) ---------------------------------------------------
+
+    def split(self, parent: Parent, text: str) -> list[str]:
+        """``text`` as the parts a reply to ``parent`` is sent in: one unless the adapter's ``PostLimit`` says
+        it is too long for one post."""
+        if not _offers_post_limit(type(self.platform)):
+            return [text]
+        limit = self.platform.post_limit(parent)  # type: ignore[attr-defined]
+        if limit is None:
+            return [text]
+        try:
+            pieces = split(text, limit)
+        except ValueError:
+            return [text]  # too many parts: sent whole, the platform refuses it (Rejected), as before
+        return pieces if len(pieces) > 1 else [text]
+
+    def _store_answer_steps(self, key: Key, row: Reply | st.Row, pieces: list[str]) -> Steps:
+        """The composed answer's parts, durable before the first part leaves: our composing claim becomes
+        ``parts`` (only while our lease holds) and the parts are stored, in one durable transaction."""
+        now = self.clock.now()
+        values = {"state": st.PARTS, "updated_at": now, "text_hash": text_hash("\n".join(pieces)),
+                  "lease_owner": None, "lease_until": None, "deadline_at": None}
+
+        def store_answer() -> bool:
+            with self.store.transaction(doing="storing a composed answer") as tx:
+                if not tx.cas_event(key, states=[st.COMPOSING], attempt=row.attempt, values=values,
+                                    lease_owner=self.owner,
+                                    event={"kind": "composed", "state": st.PARTS, "attempt": row.attempt,
+                                           "owner": self.owner, "detail": {"parts": len(pieces)}}):
+                    return False
+                tx.put_answer(key, pieces, at=now)
+                return True
+
+        if not (yield io(store_answer)):
+            return (yield from self._lost_lease_steps(key))
+        log.info("replyd.guard.composed", platform=key.platform, parent_id=key.parent_id, parts=len(pieces))
+        return None
+
+    def parts_steps(self, key: Key, parent: Parent, ticket: Ticket | None) -> Steps:
+        """Send a stored answer's parts in order, from its first part not closed; close the parent's row when
+        every part is closed. Each part is a row of its own (key: ``part_id``), claimed, sent and closed as any
+        reply is (the sweep bounds it); part k+1 goes out only once part k is closed (it answers part k).
+
+        A part that is not closed and not ours to claim (in flight, waiting for the sweep, backing off) stops
+        the walk: the next offer of the parent resumes it. A part that ended for good (rejected, gave up,
+        unconfirmed) ends the parent's row in the same state. The responder is never called here.
+        """
+        pieces = yield io(self.store.answer, key)
+        header = yield io(self.store.peek, key)
+        if not pieces or header is None or header.state != st.PARTS:
+            current = header
+            return _classify(current, key, self.clock.now()) if current else Outcome(Status.IN_FLIGHT, key)
+        n = len(pieces)
+        seen: list[PartOutcome] = []
+        target, sent_any, first = parent, False, None
+        for k, piece in enumerate(pieces, 1):
+            pkey = self.key(part_id(parent.id, k))
+            now = self.clock.now()
+            prow = yield io(self.store.peek, pkey)
+            if prow is None or prow.state != st.CLOSED:
+                if prow is not None and not self._claimable(prow, now):
+                    return (yield from self._part_stopped(key, header, pkey, prow, k, n, seen, pieces))
+                part_ticket = ticket if ticket is not None and not sent_any else None
+                if self.breaker is not None and part_ticket is None and ticket is not None:
+                    part_ticket = yield from self._admit_steps(pkey, target, PART_PATH, hold=False)
+                    if isinstance(part_ticket, Outcome):
+                        return self._parts_outcome(part_ticket.status, key, header, seen, pieces,
+                                                   f"part {k} of {n}: {part_ticket.detail}",
+                                                   part_ticket.retry_after_s)
+                try:
+                    claim = yield Step("_claim", (pkey, target, PART_PATH, piece))
+                    if isinstance(claim, Outcome):
+                        current = yield io(self.store.peek, pkey)
+                        if current is None or current.state != st.CLOSED:
+                            return (yield from self._part_stopped(key, header, pkey, current, k, n, seen, pieces))
+                        prow = current
+                    else:
+                        out = yield Step("_send", (pkey, target, claim, piece))
+                        if part_ticket is not None:
+                            yield from self._record_steps(part_ticket, pkey, claim.attempt, out)
+                        sent_any = sent_any or out.status is Status.POSTED
+                        if out.status not in (Status.POSTED, Status.ALREADY_ANSWERED):
+                            if out.state in (st.REJECTED, st.GAVE_UP, st.UNCONFIRMED):  # the answer ends too
+                                current = yield io(self.store.peek, pkey)
+                                return (yield from self._part_stopped(key, header, pkey, current, k, n, seen,
+                                                                      pieces))
+                            seen.append(PartOutcome(k, out.state, out.reply_id))
+                            return self._parts_outcome(out.status, key, header, seen, pieces,
+                                                       f"part {k} of {n}: {out.detail or out.status.value}",
+                                                       out.retry_after_s)
+                        prow = st.Row.of(pkey, {"state": st.CLOSED, "reply_id": out.reply_id})
+                finally:
+                    if part_ticket is not None and part_ticket is not ticket and self.breaker is not None:
+                        self.breaker.abandon(part_ticket)
+            seen.append(PartOutcome(k, st.CLOSED, prow.reply_id))
+            first = first or prow.reply_id
+            if k < n:
+                target = self.platform.part_parent(parent, prow.reply_id)  # type: ignore[attr-defined]
+        closed = yield from self._answered_steps(key, header, seen)
+        if isinstance(closed, Outcome):
+            return closed
+        status = Status.POSTED if sent_any else Status.ALREADY_ANSWERED
+        return Outcome(status, key, st.CLOSED, header.attempt, first, detail=f"{n} parts", parts=tuple(seen))
+
+    def _parts_outcome(self, status: Status, key: Key, header: Reply | st.Row, seen: list[PartOutcome],
+                       pieces: list[str], detail: str, retry_after_s: float | None = None) -> Outcome:
+        """A partly sent answer, honestly: the parts seen so far (the rest not claimed yet) and what stopped it."""
+        parts = tuple(seen) + tuple(PartOutcome(k) for k in range(len(seen) + 1, len(pieces) + 1))
+        landed = sum(1 for p in parts if p.landed)
+        first = parts[0].reply_id if parts and parts[0].landed else None
+        return Outcome(status, key, st.PARTS, header.attempt, first,
+                       detail=f"{landed} of {len(pieces)} parts landed; {detail}", retry_after_s=retry_after_s,
+                       parts=parts)
+
+    def _part_stopped(self, key: Key, header: Reply | st.Row, pkey: Key, prow: st.Row | None, k: int, n: int,
+                      seen: list[PartOutcome], pieces: list[str]) -> Steps:
+        """Part ``k`` is not closed and not ours: in flight (the answer waits), or ended for good (so does it)."""
+        now = self.clock.now()
+        out = _classify(prow, pkey, now) if prow is not None else Outcome(Status.IN_FLIGHT, pkey)
+        seen.append(PartOutcome(k, prow.state if prow is not None else None, out.reply_id))
+        if prow is not None and prow.state in (st.REJECTED, st.GAVE_UP, st.UNCONFIRMED):
+            # The answer cannot be completed on its own: the parent's row says so (an operator rearms it).
+            values = {"state": prow.state, "updated_at": now, "error": f"part {k} of {n}: {prow.error or prow.state}"}
+            yield io(self.store.cas_event, key, states=[st.PARTS], attempt=header.attempt, values=values,
+                     event={"kind": f"part_{prow.state}", "state": prow.state, "attempt": header.attempt,
+                            "owner": self.owner, "detail": {"part": k, "parts": n}},
+                     relaxed=True, doing="ending an answer in parts")
+            log.error("replyd.guard.part_ended", platform=key.platform, parent_id=key.parent_id, part=k, parts=n,
+                      state=prow.state)
+        return self._parts_outcome(out.status, key, header, seen, pieces, f"part {k} of {n} {out.status.value}",
+                                   out.retry_after_s)
+
+    def _answered_steps(self, key: Key, header: Reply | st.Row, seen: list[PartOutcome]) -> Steps:
+        """Every part is closed: close the parent's row with the first part's reply (the parts verify alone)."""
+        now = self.clock.now()
+        first = seen[0].reply_id
+        values = {"state": st.CLOSED, "reply_id": first, "closed_at": now, "updated_at": now, "error": None,
+                  "deadline_at": None}
+        try:
+            yield io(self.store.cas_event, key, states=[st.PARTS], attempt=header.attempt, values=values,
+                     event={"kind": "answered", "state": st.CLOSED, "attempt": header.attempt, "owner": self.owner,
+                            "detail": {"parts": [p.reply_id for p in seen]}},
+                     relaxed=True, doing="closing an answer in parts")
+        except StoreError as exc:  # every part is closed; the next offer closes the parent's row
+            log.error("replyd.guard.close_failed", parent_id=key.parent_id, error=str(exc))
+        log.info("replyd.guard.answered", platform=key.platform, parent_id=key.parent_id, parts=len(seen))
+        return None
 
     # -- the write-path breaker (replyd.breaker) -----------------------------------------------
 
@@ -558,7 +747,8 @@ class GuardCore:
         own claim: a ``composing`` claim is a relaxed commit already, and a page of them claimed at once would
         hold every unsent one for ``compose_lease_s`` after a crash instead of one.
         """
-        texts = [i for i, (_, text) in enumerate(items) if text is not None]
+        # A text longer than one post claims alone (as an answer in parts, never one open row).
+        texts = [i for i, (p, text) in enumerate(items) if text is not None and len(self.split(p, text)) == 1]
         rows: list[st.Row | None] = [None] * len(items)
         if (not self.claiming or self.dry_run or len(texts) < 2
                 or (self.breaker is not None and self.breaker.is_open)):
@@ -590,6 +780,8 @@ class GuardCore:
         """Take the key atomically; return the claimed row, or an Outcome if not ours."""
         now = self.clock.now()
         common, new = self._claim_values(parent, path, text, now)
+        # The key's own provider key: a part's (its key derived from the parent's), not its parent's.
+        new["provider_key"] = self.provider_key(key.parent_id)
         state = common["state"]
 
         def reclaim(row: st.Row) -> dict[str, Any] | None:
@@ -692,12 +884,20 @@ class GuardCore:
         """Turn our composing claim into a durable open row, unless the lease was lost."""
         now = self.clock.now()
         values = {**self._open_values(now, text), "state": st.OPEN, "updated_at": now}
-        # Durable (the send follows), and only while our composing lease holds.
-        ok = yield io(
-            self.store.cas_event,
-            key, states=[st.COMPOSING], attempt=row.attempt, values=values, lease_owner=self.owner,
-            event={"kind": "opened", "state": st.OPEN, "attempt": row.attempt, "owner": self.owner}, doing="opening",
-        )
+
+        def open_composed() -> bool:
+            # Durable (the send follows), and only while our composing lease holds; the composed text is stored
+            # with it, so a retry of this key (not landed) sends the same text without calling the responder.
+            with self.store.transaction(doing="opening") as tx:
+                if not tx.cas_event(key, states=[st.COMPOSING], attempt=row.attempt, values=values,
+                                    lease_owner=self.owner,
+                                    event={"kind": "opened", "state": st.OPEN, "attempt": row.attempt,
+                                           "owner": self.owner}):
+                    return False
+                tx.put_answer(key, [text], at=now)
+                return True
+
+        ok = yield io(open_composed)
         if not ok:
             current = yield io(self.store.peek, key)
             return _classify(current, key, now) if current else Outcome(Status.IN_FLIGHT, key)
@@ -995,12 +1195,21 @@ class GuardCore:
         if row.lease_until is not None and row.lease_until < now:
             raise LeaseLost(f"expired {now - row.lease_until:.1f} s ago (compose leases last {self.compose_lease_s:g} s); "
                             "nothing was sent: call begin_reply again")
+        parent = Parent.from_snapshot(json.loads(row.snapshot or "{}"))
+        pieces = self.split(parent, text)
+        if len(pieces) > 1:  # an answer in parts: stored under the lease, then sent part by part
+            stored = yield from self._store_answer_steps(lease.key, row, pieces)
+            if isinstance(stored, Outcome):
+                current = yield io(self.store.peek, lease.key)
+                raise LeaseLost(f"lost while storing the answer: {self.where(lease.key, current, now)}")
+            out = yield from self.parts_steps(lease.key, parent, None)
+            metrics.outcome(self.platform.instance, out.status.value)
+            return out
         # Durable open, compared-and-set on (composing, attempt, lease owner): a lease taken over since loses here.
         opened = yield Step("_open_composed", (lease.key, row, text))
         if isinstance(opened, Outcome):
             current = yield io(self.store.peek, lease.key)
             raise LeaseLost(f"lost while opening: {self.where(lease.key, current, now)}")
-        parent = Parent.from_snapshot(json.loads(row.snapshot or "{}"))
         out = yield Step("_send", (lease.key, parent, opened, text))
         metrics.outcome(self.platform.instance, out.status.value)
         return out

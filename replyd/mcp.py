@@ -355,6 +355,8 @@ class Service:
             "reply_url": self.link(b, out.reply_id),
             "reason": out.detail or None,
             "retry_after_s": out.retry_after_s,
+            # An answer sent in parts: every part in order (state closed: it landed); empty for one post.
+            "parts": [{"part": p.part, "state": p.state, "reply_id": p.reply_id} for p in out.parts],
             "next": _NEXT[out.status],
         }
 
@@ -397,7 +399,7 @@ class Service:
         if isinstance(found, Outcome):
             return self.outcome(b, found, words=_CHECK_WORDS)
         return {"status": "free", "bot": b.name, "parent_id": found.id, "state": None, "attempt": 0,
-                "reply_id": None, "reply_url": None, "reason": None, "retry_after_s": None,
+                "reply_id": None, "reply_url": None, "reason": None, "retry_after_s": None, "parts": [],
                 "next": "begin_reply to take it, or reply_once with the text"}
 
     def begin_reply(self, c: Caller, a: ParentArgs) -> dict[str, Any]:

@@ -161,8 +161,12 @@ class Sweeper:
         delay_s = bot.lag.refresh_if_due() if bot.lag is not None else bot.platform.listing_delay_s
         verify_s = bot.lag.verify_delay_s() if bot.lag is not None else delay_s
         looked: set[str] = set()  # parents whose own replies were read this pass (the second read)
+        # What each row's send answered (its snapshot): its key's parent, or for a part of an answer in several
+        # parts (replyd.parts) the part before it. The read-back is asked about that, its answer keyed by row.
+        targets = {r.parent_id: p.parent.id for r, p in zip(rows, pending, strict=True)}
         if not res.readback_errors:  # a platform failing its listings gets no second round of reads this pass
-            rb, looked = self._parent_look(bot, rows, pending, rb, now, verify_s)
+            rb, looked = self._parent_look(bot, rows, pending, rb, now, verify_s, targets)
+        rb, looked = _by_row(rb, looked, targets)
         # Closed rows first: their looks may prove a longer lag (the warm-up) before an open row is judged.
         for r in sorted(rows, key=lambda r: r.state != st.CLOSED):
             self._decide(bot, r, rb, now, delay_s, verify_s, res, proven=r.parent_id in looked)
@@ -212,7 +216,7 @@ class Sweeper:
         return res
 
     def _parent_look(self, bot: Bot, rows: list[Reply], pending: list[Pending], rb: ReadBack, now: float,
-                     verify_s: float) -> tuple[ReadBack, set[str]]:
+                     verify_s: float, targets: dict[str, str]) -> tuple[ReadBack, set[str]]:
         """Rows that needed a retry: read each one's parent by itself (``ParentReplies``), not through the walk.
 
         A retry exists because a read-back missed the first attempt's reply (or it landed late); the batched
@@ -223,7 +227,7 @@ class Sweeper:
         """
         if not isinstance(bot.platform, ParentReplies):
             return rb, set()
-        due = {r.parent_id for r in rows if r.attempt > 1 and (
+        due = {targets[r.parent_id] for r in rows if r.attempt > 1 and (
             r.state == st.OPEN or (r.state == st.CLOSED and now >= (r.closed_at or now) + verify_s))}
         if not due:
             return rb, set()
@@ -473,6 +477,15 @@ class Sweeper:
                 self.store.record(key, "duplicate_deleted", owner=self.owner, detail={"reply_id": extra})
             except Exception as exc:
                 log.error("replyd.sweep.delete_failed", parent_id=r.parent_id, reply_id=extra, error=str(exc)[:300])
+
+
+def _by_row(rb: ReadBack, looked: set[str], targets: dict[str, str]) -> tuple[ReadBack, set[str]]:
+    """The read-back's answer (keyed by what each row's send answered) keyed by each row's own parent id."""
+    if all(k == t for k, t in targets.items()):
+        return rb, looked
+    found = {pid: rb.found[t] for pid, t in targets.items() if t in rb.found}
+    return (ReadBack(found=found, checked={pid for pid, t in targets.items() if t in rb.checked}),
+            {pid for pid, t in targets.items() if t in looked})
 
 
 def _known_ids(events: list[tuple[str, int | None, dict]], own: str | None) -> list[str]:

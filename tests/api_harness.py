@@ -74,6 +74,8 @@ base_url = "{sim_url}"
 token_env = "SIM_TOKEN"
 listing_delay_s = 0.2
 timeout_s = 3.0
+# Above the sim's 500: a long text is one post the sim refuses (these tests' way to a rejected row), not parts.
+max_characters = 100000
 
 [bots.pollers]
 inbox_interval_s = {every}

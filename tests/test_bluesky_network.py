@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import json
 import multiprocessing as mp
+import random
 import signal
 import threading
 import time
@@ -65,6 +66,8 @@ class PdsProxy:
         self.upstream = upstream.rstrip("/")
         self.client = httpx.Client(trust_env=False, timeout=60)
         self.drop_creates = 0
+        self.drop_rate = 0.0  # also lose the answer of this fraction of creates (seeded: one run is repeatable)
+        self._rng = random.Random(32)
         self.drop_record_reads = 0
         self.hide: set[str] = set()
         self.creates: list[int] = []  # the PDS's status for each forwarded createRecord
@@ -141,8 +144,8 @@ class PdsProxy:
                 self.held_done.set()
                 h.close_connection = True  # the client gave up long ago
                 return None
-            if self.drop_creates > 0:
-                self.drop_creates -= 1
+            if self.drop_creates > 0 or (self.drop_rate and self._rng.random() < self.drop_rate):
+                self.drop_creates = max(0, self.drop_creates - 1)
                 h.close_connection = True  # the PDS wrote the post; its answer is lost
                 return None
         content = resp.content

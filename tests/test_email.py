@@ -140,6 +140,20 @@ def test_seen_set_by_a_person_does_not_hide_a_ticket_and_replyd_sets_no_flag(des
     assert [p.id for p in adapter.inbox(page.cursor).parents] != []
 
 
+def test_a_mail_replyd_polled_and_answered_stays_unread(desk: Desk) -> None:
+    """replyd opens the folder read-only and peeks: a mail it polled and answered keeps no \\Seen flag."""
+    desk.ask("unread until a person reads it")
+    adapter = desk.adapter()
+    page = adapter.inbox(None)
+    assert len(page.parents) == 1
+    adapter.send(page.parents[0], "here is how", provider_key="k-unread")
+    with IMAPClient("127.0.0.1", port=desk.mail.imap_port, ssl=False) as c:
+        c.login(desk.bot, desk.mail.passwords[desk.bot])
+        c.select_folder("INBOX", readonly=True)
+        flags = c.get_flags(c.search(["ALL"]))
+    assert flags and not any(b"\\Seen" in f for f in flags.values()), flags
+
+
 def test_lost_250_is_found_by_the_sweep_and_never_sent_again(desk: Desk, store_template: Path,  # noqa: F811
                                                              tmp_path: Path) -> None:
     """Postfix queued the reply and its 250 was lost: the sweep finds the Bcc copy; one reply in the customer's box."""

@@ -318,3 +318,28 @@ def test_provider_key_is_the_adapters_own_when_it_offers_one(store, clock):
     assert plain.provider_key("p1") != f"own-{plain.identity.sender_id}-p1" and len(plain.provider_key("p1")) > 0
     assert keyed.post(keyed.platform.add_parent("p2"), "x").status is Status.POSTED
     assert store.get(keyed.key("p2")).provider_key == f"own-{keyed.identity.sender_id}-p2"
+
+
+
+def test_every_attempt_sends_the_rows_provider_key(store, clock):
+    """A parent retried after a send proven not landed sends the row's provider key again (a nonce, a Message-ID
+    that dedupes on the platform): the same key on every attempt, never one per attempt."""
+    kp = _KeyedPlatform(clock=clock)
+    keys: list[str] = []
+    orig = kp.send
+
+    def recording(parent, text, *, provider_key):
+        keys.append(provider_key)
+        return orig(parent, text, provider_key=provider_key)
+
+    kp.send = recording
+    g = Guard(store, kp, kp.whoami(), clock=clock, send_timeout_s=10.0)
+    sweeper = Sweeper(store, [Bot(kp, kp.whoami())], clock=clock)
+    kp.script = ["error_before"]  # a 502: nothing created, nothing proves it; the sweep judges it not landed
+    parent = kp.add_parent("p1")
+    assert g.post(parent, "x").status is Status.UNCERTAIN
+    clock.advance(kp.listing_delay_s + 60.0)
+    sweeper.run_once()
+    assert g.post(parent, "x").status is Status.POSTED
+    row = store.get(g.key("p1"))
+    assert row.attempt == 2 and keys == [row.provider_key, row.provider_key], (row.attempt, keys)

@@ -291,6 +291,37 @@ def test_a_transaction_commits_all_its_steps_or_none(store, clock):
     assert store.get(k).state == st.CLOSED and kinds(store, k) == ["closed", "verified", "skipped_note"]
 
 
+def test_a_composed_answer_is_stored_with_its_row_and_replaced_by_a_new_one(store, clock):
+    """put_answer stores an answer's parts (in order, any text) in the transaction of its row's move to ``parts``:
+    none of it when that transaction fails; answer() reads them back; a new composition replaces them."""
+    k = seed(store, "ans", state=st.COMPOSING)
+    assert store.answer(k) is None
+    with pytest.raises(RuntimeError), store.transaction() as tx:
+        assert tx.cas_event(k, states=[st.COMPOSING], attempt=1, values={"state": st.PARTS})
+        tx.put_answer(k, ["one", "two"], at=clock.now())
+        raise RuntimeError("dies before commit")
+    assert store.answer(k) is None and store.get(k).state == st.COMPOSING
+    parts = ["first part, with 'quotes' and \"doubles\"", "second: é👍🏽\nnewline", "x" * 5000]
+    with store.transaction() as tx:
+        assert tx.cas_event(k, states=[st.COMPOSING], attempt=1, values={"state": st.PARTS})
+        tx.put_answer(k, parts, at=clock.now())
+    assert store.answer(k) == parts and store.get(k).state == st.PARTS
+    assert store.answer(key("other")) is None  # keyed exactly
+    with store.transaction() as tx:
+        tx.put_answer(k, ["again"], at=clock.now())
+    assert store.answer(k) == ["again"]
+
+
+def test_reoffer_due_offers_an_answer_in_parts_never_a_part_row(store, clock):
+    """A parent's row in ``parts`` waits to be offered again; a part's own row (path ``part``) never is."""
+    seed(store, "whole", state=st.PARTS, updated_at=1.0)
+    seed(store, "whole#part2", state=st.NOT_LANDED, updated_at=2.0, path=st.PART_PATH)
+    assert [r.parent_id for r in store.reoffer_due(P, S, now=10.0, after=None, limit=10)] == ["whole"]
+    seed(store, "older", state=st.PARTS, updated_at=0.5)
+    assert [r.parent_id for r in store.in_parts(10)] == ["older", "whole"]
+    assert [r.parent_id for r in store.in_parts(1)] == ["older"]
+
+
 def test_insert_absent_adds_only_missing_keys_with_their_event(store, clock):
     """insert_absent creates the rows of keys without one (one event each), leaves an existing row and its events
     alone, and a key re-offered from the new row's snapshot is claimable as released (nothing spent)."""
@@ -551,7 +582,7 @@ def commit_modes(pg_url: str) -> Iterator[Callable[[], list[tuple[str, str | Non
     """An emptied log whose events record their transaction's synchronous_commit; yields a reader of them."""
     eng = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
     with eng.connect() as c:
-        c.exec_driver_sql("TRUNCATE replies, events, cursors")
+        c.exec_driver_sql("TRUNCATE replies, events, cursors, answers")
         c.exec_driver_sql(COMMIT_MODES)
 
     def modes() -> list[tuple[str, str | None, str]]:

@@ -51,6 +51,14 @@ class Error(Body):
     field: str | None = Field(description="The request field at fault, when one is.")
 
 
+class PartOutcome(BaseModel):
+    """One part of an answer sent in several parts."""
+
+    part: int = Field(description="The part's number, from 1.")
+    state: str | None = Field(description="Its own row's state (closed: landed); null: not claimed yet.")
+    reply_id: str | None
+
+
 class PostOutcome(Body):
     """What ``POST /v1/replies`` did: the guard's outcome for the key."""
 
@@ -64,13 +72,17 @@ class PostOutcome(Body):
     reply_id: str | None
     detail: str
     retry_after_s: float | None
+    parts: list[PartOutcome] = Field(default_factory=list, description=(
+        "An answer longer than one post, sent in parts: every part in order, with its row's state (null: not "
+        "claimed yet) and reply id; the parts whose state is closed landed. Empty for an answer in one post."))
 
     @classmethod
     def of(cls, out: guard.Outcome, bot: str) -> PostOutcome:
         """The body for one guard outcome."""
         return cls(status=out.status, bot=bot, platform=out.key.platform, sender_id=out.key.sender_id,
                    parent_id=out.key.parent_id, state=out.state, attempt=out.attempt, reply_id=out.reply_id,
-                   detail=out.detail, retry_after_s=out.retry_after_s)
+                   detail=out.detail, retry_after_s=out.retry_after_s,
+                   parts=[PartOutcome(part=p.part, state=p.state, reply_id=p.reply_id) for p in out.parts])
 
 
 class Outcome(RootModel[PostOutcome | Error]):

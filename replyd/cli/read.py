@@ -32,6 +32,7 @@ from replyd.errors import ConfigError
 from replyd.platforms._http import SKEW_WARN_S
 from replyd.guard import Status, _classify
 from replyd.log import shown
+from replyd.parts import part_id
 from replyd.store import Key, Store
 
 class _Table(Table):
@@ -64,6 +65,8 @@ def status(
     # Every non-terminal state has a job that moves it on (sweep, re-find): a row listed here is one they did not.
     overdue = s.overdue(now, overdue_after_s)
     listing = lag.summaries(s)
+    # Answers in several parts not all sent yet: which parts landed, per parent.
+    partial = [(r, _parts_of(s, r)) for r in s.in_parts(10)]
     s.dispose()  # every read is done: no pooled connection is left to the interpreter's exit
     daemon = _daemon_liveness(cfg)
     if as_json:
@@ -74,6 +77,9 @@ def status(
             "overdue": [{"platform": r.platform, "parent_id": r.parent_id, "state": r.state, "attempt": r.attempt,
                          "over_s": round(over, 1)} for r, over in overdue],
             "daemon": daemon,
+            "in_parts": [{"platform": r.platform, "parent_id": r.parent_id, "parts": len(ps),
+                          "landed": [p["part"] for p in ps if p["state"] == st.CLOSED],
+                          "states": [p["state"] for p in ps]} for r, ps in partial],
             "listing": listing,  # per platform instance: configured and in-use delay, observed lag
         }
         _emit_json(data)
@@ -89,6 +95,12 @@ def status(
         for r in oldest:
             o.add_row(r.platform, r.parent_id, _ts(r.opened_at), f"{now - (r.opened_at or now):.0f}")
         out.print(o)
+    if partial:
+        t = _Table("platform", "parent id", "parts landed", "parts' states", title="answers being sent in parts")
+        for r, ps in partial:
+            t.add_row(r.platform, r.parent_id, f"{sum(p['state'] == st.CLOSED for p in ps)} of {len(ps)}",
+                      " ".join(p["state"] or "-" for p in ps))
+        out.print(t)
     _print_listing(listing)
     if overdue:
         t = _Table("platform", "parent id", "state", "attempt", "past its bound (s)",
@@ -194,6 +206,9 @@ def explain(
         events = s.history(Key(r.platform, r.sender_id, r.parent_id))
         doc = {"row": {k: v for k, v in r.model_dump().items() if k != "snapshot"},
                "events": [{**e.model_dump(exclude={"detail"}), "detail": json.loads(e.detail)} for e in events]}
+        parts = _parts_of(s, r)
+        if parts:
+            doc["parts"] = parts
         docs.append(doc)
         if not as_json:
             _say(f"{r.platform} sender {r.sender_id} parent {r.parent_id}: "
@@ -202,8 +217,27 @@ def explain(
             for e in events:
                 t.add_row(_ts(e.at), e.kind, e.state or "", str(e.attempt or ""), e.owner or "", e.detail)
             out.print(t)
+            if parts:
+                landed = sum(1 for p in parts if p["state"] == st.CLOSED)
+                t = _Table("part", "state", "attempt", "reply", "text", title=f"{landed} of {len(parts)} parts landed")
+                for p in parts:
+                    t.add_row(str(p["part"]), p["state"] or "not claimed", str(p["attempt"] or ""),
+                              p["reply_id"] or "-", p["text"][:60])
+                out.print(t)
     if as_json:
         _emit_json(docs)
+
+
+def _parts_of(s: Any, r: st.Row) -> list[dict[str, Any]]:
+    """The parts of a row's answer sent in several parts, each with its own row's state (empty: one post)."""
+    key = Key(r.platform, r.sender_id, r.parent_id)
+    texts = s.answer(key) or []
+    out = []
+    for k, text in enumerate(texts, 1):
+        row = s.peek(Key(r.platform, r.sender_id, part_id(r.parent_id, k)))
+        out.append({"part": k, "state": row.state if row else None, "attempt": row.attempt if row else None,
+                    "reply_id": row.reply_id if row else None, "text": text})
+    return out
 
 
 def _explain_unclaimed(parent: str, events: list[st.Event], as_json: bool) -> None:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, S
 
 from replyd.clock import Clock
 from replyd.errors import ConfigError
+from replyd.parts import Limit
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,25 @@ class ThreadDepth(Protocol):
 
     def thread_depth(self, parent: Parent, limit: int) -> int:
         """Return how many ancestors ``parent`` has, counting at most ``limit + 1``."""
+        ...
+
+
+@runtime_checkable
+class PostLimit(Protocol):
+    """Optional: an adapter that knows how long one post may be and how an answer's parts follow each other.
+
+    An answer longer than ``post_limit`` is sent in parts (``replyd.parts``), each part under its own key; the
+    first part answers the parent, each later one the parent ``part_parent`` names (a thread chain on Mastodon
+    and Bluesky: part k+1 answers part k). Without this feature an answer is sent whole, as one post.
+    """
+
+    def post_limit(self, parent: Parent) -> Limit | None:
+        """How long a reply to ``parent`` may be (what the adapter adds to it, a mention, already taken off);
+        None: any length."""
+        ...
+
+    def part_parent(self, parent: Parent, previous_reply_id: str) -> Parent:
+        """The parent the next part of an answer to ``parent`` answers, after the part ``previous_reply_id``."""
         ...
 
 

@@ -83,6 +83,7 @@ from pydantic import AfterValidator, Field, SecretStr, StringConstraints
 
 from replyd.errors import (AlreadyLanded, BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, PlatformError,
                            RateLimited, Rejected)
+from replyd.parts import Limit
 from replyd.platforms.base import (
     Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Text, Texts, Token, register_platform,
 )
@@ -91,6 +92,7 @@ from replyd.platforms import _http
 POST_NSID = "app.bsky.feed.post"
 DEFAULT_APPVIEW = "did:web:api.bsky.app#bsky_appview"
 DEFAULT_LISTING_DELAY_S = 5.0
+MAX_GRAPHEMES = 300  # app.bsky.feed.post text maxGraphemes: a longer answer is sent in parts
 # getAuthorFeed serves at most 100 items per page.
 FEED_PAGE = 100
 INBOX_REASONS = ("mention", "reply")
@@ -287,6 +289,7 @@ class BlueskyPlatform(_http.HttpPlatform):
         max_pages: int = Field(5, ge=1, le=1000)  # pages per poll / re-find / read-back
         # push.kind = "bluesky_firehose": the PDS's (or a relay's) subscribeRepos; default: the service.
         firehose_url: Annotated[str | None, AfterValidator(_firehose)] = None
+        part_marker: bool = False  # end each part of a long answer with " (k/n)" (replyd.parts)
 
     s: Settings
     ITEM_ID = "uri"
@@ -724,10 +727,41 @@ class BlueskyPlatform(_http.HttpPlatform):
         self.log.info("replyd.bluesky.sent", parent_id=parent.id, reply_id=uri)
         return Sent(reply_id=uri, url=_web_url(self._session.handle if self._session else did, uri))
 
+    def post_limit(self, parent: Parent) -> Limit:
+        """``PostLimit``: a post's text is at most 300 graphemes (app.bsky.feed.post's maxGraphemes)."""
+        return Limit(MAX_GRAPHEMES, "graphemes", self.s.part_marker)
+
+    def part_parent(self, parent: Parent, previous_reply_id: str) -> Parent:
+        """``PostLimit``: the next part answers the previous one in the same thread (its refs read at send)."""
+        return Parent(id=previous_reply_id, author_id=self._session.did if self._session else "")
+
+    def _own_refs(self, uri: str, what: str) -> tuple[str, str, str] | None:
+        """(cid, root uri, root cid) of one of the bot's own posts, read from its PDS (read-your-writes: a part
+        just sent is there before the AppView indexed it); None when ``uri`` is not an own post."""
+        try:
+            at = AtUri.parse(uri)
+        except ValueError:
+            return None
+        if self._session is None or at.authority != self._session.did or at.collection != POST_NSID:
+            return None
+        try:
+            rec = self._get_record(at.authority, at.rkey, f"{what}: getRecord")
+        except PlatformError as exc:  # nothing was sent yet
+            raise DefinitelyNotSent(f"{what}: could not read the parent's refs: {exc.detail}") from None
+        if rec is None or not isinstance(rec.get("cid"), str):
+            raise DefinitelyNotSent(f"{what}: own post {uri} not found on the PDS")
+        root = (rec["value"].get("reply") or {}).get("root") or {}
+        if isinstance(root.get("uri"), str) and isinstance(root.get("cid"), str):
+            return rec["cid"], root["uri"], root["cid"]
+        return rec["cid"], uri, rec["cid"]
+
     def _reply_refs(self, parent: Parent, what: str) -> dict[str, Any]:
         """``reply.root`` and ``reply.parent`` strong refs; fetch the parent if its snapshot lacks them."""
         extra = parent.extra or {}
         cid, root_uri, root_cid = extra.get("cid"), extra.get("root_uri"), extra.get("root_cid")
+        own = None if isinstance(cid, str) and cid else self._own_refs(parent.id, what)
+        if own is not None:  # a part of a long answer answering the part before it
+            cid, root_uri, root_cid = own
         if not (isinstance(cid, str) and cid and isinstance(root_uri, str) and root_uri
                 and isinstance(root_cid, str) and root_cid):
             try:

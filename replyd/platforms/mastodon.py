@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 from pydantic import Field
 
 from replyd.errors import BadResponse, MaybeSent, PlatformError, Rejected
+from replyd.parts import Limit
 from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Token, register_platform
 from replyd.platforms import _http
 from replyd.platforms._http import id_order
@@ -49,6 +50,7 @@ from replyd.platforms._http import id_order
 VISIBILITIES = ("public", "unlisted", "private", "direct")
 
 # Mastodon caps account statuses at 40 per page whatever limit is asked.
+DEFAULT_MAX_CHARS = 500  # Mastodon's post limit when the instance does not say its own
 READ_BACK_PAGE = 40
 # An authenticated /context lists at most this many descendants; a full list may be cut.
 CONTEXT_LIMIT = 4096
@@ -88,8 +90,14 @@ class MastodonPlatform(_http.HttpPlatform):
         # Own-feed pages one read-back may read back to its horizon: a page covers up to 40 of the bot's
         # statuses, so a sweep of many rows costs a few pages instead of one /context read per row.
         readback_max_pages: int = Field(100, ge=1, le=10_000)
+        # The post limit a long answer is split by (replyd.parts); None: the instance's own, read at login from
+        # /api/v2/instance configuration.statuses.max_characters (500, Mastodon's default, if it says none).
+        max_characters: int | None = Field(None, ge=20)
+        part_marker: bool = False  # end each part of a long answer with " (k/n)"
 
     s: Settings
+    _max_characters: int | None = None  # read from the instance at login
+    _own_id: str = ""  # the bot's account id, from login: a later part's parent is the bot's own status
 
     def _parent(self, obj: Any, what: str, at: str = "", *, unwrap: bool = False) -> Parent | None:
         """Parse the status at dotted path ``at`` of ``obj``; ``None`` for a reblog unless ``unwrap``."""
@@ -168,10 +176,39 @@ class MastodonPlatform(_http.HttpPlatform):
         what = "whoami"
         resp = self._call("GET", "/api/v1/accounts/verify_credentials", what=what)
         body = _http.json_body(resp, what, dict)
-        return Identity(
+        identity = Identity(
             sender_id=_http.field(body, "id", what),
             handle=_http.field(body, "acct", what, default=""),
         )
+        self._own_id = identity.sender_id
+        if self.s.max_characters is None and self._max_characters is None:  # once: the limit does not move
+            self._max_characters = self._instance_limit()
+        return identity
+
+    def _instance_limit(self) -> int:
+        """The instance's post limit (``/api/v2/instance``); Mastodon's default 500 when it does not say."""
+        what = "instance"
+        try:
+            body = _http.json_body(self._call("GET", "/api/v2/instance", what=what), what, dict)
+            limit = _http.field(body, "configuration.statuses.max_characters", what, int, default=DEFAULT_MAX_CHARS)
+        except PlatformError as exc:  # an older server (no v2) or a fork: the default limit
+            self.log.info("replyd.mastodon.instance_unread", problem=exc.detail)
+            return DEFAULT_MAX_CHARS
+        return limit if isinstance(limit, int) and limit >= 20 else DEFAULT_MAX_CHARS
+
+    def post_limit(self, parent: Parent) -> Limit:
+        """``PostLimit``: the instance's characters, less the "@acct " ``send`` puts before each part."""
+        size = self.s.max_characters or self._max_characters or DEFAULT_MAX_CHARS
+        acct = parent.extra.get("acct") or parent.author_handle
+        if self.s.mention_author and acct:
+            size -= len(f"@{acct} ")
+        return Limit(size, "chars", self.s.part_marker)
+
+    def part_parent(self, parent: Parent, previous_reply_id: str) -> Parent:
+        """``PostLimit``: the next part answers the previous one (a thread chain), addressed to the same person."""
+        return Parent(id=previous_reply_id, author_id=self._own_id, author_handle=parent.author_handle,
+                      extra={"acct": parent.extra.get("acct") or parent.author_handle,
+                             "visibility": parent.extra.get("visibility")})
 
     def inbox(self, cursor: str | None) -> Page:
         """Return mentions newer than ``cursor`` (a notification id), oldest first.

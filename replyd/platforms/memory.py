@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import Field
 
 from replyd.clock import Clock, SystemClock
+from replyd.parts import Limit
 from replyd.errors import AlreadyLanded, BadResponse, DefinitelyNotSent, MaybeSent, RateLimited, Rejected
 from replyd.platforms.base import (
     Identity, OwnReply, Page, Parent, Pending, PlatformSettings, ReadBack, Sent, Text, register_platform,
@@ -53,6 +55,7 @@ class MemoryPlatform:
         journal: str | Path | None = None,
         clock: Clock | None = None,
         script: Sequence[str] = (),
+        post_chars: int | None = None,
     ) -> None:
         self.instance = instance
         self.sender_id = sender_id
@@ -68,6 +71,7 @@ class MemoryPlatform:
         self.feed_misses: set[str] = set()  # reply ids read_back never lists (an own-feed walk's blind spot)
         self.depth_calls = 0
         self.depth_failures = 0  # the next N thread_depth calls raise DefinitelyNotSent
+        self.post_chars = post_chars  # PostLimit: a reply's most characters (None: any length)
         self.parents: dict[str, Parent] = {}
         self._replies: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -77,6 +81,7 @@ class MemoryPlatform:
 
         instance: Text = "memory:test"
         sender_id: Text = "bot-1"  # the bot's id on this platform
+        post_chars: int | None = Field(None, ge=20)  # a reply's most characters: longer answers go in parts
         journal: Text | None = None  # a file every process appends its replies to (one platform for all)
 
     @classmethod
@@ -132,6 +137,14 @@ class MemoryPlatform:
     def addresses(self, parent: Parent, identity: Identity) -> bool:
         """Whether the parent lists the bot in ``extra["mention_ids"]`` (tests set it with ``add_parent``)."""
         return identity.sender_id in (parent.extra.get("mention_ids") or [])
+
+    def post_limit(self, parent: Parent) -> Limit | None:
+        """``PostLimit``: ``post_chars`` characters (tests set it), else no limit."""
+        return None if self.post_chars is None else Limit(self.post_chars, "chars")
+
+    def part_parent(self, parent: Parent, previous_reply_id: str) -> Parent:
+        """``PostLimit``: a thread chain, each part answering the one before it."""
+        return Parent(id=previous_reply_id, author_id=self.sender_id)
 
     def resolve(self, ref: str) -> Parent:
         """Return the parent with id ``ref`` (or a bare parent if unknown)."""

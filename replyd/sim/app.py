@@ -172,6 +172,12 @@ def verify_credentials(request: Request, world: World, viewer: Account) -> Respo
     return JSONResponse(account_json(world, viewer, credentials=True))
 
 
+def instance(request: Request, world: World, viewer: Account) -> Response:
+    """GET /api/v2/instance: the part of it replyd reads (the post limit)."""
+    return JSONResponse({"domain": request.url.hostname or "sim", "title": "replyd sim",
+                         "configuration": {"statuses": {"max_characters": world.knobs.max_characters}}})
+
+
 def notifications(request: Request, world: World, viewer: Account) -> Response:
     """GET /api/v1/notifications (only mentions exist here)."""
     qp = request.query_params
@@ -479,6 +485,7 @@ def build_app(world: World) -> ASGIApp:
     routes = [
         Route("/api/v1/accounts/verify_credentials", _api(world, verify_credentials)),
         Route("/api/v1/notifications", _api(world, notifications)),
+        Route("/api/v2/instance", _api(world, instance)),
         Route("/api/v1/streaming/user/notification", _stream_endpoint(world)),
         Route("/api/v2/search", _api(world, search)),
         Route("/api/v1/statuses", _api(world, create_status), methods=["POST"]),

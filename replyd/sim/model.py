@@ -55,6 +55,8 @@ class Knobs:
     # per 5 minutes; the default is higher so fast tests never see "remaining 0".
     rate_limit_budget: int = 10_000
     idempotency: bool = True
+    # The instance's post limit, served as /api/v2/instance configuration.statuses.max_characters.
+    max_characters: int = MAX_CHARS
 
 
 @dataclass

@@ -24,7 +24,7 @@ import structlog
 
 from replyd.clock import Clock, SystemClock
 from replyd.sim.model import (  # noqa: F401  (re-exported: importers name them from the world)
-    _MENTION_RE, _WORDS, CREATE_FAULTS, FIRST_ID, IDEMPOTENCY_TTL_S, MAX_CHARS, READ_FAULTS, VISIBILITIES, Account,
+    _MENTION_RE, _WORDS, CREATE_FAULTS, FIRST_ID, IDEMPOTENCY_TTL_S, READ_FAULTS, VISIBILITIES, Account,
     Knobs, Notification, SimError, Status, paginate,
 )
 
@@ -266,8 +266,8 @@ class World:
                     return self.statuses[hit[0]], False
             if not text.strip():
                 raise SimError(422, "Validation failed: Text can't be blank")
-            if len(text) > MAX_CHARS:
-                raise SimError(422, f"Validation failed: Text character limit of {MAX_CHARS} exceeded")
+            if len(text) > self.knobs.max_characters:
+                raise SimError(422, f"Validation failed: Text character limit of {self.knobs.max_characters} exceeded")
             if visibility not in VISIBILITIES:
                 raise SimError(422, "Validation failed: Visibility is not included in the list")
             parent = self.statuses.get(reply_to) if reply_to else None

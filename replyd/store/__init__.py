@@ -20,6 +20,8 @@ from replyd.store.model import (
     GAVE_UP,
     NOT_LANDED,
     OPEN,
+    PART_PATH,
+    PARTS,
     REJECTED,
     RELEASED,
     REOFFERED,
@@ -47,7 +49,7 @@ from replyd.store.unit import Tx
 
 __all__ = [
     "CLAIM_COMMIT_LEVELS", "CLOSED", "COMPOSING", "DECLINED", "DURABILITIES", "EXPORT_TABLES", "GAVE_UP",
-    "NOT_LANDED", "OPEN", "REJECTED", "RELEASED", "REOFFERED", "REPLY_ID_EVENTS", "SKIPPED",
+    "NOT_LANDED", "OPEN", "PART_PATH", "PARTS", "REJECTED", "RELEASED", "REOFFERED", "REPLY_ID_EVENTS", "SKIPPED",
     "SQLITE_BUSY_TIMEOUT_MS", "STATES", "SWEPT", "TERMINAL", "UNCONFIRMED", "AnsweredLog", "Claim", "Durability", "Event", "Key",
     "ListingDelay", "PostgresStore", "Reply", "Row", "SQLiteStore", "Store", "Tx", "default_sqlite_path",
     "default_url", "hot_sql", "lease_holder", "make_owner", "record_fields", "redact_url", "sqlite_file",

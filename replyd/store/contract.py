@@ -72,6 +72,8 @@ class AnsweredLog(Protocol):
     # reads
     def history(self, key: Key) -> list[Event]:
         """Every event of ``key``, oldest first."""
+    def answer(self, key: Key) -> list[str] | None:
+        """The parts of ``key``'s composed answer (``Tx.put_answer``), or None."""
     def last_event(self, key: Key, kinds: Sequence[str] | None = None) -> Event | None:
         """The newest event of ``key`` (of ``kinds``)."""
     def count_events(self, key: Key, kind: str, *, after_kinds: Sequence[str] = ()) -> int:
@@ -94,6 +96,8 @@ class AnsweredLog(Protocol):
         """A bot's rows opened since ``since`` (per author)."""
     def oldest_open(self, limit: int = 10) -> list[Row]:
         """The oldest open rows."""
+    def in_parts(self, limit: int = 10) -> list[Row]:
+        """The answers being sent in parts, the longest waiting first."""
     def oldest_due_open(self, platform: str, sender_id: str, now: float) -> float | None:
         """The deadline of a bot's oldest open row past it."""
     def rows_in(self, platform: str, sender_id: str, states: Sequence[str], limit: int = 500, *,

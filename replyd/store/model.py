@@ -23,10 +23,14 @@ SKIPPED = "skipped"  # re-offered, and the policy now rules it out for good (too
 # A send that may have landed on a platform without read-back (``platforms.base.NoReadBack``): never retried on its
 # own; an operator resolves it (``replyd rearm`` sends again, ``replyd confirm`` marks it answered).
 UNCONFIRMED = "unconfirmed"
-STATES = (COMPOSING, OPEN, CLOSED, RELEASED, REJECTED, NOT_LANDED, GAVE_UP, DECLINED, SKIPPED, UNCONFIRMED)
+# An answer in several parts (``replyd.parts``), composed and stored; its parts are rows of their own, being sent.
+# The parent's row closes when every part's row has closed (reply id: the first part's).
+PARTS = "parts"
+PART_PATH = "part"  # the ``path`` of a part's own row: re-find offers its answer's row, never the part itself
+STATES = (COMPOSING, OPEN, CLOSED, RELEASED, REJECTED, NOT_LANDED, GAVE_UP, DECLINED, SKIPPED, UNCONFIRMED, PARTS)
 TERMINAL = (CLOSED, REJECTED, GAVE_UP, DECLINED, SKIPPED, UNCONFIRMED)
 # Rows that wait for a path to move them on: re-find re-offers them (see ``reoffer_due``).
-REOFFERED = (NOT_LANDED, RELEASED, COMPOSING)
+REOFFERED = (NOT_LANDED, RELEASED, COMPOSING, PARTS)
 # Rows the sweep leases once their deadline has passed (the deadline says what it is for; see Store.lease_due).
 SWEPT = (OPEN, CLOSED, NOT_LANDED, GAVE_UP)
 

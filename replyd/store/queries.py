@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -9,9 +10,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from replyd.store.model import COMPOSING, NOT_LANDED, OPEN, RELEASED, SWEPT, CLOSED, Event, Key, ListingDelay, Row
+from replyd.store.model import COMPOSING, NOT_LANDED, OPEN, PART_PATH, PARTS, RELEASED, SWEPT, CLOSED, Event, Key, ListingDelay, Row
 from replyd.store.unit import key_where
-from replyd.store.schema import CURSORS, EVENTS, LISTING_DELAY, LISTING_LAG, REPLIES
+from replyd.store.schema import ANSWERS, CURSORS, EVENTS, LISTING_DELAY, LISTING_LAG, REPLIES
 
 
 class Reads:
@@ -70,6 +71,15 @@ class Reads:
         with self._tx(write=False, doing="counting events") as conn:
             return int(conn.execute(q).scalar_one())
 
+    def answer(self, key: Key) -> list[str] | None:
+        """The parts of ``key``'s composed answer, in order (``replyd.parts``), or None if it has none stored."""
+        a = ANSWERS.c
+        q = sa.select(a.parts).where(a.platform == key.platform, a.sender_id == key.sender_id,
+                                     a.parent_id == key.parent_id)
+        with self._tx(write=False, doing="reading a composed answer") as conn:
+            doc = conn.execute(q).scalar()
+        return None if doc is None else list(json.loads(doc))
+
     def find_events(self, parent_id: str, platform: str | None = None) -> list[Event]:
         """Return every event for ``parent_id`` (any sender), oldest first: skips leave events but no row."""
         q = sa.select(EVENTS).where(EVENTS.c.parent_id == parent_id)
@@ -120,18 +130,26 @@ class Reads:
         with self._tx(write=False, doing="reading open rows") as conn:
             return [Row(**dict(m)) for m in conn.execute(q).mappings()]
 
+    def in_parts(self, limit: int = 10) -> list[Row]:
+        """Return the answers being sent in parts (state ``parts``), the longest waiting first."""
+        q = sa.select(REPLIES).where(REPLIES.c.state == PARTS).order_by(REPLIES.c.updated_at).limit(limit)
+        with self._tx(write=False, doing="reading answers in parts") as conn:
+            return [Row(**dict(m)) for m in conn.execute(q).mappings()]
+
     def reoffer_due(self, platform: str, sender_id: str, *, now: float, after: tuple[float, str] | None,
                     limit: int) -> list[Row]:
         """Return one page of a bot's rows that wait to be offered again, in (updated_at, parent_id) order.
 
-        ``not_landed`` and ``released`` rows, and ``composing`` rows whose lease has expired (their composer
-        died: nothing was sent). ``after`` is the last row of the previous page; re-find walks the whole set
+        ``not_landed`` and ``released`` rows, ``composing`` rows whose lease has expired (their composer
+        died: nothing was sent), and answers in ``parts`` (a post resumes them at their first part not closed).
+        A part's own row is never offered: its answer's row is (``replyd.parts.PART_PATH``). ``after`` is the last row of the previous page; re-find walks the whole set
         page by page across its runs, so rows that stay where they are cannot hide the ones behind them.
         """
         c = REPLIES.c
         q = sa.select(REPLIES).where(
             c.platform == platform, c.sender_id == sender_id,
-            sa.or_(c.state.in_([NOT_LANDED, RELEASED]), sa.and_(c.state == COMPOSING, c.lease_until < now)),
+            sa.or_(c.state.in_([NOT_LANDED, RELEASED, PARTS]), sa.and_(c.state == COMPOSING, c.lease_until < now)),
+            c.path != PART_PATH,
         )
         if after is not None:
             q = q.where(sa.tuple_(c.updated_at, c.parent_id) > sa.tuple_(sa.literal(after[0]), sa.literal(after[1])))

@@ -64,6 +64,18 @@ class EventTable(SQLModel, table=True):
     detail: str = Field(default="{}", sa_type=sa.Text)
 
 
+class AnswerTable(SQLModel, table=True):
+    """An answer composed once and sent in several parts (``replyd.parts``): stored before its first part leaves."""
+
+    __tablename__ = "answers"
+
+    platform: str = Field(primary_key=True, max_length=255)
+    sender_id: str = Field(primary_key=True, max_length=255)
+    parent_id: str = Field(primary_key=True, max_length=1024)
+    parts: str = Field(sa_type=sa.Text)  # a JSON list of the parts' texts, in order
+    created_at: float
+
+
 class CursorTable(SQLModel, table=True):
     """Where one poller of one bot stopped reading."""
 
@@ -110,6 +122,7 @@ METADATA = SQLModel.metadata
 REPLIES = ReplyTable.__table__
 EVENTS = EventTable.__table__
 CURSORS = CursorTable.__table__
+ANSWERS = AnswerTable.__table__
 LISTING_LAG = ListingLagTable.__table__
 LISTING_DELAY = ListingDelayTable.__table__
 
