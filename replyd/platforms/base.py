@@ -225,6 +225,23 @@ class PostLimit(Protocol):
 
 
 @runtime_checkable
+class EditReply(Protocol):
+    """Optional: an adapter that can replace the text of one of the bot's own replies.
+
+    A streamed answer (a responder that yields text as it comes, ``replyd.stream``) posts its first part once
+    and then grows it by edits; a resumed answer corrects a landed part by an edit, never by a second post.
+    An edit sets the whole text, so doing it twice is harmless: the guard retries an edit whose outcome is
+    unknown. Errors as ``send``'s table: ``DefinitelyNotSent`` / ``MaybeSent`` (tried again), ``RateLimited``
+    (tried again after its wait), ``Rejected`` (the reply cannot be edited: gone, too old, too long; the guard
+    stops editing it).
+    """
+
+    def edit(self, parent: Parent, reply_id: str, text: str) -> None:
+        """Replace the text of the bot's reply ``reply_id`` (sent as a reply to ``parent``) with ``text``."""
+        ...
+
+
+@runtime_checkable
 class AsyncSend(Protocol):
     """Optional: an adapter whose send is a coroutine; ``replyd.aio`` awaits it (else it runs ``send`` on a
     worker thread). Only the guard's faces may call it."""
