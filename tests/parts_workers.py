@@ -30,6 +30,16 @@ def answer_text(parent_id: str, n_parts: int, size: int) -> str:
     return " ".join(sentences)
 
 
+def note_call(calls: str, parent_id: str) -> None:
+    """Note one responder call for ``parent_id`` in the file ``calls``: one line, O_APPEND, synced."""
+    fd = os.open(calls, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{parent_id}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class Responder:
     """Compose ``text`` once per call, noting the call in ``calls``; die mid-compose when ``die`` is set."""
 
@@ -38,12 +48,7 @@ class Responder:
 
     def __call__(self, parent: Parent) -> str:
         """Note the call (one line, O_APPEND), then answer (or die before answering)."""
-        fd = os.open(self.calls, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, f"{parent.id}\n".encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        note_call(self.calls, parent.id)
         if self.die:
             os.kill(os.getpid(), signal.SIGKILL)
         return self.text
@@ -120,12 +125,7 @@ class StreamResponder:
 
     def __call__(self, parent: Parent) -> Any:
         """Note the call (one line, O_APPEND), then return the stream."""
-        fd = os.open(self.calls, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, f"{parent.id}\n".encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        note_call(self.calls, parent.id)
         return self._words()
 
     async def _words(self) -> Any:

@@ -22,11 +22,11 @@ from replyd.clock import SystemClock
 from replyd.guard import Guard
 from replyd.parts import split
 from replyd.platforms.mastodon import MastodonPlatform
-from replyd.sim import SimServer, World
+from replyd.sim import SimServer
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
 from tests.parts_workers import StreamResponder, answer_text, calls_per_parent, stream_and_die
-from tests.test_parts_sim import ASKER, MAX_CHARS, _chain, _run_children, _settings
+from tests.test_parts_sim import ASKER, _chain, _run_children, _settings, _world
 
 
 @pytest.mark.slow
@@ -34,13 +34,7 @@ def test_streamed_answers_survive_sigkill_mid_stream_and_lost_answers(tmp_path: 
     """1-4 part streamed answers, a kill mid-stream and at every part's claim/send/close, then resumed with lost
     creates and edits: each parent shows exactly its parts once, in order, with the final text; responder calls
     = 1 per answer + 1 per stream cut by a kill; edits happened (the parts grew by edits)."""
-    world = World(SystemClock(), seed=33, listing_delay_s=0.2)
-    world.configure(max_characters=MAX_CHARS)
-    bot = world.add_account("replybot", bot=True)
-    asker = world.add_account(ASKER)
-    db, calls = tmp_path / "r.sqlite3", tmp_path / "calls.txt"
-    url = f"sqlite:///{db}"
-    Store.open(url).dispose()
+    world, bot, asker, url, calls = _world(tmp_path, seed=33)
     with SimServer(world) as srv, httpx.Client(trust_env=False) as http:
         settings = _settings(srv, bot.token)
         plat = MastodonPlatform.from_settings(settings, http=http, clock=SystemClock())
