@@ -774,6 +774,10 @@ class SlackHarness(Harness):
         channel = parent_id.partition(":")[0]
         return [f"{channel}:{m.ts}" for m in self.world.bot_replies(parent_id)]
 
+    def reply_text(self, reply_id: str) -> str:
+        """The reply's current text as the fake holds it (``chat.update`` applied): what an edit is judged on."""
+        return self.world.text_of(reply_id)
+
     def refusal(self) -> Reply:
         """Slack's refusal: HTTP 200, ``ok: false``, ``msg_too_long``."""
         return Reply(200, {"ok": False, "error": "msg_too_long"})
