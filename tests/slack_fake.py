@@ -291,13 +291,24 @@ class SlackWebApi:
             return _err("unknown_method", 404)
         return await handler(args, token) if method == "chat.postMessage" else handler(args, token)
 
-    def _long_text(self, text: str) -> tuple[str, bool, Response | None]:
-        """(the text Slack keeps, whether it truncated it, or the refusal) for a posted or edited ``text``."""
+    def _before_write(self, fault: str | None, args: dict[str, Any]) -> tuple[Channel, str, bool] | Response:
+        """What chat.postMessage and chat.update answer before acting (a fault that acts first, the channel, the
+        text), else (channel, the text Slack keeps, whether it truncated it past MAX_TEXT)."""
+        if fault == "ratelimited":
+            return _err("ratelimited", 429, **{"Retry-After": "1"})
+        if fault == "error_before":
+            return JSONResponse({"ok": False, "error": "service_unavailable"}, status_code=503)
+        ch, err = self._channel(args)
+        if ch is None:
+            return err  # type: ignore[return-value]
+        text = args.get("text")
+        if not isinstance(text, str) or not text:
+            return _err("no_text")
         if len(text) <= MAX_TEXT:
-            return text, False, None
+            return ch, text, False
         if self.world.too_long == "refuse":
-            return text, False, _err("msg_too_long")
-        return text[:MAX_TEXT], True, None
+            return _err("msg_too_long")
+        return ch, text[:MAX_TEXT], True
 
     def _read_fault(self, method: str) -> str | None:
         with self.world.lock:
@@ -390,19 +401,10 @@ class SlackWebApi:
         with w.lock:
             w.post_requests += 1
             fault = w.post_faults.pop(0) if w.post_faults else None
-        if fault == "ratelimited":
-            return _err("ratelimited", 429, **{"Retry-After": "1"})
-        if fault == "error_before":
-            return JSONResponse({"ok": False, "error": "service_unavailable"}, status_code=503)
-        ch, err = self._channel(args)
-        if ch is None:
-            return err  # type: ignore[return-value]
-        text = args.get("text")
-        if not isinstance(text, str) or not text:
-            return _err("no_text")
-        text, truncated, refused = self._long_text(text)
-        if refused is not None:
-            return refused
+        checked = self._before_write(fault, args)
+        if isinstance(checked, Response):
+            return checked
+        ch, text, truncated = checked
         with w.lock:
             thread_ts = args.get("thread_ts") if isinstance(args.get("thread_ts"), str) else None
             if thread_ts and not any(m.ts == thread_ts for m in ch.messages):
@@ -442,19 +444,10 @@ class SlackWebApi:
         if over:  # the tier's minute is spent: a 429 until its oldest request is a minute old
             wait = max(1, int(60.0 - (now - w._update_times[0])) + 1)
             return _err("ratelimited", 429, **{"Retry-After": str(wait)})
-        if fault == "ratelimited":
-            return _err("ratelimited", 429, **{"Retry-After": "1"})
-        if fault == "error_before":
-            return JSONResponse({"ok": False, "error": "service_unavailable"}, status_code=503)
-        ch, err = self._channel(args)
-        if ch is None:
-            return err  # type: ignore[return-value]
-        text = args.get("text")
-        if not isinstance(text, str) or not text:
-            return _err("no_text")
-        text, truncated, refused = self._long_text(text)
-        if refused is not None:
-            return refused
+        checked = self._before_write(fault, args)
+        if isinstance(checked, Response):
+            return checked
+        ch, text, truncated = checked
         with w.lock:
             msg = next((m for m in ch.messages if m.ts == args.get("ts")), None)
             if msg is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -345,8 +346,6 @@ def test_edit_that_provably_did_not_act_is_definitely_not_sent(api, world) -> No
     world.tokens = ("xoxb-rotated",)
     with pytest.raises(DefinitelyNotSent, match="invalid_auth"):
         plat.edit(parent, sent.reply_id, "final")
-    import socket
-
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}/api"
