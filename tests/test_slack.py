@@ -827,10 +827,11 @@ def _answered(m: Any) -> str:
     return m.metadata["event_payload"]["parent"]
 
 
-def test_a_long_answer_goes_out_in_parts_in_the_parents_thread(api, world, store, clock) -> None:
+@pytest.mark.parametrize("where", ["channel", "dm"])
+def test_a_long_answer_goes_out_in_parts_in_the_parents_thread(api, world, store, clock, where) -> None:
     """Three parts through the guard: three messages in the parent's thread, in order, each once, each tagged
     with the part before it (the first with the parent); the parts' rows closed with their own replies; the
-    inbox and re-find offer only the person's message, never a part."""
+    inbox and re-find offer only the person's message, never a part (in a DM, where every message is offered)."""
     from replyd import store as st
     from replyd.guard import Status
     from replyd.parts import Limit, part_id, split
@@ -839,11 +840,11 @@ def test_a_long_answer_goes_out_in_parts_in_the_parents_thread(api, world, store
     assert isinstance(plat, PostLimit) and plat.post_limit(Parent(id="x", author_id="y")).size == PART_CHARS
     expected = split(LONG, Limit(PART_CHARS))
     assert len(expected) == 3
-    parent = plat.resolve(mention(world))
+    parent = plat.resolve(mention(world) if where == "channel" else world.say(DM, ALICE, "a long question"))
     out = g.post(parent, LONG)
     assert out.status is Status.POSTED and [p.state for p in out.parts] == [st.CLOSED] * 3
     msgs = _thread(world, parent.id)
-    ids = [f"{GENERAL}:{m.ts}" for m in msgs]
+    ids = [f"{parent.extra['channel']}:{m.ts}" for m in msgs]
     assert [m.text for m in msgs] == expected and all(m.thread_ts == parent.extra["ts"] for m in msgs)
     assert [_answered(m) for m in msgs] == [parent.id, ids[0], ids[1]]
     rows = [store.peek(g.key(part_id(parent.id, k))) for k in (1, 2, 3)]
