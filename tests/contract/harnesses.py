@@ -755,6 +755,7 @@ class SlackHarness(Harness):
     url_key = "api_url"
     send_route = ("POST", r"^/api/chat\.postMessage")
     delete_route = ("POST", r"^/api/chat\.delete")
+    edit_route = ("POST", r"^/api/chat\.update")
     ALICE = "U0ALICE001"
 
     def __init__(self, http: httpx.Client) -> None:
