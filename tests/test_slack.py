@@ -805,15 +805,18 @@ PART_CHARS = 120
 LONG = " ".join(f"Sentence {i} of a long answer says one more thing." for i in range(6))
 
 
-def _parts_bot(api: SlackWebApi, world: SlackWorld, store: Any, clock: FakeClock) -> tuple[SlackPlatform, Any, Any]:
-    """A Slack adapter posting at most PART_CHARS a message, the real guard over ``store`` and a sweeper."""
+def _parts_bot(api: SlackWebApi, world: SlackWorld, store: Any, clock: FakeClock,
+               chars: int = PART_CHARS) -> tuple[SlackPlatform, Any, Any]:
+    """A Slack adapter posting at most ``chars`` a message, the real guard over ``store`` (streamed answers
+    edited at most every second) and a sweeper."""
     from replyd.guard import Guard
     from replyd.sweep import Bot, Sweeper
 
     world.now = clock.now  # Slack's ts on the test's clock, so the sweep's deadlines and the fake's agree
-    plat = make(api, clock, max_post_chars=PART_CHARS, listing_delay_s=1.0)
+    plat = make(api, clock, max_post_chars=chars, listing_delay_s=1.0)
     me = plat.whoami()
-    g = Guard(store, plat, me, clock=clock, send_timeout_s=5.0, watch_interval_s=None)
+    g = Guard(store, plat, me, clock=clock, send_timeout_s=5.0, watch_interval_s=None, compose_lease_s=30.0,
+              stream_edit_interval_s=1.0)
     return plat, g, Sweeper(store, [Bot(plat, me)], clock=clock, retry_s=1.0)
 
 
@@ -893,3 +896,25 @@ def test_a_part_that_never_landed_is_proven_so_and_sent_again(api, world, store,
     assert sweeper.run_once().not_landed == 1
     assert g.post(parent, LONG).status is Status.POSTED
     assert [m.text for m in _thread(world, parent.id)] == split(LONG, Limit(PART_CHARS))
+
+
+@pytest.mark.parametrize("fault", [None, "lost"])
+def test_a_streamed_answer_is_one_message_per_part_grown_by_chat_update(api, world, store, clock, fault) -> None:
+    """A streamed responder through the guard: each part posted once in the parent's thread and grown by
+    chat.update (an edit whose answer was lost simply tried again) to the final text, every word once, in order;
+    the fake's history shows the growth and no part was posted twice."""
+    from replyd.guard import Status
+    from tests.test_stream import WORDS, Streamer
+
+    plat, g, _ = _parts_bot(api, world, store, clock, chars=60)
+    parent = plat.resolve(mention(world))
+    world.update_faults = [fault] if fault else []
+    out = g.post(parent, Streamer(clock))
+    assert out.status is Status.POSTED, out
+    msgs = _thread(world, parent.id)
+    assert len(msgs) == len(out.parts) >= 4 and world.post_requests == len(msgs)
+    assert " ".join(m.text for m in msgs) == " ".join(WORDS) and all(len(m.text) <= 60 for m in msgs)
+    assert [f"{GENERAL}:{m.ts}" for m in msgs] == [p.reply_id for p in out.parts]
+    assert [_answered(m) for m in msgs] == [parent.id] + [f"{GENERAL}:{m.ts}" for m in msgs[:-1]]
+    assert sum(len(m.history) for m in msgs) >= len(msgs)  # grown by edits, not re-posted
+    assert world.update_faults == []  # the fault was met
