@@ -69,7 +69,8 @@ Error mapping at this boundary (Slack answers most refusals HTTP 200 ``{"ok": fa
     ``edit_window_closed``
     ``internal_error``, ``fatal_error``,                 MaybeSent          MaybeSent           DefinitelyNotSent
     ``service_unavailable``, ``request_timeout``, 5xx
-    ``ok: true`` without ``ts``; a 2xx without ``ok``    MaybeSent          MaybeSent           BadResponse
+    ``ok: true`` without ``ts`` (an edit: with another   MaybeSent          MaybeSent           BadResponse
+    ``ts``); a 2xx without ``ok``
     ``ok: true`` with the ``message_truncated`` warning  sent (logged)      edited (logged)     -
 """
 
