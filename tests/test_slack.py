@@ -109,6 +109,8 @@ def test_identity_is_the_bot_user_id_and_the_token_never_shows(api) -> None:
     ({"token": "xoxb-1", "page_limit": 5000}, "page_limit", "999"),
     ({"token": "xoxb-1", "rate_per_minute": {"chat.postMessage": 0}}, "rate_per_minute", "at least 1"),
     ({"token": "xoxb-1", "search_queries": ["help"]}, "search_queries", "user token"),
+    ({"token": "xoxb-1", "max_post_chars": 40_001}, "max_post_chars", "40000"),  # Slack truncates past it
+    ({"token": "xoxb-1", "max_post_chars": 10}, "max_post_chars", "20"),
 ])
 def test_settings_errors_are_one_line_naming_the_key(settings, key, words) -> None:
     """Each bad setting is one ConfigError line naming the key; a token's value is never echoed."""

@@ -750,7 +750,7 @@ class SlackHarness(Harness):
     bad_settings = bad({"token": "xoxb-" + SECRET}, missing=("token",), wrong=(
         ("token", SECRET), ("app_token", "xoxb-" + SECRET), ("api_url", "ftp://x"), ("channels", ["#general"]),
         ("page_limit", 0), ("rate_per_minute", {"chat.postMessage": 0}), ("search_queries", ["help"]),
-        ("listing_delay_s", -1), ("colour", "red")))
+        ("listing_delay_s", -1), ("max_post_chars", 40_001), ("colour", "red")))
     small_pages = {"page_limit": 1, "max_pages": 1}
     url_key = "api_url"
     send_route = ("POST", r"^/api/chat\.postMessage")
