@@ -50,11 +50,11 @@ def _chain(world: World, bot_id: str, parent_id: str) -> list[str]:
         at = kids[0].id
 
 
-def _run_children(jobs: list[tuple], width: int = 4) -> list[int | None]:
-    """Run ``post_and_die`` children, ``width`` at a time; return their exit codes in order."""
+def _run_children(jobs: list[tuple], width: int = 4, target=post_and_die) -> list[int | None]:  # noqa: ANN001
+    """Run ``target`` children (``post_and_die``), ``width`` at a time; return their exit codes in order."""
     codes: list[int | None] = []
     for i in range(0, len(jobs), width):
-        procs = [CTX.Process(target=post_and_die, args=job) for job in jobs[i:i + width]]
+        procs = [CTX.Process(target=target, args=job) for job in jobs[i:i + width]]
         for p in procs:
             p.start()
         for p in procs:
