@@ -155,3 +155,32 @@ def stream_and_die(kind: str, settings: dict, store_url: str, parent: dict, call
             arm(g, parent["id"], part, point, n_parts=2)  # a streamed answer's parts always have their own keys
         g.post(Parent.from_snapshot(parent), StreamResponder(calls, text, die_at=die_at), path="inbox")
     raise SystemExit(3)  # reached when the planned point never came: a test failure
+
+
+def run_children(target: Any, jobs: list[tuple], width: int = 4) -> list[int | None]:
+    """Run ``target(*job)`` in spawned children, ``width`` at a time; return their exit codes in order."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    codes: list[int | None] = []
+    for i in range(0, len(jobs), width):
+        procs = [ctx.Process(target=target, args=job) for job in jobs[i:i + width]]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(180)
+            codes.append(p.exitcode)
+    return codes
+
+
+def settled_twice(g: Guard, sweeper: Any, parents: dict[str, Parent], responder: Any, pause_s: float) -> None:
+    """Two more sweeps and offers of every parent once all answers closed: each must be ``already_answered``
+    (nothing sent again); ``responder(parent_id)`` makes the responder offered."""
+    import time
+
+    for _ in range(2):
+        sweeper.run_once()
+        for pid, parent in parents.items():
+            out = g.post(parent, responder(pid))
+            assert out.status.value == "already_answered", (pid, out)
+        time.sleep(pause_s)

@@ -9,7 +9,6 @@ compose short.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import signal
 import time
 from pathlib import Path
@@ -26,9 +25,9 @@ from replyd.platforms.mastodon import MastodonPlatform
 from replyd.sim import SimServer, World
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
-from tests.parts_workers import Responder, answer_text, calls_per_parent, post_and_die
+from tests.parts_workers import (Responder, answer_text, calls_per_parent, post_and_die, run_children,
+                                 settled_twice)
 
-CTX = mp.get_context("spawn")
 MAX_CHARS = 120  # the sim instance's post limit (served by /api/v2/instance)
 ASKER = "asker"
 
@@ -62,19 +61,6 @@ def _world(tmp_path: Path, seed: int) -> tuple[World, Any, Any, str, Path]:
     return world, bot, asker, url, tmp_path / "calls.txt"
 
 
-def _run_children(jobs: list[tuple], width: int = 4, target=post_and_die) -> list[int | None]:  # noqa: ANN001
-    """Run ``target`` children (``post_and_die``), ``width`` at a time; return their exit codes in order."""
-    codes: list[int | None] = []
-    for i in range(0, len(jobs), width):
-        procs = [CTX.Process(target=target, args=job) for job in jobs[i:i + width]]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(180)
-            codes.append(p.exitcode)
-    return codes
-
-
 @pytest.mark.slow
 def test_answers_in_parts_survive_sigkill_at_every_point_and_lost_answers(tmp_path: Path) -> None:
     """1-6 part answers, a kill at every point of each, then resumed with 20 % lost creates: each parent has
@@ -101,7 +87,7 @@ def test_answers_in_parts_survive_sigkill_at_every_point_and_lost_answers(tmp_pa
         # Every kill point: each child dies by SIGKILL where it was told to.
         jobs = [("mastodon", settings, url, parents[pid].snapshot(), str(calls), texts[pid], n, k, point)
                 for pid, n, k, point in plan]
-        codes = _run_children(jobs)
+        codes = run_children(post_and_die, jobs)
         assert codes == [-signal.SIGKILL] * len(jobs), list(zip(plan, codes))
 
         # Resumed with lost answers: every path is the next offer of the parent, and the sweep between offers.
@@ -120,11 +106,7 @@ def test_answers_in_parts_survive_sigkill_at_every_point_and_lost_answers(tmp_pa
         assert not waiting, {pid: g.store.peek(g.key(pid)).state for pid in waiting}
         # More sweeps and offers once the answers closed: nothing may be sent again.
         world.configure(lost_drop_rate=0.0)
-        for _ in range(2):
-            sweeper.run_once()
-            for pid in parents:
-                assert g.post(parents[pid], Responder(str(calls), texts[pid])).status.value == "already_answered"
-            time.sleep(0.5)
+        settled_twice(g, sweeper, parents, lambda pid: Responder(str(calls), texts[pid]), 0.5)
 
         for pid in parents:
             assert _chain(world, bot.id, pid) == [f"@{ASKER} {p}" for p in expected[pid]], pid

@@ -25,8 +25,9 @@ from replyd.platforms.mastodon import MastodonPlatform
 from replyd.sim import SimServer
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
-from tests.parts_workers import StreamResponder, answer_text, calls_per_parent, stream_and_die
-from tests.test_parts_sim import ASKER, _chain, _run_children, _settings, _world
+from tests.parts_workers import (StreamResponder, answer_text, calls_per_parent, run_children, settled_twice,
+                                 stream_and_die)
+from tests.test_parts_sim import ASKER, _chain, _settings, _world
 
 
 @pytest.mark.slow
@@ -63,7 +64,7 @@ def test_streamed_answers_survive_sigkill_mid_stream_and_lost_answers(tmp_path: 
 
         jobs = [("mastodon", settings, url, parents[pid].snapshot(), str(calls), texts[pid], k, point, word(pid, at))
                 for pid, n, k, point, at in plan]
-        codes = _run_children(jobs, target=stream_and_die)
+        codes = run_children(stream_and_die, jobs)
         assert codes == [-signal.SIGKILL] * len(jobs), list(zip(plan, codes))
         with world.lock:
             cut_posts = {pid: len(_chain(world, bot.id, pid)) for pid in parents}
@@ -84,12 +85,7 @@ def test_streamed_answers_survive_sigkill_mid_stream_and_lost_answers(tmp_path: 
             time.sleep(0.3)
         assert not waiting, {pid: g.store.peek(g.key(pid)).state for pid in waiting}
         world.configure(lost_drop_rate=0.0, lost_edit_rate=0.0)
-        for _ in range(2):
-            sweeper.run_once()
-            for pid in parents:
-                out = g.post(parents[pid], StreamResponder(str(calls), texts[pid], pause_s=0.0))
-                assert out.status.value == "already_answered", (pid, out)
-            time.sleep(0.5)
+        settled_twice(g, sweeper, parents, lambda pid: StreamResponder(str(calls), texts[pid], pause_s=0.0), 0.5)
 
         for pid in parents:
             assert _chain(world, bot.id, pid) == [f"@{ASKER} {p}" for p in expected[pid]], pid
