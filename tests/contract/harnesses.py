@@ -919,6 +919,10 @@ class TelegramHarness(NoReadBackFakeHarness):
         """The Bot API's answer deleting a message that is not there."""
         return Reply(400, {"ok": False, "error_code": 400, "description": "Bad Request: message to delete not found"})
 
+    def reply_text(self, reply_id: str) -> str:
+        """The bot message's current text in the fake's chat (edits applied): the ground truth of an edit."""
+        return str(self.world.text(reply_id))
+
 
 
 # --- Discord on the stateful fake -------------------------------------------------------------
@@ -1012,6 +1016,10 @@ class DiscordHarness(Harness):
         from tests.discord_fake import fixture
 
         return Reply(404, fixture("error_unknown_message"))
+
+    def reply_text(self, reply_id: str) -> str:
+        """The bot message's current content on the fake (edits applied): the ground truth of an edit."""
+        return self.world.text(reply_id)
 
     def read_routes(self, parent: Parent) -> list[str]:
         """The parent's channel listing."""
