@@ -390,6 +390,34 @@ class DiscordRest:
                                                    "Retry-After": str(max(1, round(wait))), "X-RateLimit-Scope": "user"})
         return None
 
+    async def _acting(self, request: Request, fault: str | None, route: str) -> dict[str, Any] | Response:
+        """An acting request's JSON body, or the answer of a fault refusing it before it acts (a bucket or global
+        429, a 503) or of a body that is not JSON."""
+        if fault == "ratelimited":
+            return _err("rate_limited", 429, **{**self._headers(route, route), "X-RateLimit-Remaining": "0",
+                                                   "Retry-After": "65", "X-RateLimit-Scope": "user"})
+        if fault == "global":
+            return _err("rate_limited_global", 429, **{"Retry-After": "2", "X-RateLimit-Global": "true",
+                                                          "X-RateLimit-Scope": "global"})
+        if fault == "error_before":
+            return JSONResponse({"message": "503: Service Unavailable", "code": 0}, status_code=503)
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            return JSONResponse({"message": "400: Bad Request", "code": 0}, status_code=400)
+        return body if isinstance(body, dict) else {}
+
+    def _acted(self, fault: str | None, lost_count: str) -> Response | None:
+        """The answer of a fault after the request acted (the connection dropped, counted in the world's
+        ``lost_count``; or a 500), else None."""
+        if fault == "lost":
+            with self.world.lock:
+                setattr(self.world, lost_count, getattr(self.world, lost_count) + 1)
+            return DropResponse(status_code=200)
+        if fault == "error_after":
+            return JSONResponse({"message": "500: Internal Server Error", "code": 0}, status_code=500)
+        return None
+
     async def _me(self, request: Request) -> Response:
         if (r := self._gate(request, "me", "")) is not None:
             return r
@@ -449,30 +477,17 @@ class DiscordRest:
             fault = w.create_faults.pop(0) if w.create_faults else None
             if fault is None and w.lose_ratio and w.rng.random() < w.lose_ratio:
                 fault = "lost"
-        if fault == "ratelimited":
-            return _err("rate_limited", 429, **{**self._headers(route, route), "X-RateLimit-Remaining": "0",
-                                                   "Retry-After": "65", "X-RateLimit-Scope": "user"})
-        if fault == "global":
-            return _err("rate_limited_global", 429, **{"Retry-After": "2", "X-RateLimit-Global": "true",
-                                                          "X-RateLimit-Scope": "global"})
-        if fault == "error_before":
-            return JSONResponse({"message": "503: Service Unavailable", "code": 0}, status_code=503)
-        try:
-            body = json.loads(await request.body())
-        except ValueError:
-            return JSONResponse({"message": "400: Bad Request", "code": 0}, status_code=400)
-        status, what, msg = w.create(cid, body if isinstance(body, dict) else {}, token)
+        body = await self._acting(request, fault, route)
+        if isinstance(body, Response):
+            return body
+        status, what, msg = w.create(cid, body, token)
         if status != 200:
             return _err(what, status)
         assert msg is not None
         if w.create_delay_s:
             await asyncio.sleep(w.create_delay_s)
-        if fault == "lost":
-            with w.lock:
-                w.lost_answers += 1
-            return DropResponse(status_code=200)
-        if fault == "error_after":
-            return JSONResponse({"message": "500: Internal Server Error", "code": 0}, status_code=500)
+        if (after := self._acted(fault, "lost_answers")) is not None:
+            return after
         if fault == "hold":
             w.held_token = token
             w.held.set()
@@ -508,27 +523,14 @@ class DiscordRest:
         with w.lock:
             w.edit_requests += 1
             fault = w.edit_faults.pop(0) if w.edit_faults else None
-        if fault == "ratelimited":
-            return _err("rate_limited", 429, **{**self._headers(route, route), "X-RateLimit-Remaining": "0",
-                                                   "Retry-After": "65", "X-RateLimit-Scope": "user"})
-        if fault == "global":
-            return _err("rate_limited_global", 429, **{"Retry-After": "2", "X-RateLimit-Global": "true",
-                                                          "X-RateLimit-Scope": "global"})
-        if fault == "error_before":
-            return JSONResponse({"message": "503: Service Unavailable", "code": 0}, status_code=503)
-        try:
-            body = json.loads(await request.body())
-        except ValueError:
-            return JSONResponse({"message": "400: Bad Request", "code": 0}, status_code=400)
-        status, what = w.edit(cid, mid, body if isinstance(body, dict) else {})
+        body = await self._acting(request, fault, route)
+        if isinstance(body, Response):
+            return body
+        status, what = w.edit(cid, mid, body)
         if status != 200:
             return _err(what, status)
-        if fault == "lost":
-            with w.lock:
-                w.lost_edits += 1
-            return DropResponse(status_code=200)
-        if fault == "error_after":
-            return JSONResponse({"message": "500: Internal Server Error", "code": 0}, status_code=500)
+        if (after := self._acted(fault, "lost_edits")) is not None:
+            return after
         return JSONResponse(what.json(w), headers=self._headers(route, route))
 
     def _interaction(self, request: Request) -> Interaction | Response:

@@ -191,6 +191,22 @@ class TelegramWorld:
 
     # --- the bot's side -----------------------------------------------------------------------
 
+    def _target(self, fault: str | None, args: dict[str, Any]) -> Chat | JSONResponse:
+        """The chat a sending or editing method acts in, or the refusal that comes first: a fault refusing it before
+        it acts (429, 502, 403 blocked), a chat not found, a text that is empty or too long."""
+        if fault == "ratelimited":
+            return _err("error_429")
+        if fault == "error_before":
+            return JSONResponse({"ok": False, "error_code": 502, "description": "Bad Gateway"}, status_code=502)
+        if fault == "blocked":
+            return _err("error_403_blocked")
+        chat_id = args.get("chat_id")
+        chat = self.chats.get(chat_id) if isinstance(chat_id, int) else None
+        if chat is None:
+            return JSONResponse({"ok": False, "error_code": 400, "description": "Bad Request: chat not found"},
+                                status_code=400)
+        return _bad_text(args.get("text")) or chat
+
     def send_message(self, args: dict[str, Any]) -> tuple[str, dict[str, Any] | JSONResponse]:
         """Create the bot's message (or refuse): (fault, message or error response)."""
         with self.lock:
@@ -198,19 +214,10 @@ class TelegramWorld:
             fault = self.send_faults.pop(0) if self.send_faults else None
             if fault is None and self.lose_fraction and self.rng.random() < self.lose_fraction:
                 fault = "lost"
-        if fault == "ratelimited":
-            return fault, _err("error_429")
-        if fault == "error_before":
-            return fault, JSONResponse({"ok": False, "error_code": 502, "description": "Bad Gateway"}, status_code=502)
-        if fault == "blocked":
-            return fault, _err("error_403_blocked")
-        chat_id, text = args.get("chat_id"), args.get("text")
-        chat = self.chats.get(chat_id) if isinstance(chat_id, int) else None
-        if chat is None:
-            return "", JSONResponse({"ok": False, "error_code": 400, "description": "Bad Request: chat not found"},
-                                    status_code=400)
-        if (refused := _bad_text(text)) is not None:
-            return "", refused
+        chat = self._target(fault, args)
+        if not isinstance(chat, Chat):
+            return fault or "", chat
+        text = args.get("text")
         rp = args.get("reply_parameters") or {}
         target = rp.get("message_id") if isinstance(rp, dict) else None
         with self.lock:
@@ -237,17 +244,10 @@ class TelegramWorld:
         with self.lock:
             self.edit_requests += 1
             fault = self.edit_faults.pop(0) if self.edit_faults else None
-        if fault == "ratelimited":
-            return fault, _err("error_429")
-        if fault == "error_before":
-            return fault, JSONResponse({"ok": False, "error_code": 502, "description": "Bad Gateway"}, status_code=502)
-        chat_id, text = args.get("chat_id"), args.get("text")
-        chat = self.chats.get(chat_id) if isinstance(chat_id, int) else None
-        if chat is None:
-            return "", JSONResponse({"ok": False, "error_code": 400, "description": "Bad Request: chat not found"},
-                                    status_code=400)
-        if (refused := _bad_text(text)) is not None:
-            return "", refused
+        chat = self._target(fault, args)
+        if not isinstance(chat, Chat):
+            return fault or "", chat
+        text = args.get("text")
         with self.lock:
             msg = chat.messages.get(args.get("message_id"))  # type: ignore[arg-type]
             if msg is None:
@@ -392,14 +392,22 @@ class TelegramApi:
                 return JSONResponse({"ok": True, "result": batch})
             await asyncio.sleep(0.05)
 
-    async def _m_sendMessage(self, args: dict[str, Any]) -> Response:  # noqa: N802
-        fault, out = self.world.send_message(args)
+    @staticmethod
+    def _answer(fault: str, out: dict[str, Any] | Response) -> Response | None:
+        """The answer of a refusal, or of a fault after the method acted (the connection dropped, a 502); None when
+        the result is to be answered."""
         if isinstance(out, Response):
             return out
         if fault == "lost":
             return DropResponse(status_code=200)
         if fault == "error_after":
             return JSONResponse({"ok": False, "error_code": 502, "description": "Bad Gateway"}, status_code=502)
+        return None
+
+    async def _m_sendMessage(self, args: dict[str, Any]) -> Response:  # noqa: N802
+        fault, out = self.world.send_message(args)
+        if (answer := self._answer(fault, out)) is not None:
+            return answer
         if fault == "hold":
             self.world.held_tag = args.get("_tag", "")
             self.world.held.set()
@@ -410,13 +418,7 @@ class TelegramApi:
 
     async def _m_editMessageText(self, args: dict[str, Any]) -> Response:  # noqa: N802
         fault, out = self.world.edit_message(args)
-        if isinstance(out, Response):
-            return out
-        if fault == "lost":
-            return DropResponse(status_code=200)
-        if fault == "error_after":
-            return JSONResponse({"ok": False, "error_code": 502, "description": "Bad Gateway"}, status_code=502)
-        return JSONResponse({"ok": True, "result": out})
+        return self._answer(fault, out) or JSONResponse({"ok": True, "result": out})
 
     async def _m_deleteMessage(self, args: dict[str, Any]) -> Response:  # noqa: N802
         w = self.world
