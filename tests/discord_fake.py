@@ -224,6 +224,18 @@ class DiscordWorld:
             hear(msg)
         return f"{cid}:{msg.id}"
 
+    def amend(self, parent_id: str, text: str) -> None:
+        """A person edits their message ``<channel>:<message>``; the Gateway hears MESSAGE_UPDATE."""
+        cid, _, mid = parent_id.partition(":")
+        with self.lock:
+            msg = self.find(cid, mid)
+            assert msg is not None
+            msg.content = text
+            msg.edits.append(text)
+            msg.edited_ms = self.now() * 1000
+        for hear in self.on_update:
+            hear(msg)
+
     def find(self, cid: str, mid: str) -> Msg | None:
         """A message by id (deleted ones too)."""
         ch = self.channels.get(cid)

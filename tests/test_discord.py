@@ -572,3 +572,54 @@ def test_the_bots_own_parts_are_never_offered_and_a_reply_to_one_is(chain, http)
     assert offered.id == later and p.addresses(offered, p.whoami())
     assert p.addresses(page.parents[0], p.whoami())
     assert not p.addresses(p.part_parent(page.parents[0], f"{cid}:{part2.id}"), p.whoami())
+
+
+def test_edits_heard_on_the_gateway_are_never_parents(world, http) -> None:
+    """The Gateway dispatches MESSAGE_UPDATE for the bot's edits (and a person's): the stream offers only the
+    mentions' MESSAGE_CREATE, once each."""
+    gw = Gateway(world, heartbeat_ms=300)
+    try:
+        with DiscordRest(world, gateway_url=gw.url) as api:
+            p = adapter(api, http)
+            cid = world.add_channel()
+            got: list[str] = []
+            stop = threading.Event()
+            t = _collect(p, got, stop)
+            _until(lambda: gw.connections == 1)
+            pid = world.say(cid, ALICE, "help?")
+            _until(lambda: pid in got)
+            rid = p.send(p.resolve(pid), "part one", provider_key=send_key(p, pid)).reply_id
+            p.edit(p.resolve(pid), rid, "part one, grown")
+            world.amend(pid, f"<@{BOT_ID}> help? (edited)")
+            later = world.say(cid, BOB, "and me?")
+            _until(lambda: later in got)
+            sent = [s for s in gw.sessions.values()][0].events
+            assert sum(f.get("t") == "MESSAGE_UPDATE" for _seq, f in sent) == 2
+            assert got == [pid, later]
+            stop.set()
+            t.join(3)
+    finally:
+        gw.close()
+
+
+def test_an_interaction_answer_is_edited_through_its_original_response(world, rest, http) -> None:
+    """An interaction's first part is its deferred response: an edit PATCHes @original with the token held; a
+    process that does not hold the token edits nothing (DefinitelyNotSent)."""
+    from tests.discord_fake import InteractionSender, Msg
+
+    p = adapter(rest, http)
+    cid = world.add_channel()
+    sender = InteractionSender(world, [])
+    try:
+        [parent] = p.parse_webhook("interaction", sender.payload(cid, ALICE, "why?"))  # type: ignore[misc]
+    finally:
+        sender.close()
+    it = world.interactions[parent.id]
+    it.original = Msg(world.snowflake(), cid, BOT_ID, "")  # the deferred response Discord made on the type 5
+    world.channels[cid].messages.append(it.original)
+    rid = p.send(parent, "the start", provider_key=send_key(p, parent.id)).reply_id
+    p.edit(parent, rid, "the start, and the rest")
+    assert world.text(rid) == "the start, and the rest" and it.edits == 2
+    with pytest.raises(DefinitelyNotSent):
+        adapter(rest, http).edit(parent, rid, "from elsewhere")
+    assert world.text(rid) == "the start, and the rest"

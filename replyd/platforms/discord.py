@@ -778,12 +778,11 @@ class DiscordPlatform(_http.HttpPlatform):
 
     def part_parent(self, parent: Parent, previous_reply_id: str) -> Parent:
         """``PostLimit``: the next part replies to the previous part's message (``message_reference``), in the same
-        channel, so the read-back ties each part to its own row; the addressing fields stay the parent's."""
+        channel, so the read-back ties each part to its own row; it addresses nobody (the bot's own message)."""
         channel, message = split_id(previous_reply_id)
-        x = parent.extra
-        return Parent(id=previous_reply_id, author_id=self._identity().sender_id, author_handle=self._identity().handle,
-                      author_is_bot=True, thread_depth=parent.thread_depth + 1,
-                      url=_link(x.get("guild"), channel, message),
+        x, me = parent.extra, self._identity()
+        return Parent(id=previous_reply_id, author_id=me.sender_id, author_handle=me.handle, author_is_bot=True,
+                      thread_depth=parent.thread_depth + 1, url=_link(x.get("guild"), channel, message),
                       extra={"channel": channel, "message": message, "guild": x.get("guild"), "dm": x.get("dm"),
                              "mentioned": False, "reply_to_me": False, "ref": None, "part_of": parent.id})
 
