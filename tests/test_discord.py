@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -574,32 +575,41 @@ def test_the_bots_own_parts_are_never_offered_and_a_reply_to_one_is(chain, http)
     assert not p.addresses(p.part_parent(page.parents[0], f"{cid}:{part2.id}"), p.whoami())
 
 
-def test_edits_heard_on_the_gateway_are_never_parents(world, http) -> None:
-    """The Gateway dispatches MESSAGE_UPDATE for the bot's edits (and a person's): the stream offers only the
-    mentions' MESSAGE_CREATE, once each."""
+@contextlib.contextmanager
+def _streaming(world: DiscordWorld, http: httpx.Client) -> Iterator[tuple[Gateway, DiscordPlatform, list[str]]]:
+    """A Gateway and REST fake, an adapter streaming from it (connected) and the parent ids it yields."""
     gw = Gateway(world, heartbeat_ms=300)
+    stop = threading.Event()
     try:
         with DiscordRest(world, gateway_url=gw.url) as api:
             p = adapter(api, http)
-            cid = world.add_channel()
             got: list[str] = []
-            stop = threading.Event()
             t = _collect(p, got, stop)
             _until(lambda: gw.connections == 1)
-            pid = world.say(cid, ALICE, "help?")
-            _until(lambda: pid in got)
-            rid = p.send(p.resolve(pid), "part one", provider_key=send_key(p, pid)).reply_id
-            p.edit(p.resolve(pid), rid, "part one, grown")
-            world.amend(pid, f"<@{BOT_ID}> help? (edited)")
-            later = world.say(cid, BOB, "and me?")
-            _until(lambda: later in got)
-            sent = [s for s in gw.sessions.values()][0].events
-            assert sum(f.get("t") == "MESSAGE_UPDATE" for _seq, f in sent) == 2
-            assert got == [pid, later]
-            stop.set()
-            t.join(3)
+            try:
+                yield gw, p, got
+            finally:
+                stop.set()
+                t.join(3)
     finally:
         gw.close()
+
+
+def test_edits_heard_on_the_gateway_are_never_parents(world, http) -> None:
+    """The Gateway dispatches MESSAGE_UPDATE for the bot's edits (and a person's): the stream offers only the
+    mentions' MESSAGE_CREATE, once each."""
+    with _streaming(world, http) as (gw, p, got):
+        cid = world.add_channel()
+        pid = world.say(cid, ALICE, "help?")
+        _until(lambda: pid in got)
+        rid = p.send(p.resolve(pid), "part one", provider_key=send_key(p, pid)).reply_id
+        p.edit(p.resolve(pid), rid, "part one, grown")
+        world.amend(pid, f"<@{BOT_ID}> help? (edited)")
+        later = world.say(cid, BOB, "and me?")
+        _until(lambda: later in got)
+        sent = [s for s in gw.sessions.values()][0].events
+        assert sum(f.get("t") == "MESSAGE_UPDATE" for _seq, f in sent) == 2
+        assert got == [pid, later]  # plant: MESSAGE_UPDATE read as a new message offers Alice's edit again
 
 
 def test_an_interaction_answer_is_edited_through_its_original_response(world, rest, http) -> None:
