@@ -874,6 +874,7 @@ class TelegramHarness(NoReadBackFakeHarness):
     skips = {
         **no_read_back_skips(_NO_READ_BACK),
         "test_delete_removes_the_reply_and_twice_is_done": _NO_READ_BACK + " (its last step is a read-back)",
+        "test_an_edited_reply_is_read_back_as_the_one_reply": _NO_READ_BACK + " (the case is a read-back)",
         "test_three_paths_find_the_parent_and_it_is_answered_once":
             "a bot cannot search Telegram or re-read a chat: getUpdates (or the webhook) is the only path",
         "test_search_cursor_moves_forward": "a bot cannot search Telegram",
@@ -887,6 +888,7 @@ class TelegramHarness(NoReadBackFakeHarness):
     url_key = "api_url"
     send_route = ("POST", r"^/bot[^/]+/sendMessage")
     delete_route = ("POST", r"^/bot[^/]+/deleteMessage")
+    edit_route = ("POST", r"^/bot[^/]+/editMessageText")
     ALICE = 5000000002
 
     def __init__(self, http: httpx.Client) -> None:
@@ -974,6 +976,7 @@ class DiscordHarness(Harness):
     url_key = "api_url"
     send_route = ("POST", r"^/api/v10/channels/\d+/messages$")
     delete_route = ("DELETE", r"^/api/v10/channels/\d+/messages/\d+$")
+    edit_route = ("PATCH", r"^/api/v10/channels/\d+/messages/\d+$")
     ALICE = "53908099506183680"
 
     def __init__(self, http: httpx.Client) -> None:
