@@ -633,3 +633,26 @@ def test_an_interaction_answer_is_edited_through_its_original_response(world, re
     with pytest.raises(DefinitelyNotSent):
         adapter(rest, http).edit(parent, rid, "from elsewhere")
     assert world.text(rid) == "the start, and the rest"
+
+
+def test_a_streamed_answer_is_one_message_per_part_grown_by_edits(chain, store, clock) -> None:
+    """A streamed responder through the real guard: each part posted once (a reference chain), grown by Edit
+    Message over HTTP; the messages' final contents are the whole answer, each within 2,000 code points."""
+    from replyd import store as st
+    from replyd.guard import Guard, Status
+    from tests.test_stream import Streamer
+
+    w, _api, p, _g, _ = chain
+    g = Guard(store, p, p.whoami(), clock=clock, send_timeout_s=5.0, watch_interval_s=None, compose_lease_s=60.0,
+              stream_edit_interval_s=1.0)
+    words = [f"word{i:03d}-" + "x" * 40 for i in range(100)]  # 100 words of 48: 4,899 characters
+    cid = w.add_channel()
+    pid = w.say(cid, ALICE, "stream it")
+    out = g.post(p.resolve(pid), Streamer(clock, words=words))
+    assert out.status is Status.POSTED, out
+    msgs = _thread(w, pid)
+    assert len(msgs) == len(out.parts) == 3 and all(len(m.content) <= 2000 for m in msgs)
+    assert " ".join(m.content for m in msgs) == " ".join(words)
+    assert sum(len(m.edits) for m in msgs) >= len(msgs) and w.edit_requests == sum(len(m.edits) for m in msgs)
+    assert sum(m.author_id == BOT_ID for m in w.channels[cid].messages) == 3
+    assert store.peek(g.key(pid)).state == st.CLOSED

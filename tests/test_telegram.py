@@ -600,3 +600,24 @@ def test_the_bots_own_parts_are_never_offered_and_a_reply_to_one_is(api, world, 
     [offered] = plat.inbox(page.cursor).parents
     assert offered.id == later and plat.addresses(offered, plat.whoami())
     assert not plat.addresses(plat.part_parent(page.parents[0], f"{GROUP}:{part2['message_id']}"), plat.whoami())
+
+
+def test_a_streamed_answer_is_one_message_per_part_grown_by_edits(api, world, store, clock) -> None:
+    """A streamed responder through the real guard: each part sent once (a reply chain), grown by editMessageText;
+    the final texts are the whole answer, each within 4,096 UTF-16 code units though every word carries an emoji
+    (plant: an edit that does nothing leaves the first words only)."""
+    from tests.telegram_fake import utf16_len
+    from tests.test_stream import Streamer
+
+    plat = make(api, clock=clock)
+    g = Guard(store, plat, plat.whoami(), clock=clock, send_timeout_s=10.0, compose_lease_s=60.0,
+              stream_edit_interval_s=1.0)
+    words = [f"word{i:03d}👍" + "x" * 40 for i in range(100)]  # 47 code points, 48 UTF-16 units each
+    pid = world.post(GROUP, "stream it")
+    out = g.post(plat.inbox(None).parents[0], Streamer(clock, words=words))
+    assert out.status is Status.POSTED, out
+    msgs = _thread(world, pid)
+    assert len(msgs) == len(out.parts) == 3 and all(utf16_len(m["text"]) <= 4096 for m in msgs)
+    assert " ".join(m["text"] for m in msgs) == " ".join(words)
+    assert sum(len(world.history(f"{GROUP}:{m['message_id']}")) for m in msgs) >= len(msgs)
+    assert world.send_requests == 3 and store.get(g.key(pid)).state == st.CLOSED
