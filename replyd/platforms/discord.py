@@ -112,9 +112,9 @@ from pydantic import Field, SecretStr, field_validator
 
 from replyd.clock import Clock
 from replyd.errors import BadResponse, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
+from replyd.parts import Limit
 from replyd.platforms import _http
 from replyd.platforms._http import Found, id_order
-from replyd.parts import Limit
 from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Token, register_platform
 
 DISCORD_EPOCH_MS = 1_420_070_400_000

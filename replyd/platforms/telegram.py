@@ -387,8 +387,7 @@ class TelegramPlatform(_http.HttpPlatform):
         chat_id, message_id = split_id(previous_reply_id)
         me = self._identity()
         extra: dict[str, Any] = {"chat_id": chat_id, "message_id": message_id,
-                                 "chat_type": parent.extra.get("chat_type"), "reply_to": parent.extra.get("message_id"),
-                                 "part_of": parent.id}
+                                 "chat_type": parent.extra.get("chat_type"), "part_of": parent.id}
         if isinstance(parent.extra.get("message_thread_id"), int):
             extra["message_thread_id"] = parent.extra["message_thread_id"]
         return Parent(id=previous_reply_id, author_id=me.sender_id, author_handle=me.handle, author_is_bot=True,
