@@ -13,6 +13,7 @@ import multiprocessing as mp
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -50,11 +51,22 @@ def _chain(world: World, bot_id: str, parent_id: str) -> list[str]:
         at = kids[0].id
 
 
-def _run_children(jobs: list[tuple], width: int = 4) -> list[int | None]:
-    """Run ``post_and_die`` children, ``width`` at a time; return their exit codes in order."""
+def _world(tmp_path: Path, seed: int) -> tuple[World, Any, Any, str, Path]:
+    """A sim limited to MAX_CHARS with the bot and the asker; a migrated SQLite store; the responder's call file."""
+    world = World(SystemClock(), seed=seed, listing_delay_s=0.2)
+    world.configure(max_characters=MAX_CHARS)
+    bot = world.add_account("replybot", bot=True)
+    asker = world.add_account(ASKER)
+    url = f"sqlite:///{tmp_path / 'r.sqlite3'}"
+    Store.open(url).dispose()  # the schema, once, before the children race to open it
+    return world, bot, asker, url, tmp_path / "calls.txt"
+
+
+def _run_children(jobs: list[tuple], width: int = 4, target=post_and_die) -> list[int | None]:  # noqa: ANN001
+    """Run ``target`` children (``post_and_die``), ``width`` at a time; return their exit codes in order."""
     codes: list[int | None] = []
     for i in range(0, len(jobs), width):
-        procs = [CTX.Process(target=post_and_die, args=job) for job in jobs[i:i + width]]
+        procs = [CTX.Process(target=target, args=job) for job in jobs[i:i + width]]
         for p in procs:
             p.start()
         for p in procs:
@@ -67,13 +79,7 @@ def _run_children(jobs: list[tuple], width: int = 4) -> list[int | None]:
 def test_answers_in_parts_survive_sigkill_at_every_point_and_lost_answers(tmp_path: Path) -> None:
     """1-6 part answers, a kill at every point of each, then resumed with 20 % lost creates: each parent has
     exactly its parts once, in order, with the composed text; one responder call per answer (+1 per cut compose)."""
-    world = World(SystemClock(), seed=32, listing_delay_s=0.2)
-    world.configure(max_characters=MAX_CHARS)
-    bot = world.add_account("replybot", bot=True)
-    asker = world.add_account(ASKER)
-    db, calls = tmp_path / "r.sqlite3", tmp_path / "calls.txt"
-    url = f"sqlite:///{db}"
-    Store.open(url).dispose()  # the schema, once, before the children race to open it
+    world, bot, asker, url, calls = _world(tmp_path, seed=32)
     with SimServer(world) as srv, httpx.Client(trust_env=False) as http:
         settings = _settings(srv, bot.token)
         plat = MastodonPlatform.from_settings(settings, http=http, clock=SystemClock())

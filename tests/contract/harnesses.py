@@ -750,11 +750,12 @@ class SlackHarness(Harness):
     bad_settings = bad({"token": "xoxb-" + SECRET}, missing=("token",), wrong=(
         ("token", SECRET), ("app_token", "xoxb-" + SECRET), ("api_url", "ftp://x"), ("channels", ["#general"]),
         ("page_limit", 0), ("rate_per_minute", {"chat.postMessage": 0}), ("search_queries", ["help"]),
-        ("listing_delay_s", -1), ("colour", "red")))
+        ("listing_delay_s", -1), ("max_post_chars", 40_001), ("colour", "red")))
     small_pages = {"page_limit": 1, "max_pages": 1}
     url_key = "api_url"
     send_route = ("POST", r"^/api/chat\.postMessage")
     delete_route = ("POST", r"^/api/chat\.delete")
+    edit_route = ("POST", r"^/api/chat\.update")
     ALICE = "U0ALICE001"
 
     def __init__(self, http: httpx.Client) -> None:
@@ -803,6 +804,10 @@ class SlackHarness(Harness):
         """The bot's messages in the parent's thread, as the fake holds them."""
         channel = parent_id.partition(":")[0]
         return [f"{channel}:{m.ts}" for m in self.world.bot_replies(parent_id)]
+
+    def reply_text(self, reply_id: str) -> str:
+        """The reply's current text as the fake holds it (``chat.update`` applied): what an edit is judged on."""
+        return self.world.text_of(reply_id)
 
     def refusal(self) -> Reply:
         """Slack's refusal: HTTP 200, ``ok: false``, ``msg_too_long``."""
