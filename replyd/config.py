@@ -85,6 +85,10 @@ class GuardConfig(_Strict):
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
     send_timeout_s: float = Field(30.0, gt=0)
     compose_lease_s: float = Field(120.0, gt=0)
+    # A streamed answer (a responder with stream = true) on a platform that edits: its reply is edited at most this
+    # often while text comes (platforms rate-limit edits); a stream silent for stream_idle_s has failed.
+    stream_edit_interval_s: float = Field(1.0, ge=0)
+    stream_idle_s: float = Field(60.0, gt=0)
     dry_run: bool = False  # every bot: log what would be sent, send and claim nothing
     responder_backoff_s: float = Field(30.0, gt=0)  # after a responder failure; doubles per failure in a row
     responder_backoff_max_s: float = Field(3600.0, gt=0)

@@ -152,6 +152,8 @@ def build_guard(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cl
         max_attempts=cfg.guard.max_attempts,
         send_timeout_s=send_timeout_s,
         compose_lease_s=cfg.guard.compose_lease_s,
+        stream_edit_interval_s=cfg.guard.stream_edit_interval_s,
+        stream_idle_s=cfg.guard.stream_idle_s,
         dry_run=cfg.guard.dry_run or bc.policy.dry_run,
         responder_backoff_s=cfg.guard.responder_backoff_s,
         responder_backoff_max_s=cfg.guard.responder_backoff_max_s,

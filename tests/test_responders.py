@@ -908,7 +908,8 @@ def test_openai_api_key_env_is_resolved(monkeypatch: pytest.MonkeyPatch, fixture
         ({"base_url": "http://127.0.0.1:1/v1", "model": "m", "system_prompt": 3}, "responder.system_prompt"),
         ({"base_url": "http://127.0.0.1:1/v1", "model": "m", "api_key_env": "NOT_SET_LLM_KEY_X"},
          "responder.api_key_env: environment variable 'NOT_SET_LLM_KEY_X' is not set"),
-        ({"base_url": "http://127.0.0.1:1/v1", "model": "m", "stream": True}, "unknown setting(s) ['stream']"),
+        ({"base_url": "http://127.0.0.1:1/v1", "model": "m", "strem": True}, "unknown setting(s) ['strem']"),
+        ({"base_url": "http://127.0.0.1:1/v1", "model": "m", "stream": "yes"}, "responder.stream"),
         ({"base_url": "http://127.0.0.1:1/v1", "model": "m", "api_key": "sk-a b"}, "responder.api_key: contains"),
     ],
 )

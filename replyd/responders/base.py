@@ -23,7 +23,7 @@ import inspect
 import json
 import threading
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Annotated, Any, ClassVar, Protocol, Self, runtime_checkable
 
 import structlog
@@ -42,6 +42,16 @@ class Responder(Protocol):
 
     async def respond(self, parent: Parent) -> str | None:
         """Return the reply for ``parent``, or None/"" to decline; raise on failure."""
+        ...
+
+
+@runtime_checkable
+class Streaming(Protocol):
+    """Optional: a responder that can stream its reply (an LLM's tokens); ``ResponderRunner`` hands the stream to
+    the guard, which shows it as it comes where the platform edits replies (``replyd.stream``)."""
+
+    def stream(self, parent: Parent) -> AsyncIterator[str]:
+        """The reply for ``parent`` as it is written; nothing (or only blanks) declines; raise on failure."""
         ...
 
 
@@ -246,8 +256,11 @@ class ResponderRunner:
         self.timeout_s = timeout_s
         self.name = name or type(responder).__name__
 
-    def __call__(self, parent: Parent) -> str | None:
-        """Return the responder's text for ``parent`` (None/"" declines); raise ResponderError."""
+    def __call__(self, parent: Parent) -> str | None | AsyncIterator[str]:
+        """Return the responder's text for ``parent`` (None/"" declines), or its stream (a ``Streaming``
+        responder); raise ResponderError."""
+        if isinstance(self.responder, Streaming):
+            return self._stream(parent)
         coro = asyncio.wait_for(self.responder.respond(parent), self.timeout_s)
         fut = asyncio.run_coroutine_threadsafe(coro, responder_loop())
         try:
@@ -261,6 +274,26 @@ class ResponderRunner:
             # Masked, on one line: a library responder's exception may quote a key it was given, over lines.
             text = " ".join(f"{self.name}: {type(exc).__name__}: {exc}".split())
             raise ResponderError(rlog.mask(text)[:300]) from exc
+
+    async def _stream(self, parent: Parent) -> AsyncIterator[str]:
+        """The responder's stream, its whole length bounded by ``timeout_s`` and every failure a masked one-line
+        ResponderError (the guard pulls each chunk within its own idle bound)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.timeout_s
+        source = self.responder.stream(parent)  # type: ignore[attr-defined]
+        try:
+            async for chunk in source:
+                if loop.time() > until:
+                    raise ResponderError(f"{self.name}: the stream went on past {self.timeout_s:g} s")
+                yield _checked(chunk) or ""
+        except ResponderError:
+            raise
+        except Exception as exc:  # as __call__: a responder's own failure, masked, on one line
+            text = " ".join(f"{self.name}: {type(exc).__name__}: {exc}".split())
+            raise ResponderError(rlog.mask(text)[:300]) from exc
+        finally:
+            if isinstance(source, AsyncGenerator):  # closed now, so its HTTP stream is released at once
+                await source.aclose()
 
     def close(self) -> None:
         """Release what the responder holds (HTTP clients, child processes)."""

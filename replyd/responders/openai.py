@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -15,7 +15,7 @@ from replyd import __version__
 from replyd import log as rlog
 from replyd.platforms._http import BearerAuth, require_https, retry_after_s
 from replyd.responders.base import NonBlank, Parent, Responder, TimeoutS, log, register_responder, secret_value
-from replyd.responders.jsonpost import HttpSettings, HttpUrlText, JsonPost
+from replyd.responders.jsonpost import MAX_RESPONSE_BYTES, HttpSettings, HttpUrlText, JsonPost
 from replyd.responders.template import TemplateResponder, TemplateText
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -112,6 +112,69 @@ class OpenAIResponder:
         await self._post.aclose()
 
 
+class OpenAIStreamResponder(OpenAIResponder):
+    """The ``openai`` kind with ``stream = true``: also ``Streaming``, the answer handed on as the model writes it."""
+
+    async def stream(self, parent: Parent) -> AsyncIterator[str]:
+        """``Streaming``: ask the model once with ``"stream": true`` and yield the answer's text as its server-sent
+        events bring it (``choices[0].delta.content``) until ``data: [DONE]``. Text that could still be the
+        ``decline_marker`` is held back, so a declined answer shows nothing. A connect failure is retried as in
+        ``respond``; nothing is retried once the request may have arrived."""
+        from httpx_sse import SSEError, aconnect_sse
+
+        user_text = await self._prompt.respond(parent) or ""
+        req = {**self.request(user_text), "stream": True}
+        headers = {"accept": "text/event-stream", "user-agent": f"replyd/{__version__}"}
+        held, shown = "", False
+        try:
+            async with aconnect_sse(self._post._http(), "POST", self._post.url, json=req, headers=headers) as source:
+                resp = source.response
+                if resp.status_code != 200 or "text/event-stream" not in resp.headers.get("content-type", ""):
+                    body = (await resp.aread())[:MAX_RESPONSE_BYTES]
+                    full = httpx.Response(resp.status_code, headers=resp.headers, content=body, request=resp.request)
+                    self._check_status(full)
+                    raise self._post.error(f"answered HTTP 200 with {resp.headers.get('content-type') or 'no type'}, "
+                                           "not an event stream (does the server support \"stream\"?)")
+                async for event in source.aiter_sse():
+                    if event.data.strip() == "[DONE]":
+                        break
+                    delta = self._delta(event.data)
+                    if not delta:
+                        continue
+                    if shown:
+                        yield delta
+                        continue
+                    held += delta  # the answer so far could still be the decline marker: not shown yet
+                    if self.decline_marker and self.decline_marker.startswith(held.strip()):
+                        continue
+                    shown = True
+                    yield held
+        except (httpx.HTTPError, SSEError) as exc:
+            raise self._post.error(f"the stream from {self._post.origin} failed (not retried: the request may have "
+                                   f"arrived): {type(exc).__name__}: {exc}") from None
+        if not shown and held.strip() != (self.decline_marker or ""):
+            yield held  # a short answer that looked like the start of the marker
+
+    def _delta(self, data: str) -> str:
+        """One event's text: ``choices[0].delta.content`` (absent in the role and finish events)."""
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            raise self._post.error("an event of the stream is not JSON") from None
+        if not isinstance(doc, dict):
+            raise self._post.error(f"an event of the stream is {type(doc).__name__}, expected a JSON object")
+        if doc.get("error"):
+            raise self._post.error(f"the stream ended with an error: {str(doc['error'])[:200]}")
+        choices = doc.get("choices") or []
+        first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        if first.get("finish_reason") == "length":
+            log.warning("replyd.responder.truncated", responder="openai", model=self.model,
+                        hint="the reply hit max_tokens; raise it or ask for shorter answers in system_prompt")
+        delta = first.get("delta")
+        content = delta.get("content") if isinstance(delta, dict) else None
+        return content if isinstance(content, str) else ""
+
+
 class OpenAISettings(HttpSettings):
     """The ``openai`` kind's settings."""
 
@@ -125,6 +188,9 @@ class OpenAISettings(HttpSettings):
     max_tokens: int = Field(300, ge=1, le=100_000)
     temperature: float | None = Field(None, ge=0, le=2)
     decline_marker: NonBlank | None = None
+    # Stream the answer (server-sent events): where the platform edits replies, the first part is posted as soon
+    # as text comes and grown by edits (docs/RESPONDERS.md); elsewhere the whole answer is sent when it ends.
+    stream: bool = False
     allow_insecure_http: bool = False  # INSECURE_HTTP, the platforms' name for the same choice
     timeout_s: TimeoutS = 60.0
 
@@ -151,7 +217,8 @@ def _openai(settings: Mapping[str, Any]) -> Responder:
     """Build an ``openai`` responder from its settings; raise ConfigError."""
     s = OpenAISettings.parse(settings)
     require_https(s.base_url, allowed=s.allow_insecure_http, where="responder.base_url")
-    return OpenAIResponder(
+    kind = OpenAIStreamResponder if s.stream else OpenAIResponder
+    return kind(
         s.model, base_url=s.base_url, api_key=secret_value(s.api_key), system_prompt=s.system_prompt,
         prompt_template=s.prompt_template, max_tokens=s.max_tokens, temperature=s.temperature,
         timeout_s=s.timeout_s, retries=s.retries, decline_marker=s.decline_marker,
