@@ -16,8 +16,14 @@ Both fakes model what the end-to-end tests need to measure:
   ``"error_before"`` (502 and nothing created), ``"error_after"`` (created,
   then 502), ``"rate_limited"`` (429 / GitHub's secondary-limit 403),
   ``"forbidden"`` (403: closed topic, locked issue), ``"rejected"`` (422);
-- counts kept by the fake itself (``reply_count``, ``create_requests``): the
-  tests count replies on the "platform", never from replyd's own log.
+- edits of the bot's own replies (Discourse ``PUT /posts/{id}.json``, GitHub
+  ``PATCH /repos/{o}/{r}/issues/comments/{id}``) with the platform's refusals
+  (gone, not the bot's, locked / closed / too old, too long) and the same
+  faults from ``edit_faults``; a reply keeps every text it had (``history``),
+  and setting the same text again is no new revision;
+- counts kept by the fake itself (``reply_count``, ``create_requests``,
+  ``edit_requests``, ``reply_text``): the tests count replies on the
+  "platform", never from replyd's own log.
 """
 
 from __future__ import annotations
@@ -143,7 +149,7 @@ class FakeDiscourse:
         topic.pop("post_stream")
         topic.pop("details", None)
         self._topic_tpl = topic
-        self.app = Starlette(routes=[Route("/{path:path}", self._endpoint, methods=["GET", "POST", "DELETE"])])
+        self.app = Starlette(routes=[Route("/{path:path}", self._endpoint, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])])
 
     # -- building the world --------------------------------------------------------------
 
@@ -553,6 +559,7 @@ class GComment:
     created_at: float
     updated_at: float
     deleted: bool = False
+    history: list[str] = field(default_factory=list)  # every body it had, the current one last (edits)
 
 
 class FakeGitHub:
@@ -560,6 +567,7 @@ class FakeGitHub:
 
     TOKEN = "ghp_SECRETfaketoken0123456789abcdefABCD"
     LINK_HOST = "https://api.github.com"
+    BODY_MAX = 65_536  # characters in a comment body (GitHub's 422 "Body is too long (maximum is 65536 characters)")
 
     def __init__(self, clock: FakeClock, *, bot: str = "replyd-bot", bot_id: int = 4_100_000_001) -> None:
         self.clock = clock
@@ -575,6 +583,9 @@ class FakeGitHub:
         self.comments: dict[int, GComment] = {}
         self.threads: dict[str, dict[str, Any]] = {}
         self.create_requests = 0
+        self.edit_faults: list[str] = []  # faults for the next edits (PATCH of a comment), as ``faults``
+        self.edit_requests = 0
+        self.lost_edits = 0  # edits that acted and whose response was then cut
         self.requests: list[str] = []
         self._ids = {"issue": 3_500_000_000, "comment": 1_254_900_000, "thread": 530_000_000}
         self.bot = self.add_user(bot, bot_id, kind="Bot" if bot.endswith("[bot]") else "User")
@@ -583,7 +594,7 @@ class FakeGitHub:
         self._comment_tpl = _fx("github", "issue_comment_created.json")
         self._thread_tpl = _fx("github", "notifications.json")[4]
         self._user_tpl = _fx("github", "user.json")
-        self.app = Starlette(routes=[Route("/{path:path}", self._endpoint, methods=["GET", "POST", "DELETE"])])
+        self.app = Starlette(routes=[Route("/{path:path}", self._endpoint, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])])
 
     # -- building the world --------------------------------------------------------------
 
@@ -621,7 +632,7 @@ class FakeGitHub:
 
     def _add_comment(self, author: FakeUser, issue: GIssue, body: str) -> GComment:
         now = self.clock.now()
-        c = GComment(self._next("comment"), issue.repo, issue.number, author.id, body, now, now)
+        c = GComment(self._next("comment"), issue.repo, issue.number, author.id, body, now, now, history=[body])
         self.comments[c.id] = c
         issue.updated_at = now
         if author.id != self.bot.id and f"@{self.bot.username}".lower() in body.lower():
@@ -651,6 +662,16 @@ class FakeGitHub:
     def reply_count(self, issue: GIssue) -> int:
         """How many comments the bot has on the platform for this issue."""
         return len(self.replies(issue))
+
+    def reply_text(self, comment_id: int | str) -> str:
+        """The comment's current body, as GitHub shows it."""
+        with self.lock:
+            return self.comments[int(comment_id)].body
+
+    def edits(self, comment_id: int | str) -> int:
+        """How many times the comment's body changed (GitHub's "edited" history, without the first body)."""
+        with self.lock:
+            return len(self.comments[int(comment_id)].history) - 1
 
     # -- serialisation -------------------------------------------------------------------
 
@@ -789,6 +810,8 @@ class FakeGitHub:
         if m and m.group(1) in self.repos:
             return self._list_comments(request, m.group(1), None)
         m = re.fullmatch(r"/repos/([^/]+/[^/]+)/issues/comments/(\d+)", path)
+        if m and request.method == "PATCH":
+            return self._edit(m.group(1), int(m.group(2)), body)
         if m and request.method == "DELETE":
             c = self.comments.get(int(m.group(2)))
             if c is None or c.deleted or c.repo != m.group(1):
@@ -910,13 +933,58 @@ class FakeGitHub:
             self._comment_json(c), status_code=201, headers={"location": f"{self.LINK_HOST}/repos/{c.repo}/issues/comments/{c.id}"}
         )
 
+    def _edit(self, repo: str, comment_id: int, body: bytes) -> Response:
+        """``PATCH /repos/{o}/{r}/issues/comments/{id}``: GitHub's "Update an issue comment", faults first."""
+        self.edit_requests += 1
+        fault = self.edit_faults.pop(0) if self.edit_faults else None
+        if fault == "error_before":
+            return JSONResponse({"message": "Server Error"}, status_code=502)
+        if fault == "rate_limited":
+            return JSONResponse(
+                {"message": "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
+                 "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api"},
+                status_code=403, headers={"retry-after": "61", "x-ratelimit-remaining": "4000"})
+        c = self.comments.get(comment_id)
+        if c is None or c.deleted or c.repo != repo:
+            return self._not_found()
+        try:
+            data = json.loads(body or b"{}")
+        except ValueError:
+            return JSONResponse({"message": "Problems parsing JSON"}, status_code=400)
+        text = data.get("body") if isinstance(data, dict) else None
+        if not isinstance(text, str):
+            return JSONResponse({"message": "Invalid request.\n\n\"body\" wasn't supplied.",
+                                 "documentation_url": "https://docs.github.com/rest/issues/comments#update-an-issue-comment",
+                                 "status": "422"}, status_code=422)
+        issue = next(i for i in self.issues.values() if i.repo == c.repo and i.number == c.number)
+        if fault == "forbidden" or issue.locked or c.user_id != self.bot.id:
+            return JSONResponse({"message": "Must have admin rights to Repository.",
+                                 "documentation_url": "https://docs.github.com/rest/issues/comments#update-an-issue-comment",
+                                 "status": "403"}, status_code=403)
+        if len(text) > self.BODY_MAX:
+            return JSONResponse({"message": "Validation Failed", "errors": [{
+                "resource": "IssueComment", "code": "unprocessable", "field": "data",
+                "message": f"Body is too long (maximum is {self.BODY_MAX} characters)"}],
+                "documentation_url": "https://docs.github.com/rest/issues/comments#update-an-issue-comment",
+                "status": "422"}, status_code=422)
+        if text != c.body:  # the same body again is no edit: no history entry, updated_at stays
+            c.body = text
+            c.history.append(text)
+            c.updated_at = self.clock.now()
+        if fault == "lost":
+            self.lost_edits += 1
+            return DropResponse(status_code=200)
+        if fault == "error_after":
+            return JSONResponse({"message": "Server Error"}, status_code=502)
+        return JSONResponse(self._comment_json(c))
+
 
 class FakeHost:
     """One uvicorn server whose requests go to the current fake, so tests swap fakes, not servers."""
 
     def __init__(self) -> None:
         self.fake: FakeDiscourse | FakeGitHub | None = None
-        app = Starlette(routes=[Route("/{path:path}", self._dispatch, methods=["GET", "POST", "DELETE"])])
+        app = Starlette(routes=[Route("/{path:path}", self._dispatch, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])])
         self.server = AppServer(app)
 
     @property

@@ -618,3 +618,98 @@ def test_e2e_listing_delay_longer_than_configured_duplicates(world: dict[str, An
     assert world["sweeper"].run_once().not_landed == 1
     assert world["guard"].post(p, "hi").status is Status.POSTED
     assert world["fake"].reply_count(issue) == 2
+
+
+# --- edits of own comments (EditReply: a streamed answer grows its comment) -------------------
+
+
+def _answered(w: dict[str, Any], text: str = "Looking") -> tuple[Any, Parent, str]:
+    """An issue mentioning the bot, answered through the guard: (issue, parent, the comment id)."""
+    issue = _issue(w)
+    p = _one(w)
+    out = w["guard"].post(p, text)
+    assert out.status is Status.POSTED
+    return issue, p, out.reply_id
+
+
+def test_e2e_edit_replaces_the_body_and_read_back_still_finds_one_comment(world: dict[str, Any]) -> None:
+    """An edit PATCHes the comment's whole body; the read-back lists the edited comment as the one reply, same id."""
+    fake, plat = world["fake"], world["plat"]
+    issue, p, cid = _answered(world)
+    world["clock"].advance(2)
+    plat.edit(p, cid, "Looking into it: the gears")
+    plat.edit(p, cid, "Looking into it: the gears slip on start.")
+    assert fake.reply_text(cid) == "Looking into it: the gears slip on start." and fake.edits(cid) == 2
+    assert fake.reply_count(issue) == 1 and fake.create_requests == 1
+    assert fake.requests[-1] == f"PATCH /repos/acme/widgets/issues/comments/{cid}"
+    rb = plat.read_back([Pending(p, opened_at=world["clock"].now() - 5)], sender_id=world["guard"].identity.sender_id)
+    assert p.id in rb.checked and [r.reply_id for r in rb.found[p.id]] == [cid]
+    _past_deadline(world)
+    res = world["sweeper"].run_once()
+    assert (res.verified, res.duplicates) == (1, 0)
+
+
+def test_e2e_edit_lost_answer_is_maybe_sent_and_the_retry_makes_no_second_edit(world: dict[str, Any]) -> None:
+    """The edit acts but its answer is lost: MaybeSent; repeating it sets the same body: one edit, one comment."""
+    fake, plat = world["fake"], world["plat"]
+    issue, p, cid = _answered(world)
+    fake.edit_faults = ["lost"]
+    with pytest.raises(MaybeSent):
+        plat.edit(p, cid, "the whole answer")
+    assert fake.lost_edits == 1 and fake.reply_text(cid) == "the whole answer"
+    plat.edit(p, cid, "the whole answer")  # the guard's retry of an edit whose outcome is unknown
+    assert fake.edits(cid) == 1 and fake.reply_count(issue) == 1 and fake.edit_requests == 2
+    fake.edit_faults = ["error_after"]  # a 502 after acting is as unknown
+    with pytest.raises(MaybeSent) as err:
+        plat.edit(p, cid, "the whole answer, grown")
+    assert err.value.status == 502 and fake.reply_text(cid) == "the whole answer, grown"
+    fake.edit_faults = ["error_before"]
+    with pytest.raises(MaybeSent):
+        plat.edit(p, cid, "never applied")
+    assert fake.reply_text(cid) == "the whole answer, grown" and fake.edits(cid) == 2
+
+
+def test_e2e_edit_refused_gone_foreign_locked_or_too_long(world: dict[str, Any]) -> None:
+    """A body over 65,536 characters (422), a deleted comment (404), another's comment or a locked issue (403): Rejected."""
+    fake, plat = world["fake"], world["plat"]
+    issue, p, cid = _answered(world)
+    with pytest.raises(Rejected) as err:
+        plat.edit(p, cid, "x" * (FakeGitHub.BODY_MAX + 1))
+    assert err.value.status == 422 and "too long" in err.value.detail
+    plat.edit(p, cid, "x" * FakeGitHub.BODY_MAX)  # the limit itself is allowed
+    theirs = fake.comment(world["alice"], issue, "me too")
+    with pytest.raises(Rejected) as err:
+        plat.edit(p, str(theirs.id), "hijacked")
+    assert err.value.status == 403 and fake.reply_text(theirs.id) == "me too"
+    issue.locked = True
+    with pytest.raises(Rejected) as err:
+        plat.edit(p, cid, "after the lock")
+    assert err.value.status == 403
+    issue.locked = False
+    plat.delete(cid)
+    with pytest.raises(Rejected) as err:
+        plat.edit(p, cid, "after the delete")
+    assert err.value.status == 404
+    assert fake.edits(cid) == 1 and fake.reply_text(cid) == "x" * FakeGitHub.BODY_MAX
+    assert not isinstance(err.value, (MaybeSent, DefinitelyNotSent))
+
+
+def test_e2e_edit_rate_limited_by_the_secondary_limit_and_the_local_pacing(world: dict[str, Any]) -> None:
+    """A secondary-limit 403 is RateLimited with its Retry-After and blocks locally; edits draw on the write budget."""
+    fake, plat, clock = world["fake"], world["plat"], world["clock"]
+    _, p, cid = _answered(world)
+    fake.edit_faults = ["rate_limited"]
+    with pytest.raises(RateLimited) as err:
+        plat.edit(p, cid, "grown")
+    assert err.value.retry_after_s == pytest.approx(61.0) and fake.reply_text(cid) == "Looking"
+    with pytest.raises(RateLimited):
+        plat.edit(p, cid, "grown")  # refused locally: the wait is not over
+    assert fake.edit_requests == 1
+    clock.advance(62)
+    plat.edit(p, cid, "grown")
+    assert fake.reply_text(cid) == "grown"
+    plat._wpm = 1  # the edit just made fills this minute's budget: the next waits, no request made
+    with pytest.raises(RateLimited) as err:
+        plat.edit(p, cid, "grown more")
+    assert err.value.status is None and fake.edit_requests == 2
+    assert plat.write_budget() == (1, 3)  # the send, the refused edit (it reached GitHub) and the edit

@@ -1045,6 +1045,22 @@ class HttpPlatform:
             return
         self.log.info(f"replyd.{self.kind}.deleted", reply_id=reply_id, already_gone=False)
 
+    def _edit(self, method: str, path: str, parent: Parent, reply_id: str, **kwargs: Any) -> httpx.Response:
+        """Replace one own reply's text (``EditReply``): one acting request, its outcome logged; the 2xx response.
+
+        An edit sets the whole text, so its errors keep the send table's meaning: a lost answer is ``MaybeSent``
+        (the guard may repeat it), a refusal (gone, not editable, too long) ``Rejected``.
+        """
+        try:
+            resp = self._call(method, path, what="edit", **kwargs)
+        except PlatformError as exc:
+            exc = self._refused(exc)
+            self.log.info(f"replyd.{self.kind}.edit_failed", platform=self.instance, parent_id=parent.id,
+                          reply_id=reply_id, error=type(exc).__name__, status=exc.status, detail=exc.detail)
+            raise exc from None
+        self.log.info(f"replyd.{self.kind}.edited", platform=self.instance, parent_id=parent.id, reply_id=reply_id)
+        return resp
+
     def _identity(self) -> Identity:
         """The bot's identity, asked once (``whoami`` fills the cache)."""
         return self._me if self._me is not None else self.whoami()
