@@ -105,6 +105,8 @@ class DPost:
     created_at: float
     reply_to_post_number: int | None = None
     deleted: bool = False
+    history: list[str] = field(default_factory=list)  # every raw it had, the current one last (revisions)
+    updated_at: float | None = None
 
 
 @dataclass
@@ -138,6 +140,11 @@ class FakeDiscourse:
         self.notes: list[dict[str, Any]] = []  # the bot's notifications, oldest first
         self.last_read: dict[int, int] = {}  # the bot's last read post number per topic
         self.create_requests = 0
+        self.edit_faults: list[str] = []  # faults for the next edits (PUT /posts/{id}.json), as ``faults``
+        self.edit_requests = 0
+        self.lost_edits = 0  # edits that acted and whose response was then cut
+        self.max_post_length = 32_000  # the site setting; an edit's raw above it is a 422
+        self.edit_time_limit_s = 86_400.0  # post_edit_time_limit (1440 minutes): later edits are a 403
         self._ids = {"post": 1000, "topic": 100, "note": 500}
         self.bot = self.add_user(bot, bot_id)
         self._post_tpl = _fx("discourse", "post_created.json")
@@ -180,7 +187,7 @@ class FakeDiscourse:
 
     def _add_post(self, author: FakeUser, topic: DTopic, raw: str, reply_to: int | None) -> DPost:
         number = max((self.posts[p].post_number for p in topic.posts), default=0) + 1
-        post = DPost(self._next("post"), topic.id, number, author.id, raw, self.clock.now(), reply_to)
+        post = DPost(self._next("post"), topic.id, number, author.id, raw, self.clock.now(), reply_to, history=[raw])
         self.posts[post.id] = post
         topic.posts.append(post.id)
         if author.id == self.bot.id:
@@ -266,6 +273,16 @@ class FakeDiscourse:
         """How many replies the bot has on the platform for this parent."""
         return len(self.replies(parent_post_id))
 
+    def reply_text(self, post_id: int | str) -> str:
+        """The post's current raw text, as the forum shows it."""
+        with self.lock:
+            return self.posts[int(post_id)].raw
+
+    def edits(self, post_id: int | str) -> int:
+        """How many revisions the post has beyond its first version."""
+        with self.lock:
+            return len(self.posts[int(post_id)].history) - 1
+
     # -- serialisation -------------------------------------------------------------------
 
     def _listed(self, post: DPost) -> bool:
@@ -280,7 +297,8 @@ class FakeDiscourse:
             username=user.username,
             user_id=user.id,
             created_at=iso_ms(post.created_at),
-            updated_at=iso_ms(post.created_at),
+            updated_at=iso_ms(post.updated_at or post.created_at),
+            version=len(post.history) or 1,
             cooked=f"<p>{post.raw}</p>",
             post_number=post.post_number,
             reply_to_post_number=post.reply_to_post_number,
@@ -366,6 +384,8 @@ class FakeDiscourse:
             if request.method == "DELETE":
                 post.deleted = True
                 return Response(status_code=200)
+            if request.method == "PUT":
+                return self._edit(post, body, me)
             return JSONResponse(self._post_json(post, raw=True))
         m = re.fullmatch(r"/t/(\d+)(?:/(\d+))?\.json", path)
         if m:
@@ -525,6 +545,39 @@ class FakeDiscourse:
         if fault == "error_after":
             return Response("<html><body><h1>502 Bad Gateway</h1></body></html>", status_code=502, media_type="text/html")
         return JSONResponse(self._post_json(post, raw=True))
+
+    def _edit(self, post: DPost, body: bytes, me: FakeUser) -> Response:
+        """``PUT /posts/{id}.json`` with ``{"post": {"raw": …}}``: Discourse's "Update a single post", faults first."""
+        self.edit_requests += 1
+        fault = self.edit_faults.pop(0) if self.edit_faults else None
+        if fault == "error_before":
+            return Response("<html><body><h1>502 Bad Gateway</h1></body></html>", status_code=502, media_type="text/html")
+        if fault == "rate_limited":
+            return self._error(429, "You’ve performed this action too many times. Please wait 7 seconds before trying again.",
+                               "rate_limit", extras={"wait_seconds": 7, "time_left": "7 seconds"})
+        try:
+            data = json.loads(body or b"{}")
+        except ValueError:
+            data = None
+        raw = data.get("post", {}).get("raw") if isinstance(data, dict) and isinstance(data.get("post"), dict) else None
+        if not isinstance(raw, str):
+            return self._error(400, "param is missing or the value is empty: post", "invalid_parameters")
+        too_late = self.clock.now() > post.created_at + self.edit_time_limit_s
+        if fault == "forbidden" or post.user_id != me.id or self.topics[post.topic_id].closed or too_late:
+            return self._error(403, "You are not permitted to view the requested resource.", "invalid_access")
+        if len(raw) > self.max_post_length:
+            return self._error(422, f"Body is limited to {self.max_post_length} characters; you entered {len(raw)}.",
+                               "invalid_parameters")
+        if raw != post.raw:  # the same raw again makes no revision
+            post.raw = raw
+            post.history.append(raw)
+            post.updated_at = self.clock.now()
+        if fault == "lost":
+            self.lost_edits += 1
+            return DropResponse(status_code=200)
+        if fault == "error_after":
+            return Response("<html><body><h1>502 Bad Gateway</h1></body></html>", status_code=502, media_type="text/html")
+        return JSONResponse({"post": self._post_json(post, raw=True)})
 
 
 # --- GitHub ---------------------------------------------------------------------------------
