@@ -475,11 +475,12 @@ def test_the_sweep_counts_no_edit_as_a_duplicate_even_one_carrying_in_reply_to(w
     path = f"/rooms/{quote(world.room, safe='')}/send/m.room.message/{uuid.uuid4().hex}"
     hs.api("PUT", path, hs.bot, json_body=_edit_content("Looking into it, again", out.reply_id,
                                                        **{"m.in_reply_to": {"event_id": parent.id}}))
-    rb = world.platform.read_back([Pending(parent, opened_at=world.clock.now() - 5)], sender_id=world.me.sender_id)
-    assert [r.reply_id for r in rb.found[parent.id]] == [out.reply_id]
+    opened = world.clock.now() - 5
     world.clock.advance(SEND_TIMEOUT_S + 60)
     res = Sweeper(world.store, [Bot(world.platform, world.me)], clock=world.clock, on_duplicate="delete_newer").run_once()
     assert (res.verified, res.duplicates) == (1, 0)
+    rb = world.platform.read_back([Pending(parent, opened_at=opened)], sender_id=world.me.sender_id)
+    assert [r.reply_id for r in rb.found[parent.id]] == [out.reply_id]
     assert len(hs.edits(world.room, out.reply_id, carol)) == 2  # nothing redacted
     assert hs.reply_text(world.room, out.reply_id, carol) == "Looking into it, again"
     assert world.replies(parent.id) == [out.reply_id]
