@@ -417,6 +417,10 @@ class DiscourseHarness(Harness):
         """The bot's live posts answering the post, as the fake holds them."""
         return [str(p.id) for p in self.fake.replies(parent_id)]
 
+    def reply_text(self, reply_id: str) -> str:
+        """The reply's current raw text, as the fake holds it (after any edits)."""
+        return self.fake.reply_text(reply_id)
+
     def refusal(self) -> Reply:
         """Discourse's 422 for a post it will not take."""
         return Reply(422, {"errors": ["Body is too similar to what you recently posted"],
@@ -501,6 +505,10 @@ class GitHubHarness(Harness):
     def reply_ids(self, parent_id: str) -> list[str]:
         """The bot's live comments on the issue, as the fake holds them."""
         return [str(c.id) for c in self.fake.replies(self.issues[parent_id])]
+
+    def reply_text(self, reply_id: str) -> str:
+        """The comment's current body, as the fake holds it (after any edits)."""
+        return self.fake.reply_text(reply_id)
 
     def refusal(self) -> Reply:
         """GitHub's 422."""
@@ -681,6 +689,16 @@ class MatrixHarness(Harness):
         """The bot's replies to the event as carol reads the room."""
         room = self._room_of[parent_id]
         return self.hs.replies_by(room, self.hs.bot.user_id, self.carol).get(parent_id, [])
+
+    def reply_text(self, reply_id: str) -> str:
+        """The reply's text as carol sees it: its latest valid replacement's ``m.new_content`` body (spec: event
+        replacements), else its own body; the reply is looked for in this test's rooms."""
+        for room in self.rooms.values():
+            try:
+                return self.hs.reply_text(room, reply_id, self.carol)
+            except AssertionError:  # not an event of this room
+                continue
+        raise AssertionError(f"reply {reply_id} is in none of this test's rooms")
 
     def refusal(self) -> Reply:
         """Synapse's 400 M_TOO_LARGE."""

@@ -65,7 +65,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Forward, answer or lose this request."""
         self.server.proxy._handle(self)  # type: ignore[attr-defined]
 
-    do_GET = do_POST = do_PUT = do_DELETE = handle_one
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = handle_one
 
 
 class FaultProxy:
