@@ -50,6 +50,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from replyd.clock import FakeClock
+from replyd.errors import MaybeSent
+from replyd.platforms.base import Pending
 from replyd.store import Store
 from tests.fixtures_server import DropResponse, FixtureServer, http_date, load_fixture
 
@@ -1056,6 +1058,44 @@ class FakeHost:
 
     def __exit__(self, *exc: object) -> None:
         self.server.stop()
+
+
+def edit_and_sweep(world: dict[str, Any], parent: Any, reply_id: str, texts: list[str], deadline_s: float) -> None:
+    """Edit the reply to each of ``texts`` in turn, then check the platform shows the last one, the read-back (and
+    the per-parent read) lists that one reply under its id, and a sweep ``deadline_s`` later verifies it with no
+    duplicate: a forum fake's edit keeps the reply's id and its place."""
+    fake, plat = world["fake"], world["plat"]
+    world["clock"].advance(2)
+    for text in texts:
+        plat.edit(parent, reply_id, text)
+    assert fake.reply_text(reply_id) == texts[-1] and fake.edits(reply_id) == len(texts)
+    pending = [Pending(parent, opened_at=world["clock"].now() - 5)]
+    sender = world["guard"].identity.sender_id
+    for rb in (plat.read_back(pending, sender_id=sender), plat.read_parents(pending, sender_id=sender)):
+        assert parent.id in rb.checked and [r.reply_id for r in rb.found[parent.id]] == [reply_id]
+    world["clock"].advance(deadline_s)
+    res = world["sweeper"].run_once()
+    assert (res.verified, res.duplicates) == (1, 0)
+
+
+def walk_edit_faults(fake: FakeDiscourse | FakeGitHub, plat: Any, parent: Any, reply_id: str) -> None:
+    """Meet every edit fault a forum fake models through ``plat.edit``: a lost answer and a 502 after acting are
+    ``MaybeSent`` with the text changed, a retried lost edit makes no second revision, a 502 before acting changes
+    nothing (``MaybeSent`` all the same: the adapter cannot tell)."""
+    fake.edit_faults = ["lost"]
+    with pytest.raises(MaybeSent):
+        plat.edit(parent, reply_id, "the whole answer")
+    assert fake.lost_edits == 1 and fake.reply_text(reply_id) == "the whole answer"
+    plat.edit(parent, reply_id, "the whole answer")  # the guard's retry of an edit whose outcome is unknown
+    assert fake.edits(reply_id) == 1 and fake.edit_requests == 2
+    fake.edit_faults = ["error_after"]
+    with pytest.raises(MaybeSent) as err:
+        plat.edit(parent, reply_id, "the whole answer, grown")
+    assert err.value.status == 502 and fake.reply_text(reply_id) == "the whole answer, grown"
+    fake.edit_faults = ["error_before"]
+    with pytest.raises(MaybeSent):
+        plat.edit(parent, reply_id, "never applied")
+    assert fake.reply_text(reply_id) == "the whole answer, grown" and fake.edits(reply_id) == 2
 
 
 @pytest.fixture(scope="module", name="fixture_server_session")

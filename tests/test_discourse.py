@@ -32,7 +32,9 @@ from tests.fakes_forum import (  # noqa: F401  (pytest finds the fixtures by nam
     iso_ms,
     nodelay_fixture_server_session,
     shared_tls_http_client,
+    edit_and_sweep,
     store_template,
+    walk_edit_faults,
 )
 from tests.fixtures_server import (  # noqa: F401  (pytest finds the fixtures by name)
     FixtureServer,
@@ -828,40 +830,19 @@ def _answered(w: dict[str, Any], text: str = "Looking") -> tuple[Any, Parent, st
 
 def test_e2e_edit_replaces_the_raw_and_read_back_still_finds_one_reply(world: dict[str, Any]) -> None:
     """An edit PUTs the whole raw; the feed and the topic still show the one reply, same id, new text."""
-    fake, plat = world["fake"], world["plat"]
+    fake = world["fake"]
     post, p, rid = _answered(world)
-    world["clock"].advance(2)
-    plat.edit(p, rid, "Looking into it: widgets")
-    plat.edit(p, rid, "Looking into it: widgets spin on gears.")
-    assert fake.reply_text(rid) == "Looking into it: widgets spin on gears." and fake.edits(rid) == 2
+    edit_and_sweep(world, p, rid, ["Looking into it: widgets", "Looking into it: widgets spin on gears."],
+                   10.0 + world["plat"].listing_delay_s + 1)
     assert fake.reply_count(post.id) == 1 and fake.create_requests == 1 and fake.edit_requests == 2
-    pending = [Pending(p, opened_at=world["clock"].now() - 5)]
-    sender = world["guard"].identity.sender_id
-    for rb in (plat.read_back(pending, sender_id=sender), plat.read_parents(pending, sender_id=sender)):
-        assert p.id in rb.checked and [r.reply_id for r in rb.found[p.id]] == [rid]
-    _past_deadline(world)
-    res = world["sweeper"].run_once()
-    assert (res.verified, res.duplicates) == (1, 0)
 
 
 def test_e2e_edit_lost_answer_is_maybe_sent_and_the_retry_makes_no_second_revision(world: dict[str, Any]) -> None:
     """The edit acts but its answer is lost: MaybeSent; repeating it sets the same raw: one revision, one reply."""
     fake, plat = world["fake"], world["plat"]
     post, p, rid = _answered(world)
-    fake.edit_faults = ["lost"]
-    with pytest.raises(MaybeSent):
-        plat.edit(p, rid, "the whole answer")
-    assert fake.lost_edits == 1 and fake.reply_text(rid) == "the whole answer"
-    plat.edit(p, rid, "the whole answer")  # the guard's retry of an edit whose outcome is unknown
-    assert fake.edits(rid) == 1 and fake.reply_count(post.id) == 1 and fake.edit_requests == 2
-    fake.edit_faults = ["error_after"]
-    with pytest.raises(MaybeSent) as err:
-        plat.edit(p, rid, "the whole answer, grown")
-    assert err.value.status == 502 and fake.reply_text(rid) == "the whole answer, grown"
-    fake.edit_faults = ["error_before"]
-    with pytest.raises(MaybeSent):
-        plat.edit(p, rid, "never applied")
-    assert fake.reply_text(rid) == "the whole answer, grown" and fake.edits(rid) == 2
+    walk_edit_faults(fake, plat, p, rid)
+    assert fake.reply_count(post.id) == 1 and fake.create_requests == 1
 
 
 def test_e2e_edit_refused_too_long_foreign_closed_late_or_gone(world: dict[str, Any]) -> None:

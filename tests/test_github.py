@@ -30,7 +30,9 @@ from tests.fakes_forum import (  # noqa: F401  (pytest finds the fixtures by nam
     iso_s,
     nodelay_fixture_server_session,
     shared_tls_http_client,
+    edit_and_sweep,
     store_template,
+    walk_edit_faults,
 )
 from tests.fixtures_server import (  # noqa: F401  (pytest finds the fixtures by name)
     FixtureServer,
@@ -634,39 +636,20 @@ def _answered(w: dict[str, Any], text: str = "Looking") -> tuple[Any, Parent, st
 
 def test_e2e_edit_replaces_the_body_and_read_back_still_finds_one_comment(world: dict[str, Any]) -> None:
     """An edit PATCHes the comment's whole body; the read-back lists the edited comment as the one reply, same id."""
-    fake, plat = world["fake"], world["plat"]
+    fake = world["fake"]
     issue, p, cid = _answered(world)
-    world["clock"].advance(2)
-    plat.edit(p, cid, "Looking into it: the gears")
-    plat.edit(p, cid, "Looking into it: the gears slip on start.")
-    assert fake.reply_text(cid) == "Looking into it: the gears slip on start." and fake.edits(cid) == 2
+    edit_and_sweep(world, p, cid, ["Looking into it: the gears", "Looking into it: the gears slip on start."],
+                   10.0 + world["plat"].listing_delay_s + 1)
     assert fake.reply_count(issue) == 1 and fake.create_requests == 1
-    assert fake.requests[-1] == f"PATCH /repos/acme/widgets/issues/comments/{cid}"
-    rb = plat.read_back([Pending(p, opened_at=world["clock"].now() - 5)], sender_id=world["guard"].identity.sender_id)
-    assert p.id in rb.checked and [r.reply_id for r in rb.found[p.id]] == [cid]
-    _past_deadline(world)
-    res = world["sweeper"].run_once()
-    assert (res.verified, res.duplicates) == (1, 0)
+    assert f"PATCH /repos/acme/widgets/issues/comments/{cid}" in fake.requests
 
 
 def test_e2e_edit_lost_answer_is_maybe_sent_and_the_retry_makes_no_second_edit(world: dict[str, Any]) -> None:
     """The edit acts but its answer is lost: MaybeSent; repeating it sets the same body: one edit, one comment."""
     fake, plat = world["fake"], world["plat"]
-    issue, p, cid = _answered(world)
-    fake.edit_faults = ["lost"]
-    with pytest.raises(MaybeSent):
-        plat.edit(p, cid, "the whole answer")
-    assert fake.lost_edits == 1 and fake.reply_text(cid) == "the whole answer"
-    plat.edit(p, cid, "the whole answer")  # the guard's retry of an edit whose outcome is unknown
-    assert fake.edits(cid) == 1 and fake.reply_count(issue) == 1 and fake.edit_requests == 2
-    fake.edit_faults = ["error_after"]  # a 502 after acting is as unknown
-    with pytest.raises(MaybeSent) as err:
-        plat.edit(p, cid, "the whole answer, grown")
-    assert err.value.status == 502 and fake.reply_text(cid) == "the whole answer, grown"
-    fake.edit_faults = ["error_before"]
-    with pytest.raises(MaybeSent):
-        plat.edit(p, cid, "never applied")
-    assert fake.reply_text(cid) == "the whole answer, grown" and fake.edits(cid) == 2
+    issue, p, rid = _answered(world)
+    walk_edit_faults(fake, plat, p, rid)
+    assert fake.reply_count(issue) == 1 and fake.create_requests == 1
 
 
 def test_e2e_edit_refused_gone_foreign_locked_or_too_long(world: dict[str, Any]) -> None:
