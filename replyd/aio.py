@@ -38,10 +38,12 @@ import structlog
 from replyd import deadline, metrics
 from replyd import store as st
 from replyd.clock import Clock
-from replyd.core import (PAGE_MAX, Call, Compose, Drive, Effect, GuardCore, Lease, Outcome, Respond, Send, Status, Steps,
+from replyd.core import (PAGE_MAX, Call, Compose, Drive, Edit, Effect, GuardCore, Lease, Outcome, Pull, Respond, Send,
+                         Status, Steps,
                          page_chunks)
 from replyd.errors import BadResponse, MaybeSent, PlatformError
 from replyd.platforms.base import AsyncSend, Identity, LoopBound, Parent, Platform, Sent
+from replyd import stream as streams
 from replyd.responders.base import Responder, _checked
 from replyd.store import Event, Key, Reply, Store
 from replyd.sweep import Bot, Sweeper, SweepResult
@@ -101,7 +103,13 @@ class AsyncGuard(GuardCore):
         if type(effect) is Send:
             return await self._send_once(effect)
         if type(effect) is Respond:
-            return await self._respond(effect.compose, effect.parent)
+            return await self._respond(effect.compose, effect.parent, stream=effect.stream)
+        if type(effect) is Pull:
+            if effect.close:
+                return await streams.aclose(effect.stream)
+            return await streams.apull(effect.stream, effect.timeout_s)
+        if type(effect) is Edit:
+            return await self._edit(effect)
         return await getattr(self, effect.name)(*effect.args)  # a Step: this face's own (maybe wrapped) method
 
     async def _send_once(self, effect: Send) -> Sent:
@@ -119,18 +127,38 @@ class AsyncGuard(GuardCore):
                 # Cut at the budget: the request may have acted (never "not sent"); the sweep reads back.
                 raise MaybeSent(f"send: the whole deadline ({effect.budget_s:.1f} s) passed (outcome unknown)") from None
 
-    async def _respond(self, compose: Compose | Responder, parent: Parent) -> str | None:
-        """Call the responder once, timed and counted like the sync face's."""
+    async def _edit(self, effect: Edit) -> None:
+        """The adapter's edit within the effect's budget, on a worker thread (a cut edit's outcome is unknown)."""
+        with deadline.within(effect.budget_s):
+            try:
+                async with asyncio.timeout(effect.budget_s):
+                    await asyncio.to_thread(self.platform.edit, effect.parent, effect.reply_id,  # type: ignore[attr-defined]
+                                            effect.text)
+            except TimeoutError:
+                raise MaybeSent(f"edit: the whole deadline ({effect.budget_s:.1f} s) passed (outcome unknown)") from None
+
+    async def _respond(self, compose: Compose | Responder, parent: Parent, *,
+                       stream: bool = False) -> str | streams.Stream | None:
+        """Call the responder once, timed and counted like the sync face's; a streamed answer comes back as a
+        ``Stream`` (``stream``: the core shows it as it comes) or drained to its whole text."""
         t0 = time.perf_counter()
         try:
             if isinstance(compose, Responder):
                 text = await compose.respond(parent)
-            elif inspect.iscoroutinefunction(compose):
-                text = await compose(parent)
+            elif inspect.iscoroutinefunction(compose) or inspect.isasyncgenfunction(compose):
+                text = compose(parent)  # an async generator is made here, read on this loop
+                if inspect.isawaitable(text):
+                    text = await text
             else:
                 text = await asyncio.to_thread(compose, parent)  # a plain function may block (an LLM call)
                 if inspect.isawaitable(text):
                     text = await text
+            got = streams.as_stream(text)
+            if got is not None:
+                if stream:
+                    metrics.responder_called(self.platform.instance, time.perf_counter() - t0, "stream")
+                    return got
+                text = await streams.adrain(got, self.stream_idle_s)
             text = _checked(text)
         except BaseException:
             metrics.responder_called(self.platform.instance, time.perf_counter() - t0, failed=True)

@@ -61,8 +61,10 @@ from replyd.errors import (
     StoreError,
 )
 from replyd.lag import ListingLag
-from replyd.parts import PART_PATH, part_id, split
-from replyd.platforms.base import Identity, Parent, Platform, PostLimit, ProviderKeys, Sent, default_provider_key
+from replyd.parts import PART_PATH, Limit, head, length, part_id, split
+from replyd.platforms.base import (EditReply, Identity, Parent, Platform, PostLimit, ProviderKeys, Sent,
+                                   default_provider_key)
+from replyd.stream import Stream
 from replyd.store import Key, Reply, Store
 
 log = structlog.get_logger("replyd.guard")  # the events keep their names (replyd.guard.<verb>) on both faces
@@ -99,10 +101,31 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Respond:
-    """Call the responder once for ``parent``; the result is the text (None or "" declines)."""
+    """Call the responder once for ``parent``; the result is the text (None or "" declines), or with ``stream``
+    a ``replyd.stream.Stream`` when the responder streams (without ``stream`` the face drains one to text)."""
 
     compose: Compose
     parent: Parent
+    stream: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Pull:
+    """The next chunk of a streamed answer (None at its end), within ``timeout_s``; ``close``: stop it instead."""
+
+    stream: Stream
+    timeout_s: float
+    close: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Edit:
+    """Replace the text of the bot's reply ``reply_id`` (to ``parent``) through the adapter, within ``budget_s``."""
+
+    parent: Parent
+    reply_id: str
+    text: str
+    budget_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +136,7 @@ class Step:
     args: tuple[Any, ...] = ()
 
 
-Effect = Call | Send | Respond | Step
+Effect = Call | Send | Respond | Step | Pull | Edit
 Steps = Generator[Effect, Any, Any]  # what every decision is: yields effects, returns its result
 
 
@@ -300,6 +323,12 @@ def _offers_post_limit(cls: type) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+def _offers_edits(cls: type) -> bool:
+    """Whether adapters of ``cls`` can edit a reply (``EditReply``); once per class, as ``_offers_post_limit``."""
+    return issubclass(cls, EditReply)
+
+
+@functools.lru_cache(maxsize=None)
 def _offers_provider_keys(cls: type) -> bool:
     """Whether an adapter class offers ``ProviderKeys``: once per class, because a runtime Protocol check costs
     about 16 µs, a tenth of a SQLite post (measured by ``make bench`` section 1)."""
@@ -336,8 +365,14 @@ class GuardCore:
         watch_interval_s: float | None = 1.0,
         lag: ListingLag | None = None,
         breaker: Breaker | None = None,
+        stream_edit_interval_s: float = 1.0,
+        stream_idle_s: float = 60.0,
     ) -> None:
         self.store = store
+        # A streamed answer's reply is edited at most this often (platforms rate-limit edits: Slack's chat.update
+        # is Tier 3, Discord 5 per 5 s per channel); a stream silent for ``stream_idle_s`` has failed.
+        self.stream_edit_interval_s = stream_edit_interval_s
+        self.stream_idle_s = stream_idle_s
         self.breaker = breaker  # the bot's write-path breaker (replyd.breaker); None: never paused
         self.platform = platform
         self.identity = identity
@@ -466,7 +501,7 @@ class GuardCore:
             if stored:
                 body = "\n\n".join(stored)
             elif compose is not None:
-                written = yield from self._compose_steps(key, parent, row, compose)
+                written = yield from self._compose_steps(key, parent, row, compose, ticket)
                 if isinstance(written, Outcome):
                     return written
                 body = written
@@ -528,14 +563,15 @@ class GuardCore:
         log.info("replyd.guard.composed", platform=key.platform, parent_id=key.parent_id, parts=len(pieces))
         return None
 
-    def parts_steps(self, key: Key, parent: Parent, ticket: Ticket | None) -> Steps:
+    def parts_steps(self, key: Key, parent: Parent, ticket: Ticket | None, *, posted: bool = False) -> Steps:
         """Send a stored answer's parts in order, from its first part not closed; close the parent's row when
         every part is closed. Each part is a row of its own (key: ``part_id``), claimed, sent and closed as any
         reply is (the sweep bounds it); part k+1 goes out only once part k is closed (it answers part k).
 
         A part that is not closed and not ours to claim (in flight, waiting for the sweep, backing off) stops
         the walk: the next offer of the parent resumes it. A part that ended for good (rejected, gave up,
-        unconfirmed) ends the parent's row in the same state. The responder is never called here.
+        unconfirmed) ends the parent's row in the same state. The responder is never called here. ``posted``:
+        this call's stream posted parts already (the answer is ``posted``, not ``already_answered``).
         """
         pieces = yield io(self.store.answer, key)
         header = yield io(self.store.peek, key)
@@ -544,7 +580,7 @@ class GuardCore:
             return _classify(current, key, self.clock.now()) if current else Outcome(Status.IN_FLIGHT, key)
         n = len(pieces)
         seen: list[PartOutcome] = []
-        target, sent_any, first = parent, False, None
+        target, sent_any, first = parent, posted, None
         for k, piece in enumerate(pieces, 1):
             pkey = self.key(part_id(parent.id, k))
             now = self.clock.now()
@@ -584,6 +620,13 @@ class GuardCore:
                 finally:
                     if part_ticket is not None and part_ticket is not ticket and self.breaker is not None:
                         self.breaker.abandon(part_ticket)
+            elif prow.text_hash not in (None, text_hash(piece)) and self._edits:
+                # Shown by a stream with an earlier text: the part is edited to its final text, never re-posted.
+                edited = yield from self._edit_steps(pkey, target, prow.reply_id, piece, record=True)
+                if edited == "failed":  # the parent stays in ``parts``: its next offer edits again
+                    seen.append(PartOutcome(k, st.CLOSED, prow.reply_id))
+                    return self._parts_outcome(Status.IN_FLIGHT, key, header, seen, pieces,
+                                               f"part {k} of {n}: its final text is not shown yet (edit failed)")
             seen.append(PartOutcome(k, st.CLOSED, prow.reply_id))
             first = first or prow.reply_id
             if k < n:
@@ -843,28 +886,181 @@ class GuardCore:
             "lease_until": None,
         }
 
-    def _compose_steps(self, key: Key, parent: Parent, row: Reply, compose: Compose) -> Steps:
-        """Call the responder once for a composing claim; release or decline on failure."""
+    def _compose_steps(self, key: Key, parent: Parent, row: Reply, compose: Compose,
+                       ticket: Ticket | None = None) -> Steps:
+        """Call the responder once for a composing claim; release or decline on failure. A streamed answer on a
+        platform that edits is shown as it comes and ends here as the whole post's Outcome (``_stream_steps``)."""
         try:
-            text = yield Respond(compose, parent)
+            text = yield Respond(compose, parent, stream=self._edits)
         except Exception as exc:  # a responder failure costs no attempt: the row goes back, with a backoff
-            detail = (getattr(exc, "detail", "") or f"{type(exc).__name__}: {exc}")[:300]
-            wait_s = yield from self._backoff_steps(key)
-            nb = self.clock.now() + wait_s
-            log.warning("replyd.guard.responder_failed", parent_id=key.parent_id, error=detail, backoff_s=wait_s)
-            # Only while our lease holds: a composer that outlived it must not undo the new holder's work.
-            if not (yield from self._transition_steps(key, [st.COMPOSING], row.attempt, st.RELEASED,
-                                                      "responder_failed",
-                                                      {"error": detail, "not_before": nb, "backoff_s": wait_s},
-                                                      relaxed=True, lease_owner=self.owner)):
-                return (yield from self._lost_lease_steps(key))
-            return Outcome(Status.NOT_SENT, key, st.RELEASED, row.attempt, detail=detail, retry_after_s=wait_s)
+            return (yield from self._responder_failed_steps(key, row, exc))
+        if isinstance(text, Stream):
+            return (yield from self._stream_steps(key, parent, row, text, ticket))
         if not text or not text.strip():
-            if not (yield from self._transition_steps(key, [st.COMPOSING], row.attempt, st.DECLINED, "declined", {},
-                                                      relaxed=True, lease_owner=self.owner)):
-                return (yield from self._lost_lease_steps(key))
-            return Outcome(Status.DECLINED, key, st.DECLINED, row.attempt)
+            return (yield from self._declined_steps(key, row))
         return text
+
+    def _responder_failed_steps(self, key: Key, row: Reply | st.Row, exc: BaseException) -> Steps:
+        """The responder (or its stream) failed: the row goes back ``released`` with a doubling backoff."""
+        detail = (getattr(exc, "detail", "") or f"{type(exc).__name__}: {exc}")[:300]
+        wait_s = yield from self._backoff_steps(key)
+        nb = self.clock.now() + wait_s
+        log.warning("replyd.guard.responder_failed", parent_id=key.parent_id, error=detail, backoff_s=wait_s)
+        # Only while our lease holds: a composer that outlived it must not undo the new holder's work.
+        if not (yield from self._transition_steps(key, [st.COMPOSING], row.attempt, st.RELEASED,
+                                                  "responder_failed",
+                                                  {"error": detail, "not_before": nb, "backoff_s": wait_s},
+                                                  relaxed=True, lease_owner=self.owner)):
+            return (yield from self._lost_lease_steps(key))
+        return Outcome(Status.NOT_SENT, key, st.RELEASED, row.attempt, detail=detail, retry_after_s=wait_s)
+
+    def _declined_steps(self, key: Key, row: Reply | st.Row) -> Steps:
+        """The responder wrote nothing: the row ends ``declined`` (only while our lease holds)."""
+        if not (yield from self._transition_steps(key, [st.COMPOSING], row.attempt, st.DECLINED, "declined", {},
+                                                  relaxed=True, lease_owner=self.owner)):
+            return (yield from self._lost_lease_steps(key))
+        return Outcome(Status.DECLINED, key, st.DECLINED, row.attempt)
+
+    # -- a streamed answer (replyd.stream) -------------------------------------------------------------
+
+    @property
+    def _edits(self) -> bool:
+        """Whether this platform can edit a reply, so a streamed answer is shown as it comes."""
+        return _offers_edits(type(self.platform))
+
+    def _stream_steps(self, key: Key, parent: Parent, row: Reply | st.Row, stream: Stream,
+                      ticket: Ticket | None) -> Steps:
+        """Show a streamed answer as it comes, then store it and finish it as an answer in parts.
+
+        The parent's row stays ``composing`` under our lease (renewed as text comes) until the stream ends; each
+        part is posted once, under its own key, when it has text (part k+1 once part k filled and was frozen,
+        answering it), and edited at most every ``stream_edit_interval_s`` while it grows. A part already
+        closed by an earlier composition of this answer (a stream cut by a crash) is edited, never posted
+        again; a part whose send is ambiguous is left alone (no edit, no second send). At the end the parts are
+        stored (``parts``, durable) and ``parts_steps`` sends what is missing and edits every closed part whose
+        text is not its final text, so the last edit carries the final text.
+        """
+        limit = self._limit(parent)
+        # Room for a "(k/n)" marker: the count is unknown while the answer streams, so the widest is kept.
+        size = None if limit is None else limit.size - (len(f" ({50}/{50})") if limit.marker else 0)
+        unit = limit.unit if limit is not None else "chars"
+        frozen: list[str] = []
+        tail = ""
+        shown: dict[int, str | None] = {}  # part -> its reply id, or None: not ours to show (ambiguous, foreign)
+        targets: list[Parent] = [parent]  # what part k answers: targets[k - 1]
+        last_show: float | None = None
+        renew_at = self.clock.now() + self.compose_lease_s / 3
+        while True:
+            try:
+                chunk = yield Pull(stream, self.stream_idle_s)
+            except Exception as exc:  # the stream failed: as a responder failure; the parts shown stay
+                yield Pull(stream, 0.0, close=True)
+                return (yield from self._responder_failed_steps(key, row, exc))
+            if chunk is None:
+                break
+            tail += chunk
+            now = self.clock.now()
+            if now >= renew_at:
+                if not (yield from self._renew_lease_steps(key, row)):
+                    yield Pull(stream, 0.0, close=True)
+                    return (yield from self._lost_lease_steps(key))
+                renew_at = now + self.compose_lease_s / 3
+            while size is not None and length(tail.strip(), unit) > size:
+                piece, tail = head(tail, size, unit)
+                frozen.append(piece)
+                yield from self._show_steps(key, parent, len(frozen), piece, shown, targets, ticket, final=True)
+                last_show = None
+            if tail.strip() and (last_show is None or now - last_show >= self.stream_edit_interval_s):
+                yield from self._show_steps(key, parent, len(frozen) + 1, tail.strip(), shown, targets, ticket,
+                                            final=False)
+                last_show = now
+        pieces = frozen + ([tail.strip()] if tail.strip() else [])
+        if not pieces:
+            return (yield from self._declined_steps(key, row))
+        if limit is not None and limit.marker and len(pieces) > 1:
+            pieces = [f"{p} ({k}/{len(pieces)})" for k, p in enumerate(pieces, 1)]
+        log.info("replyd.guard.streamed", platform=key.platform, parent_id=key.parent_id, parts=len(pieces),
+                 shown=sum(1 for r in shown.values() if r))
+        if ticket is not None and not shown:  # a breaker that opened meanwhile holds an answer nothing showed
+            paused = yield from self._paused_steps(key, row, ticket)
+            if paused is not None:
+                return paused
+        stored = yield from self._store_answer_steps(key, row, pieces)
+        if isinstance(stored, Outcome):
+            return stored
+        return (yield from self.parts_steps(key, parent, None if shown else ticket,
+                                            posted=any(r is not None for r in shown.values())))
+
+    def _limit(self, parent: Parent) -> Limit | None:
+        """The adapter's post limit for a reply to ``parent`` (None: one post of any length)."""
+        return self.platform.post_limit(parent) if _offers_post_limit(type(self.platform)) else None  # type: ignore[attr-defined]
+
+    def _renew_lease_steps(self, key: Key, row: Reply | st.Row) -> Steps:
+        """Push our composing lease on while a stream still comes; False if it is no longer ours."""
+        now = self.clock.now()
+        return (yield io(self.store.cas_event, key, states=[st.COMPOSING], attempt=row.attempt,
+                         values={"lease_until": now + self.compose_lease_s, "updated_at": now},
+                         lease_owner=self.owner, relaxed=True, doing="renewing a compose lease"))
+
+    def _show_steps(self, key: Key, parent: Parent, k: int, text: str, shown: dict[int, str | None],
+                    targets: list[Parent], ticket: Ticket | None, *, final: bool) -> Steps:
+        """Show part ``k`` of a streaming answer with ``text``: post it the first time (once, under its key), or
+        edit its reply; ``final``: the part is frozen (its text will not change), so its row records it."""
+        pkey = self.key(part_id(parent.id, k))
+        if k not in shown:
+            shown[k] = None  # until proven ours: an ambiguous send, a part in flight elsewhere, no known target
+            prow = (yield io(self.store.peek, pkey)) if len(targets) >= k else None
+            if prow is not None and prow.state == st.CLOSED:
+                shown[k] = prow.reply_id  # posted by an earlier composition (a cut stream): edited below
+            elif len(targets) >= k and (prow is None or self._claimable(prow, self.clock.now())):
+                claim = yield Step("_claim", (pkey, targets[k - 1], PART_PATH, text))
+                if isinstance(claim, Outcome):
+                    shown[k] = claim.reply_id if claim.state == st.CLOSED else None
+                else:
+                    out = yield Step("_send", (pkey, targets[k - 1], claim, text))
+                    if ticket is not None and k == 1:
+                        yield from self._record_steps(ticket, pkey, claim.attempt, out)
+                    if out.status is Status.POSTED:
+                        shown[k] = out.reply_id
+                        self._next_target(parent, k, shown, targets)
+                        return None  # it shows ``text`` already
+            if shown[k] is not None:
+                self._next_target(parent, k, shown, targets)
+        reply_id = shown[k]
+        if reply_id is not None:
+            yield from self._edit_steps(pkey, targets[k - 1], reply_id, text, record=final)
+        return None
+
+    def _next_target(self, parent: Parent, k: int, shown: dict[int, str | None], targets: list[Parent]) -> None:
+        """Part ``k`` has its reply: the part after it answers that (a thread chain where the platform has one)."""
+        if len(targets) == k and _offers_post_limit(type(self.platform)):
+            targets.append(self.platform.part_parent(targets[0], shown[k]))  # type: ignore[attr-defined]
+
+    def _edit_steps(self, pkey: Key, target: Parent, reply_id: str, text: str, *, record: bool) -> Steps:
+        """Edit a part's reply to ``text``: "edited", "refused" (the platform will not: logged and noted on the
+        part, which keeps its text), or "failed" (outcome unknown three times). An edit sets the whole text, so
+        an unknown outcome is tried again. ``record``: the part's row notes the text's hash, so a resumed
+        answer knows whether the platform still shows an older text."""
+        for tries in range(3):
+            try:
+                yield Edit(target, reply_id, text, self.send_timeout_s)
+            except Rejected as exc:
+                log.error("replyd.guard.edit_refused", platform=pkey.platform, parent_id=pkey.parent_id,
+                          reply_id=reply_id, error=str(exc)[:300])
+                yield io(self.store.record, pkey, "edit_refused", owner=self.owner,
+                         detail={"reply_id": reply_id, "error": str(exc)[:300]})
+                return "refused"
+            except PlatformError as exc:  # not sent, maybe sent, rate limited: the next edit carries it all
+                log.warning("replyd.guard.edit_failed", platform=pkey.platform, parent_id=pkey.parent_id,
+                            reply_id=reply_id, error=str(exc)[:300], tries=tries + 1)
+                continue
+            if record:
+                now = self.clock.now()
+                yield io(self.store.cas_event, pkey, states=[st.CLOSED], attempt=None,
+                         values={"text_hash": text_hash(text), "updated_at": now}, relaxed=True,
+                         doing="noting an edited part")
+            return "edited"
+        return "failed"
 
     def _lost_lease_steps(self, key: Key) -> Steps:
         """Report what stands after our compose lease was taken over (or the store refused the write)."""

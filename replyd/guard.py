@@ -24,6 +24,8 @@ from replyd.core import (  # noqa: F401  (the names callers have always imported
     GuardCore,
     Lease,
     Outcome,
+    Edit,
+    Pull,
     Respond,
     Send,
     SendWatch,
@@ -37,15 +39,25 @@ from replyd.core import (  # noqa: F401  (the names callers have always imported
 )
 from replyd.platforms.base import Parent
 from replyd.responders.base import settled
+from replyd import stream as streams
 from replyd.store import Key, Reply
 from replyd import store as st
 
 log = structlog.get_logger("replyd.guard")
 
 
-def _sync_compose(compose: Compose) -> Compose:
-    """``compose`` as a sync call: an ``async def`` responder (or one returning an awaitable) is awaited."""
-    return lambda parent: settled(compose(parent))  # type: ignore[return-value]
+def _sync_compose(compose: Compose, effect: Respond, idle_s: float) -> Compose:
+    """``compose`` as a sync call: an ``async def`` responder (or one returning an awaitable) is awaited; a
+    streamed answer is handed back as a ``Stream`` (``effect.stream``) or drained to its whole text."""
+
+    def call(parent: Parent) -> object:
+        got = settled(compose(parent))
+        stream = streams.as_stream(got)
+        if stream is None:
+            return got
+        return stream if effect.stream else streams.drain(stream, idle_s)
+
+    return call  # type: ignore[return-value]
 
 
 class Guard(GuardCore):
@@ -78,7 +90,15 @@ class Guard(GuardCore):
             with metrics.watching_send(self.platform.instance), deadline.within(effect.budget_s):
                 return self.platform.send(effect.parent, effect.text, provider_key=effect.provider_key)
         if type(effect) is Respond:
-            return metrics.timed_responder(_sync_compose(effect.compose), effect.parent, self.platform.instance)
+            return metrics.timed_responder(_sync_compose(effect.compose, effect, self.stream_idle_s), effect.parent,
+                                           self.platform.instance)
+        if type(effect) is Pull:
+            if effect.close:
+                return streams.close(effect.stream)
+            return streams.pull(effect.stream, effect.timeout_s)
+        if type(effect) is Edit:
+            with deadline.within(effect.budget_s):
+                return self.platform.edit(effect.parent, effect.reply_id, effect.text)  # type: ignore[attr-defined]
         return getattr(self, effect.name)(*effect.args)  # a Step: the face's own (maybe wrapped) method
 
     # -- the public face ------------------------------------------------------------------------------

@@ -289,10 +289,11 @@ def observe_post(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def responder_called(platform: str, seconds: float, text: str | None = None, *, failed: bool = False) -> None:
-    """Count one responder call by result and time it (both faces)."""
+def responder_called(platform: str, seconds: float, text: object = None, *, failed: bool = False) -> None:
+    """Count one responder call by result and time it (both faces); a streamed answer counts as written."""
     _child(RESPONDER_SECONDS, platform).observe(seconds)
-    result = "failed" if failed else "ok" if text and text.strip() else "declined"
+    written = text.strip() if isinstance(text, str) else text is not None
+    result = "failed" if failed else "ok" if written else "declined"
     _child(RESPONDER_CALLS, platform, result).inc()
 
 

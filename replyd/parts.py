@@ -146,3 +146,14 @@ def _split(text: str, size: int, unit: Unit) -> list[str]:
             parts.append(part)
         units = units[end:]
     return parts
+
+
+def head(text: str, size: int, unit: Unit) -> tuple[str, str]:
+    """The first part of ``text`` longer than ``size`` and the rest after it: how a streamed answer freezes a
+    part once more text than one post has come. The cut looks only at the first ``size + 1`` units, so more
+    text arriving later never moves it (``split`` cuts the same way)."""
+    units = graphemes(text) if unit == "graphemes" else list(text)
+    while units and units[0].isspace():
+        units.pop(0)
+    end = _cut_at(units, size)
+    return "".join(units[:end]).rstrip(), "".join(units[end:])

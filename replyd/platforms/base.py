@@ -468,6 +468,12 @@ def make_platform(
     return cls.from_settings(settings, http=http, clock=clock)  # type: ignore[attr-defined,no-any-return]
 
 
+def platform_class(kind: str) -> type:
+    """The adapter class registered as ``kind`` (which optional features it offers is a property of it)."""
+    _load_builtin()
+    return _REGISTRY[kind]
+
+
 def registered_kinds() -> list[str]:
     """Return the platform kinds that can be configured."""
     _load_builtin()

@@ -5,7 +5,8 @@ Settings: ``[platforms.<name>]`` with ``kind = "mastodon"``; each key is a field
 
 Error mapping at this boundary (the shared table is in ``_http.py``)::
 
-    what happened                                   send (POST)        delete             reads (GET)
+    what happened                                   send (POST),       delete             reads (GET)
+                                                    edit (PUT)
     ----------------------------------------------  -----------------  -----------------  -----------------
     connect refused, DNS, ConnectTimeout,           DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
       PoolTimeout, TLS handshake
@@ -15,7 +16,7 @@ Error mapping at this boundary (the shared table is in ``_http.py``)::
       WriteError, RemoteProtocolError, other
     429                                             RateLimited        RateLimited        RateLimited
     401, 403 (auth), 408                            DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
-    404 (parent or target gone)                     Rejected           treated as done    Rejected
+    404 (parent, target or edited status gone)      Rejected           treated as done    Rejected
     400, 409, 410, 413, 422, other 4xx              Rejected           Rejected           Rejected
     500, 502, 503, 504 (HTML pages too)             MaybeSent          MaybeSent          DefinitelyNotSent
     2xx with unreadable body / wrong parent         MaybeSent          -                  BadResponse
@@ -436,12 +437,17 @@ class MastodonPlatform(_http.HttpPlatform):
             return None
         return max(choices, key=VISIBILITIES.index)
 
+    def _addressed(self, parent: Parent, text: str) -> str:
+        """``text`` as posted in reply to ``parent``: "@acct " first when ``mention_author`` and not there yet."""
+        acct = parent.extra.get("acct") or parent.author_handle
+        if self.s.mention_author and acct and not _mentions(text, acct):
+            return f"@{acct} {text}"
+        return text
+
     def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
         """Post ``text`` as a reply to ``parent`` (only ``replyd.guard`` calls this)."""
         what = "send"
-        acct = parent.extra.get("acct") or parent.author_handle
-        if self.s.mention_author and acct and not _mentions(text, acct):
-            text = f"@{acct} {text}"
+        text = self._addressed(parent, text)
         form = {"status": text, "in_reply_to_id": parent.id}
         visibility = self._reply_visibility(parent)
         if visibility is not None:
@@ -542,6 +548,16 @@ class MastodonPlatform(_http.HttpPlatform):
         if gaps:
             self.log.info("replyd.mastodon.thread_gaps", parent_id=parent.id, listed=depth, gaps=gaps)
         return min(max(depth + gaps, parent.thread_depth), max(limit, 0) + 1)
+
+    def edit(self, parent: Parent, reply_id: str, text: str) -> None:
+        """``EditReply``: ``PUT /api/v1/statuses/:id`` with the text ``send`` would post (its "@acct " kept)."""
+        what = "edit"
+        text = self._addressed(parent, text)
+        body = _http.json_body(self._call("PUT", f"{_STATUSES_PATH}/{_http.seg(reply_id, what)}", what=what,
+                                          bucket="statuses", data={"status": text}), what, dict)
+        if _http.field(body, "id", what, default=None) != reply_id:
+            raise MaybeSent(f"{what}: the answer names status {body.get('id')!r}, not {reply_id!r}")
+        self.log.info("replyd.mastodon.edited", parent_id=parent.id, reply_id=reply_id)
 
     def delete(self, reply_id: str) -> None:
         """Delete one own status; one that is already gone counts as deleted."""

@@ -42,6 +42,10 @@ STEPS = (
 )
 
 
+# What a scripted edit can meet.
+EDIT_STEPS = ("ok", "lost", "error_before", "rate_limited", "rejected", "not_sent")
+
+
 @register_platform("memory")
 class MemoryPlatform:
     """An in-memory (or journal-file) platform whose every send follows a script."""
@@ -75,6 +79,8 @@ class MemoryPlatform:
         self.parents: dict[str, Parent] = {}
         self._replies: list[dict[str, Any]] = []
         self._lock = threading.Lock()
+        self.edit_script: list[str] = []  # EditReply: what the next edits meet (EDIT_STEPS; default "ok")
+        self.edit_calls = 0
 
     class Settings(PlatformSettings):
         """``platform = "memory"``: a scripted platform, alone or shared between processes by a journal file."""
@@ -98,17 +104,38 @@ class MemoryPlatform:
         return p
 
     def replies(self) -> list[dict[str, Any]]:
-        """Return every reply that exists on the platform (all processes, with a journal)."""
+        """Return every reply that exists on the platform (all processes, with a journal), each with its current
+        text and ``edits``, how many times it was edited."""
         if self.journal is None:
             with self._lock:
-                return list(self._replies)
-        if not self.journal.exists():
+                lines = list(self._replies)
+        elif not self.journal.exists():
             return []
-        out = []
-        for line in self.journal.read_text().splitlines():
-            if line.strip():
-                out.append(json.loads(line))
-        return out
+        else:
+            lines = [json.loads(line) for line in self.journal.read_text().splitlines() if line.strip()]
+        out: dict[str, dict[str, Any]] = {}
+        for rec in lines:
+            if "edit" in rec:  # an edit replaces a reply's text; it is never a reply of its own
+                if rec["edit"] in out:
+                    out[rec["edit"]] = {**out[rec["edit"]], "text": rec["text"],
+                                        "edits": out[rec["edit"]]["edits"] + 1}
+                continue
+            out[rec["reply_id"]] = {**rec, "edits": 0}
+        return list(out.values())
+
+    def _append(self, rec: dict[str, Any]) -> None:
+        """Record ``rec`` on the platform: in memory, or one ``O_APPEND`` line of the journal."""
+        if self.journal is None:
+            with self._lock:
+                self._replies.append(rec)
+            return
+        # One write() with O_APPEND: lines from racing processes never interleave.
+        fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, (json.dumps(rec) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def reply_count(self, parent_id: str) -> int:
         """Return how many replies by the bot exist under ``parent_id``."""
@@ -160,17 +187,7 @@ class MemoryPlatform:
             "text": text,
             "provider_key": provider_key,
         }
-        if self.journal is None:
-            with self._lock:
-                self._replies.append(rec)
-        else:
-            # One write() with O_APPEND: lines from racing processes never interleave.
-            fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, (json.dumps(rec) + "\n").encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        self._append(rec)
         return reply_id
 
     def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
@@ -198,6 +215,24 @@ class MemoryPlatform:
         if step == "lost":
             raise MaybeSent("connection reset after the request was sent")
         return Sent(reply_id)
+
+    def edit(self, parent: Parent, reply_id: str, text: str) -> None:
+        """``EditReply``: follow the next edit script step; replace the reply's text when the step says so."""
+        self.edit_calls += 1
+        step = self.edit_script.pop(0) if self.edit_script else "ok"
+        if step not in EDIT_STEPS:
+            raise ValueError(f"unknown edit script step {step!r}")
+        if step == "not_sent":
+            raise DefinitelyNotSent("connection refused")
+        if step == "rate_limited":
+            raise RateLimited("429", retry_after_s=5.0)
+        if step == "error_before":
+            raise MaybeSent("502 bad gateway", status=502)
+        if not any(r["reply_id"] == reply_id for r in self.replies()) or step == "rejected":
+            raise Rejected(f"reply {reply_id} cannot be edited (gone)", status=404)
+        self._append({"edit": reply_id, "text": text, "at": self.clock.now()})
+        if step == "lost":
+            raise MaybeSent("connection reset after the edit was sent")
 
     def read_back(self, pending: Sequence[Pending], *, sender_id: str) -> ReadBack:
         """Return own replies visible after the (real) listing delay; all pending are checked."""
@@ -240,7 +275,7 @@ class MemoryPlatform:
     def delete(self, reply_id: str) -> None:
         """Remove one reply (in-memory mode only)."""
         with self._lock:
-            self._replies = [r for r in self._replies if r["reply_id"] != reply_id]
+            self._replies = [r for r in self._replies if r.get("reply_id", r.get("edit")) != reply_id]
 
     def close(self) -> None:
         """Nothing to release."""

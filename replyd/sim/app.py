@@ -325,6 +325,15 @@ def create_status(request: Request, world: World, viewer: Account) -> Response:
     """POST /api/v1/statuses with Idempotency-Key and the create faults applied."""
     params = request.state.params
     fault = world.next_create_fault()
+    before = _fault_before(world, fault)
+    if before is not None:
+        return before
+    st, _new = world.create_status(viewer, params, request.headers.get("idempotency-key") or None, via_api=True)
+    return _answered(world, fault, status_json(world, st, viewer.id))
+
+
+def _fault_before(world: World, fault: str) -> Response | None:
+    """The answer of a write fault that strikes before anything is done (429, 500, 503), else None."""
     if fault == "rate_limit_429":
         world.record_fault(fault)
         retry = world.knobs.retry_after_s
@@ -340,8 +349,11 @@ def create_status(request: Request, world: World, viewer: Account) -> Response:
     if fault == "error_503_before":
         world.record_fault(fault)
         return HTMLResponse(_HTML_503, status_code=503)
-    st, _new = world.create_status(viewer, params, request.headers.get("idempotency-key") or None, via_api=True)
-    body = status_json(world, st, viewer.id)
+    return None
+
+
+def _answered(world: World, fault: str, body: dict[str, Any]) -> Response:
+    """The answer of a write that was done: lost (504, or the connection dropped) when the fault says so."""
     if fault == "lost_504":
         world.record_fault(fault)
         return HTMLResponse(_HTML_504, status_code=504)
@@ -349,6 +361,16 @@ def create_status(request: Request, world: World, viewer: Account) -> Response:
         world.record_fault(fault)
         return _DroppedResponse(json.dumps(body).encode())
     return JSONResponse(body)
+
+
+def edit_status(request: Request, world: World, viewer: Account) -> Response:
+    """PUT /api/v1/statuses/:id (own statuses only), the edit faults applied as a create's are."""
+    fault = world.next_edit_fault()
+    before = _fault_before(world, fault)
+    if before is not None:
+        return before
+    st = world.edit_status(viewer, request.path_params["id"], request.state.params)
+    return _answered(world, fault, status_json(world, st, viewer.id))
 
 
 def delete_status(request: Request, world: World, viewer: Account) -> Response:
@@ -491,6 +513,7 @@ def build_app(world: World) -> ASGIApp:
         Route("/api/v1/statuses", _api(world, create_status), methods=["POST"]),
         Route("/api/v1/statuses/{id}", _api(world, get_status), methods=["GET"]),
         Route("/api/v1/statuses/{id}", _api(world, delete_status), methods=["DELETE"]),
+        Route("/api/v1/statuses/{id}", _api(world, edit_status), methods=["PUT"]),
         Route("/api/v1/statuses/{id}/context", _api(world, context)),
         Route("/api/v1/accounts/{id}/statuses", _api(world, account_statuses)),
         Route("/_sim/accounts", _admin(world, _admin_account), methods=["POST"]),

@@ -50,6 +50,7 @@ class Knobs:
     error_500_for_s: float = 0.0
     rate_limit_rate: float = 0.0
     readback_error_rate: float = 0.0
+    lost_edit_rate: float = 0.0  # edits (PUT /api/v1/statuses/:id) done whose answer is dropped
     retry_after_s: int = 1
     # X-RateLimit-* headers only; no request is refused for it. Real Mastodon allows 300
     # per 5 minutes; the default is higher so fast tests never see "remaining 0".
@@ -90,6 +91,8 @@ class Status:
     via_api: bool = False
     idempotency_key: str | None = None
     deleted_at: float | None = None
+    edited_at: float | None = None  # the last edit (PUT /api/v1/statuses/:id), as Mastodon's ``edited_at``
+    edits: int = 0  # how many times it was edited: what the stream tests count
 
 
 @dataclass

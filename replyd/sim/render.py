@@ -109,7 +109,7 @@ def status_json(world: World, st: Status, viewer_id: str | None = None) -> dict[
         "reblogs_count": 0,
         "favourites_count": 0,
         "quotes_count": 0,
-        "edited_at": None,
+        "edited_at": iso(st.edited_at) if st.edited_at is not None else None,
         "favourited": False,
         "reblogged": False,
         "muted": False,

@@ -117,6 +117,8 @@ class World:
         self._children: dict[str, list[str]] = {}
         self._idem: dict[tuple[str, str], tuple[str, float]] = {}
         self._create_queue: deque[str] = deque()
+        self._edit_queue: deque[str] = deque()
+        self.edits_attempted = 0
         self._read_queue: deque[str] = deque()
         self.creates_attempted = 0
         self.faults_injected: Counter[str] = Counter()
@@ -173,16 +175,30 @@ class World:
         with self.lock:
             return any(start <= t < end for start, end in self.outages)
 
-    def queue_faults(self, next_creates: Iterable[str] = (), next_readbacks: Iterable[str] = ()) -> dict[str, list[str]]:
-        """Append deterministic faults: one per ``POST /api/v1/statuses``, one per read-back request."""
-        creates, reads = list(next_creates), list(next_readbacks)
-        for kind, allowed in [(k, CREATE_FAULTS) for k in creates] + [(k, READ_FAULTS) for k in reads]:
+    def queue_faults(self, next_creates: Iterable[str] = (), next_readbacks: Iterable[str] = (),
+                     next_edits: Iterable[str] = ()) -> dict[str, list[str]]:
+        """Append deterministic faults: one per ``POST /api/v1/statuses``, one per read-back request, one per
+        edit (``PUT /api/v1/statuses/:id``, the create faults' kinds)."""
+        creates, reads, edits = list(next_creates), list(next_readbacks), list(next_edits)
+        for kind, allowed in ([(k, CREATE_FAULTS) for k in creates + edits] + [(k, READ_FAULTS) for k in reads]):
             if kind not in allowed:
                 raise ValueError(f"unknown fault {kind!r} (known: {', '.join(allowed)})")
         with self.lock:
             self._create_queue.extend(creates)
             self._read_queue.extend(reads)
-            return {"next_creates": list(self._create_queue), "next_readbacks": list(self._read_queue)}
+            self._edit_queue.extend(edits)
+            return {"next_creates": list(self._create_queue), "next_readbacks": list(self._read_queue),
+                    "next_edits": list(self._edit_queue)}
+
+    def next_edit_fault(self) -> str:
+        """Count an edit attempt and pick its fault: the queue first, then ``lost_edit_rate`` (lost_drop)."""
+        with self.lock:
+            self.edits_attempted += 1
+            if self._edit_queue:
+                return self._edit_queue.popleft()
+            if self.knobs.lost_edit_rate and self._create_rng.random() < self.knobs.lost_edit_rate:
+                return "lost_drop"
+            return "ok"
 
     # ----- ids and accounts --------------------------------------------------------
 
@@ -308,6 +324,22 @@ class World:
             if idempotency_key and self.knobs.idempotency:
                 self._idem[(acc.id, idempotency_key)] = (status.id, now)
             return status, True
+
+    def edit_status(self, acc: Account, status_id: str, params: dict[str, Any]) -> Status:
+        """Edit one of ``acc``'s statuses as Mastodon's ``PUT /api/v1/statuses/:id`` does: the new text replaces
+        the old (same id, same place in its thread, ``edited_at`` set); 404 when missing or not its own, 422 when
+        blank or too long. An edit is never a new status: the report's counts do not move."""
+        text = str(params.get("status") or "")
+        with self.lock:
+            st = self.statuses.get(status_id)
+            if st is None or st.deleted_at is not None or st.account_id != acc.id:
+                raise SimError(404, "Record not found")
+            if not text.strip():
+                raise SimError(422, "Validation failed: Text can't be blank")
+            if len(text) > self.knobs.max_characters:
+                raise SimError(422, f"Validation failed: Text character limit of {self.knobs.max_characters} exceeded")
+            st.text, st.edited_at, st.edits = text, self.clock.now(), st.edits + 1
+            return st
 
     def delete(self, account: str | Account, status_id: str) -> Status:
         """Delete one of ``account``'s statuses; ``SimError(404)`` when missing or not its own."""
@@ -521,6 +553,8 @@ class World:
                 "deleted_replies": deleted,
                 "statuses_total": len(self.statuses),
                 "creates_attempted": self.creates_attempted,
+                "edits_attempted": self.edits_attempted,
+                "edits": sum(s.edits for s in self.statuses.values()),
                 "faults_injected": dict(self.faults_injected),
                 "outages": [list(w) for w in self.outages],
             }

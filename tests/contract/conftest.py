@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from replyd.platforms.base import platform_class
 from tests.conftest import SERVER_GROUPS
 from tests.contract.harnesses import HARNESSES, Harness, build
 from tests.fakes_forum import store_template  # noqa: F401  (a migrated SQLite template per module, copied per test)
@@ -28,8 +29,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     params = []
     # A module of one guarantee class's cases (``NO_READ_BACK = True``) runs on the adapters of that class only.
     only_no_read_back = getattr(metafunc.module, "NO_READ_BACK", False)
+    # A module of one optional feature's cases (``FEATURE = EditReply``) runs on the adapters offering it.
+    feature = getattr(metafunc.module, "FEATURE", None)
     for name, entry in HARNESSES.items():
         if only_no_read_back and not entry.harness.no_read_back:
+            continue
+        if feature is not None and not issubclass(platform_class(entry.harness.kind), feature):
             continue
         why = entry.harness.skips.get(metafunc.function.__name__)
         marks = [pytest.mark.skip(reason=f"{name}: {why}")] if why else []

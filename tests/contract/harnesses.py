@@ -196,6 +196,22 @@ class Harness:
         assert self.proxy is not None
         return all(r.hits == r.times for r in self.proxy.rules if r.times is not None)
 
+    edit_route: ClassVar[tuple[str, str]]  # (method, pattern) of the edit request (EditReply adapters)
+
+    def fail_next_edit(self, fault: str) -> None:
+        """Make the next edit meet ``fault``: "lost" (done, answer dropped), "error_before" (502, nothing done),
+        "rate_limited" (429)."""
+        assert self.proxy is not None
+        method, pattern = self.edit_route
+        rule = {"lost": Rule(method, pattern, lose=True),
+                "error_before": Rule(method, pattern, answer=_html_502()),
+                "rate_limited": Rule(method, pattern, answer=self.rate_limit())}[fault]
+        self.proxy.add(rule)
+
+    def reply_text(self, reply_id: str) -> str:
+        """The current text of the bot's reply ``reply_id``, read on the platform's side (EditReply adapters)."""
+        raise NotImplementedError
+
     def answer_next_delete_gone(self) -> None:
         """Make the next delete meet the platform's "not found" answer (the reply is already gone)."""
         assert self.proxy is not None
@@ -275,7 +291,15 @@ class MemoryHarness(Harness):
 
     def faults_met(self) -> bool:
         """Whether every scripted step was used."""
-        return not self.platform.script  # type: ignore[attr-defined]
+        return not self.platform.script and not self.platform.edit_script  # type: ignore[attr-defined]
+
+    def fail_next_edit(self, fault: str) -> None:
+        """The next edit script step."""
+        self.platform.edit_script.append(fault)  # type: ignore[attr-defined]
+
+    def reply_text(self, reply_id: str) -> str:
+        """The reply's text as the platform object holds it now."""
+        return next(r["text"] for r in self.platform.replies() if r["reply_id"] == reply_id)  # type: ignore[attr-defined]
 
     def unreachable(self) -> Platform:
         """The platform scripted as unreachable: the next send is refused before acting, the next read-back fails."""
@@ -304,6 +328,7 @@ class MastodonHarness(Harness):
     small_pages = {"page_limit": 2, "max_pages": 1}
     send_route = ("POST", r"^/api/v1/statuses$")
     delete_route = ("DELETE", r"^/api/v1/statuses/")
+    edit_route = ("PUT", r"^/api/v1/statuses/")
 
     def __init__(self, sim: Any, http: httpx.Client) -> None:
         self.sim, self.world, self.http = sim, sim.world, http
@@ -337,6 +362,11 @@ class MastodonHarness(Harness):
         with self.world.lock:
             return [st.id for st in self.world.statuses.values()
                     if st.account_id == self.bot.id and st.in_reply_to_id == parent_id and st.deleted_at is None]
+
+    def reply_text(self, reply_id: str) -> str:
+        """The status's text as the sim holds it now."""
+        with self.world.lock:
+            return self.world.statuses[reply_id].text
 
     def refusal(self) -> Reply:
         """Mastodon's 422."""
