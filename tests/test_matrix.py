@@ -432,9 +432,10 @@ def test_a_lost_edit_answer_retried_is_the_same_edit_event(world: World) -> None
         proxy.close()
 
 
-def test_an_edit_refused_too_large_not_joined_or_rate_limited(world: World) -> None:
+def test_an_edit_refused_too_large_not_joined_rate_limited_foreign_or_redacted(world: World) -> None:
     """An edit whose event is over Synapse's 65,536 bytes (the text rides twice) is Rejected; a room the bot is not
-    in is M_FORBIDDEN (DefinitelyNotSent); M_LIMIT_EXCEEDED is RateLimited with retry_after_ms. Nothing is edited."""
+    in hides the reply (404, Rejected); M_LIMIT_EXCEEDED is RateLimited with retry_after_ms; another's message
+    or a redacted reply is Rejected before any edit is sent. Nothing is edited."""
     from tests.contract.proxy import FaultProxy, Rule
     from tests.fixtures_server import Reply
 
@@ -447,9 +448,9 @@ def test_an_edit_refused_too_large_not_joined_or_rate_limited(world: World) -> N
     alice = hs.people["alice"]
     other = hs.create_room(alice, invite_bot=False)
     elsewhere = Parent(id=parent.id, author_id=alice.user_id, extra={"room_id": other})
-    with pytest.raises(DefinitelyNotSent) as err2:
+    with pytest.raises(Rejected) as err2:  # the reply read first is not there (Synapse hides the room: 404)
         world.platform.edit(elsewhere, sent.reply_id, "in a room the bot is not in")
-    assert err2.value.status == 403 and "M_FORBIDDEN" in err2.value.detail
+    assert err2.value.status == 404 and "M_NOT_FOUND" in err2.value.detail
     proxy = FaultProxy(hs.base_url)
     try:
         limit = Reply(429, {"errcode": "M_LIMIT_EXCEEDED", "error": "Too Many Requests", "retry_after_ms": 2500})
@@ -460,6 +461,14 @@ def test_an_edit_refused_too_large_not_joined_or_rate_limited(world: World) -> N
     finally:
         proxy.close()
     assert hs.edits(world.room, sent.reply_id, carol) == [] and hs.reply_text(world.room, sent.reply_id, carol) == "Looking"
+    with pytest.raises(Rejected) as err4:  # alice's message: Synapse would take the edit, every client ignore it
+        world.platform.edit(parent, parent.id, "not the bot's")
+    assert "not one of the bot's" in err4.value.detail
+    world.platform.delete(sent.reply_id)
+    with pytest.raises(Rejected) as err5:  # a redacted reply: Synapse would take the edit, no client show it
+        world.platform.edit(parent, sent.reply_id, "after the redaction")
+    assert "redacted" in err5.value.detail
+    assert hs.edits(world.room, sent.reply_id, carol) == [] and hs.edits(world.room, parent.id, carol) == []
 
 
 def test_the_sweep_counts_no_edit_as_a_duplicate_even_one_carrying_in_reply_to(world: World) -> None:

@@ -1045,13 +1045,17 @@ class HttpPlatform:
             return
         self.log.info(f"replyd.{self.kind}.deleted", reply_id=reply_id, already_gone=False)
 
-    def _edit(self, method: str, path: str, parent: Parent, reply_id: str, **kwargs: Any) -> httpx.Response:
+    def _edit(self, method: str, path: str, parent: Parent, reply_id: str, *,
+              check: Callable[[], None] | None = None, **kwargs: Any) -> httpx.Response:
         """Replace one own reply's text (``EditReply``): one acting request, its outcome logged; the 2xx response.
 
         An edit sets the whole text, so its errors keep the send table's meaning: a lost answer is ``MaybeSent``
-        (the guard may repeat it), a refusal (gone, not editable, too long) ``Rejected``.
+        (the guard may repeat it), a refusal (gone, not editable, too long) ``Rejected``. ``check`` runs first
+        (a platform that accepts an edit of a gone reply reads it: its errors are the edit's).
         """
         try:
+            if check is not None:
+                check()
             resp = self._call(method, path, what="edit", **kwargs)
         except PlatformError as exc:
             exc = self._refused(exc)

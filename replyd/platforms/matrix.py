@@ -36,7 +36,8 @@ the ``errcode`` of the JSON body)::
     404 M_NOT_FOUND, 413/400 M_TOO_LARGE (an       Rejected           Rejected
       edit carries its text twice: the event's
       65,536 bytes hold about half as much),
-      other 4xx
+      other 4xx; edit: the reply read first is
+      redacted, another sender's or an edit
     5xx                                            MaybeSent          DefinitelyNotSent
     2xx without ``event_id``                       send: MaybeSent;   BadResponse
                                                    edit: done
@@ -501,7 +502,8 @@ class MatrixPlatform(_http.HttpPlatform):
         The replacement is an ``m.room.message`` whose ``m.new_content`` is the reply's whole new content (its
         mentions kept; no ``m.relates_to``: the reply's ``m.in_reply_to`` / thread relation stays the
         original's), with a ``"* "`` fallback body and an empty top-level ``m.mentions`` (no one notified again
-        per edit), related by ``m.replace`` only. Its ``txnId`` is ``edit_txn_id(reply_id, text)``: a retry
+        per edit), related by ``m.replace`` only. The reply is read first (``_editable``): Synapse accepts an edit
+        of a redacted or foreign event, which no client shows. Its ``txnId`` is ``edit_txn_id(reply_id, text)``: a retry
         after a lost answer is the same transaction and Synapse answers it with the first edit event, not a
         second one. (Setting a text the reply had before, after another edit, inside Synapse's transaction
         window, would be answered with that older edit event: a streamed answer only grows, so it never does.)
@@ -511,8 +513,20 @@ class MatrixPlatform(_http.HttpPlatform):
         content = {"msgtype": self.s.msgtype, "body": f"* {text}", "m.new_content": self._message(parent, text),
                    "m.mentions": {}, "m.relates_to": {"rel_type": "m.replace", "event_id": reply_id}}
         path = f"/rooms/{_http.seg(room_id, what)}/send/m.room.message/{_http.seg(edit_txn_id(reply_id, text), what)}"
-        self._edit("PUT", path, parent, reply_id, json=content)
+        self._edit("PUT", path, parent, reply_id, check=lambda: self._editable(room_id, reply_id), json=content)
         self._remember(reply_id, room_id)
+
+    def _editable(self, room_id: str, reply_id: str) -> None:
+        """Read the reply first: Synapse takes an edit of anything, but a replacement of a redacted event, of
+        another sender's or of an edit is ignored by every client (spec: validity), so it is ``Rejected`` here."""
+        what = "edit"
+        ev = self._api("GET", f"/rooms/{_http.seg(room_id, what)}/event/{_http.seg(reply_id, what)}", what=what)
+        unsigned = ev.get("unsigned") if isinstance(ev.get("unsigned"), dict) else {}
+        content = ev.get("content")
+        if "redacted_because" in unsigned or not isinstance(content, dict) or "body" not in content:
+            raise Rejected(f"{what}: reply {reply_id} is redacted")
+        if ev.get("sender") != self._my_id() or ev.get("type") != "m.room.message" or _is_edit(content):
+            raise Rejected(f"{what}: {reply_id} is not one of the bot's messages (a replacement would be ignored)")
 
     def reply_url(self, reply_id: str, identity: Identity) -> str:
         """The ``matrix.to`` link of one of the bot's replies; "" when its room is not known to this process."""

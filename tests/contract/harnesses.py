@@ -399,6 +399,7 @@ class DiscourseHarness(Harness):
     small_pages = {"max_pages": 1}
     send_route = ("POST", r"^/posts\.json$")
     delete_route = ("DELETE", r"^/posts/\d+\.json$")
+    edit_route = ("PUT", r"^/posts/\d+\.json$")
 
     def __init__(self, host: Any, http: httpx.Client) -> None:
         from tests.fakes_forum import FakeDiscourse
@@ -493,6 +494,7 @@ class GitHubHarness(Harness):
     url_key = "api_url"
     send_route = ("POST", r"^/repos/[^/]+/[^/]+/issues/\d+/comments$")
     delete_route = ("DELETE", r"^/repos/[^/]+/[^/]+/issues/comments/\d+$")
+    edit_route = ("PATCH", r"^/repos/[^/]+/[^/]+/issues/comments/\d+$")
     REPO = "acme/widgets"
 
     def __init__(self, host: Any, http: httpx.Client) -> None:
@@ -679,6 +681,7 @@ class MatrixHarness(Harness):
     small_pages = {"page_limit": 2, "max_pages": 1}
     send_route = ("PUT", r"/rooms/[^/]+/send/m\.room\.message/")
     delete_route = ("PUT", r"/rooms/[^/]+/redact/")
+    edit_route = ("PUT", r"/rooms/[^/]+/send/m\.room\.message/replyd-edit-")
 
     def __init__(self, hs: Any, http: httpx.Client) -> None:
         self.hs, self.http = hs, http
