@@ -19,7 +19,8 @@ Both fakes model what the end-to-end tests need to measure:
 - edits of the bot's own replies (Discourse ``PUT /posts/{id}.json``, GitHub
   ``PATCH /repos/{o}/{r}/issues/comments/{id}``) with the platform's refusals
   (gone, not the bot's, locked / closed / too old, too long) and the same
-  faults from ``edit_faults``; a reply keeps every text it had (``history``),
+  faults from ``edit_faults`` (any other word, e.g. ``"none"``, lets that edit
+  through); a reply keeps every text it had (``history``),
   and setting the same text again is no new revision;
 - counts kept by the fake itself (``reply_count``, ``create_requests``,
   ``edit_requests``, ``reply_text``): the tests count replies on the

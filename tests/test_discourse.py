@@ -892,3 +892,23 @@ def test_e2e_edit_rate_limited_and_a_refused_key(world: dict[str, Any]) -> None:
         plat.edit(p, rid, "grown more")
     assert err2.value.status == 403 and "credentials refused" in err2.value.detail
     assert not isinstance(err2.value, RateLimited) and fake.reply_text(rid) == "grown"
+
+
+def test_e2e_streamed_answer_grows_one_post_through_a_lost_edit_answer(world: dict[str, Any]) -> None:
+    """A streamed responder through the guard: one post, grown by PUTs to the whole answer, an edit whose answer
+    was lost repeated safely; the sweep verifies one reply and no duplicate."""
+    from tests.test_stream import Streamer
+
+    fake = world["fake"]
+    post = _mention(world)
+    [p] = world["plat"].inbox(None).parents
+    words = [f"w{i:02d}" for i in range(20)]
+    fake.edit_faults = ["none", "lost"]  # the second edit acts, its answer never comes
+    out = world["guard"].post(p, Streamer(world["clock"], words=words, step_s=0.4, asynchronous=False))
+    assert out.status is Status.POSTED, out
+    [r] = fake.replies(post.id)
+    assert str(r.id) == out.reply_id and r.raw == " ".join(words)
+    assert fake.lost_edits == 1 and fake.edits(r.id) >= 2 and fake.create_requests == 1
+    _past_deadline(world)
+    res = world["sweeper"].run_once()
+    assert (res.verified, res.duplicates) == (1, 0)

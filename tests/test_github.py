@@ -696,3 +696,23 @@ def test_e2e_edit_rate_limited_by_the_secondary_limit_and_the_local_pacing(world
         plat.edit(p, cid, "grown more")
     assert err.value.status is None and fake.edit_requests == 2
     assert plat.write_budget() == (1, 3)  # the send, the refused edit (it reached GitHub) and the edit
+
+
+def test_e2e_streamed_answer_grows_one_comment_through_a_lost_edit_answer(world: dict[str, Any]) -> None:
+    """A streamed responder through the guard: one comment, grown by PATCHes to the whole answer, an edit whose
+    answer was lost repeated safely; the sweep verifies one reply and no duplicate."""
+    from tests.test_stream import Streamer
+
+    fake = world["fake"]
+    issue = _issue(world)
+    p = _one(world)
+    words = [f"w{i:02d}" for i in range(20)]
+    fake.edit_faults = ["none", "lost"]  # the second edit acts, its answer never comes
+    out = world["guard"].post(p, Streamer(world["clock"], words=words, step_s=0.4, asynchronous=False))
+    assert out.status is Status.POSTED, out
+    [c] = fake.replies(issue)
+    assert str(c.id) == out.reply_id and c.body == " ".join(words)
+    assert fake.lost_edits == 1 and fake.edits(c.id) >= 2 and fake.create_requests == 1
+    _past_deadline(world)
+    res = world["sweeper"].run_once()
+    assert (res.verified, res.duplicates) == (1, 0)

@@ -493,3 +493,32 @@ def test_the_sweep_counts_no_edit_as_a_duplicate_even_one_carrying_in_reply_to(w
     assert len(hs.edits(world.room, out.reply_id, carol)) == 2  # nothing redacted
     assert hs.reply_text(world.room, out.reply_id, carol) == "Looking into it, again"
     assert world.replies(parent.id) == [out.reply_id]
+
+
+def test_a_streamed_answer_is_one_reply_grown_by_edits_through_lost_edit_answers(world: World) -> None:
+    """A streamed responder through the guard, every third send's answer lost (edits included): one reply whose
+    latest replacement is the whole answer, no edit event made twice by a retry, and a delete_newer sweep that
+    verifies one reply and deletes nothing."""
+    from tests.test_stream import Streamer
+
+    hs, carol = world.hs, world.hs.people["carol"]
+    proxy = DropProxy(hs.base_url)
+    try:
+        lossy = world.adapter(proxy.url)
+        parent = world.parent()
+        proxy.drop_every = 3
+        words = [f"w{i:02d}" for i in range(20)]
+        out = world.guard(lossy).post(parent, Streamer(world.clock, words=words, step_s=0.4, asynchronous=False))
+        assert out.status is Status.POSTED, out
+        assert proxy.dropped >= 1, proxy.forwarded_sends
+    finally:
+        proxy.close()
+    assert world.replies(parent.id) == [out.reply_id]
+    edits = hs.edits(world.room, out.reply_id, carol)
+    bodies = [e["content"]["m.new_content"]["body"] for e in edits]
+    assert edits and len(bodies) == len(set(bodies))  # a retried edit is the same event, never a second one
+    assert hs.reply_text(world.room, out.reply_id, carol) == " ".join(words)
+    world.clock.advance(SEND_TIMEOUT_S + 60)
+    res = Sweeper(world.store, [Bot(world.platform, world.me)], clock=world.clock, on_duplicate="delete_newer").run_once()
+    assert (res.verified, res.duplicates) == (1, 0)
+    assert len(hs.edits(world.room, out.reply_id, carol)) == len(edits)
