@@ -34,6 +34,7 @@ If the log cannot be written nothing is sent (fail closed) and the caller gets
 from __future__ import annotations
 
 import copy
+import dataclasses
 import enum
 import functools
 import hashlib
@@ -320,6 +321,16 @@ class SendWatch:
 def _offers_post_limit(cls: type) -> bool:
     """Whether an adapter class offers ``PostLimit`` (answers in parts): once per class, as for provider keys."""
     return issubclass(cls, PostLimit)
+
+
+def _with_shown(out: Outcome, shown: dict[int, str | None]) -> Outcome:
+    """A stream's Outcome, honest about the parts it had shown when it stopped (the next composition edits them)."""
+    if not any(shown.values()):
+        return out
+    parts = tuple(PartOutcome(k, st.CLOSED if rid else None, rid) for k, rid in sorted(shown.items()))
+    landed = sum(1 for p in parts if p.landed)
+    return dataclasses.replace(out, parts=parts, reply_id=out.reply_id or parts[0].reply_id,
+                               detail=f"{landed} part(s) shown before the stream stopped; {out.detail}".rstrip("; "))
 
 
 @functools.lru_cache(maxsize=None)
@@ -955,7 +966,8 @@ class GuardCore:
                 chunk = yield Pull(stream, self.stream_idle_s)
             except Exception as exc:  # the stream failed: as a responder failure; the parts shown stay
                 yield Pull(stream, 0.0, close=True)
-                return (yield from self._responder_failed_steps(key, row, exc))
+                failed = yield from self._responder_failed_steps(key, row, exc)
+                return _with_shown(failed, shown)
             if chunk is None:
                 break
             tail += chunk
@@ -963,7 +975,7 @@ class GuardCore:
             if now >= renew_at:
                 if not (yield from self._renew_lease_steps(key, row)):
                     yield Pull(stream, 0.0, close=True)
-                    return (yield from self._lost_lease_steps(key))
+                    return _with_shown((yield from self._lost_lease_steps(key)), shown)
                 renew_at = now + self.compose_lease_s / 3
             while size is not None and length(tail.strip(), unit) > size:
                 piece, tail = head(tail, size, unit)

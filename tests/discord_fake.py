@@ -11,8 +11,13 @@ SOURCES.md``; every body served is one of those fixtures with the fields that ma
   (``create_faults``: ``"lost"`` created then the connection drops, ``"error_after"`` created then 500,
   ``"error_before"`` 503 and nothing created, ``"ratelimited"`` a bucket 429, ``"global"`` a global 429,
   ``"hold"`` created and the answer held until ``release_held``), ``create_delay_s`` (slow answers) and ``lose_ratio`` (that share of creates
-  lose their answer, seeded). ``bucket_limit``: (requests, seconds) per route bucket and channel, enforced
-  with 429s as Discord does.
+  lose their answer, seeded). Edits (``PATCH /channels/{c}/messages/{m}``, the Edit Message route): only the
+  author's own messages (``50005`` otherwise), ``10008`` for a gone one, ``50035`` past 2,000 characters (code
+  points, as Discord counts them); ``edit_faults`` as ``create_faults`` (``"lost"`` edited then the connection
+  drops, ``"error_after"`` edited then 500, ``"error_before"`` 503 and nothing edited, ``"ratelimited"``,
+  ``"global"``); each message keeps its edit history (``Msg.edits``) and ``text(reply_id)`` is its current
+  content: the ground truth of an edit. An edit is heard by the Gateway as ``MESSAGE_UPDATE``.
+  ``bucket_limit``: (requests, seconds) per route bucket and channel, enforced with 429s as Discord does.
 - ``DiscordRest``: the REST routes replyd uses over HTTP (Starlette on uvicorn).
 - ``Gateway``: a real WebSocket server: HELLO, heartbeat ACKs, IDENTIFY (intents checked: MESSAGE_CONTENT
   refused with 4014 unless ``content_allowed``), READY with a session id and ``resume_gateway_url``,
@@ -68,6 +73,11 @@ def _err(name: str, status: int, **headers: str) -> JSONResponse:
     return JSONResponse(fixture(name), status_code=status, headers=headers)
 
 
+def _iso(ms: float) -> str:
+    """An ISO 8601 timestamp as Discord writes them (microseconds, +00:00)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{int(ms) % 1000:03d}000+00:00"
+
+
 @dataclass
 class Msg:
     """One message as Discord holds it."""
@@ -82,6 +92,8 @@ class Msg:
     token: str = ""  # which bot token made it (the bot's messages only)
     deleted: bool = False
     cause: str | None = None  # the parent a bot message answers, even when it carries no reference (naive bots)
+    edits: list[str] = field(default_factory=list)  # every content an edit set, oldest first
+    edited_ms: float | None = None  # when the last edit acted (epoch ms)
 
     def json(self, world: DiscordWorld) -> dict[str, Any]:
         """The message object as REST and the Gateway serve it."""
@@ -92,10 +104,11 @@ class Msg:
             author["bot"] = True
         out.update({"id": self.id, "channel_id": self.channel_id, "content": self.content, "author": author,
                     "type": 19 if self.reference else 0,
-                    "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(world.ms(self.id) / 1000))
-                    + f".{int(world.ms(self.id)) % 1000:03d}000+00:00",
+                    "timestamp": _iso(world.ms(self.id)),
                     "mentions": [{"id": u, "username": world.names.get(u, "user"), "discriminator": "0"}
                                  for u in self.mentions]})
+        if self.edited_ms is not None:
+            out["edited_timestamp"] = _iso(self.edited_ms)
         if ch.guild_id:
             out["guild_id"] = ch.guild_id
         else:
@@ -153,6 +166,9 @@ class DiscordWorld:
         self.channels: dict[str, Channel] = {}
         self.names: dict[str, str] = {BOT_ID: BOT_NAME}
         self.create_faults: list[str] = []
+        self.edit_faults: list[str] = []  # as create_faults, popped per edit request
+        self.edit_requests = 0
+        self.lost_edits = 0  # edits that acted but whose answer never reached the client
         self.read_faults: list[str] = []
         self.lose_ratio = 0.0
         self.create_delay_s = 0.0  # a slow answer: the message is made at once, its answer comes this much later
@@ -166,6 +182,7 @@ class DiscordWorld:
         self.release_held = threading.Event()
         self.held_token = ""
         self.on_message: list[Callable[[Msg], None]] = []  # the Gateway hears every message
+        self.on_update: list[Callable[[Msg], None]] = []  # and every edit
         self.interactions: dict[str, Interaction] = {}
         self.token_life_s = 900.0
         self._nonces: dict[tuple[str, str], tuple[str, float]] = {}  # (author, nonce) -> (message id, made at)
@@ -207,6 +224,18 @@ class DiscordWorld:
             hear(msg)
         return f"{cid}:{msg.id}"
 
+    def amend(self, parent_id: str, text: str) -> None:
+        """A person edits their message ``<channel>:<message>``; the Gateway hears MESSAGE_UPDATE."""
+        cid, _, mid = parent_id.partition(":")
+        with self.lock:
+            msg = self.find(cid, mid)
+            assert msg is not None
+            msg.content = text
+            msg.edits.append(text)
+            msg.edited_ms = self.now() * 1000
+        for hear in self.on_update:
+            hear(msg)
+
     def find(self, cid: str, mid: str) -> Msg | None:
         """A message by id (deleted ones too)."""
         ch = self.channels.get(cid)
@@ -218,6 +247,22 @@ class DiscordWorld:
         with self.lock:
             return [m for m in self.channels[cid].messages
                     if m.author_id == BOT_ID and not m.deleted and (m.reference == mid or m.cause == parent_id)]
+
+    def text(self, reply_id: str) -> str:
+        """The current content of message ``<channel>:<message>`` on the platform (edits applied): ground truth."""
+        cid, _, mid = reply_id.partition(":")
+        with self.lock:
+            msg = self.find(cid, mid)
+            if msg is None or msg.deleted:
+                raise KeyError(f"no live message {reply_id}")
+            return msg.content
+
+    def history(self, reply_id: str) -> list[str]:
+        """Every content edits set on message ``<channel>:<message>``, oldest first (not its first content)."""
+        cid, _, mid = reply_id.partition(":")
+        with self.lock:
+            msg = self.find(cid, mid)
+            return list(msg.edits) if msg is not None else []
 
     # --- REST behaviour (called by DiscordRest) -------------------------------------
 
@@ -282,6 +327,30 @@ class DiscordWorld:
         return 200, msg, msg
 
 
+    def edit(self, cid: str, mid: str, body: dict[str, Any]) -> tuple[int, Any]:
+        """Edit a message as the bot (Edit Message): (status, fixture name or the edited message)."""
+        content = body.get("content")
+        if "content" in body and content is not None and (not isinstance(content, str) or len(content) > MAX_CONTENT):
+            return 400, "error_invalid_form_body"
+        with self.lock:
+            if cid not in self.channels:
+                return 404, "error_unknown_channel"
+            msg = self.find(cid, mid)
+            if msg is None or msg.deleted:
+                return 404, "error_unknown_message"
+            if msg.author_id != BOT_ID:
+                return 403, "error_cannot_edit_other"  # only flags may change on another's message
+            if isinstance(content, str):
+                if not content:
+                    return 400, "error_invalid_form_body"  # "Cannot send an empty message": nothing else left
+                msg.content = content
+                msg.edits.append(content)
+                msg.edited_ms = self.now() * 1000
+        for hear in self.on_update:
+            hear(msg)
+        return 200, msg
+
+
 class DiscordRest:
     """The REST API on a real HTTP server: ``url`` is the ``api_url`` replyd is configured with."""
 
@@ -294,7 +363,7 @@ class DiscordRest:
             Route("/api/v10/gateway/bot", self._gateway),
             Route("/api/v10/channels/{cid}", self._channel),
             Route("/api/v10/channels/{cid}/messages", self._messages, methods=["GET", "POST"]),
-            Route("/api/v10/channels/{cid}/messages/{mid}", self._message, methods=["GET", "DELETE"]),
+            Route("/api/v10/channels/{cid}/messages/{mid}", self._message, methods=["GET", "DELETE", "PATCH"]),
             Route("/api/v10/webhooks/{app}/{token}/messages/@original", self._original, methods=["GET", "PATCH"]),
             Route("/api/v10/webhooks/{app}/{token}", self._followup, methods=["POST"]),
         ]
@@ -331,6 +400,34 @@ class DiscordRest:
         if wait is not None:
             return _err("rate_limited", 429, **{**self._headers(route, route), "X-RateLimit-Remaining": "0",
                                                    "Retry-After": str(max(1, round(wait))), "X-RateLimit-Scope": "user"})
+        return None
+
+    async def _acting(self, request: Request, fault: str | None, route: str) -> dict[str, Any] | Response:
+        """An acting request's JSON body, or the answer of a fault refusing it before it acts (a bucket or global
+        429, a 503) or of a body that is not JSON."""
+        if fault == "ratelimited":
+            return _err("rate_limited", 429, **{**self._headers(route, route), "X-RateLimit-Remaining": "0",
+                                                   "Retry-After": "65", "X-RateLimit-Scope": "user"})
+        if fault == "global":
+            return _err("rate_limited_global", 429, **{"Retry-After": "2", "X-RateLimit-Global": "true",
+                                                          "X-RateLimit-Scope": "global"})
+        if fault == "error_before":
+            return JSONResponse({"message": "503: Service Unavailable", "code": 0}, status_code=503)
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            return JSONResponse({"message": "400: Bad Request", "code": 0}, status_code=400)
+        return body if isinstance(body, dict) else {}
+
+    def _acted(self, fault: str | None, lost_count: str) -> Response | None:
+        """The answer of a fault after the request acted (the connection dropped, counted in the world's
+        ``lost_count``; or a 500), else None."""
+        if fault == "lost":
+            with self.world.lock:
+                setattr(self.world, lost_count, getattr(self.world, lost_count) + 1)
+            return DropResponse(status_code=200)
+        if fault == "error_after":
+            return JSONResponse({"message": "500: Internal Server Error", "code": 0}, status_code=500)
         return None
 
     async def _me(self, request: Request) -> Response:
@@ -392,30 +489,17 @@ class DiscordRest:
             fault = w.create_faults.pop(0) if w.create_faults else None
             if fault is None and w.lose_ratio and w.rng.random() < w.lose_ratio:
                 fault = "lost"
-        if fault == "ratelimited":
-            return _err("rate_limited", 429, **{**self._headers(route, route), "X-RateLimit-Remaining": "0",
-                                                   "Retry-After": "65", "X-RateLimit-Scope": "user"})
-        if fault == "global":
-            return _err("rate_limited_global", 429, **{"Retry-After": "2", "X-RateLimit-Global": "true",
-                                                          "X-RateLimit-Scope": "global"})
-        if fault == "error_before":
-            return JSONResponse({"message": "503: Service Unavailable", "code": 0}, status_code=503)
-        try:
-            body = json.loads(await request.body())
-        except ValueError:
-            return JSONResponse({"message": "400: Bad Request", "code": 0}, status_code=400)
-        status, what, msg = w.create(cid, body if isinstance(body, dict) else {}, token)
+        body = await self._acting(request, fault, route)
+        if isinstance(body, Response):
+            return body
+        status, what, msg = w.create(cid, body, token)
         if status != 200:
             return _err(what, status)
         assert msg is not None
         if w.create_delay_s:
             await asyncio.sleep(w.create_delay_s)
-        if fault == "lost":
-            with w.lock:
-                w.lost_answers += 1
-            return DropResponse(status_code=200)
-        if fault == "error_after":
-            return JSONResponse({"message": "500: Internal Server Error", "code": 0}, status_code=500)
+        if (after := self._acted(fault, "lost_answers")) is not None:
+            return after
         if fault == "hold":
             w.held_token = token
             w.held.set()
@@ -432,6 +516,8 @@ class DiscordRest:
         route = "message " + request.method
         if (r := self._gate(request, route, cid)) is not None:
             return r
+        if request.method == "PATCH":
+            return await self._edit(request, route, cid, mid)
         with self.world.lock:
             msg = self.world.find(cid, mid)
             if msg is None or msg.deleted:
@@ -443,6 +529,21 @@ class DiscordRest:
                 return Response(status_code=204)
             return JSONResponse(msg.json(self.world))
 
+    async def _edit(self, request: Request, route: str, cid: str, mid: str) -> Response:
+        """Edit Message, with the injected faults: a 429, a 503 before acting, or an answer lost after acting."""
+        w = self.world
+        with w.lock:
+            w.edit_requests += 1
+            fault = w.edit_faults.pop(0) if w.edit_faults else None
+        body = await self._acting(request, fault, route)
+        if isinstance(body, Response):
+            return body
+        status, what = w.edit(cid, mid, body)
+        if status != 200:
+            return _err(what, status)
+        if (after := self._acted(fault, "lost_edits")) is not None:
+            return after
+        return JSONResponse(what.json(w), headers=self._headers(route, route))
 
     def _interaction(self, request: Request) -> Interaction | Response:
         w = self.world
@@ -596,12 +697,13 @@ class Gateway:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True, name="discord-gateway")
         self._thread.start()
         world.on_message.append(self._heard)
+        world.on_update.append(lambda msg: self._heard(msg, "MESSAGE_UPDATE"))
 
     def url(self) -> str:
         """What ``GET /gateway/bot`` hands out."""
         return f"ws://127.0.0.1:{self.port}"
 
-    def _heard(self, msg: Msg) -> None:
+    def _heard(self, msg: Msg, kind: str = "MESSAGE_CREATE") -> None:
         with self._lock:
             sessions = list(self.sessions.values())
             live = dict(self._live)
@@ -612,7 +714,7 @@ class Gateway:
                 data["content"] = ""  # the MESSAGE_CONTENT rule
             with self._lock:
                 s.seq += 1
-                frame = {"op": 0, "s": s.seq, "t": "MESSAGE_CREATE", "d": data}
+                frame = {"op": 0, "s": s.seq, "t": kind, "d": data}
                 s.events.append((s.seq, frame))
             for ws, held in live.items():
                 if held is s:

@@ -30,6 +30,16 @@ def answer_text(parent_id: str, n_parts: int, size: int) -> str:
     return " ".join(sentences)
 
 
+def note_call(calls: str, parent_id: str) -> None:
+    """Note one responder call for ``parent_id`` in the file ``calls``: one line, O_APPEND, synced."""
+    fd = os.open(calls, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{parent_id}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class Responder:
     """Compose ``text`` once per call, noting the call in ``calls``; die mid-compose when ``die`` is set."""
 
@@ -38,12 +48,7 @@ class Responder:
 
     def __call__(self, parent: Parent) -> str:
         """Note the call (one line, O_APPEND), then answer (or die before answering)."""
-        fd = os.open(self.calls, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, f"{parent.id}\n".encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        note_call(self.calls, parent.id)
         if self.die:
             os.kill(os.getpid(), signal.SIGKILL)
         return self.text
@@ -109,3 +114,73 @@ def calls_per_parent(calls: str | Path) -> dict[str, int]:
         if line.strip():
             out[line.strip()] = out.get(line.strip(), 0) + 1
     return out
+
+
+class StreamResponder:
+    """Stream ``text`` word by word (an async generator, ``pause_s`` between words), noting each call in
+    ``calls``; SIGKILL the process when asked for word ``die_at`` (the stream cut short mid-answer)."""
+
+    def __init__(self, calls: str, text: str, die_at: int | None = None, pause_s: float = 0.01) -> None:
+        self.calls, self.text, self.die_at, self.pause_s = calls, text, die_at, pause_s
+
+    def __call__(self, parent: Parent) -> Any:
+        """Note the call (one line, O_APPEND), then return the stream."""
+        note_call(self.calls, parent.id)
+        return self._words()
+
+    async def _words(self) -> Any:
+        import asyncio
+
+        for i, word in enumerate(self.text.split(" ")):
+            if i == self.die_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            await asyncio.sleep(self.pause_s)
+            yield (" " if i else "") + word
+
+
+def stream_and_die(kind: str, settings: dict, store_url: str, parent: dict, calls: str, text: str,
+                   part: int, point: str, die_at: int | None) -> None:
+    """Stream ``parent``'s answer through a guard on a real adapter (edits every 0.05 s); SIGKILL this process
+    at word ``die_at`` of the stream, or at (part, point) of the parts it posts."""
+    import httpx
+
+    from replyd.clock import SystemClock
+    from replyd.platforms.base import make_platform
+
+    with httpx.Client(trust_env=False) as http:
+        platform = make_platform(kind, settings, http=http, clock=SystemClock())
+        g = Guard(Store.open(store_url), platform, platform.whoami(), send_timeout_s=3.0, compose_lease_s=2.0,
+                  stream_edit_interval_s=0.05)
+        if die_at is None:
+            arm(g, parent["id"], part, point, n_parts=2)  # a streamed answer's parts always have their own keys
+        g.post(Parent.from_snapshot(parent), StreamResponder(calls, text, die_at=die_at), path="inbox")
+    raise SystemExit(3)  # reached when the planned point never came: a test failure
+
+
+def run_children(target: Any, jobs: list[tuple], width: int = 4) -> list[int | None]:
+    """Run ``target(*job)`` in spawned children, ``width`` at a time; return their exit codes in order."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    codes: list[int | None] = []
+    for i in range(0, len(jobs), width):
+        procs = [ctx.Process(target=target, args=job) for job in jobs[i:i + width]]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(180)
+            codes.append(p.exitcode)
+    return codes
+
+
+def settled_twice(g: Guard, sweeper: Any, parents: dict[str, Parent], responder: Any, pause_s: float) -> None:
+    """Two more sweeps and offers of every parent once all answers closed: each must be ``already_answered``
+    (nothing sent again); ``responder(parent_id)`` makes the responder offered."""
+    import time
+
+    for _ in range(2):
+        sweeper.run_once()
+        for pid, parent in parents.items():
+            out = g.post(parent, responder(pid))
+            assert out.status.value == "already_answered", (pid, out)
+        time.sleep(pause_s)

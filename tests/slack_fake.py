@@ -9,9 +9,17 @@ body the fake serves or sends is a fixture with the fields that matter replaced.
   (``post_faults``: ``"lost"`` created then the connection drops, ``"error_after"`` created then HTTP
   500, ``"error_before"`` 503 and nothing created, ``"ratelimited"`` 429 + Retry-After, ``"hold"``
   created and the answer held until ``release_held``) and for reads (``read_faults[method]``).
+  ``chat.update`` has its own knobs (``update_faults``: ``"lost"`` edited then the connection drops,
+  ``"error_after"`` edited then HTTP 500, ``"error_before"`` 503 and nothing edited, ``"ratelimited"`` 429 +
+  Retry-After; ``edit_window_s``: the workspace's edit window) and keeps every message's edit history: the
+  ground truth a test reads is ``text_of(reply_id)`` (the current text) and ``history_of(reply_id)`` (every
+  text it had, the first post's first).
+  Text beyond ``MAX_TEXT`` (40,000 characters) is posted truncated with the ``message_truncated`` warning, as
+  Slack documents (``too_long = "refuse"``: the documented ``msg_too_long`` instead; SOURCES.md).
   Several bot tokens may belong to the one bot user (``tokens``): which one sent is recorded.
 - ``SlackWebApi``: the Web API over HTTP (Starlette on uvicorn): ``auth.test``, ``users.conversations``,
-  ``conversations.history`` / ``replies``, ``chat.postMessage`` / ``delete``, ``apps.connections.open``.
+  ``conversations.history`` / ``replies``, ``chat.postMessage`` / ``update`` / ``delete``,
+  ``apps.connections.open``.
 - ``EventsSender``: posts each event as the Events API does, signed (v0 HMAC-SHA256), and retries an
   unacknowledged one (no 2xx within ``ack_timeout_s``) at once, after 1 and after 5 minutes of Slack time
   (``minute_s`` real seconds a minute), with ``X-Slack-Retry-Num`` / ``X-Slack-Retry-Reason``;
@@ -57,6 +65,7 @@ TEAM, BOT_USER, BOT_ID, APP_ID = "T0FAKE001", "U0BOT0001", "B0BOT0001", "A0APP00
 BOT_TOKENS = ("xoxb-1111-fake-bot-token-a", "xoxb-2222-fake-bot-token-b")
 APP_TOKEN = "xapp-1-A0APP0001-fake-app-token"
 SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+# Slack truncates ``text`` beyond 40,000 characters (api.slack.com/changelog/2018-04-truncating-really-long-messages).
 MAX_TEXT = 40_000
 
 
@@ -77,6 +86,8 @@ class Msg:
     metadata: dict[str, Any] | None = None
     token: str = ""  # which bot token posted it (the bot's messages only)
     client_msg_id: str = field(default_factory=lambda: str(uuid.uuid4()))  # set by a person's client
+    history: list[str] = field(default_factory=list)  # every text it had before the current one, oldest first
+    edited_ts: str | None = None  # when it was last edited (served as ``edited``)
 
     def json(self, *, metadata: bool) -> dict[str, Any]:
         """The message as conversations.history / replies serve it."""
@@ -91,6 +102,8 @@ class Msg:
             out.update({"bot_id": self.bot_id, "app_id": APP_ID})
         if metadata and self.metadata:
             out["metadata"] = self.metadata
+        if self.edited_ts:
+            out["edited"] = {"user": self.user, "ts": self.edited_ts}
         return out
 
 
@@ -117,6 +130,12 @@ class SlackWorld:
         self.lock = threading.Lock()
         self.channels: dict[str, Channel] = {}
         self.post_faults: list[str] = []
+        self.update_faults: list[str] = []
+        self.update_requests = 0
+        self.edit_window_s: float | None = None  # None: edits allowed at any age (a workspace's default)
+        self.update_per_minute = 50  # chat.update is Tier 3: 50+ a minute; past it a 429 (None: no limit)
+        self._update_times: list[float] = []
+        self.too_long = "truncate"  # text beyond MAX_TEXT: "truncate" (documented) or "refuse" (msg_too_long)
         self.read_faults: dict[str, list[str]] = {}
         self.post_requests = 0
         self.post_tokens: Counter[str] = Counter()
@@ -159,6 +178,21 @@ class SlackWorld:
             return [m for m in ch.messages if m.bot_id and (m.thread_ts or m.ts) == root
                     and (m.metadata or {}).get("event_payload", {}).get("parent") in (parent_id, None)]
 
+    def message(self, reply_id: str) -> Msg:
+        """The message ``<channel>:<ts>`` as the workspace holds it now (KeyError when there is none)."""
+        cid, _, ts = reply_id.partition(":")
+        with self.lock:
+            return next(m for m in self.channels[cid].messages if m.ts == ts)
+
+    def text_of(self, reply_id: str) -> str:
+        """The current text of message ``reply_id``: the ground truth an edit is judged on."""
+        return self.message(reply_id).text
+
+    def history_of(self, reply_id: str) -> list[str]:
+        """Every text message ``reply_id`` has had, the posted one first and the current one last."""
+        msg = self.message(reply_id)
+        return [*msg.history, msg.text]
+
     def thread_replies(self, parent_id: str, *, by: str = BOT_USER) -> list[Msg]:
         """Every message by ``by`` in the parent's thread, tagged or not (naive bots tag nothing)."""
         cid, _, ts = parent_id.partition(":")
@@ -198,6 +232,14 @@ def _ok(**kw: Any) -> JSONResponse:
 
 def _err(code: str, status: int = 200, **headers: str) -> JSONResponse:
     return JSONResponse({"ok": False, "error": code}, status_code=status, headers=headers)
+
+
+def _truncated(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with the warning Slack adds when it posted a text truncated to 40,000 characters."""
+    body["response_metadata"] = {"messages": ["[WARN] Your message was truncated but still posted. The `text` "
+                                              "field accepts up to 40,000 characters."],
+                                 "warnings": ["message_truncated"]}
+    return body
 
 
 class SlackWebApi:
@@ -248,6 +290,25 @@ class SlackWebApi:
         if handler is None:
             return _err("unknown_method", 404)
         return await handler(args, token) if method == "chat.postMessage" else handler(args, token)
+
+    def _before_write(self, fault: str | None, args: dict[str, Any]) -> tuple[Channel, str, bool] | Response:
+        """What chat.postMessage and chat.update answer before acting (a fault that acts first, the channel, the
+        text), else (channel, the text Slack keeps, whether it truncated it past MAX_TEXT)."""
+        if fault == "ratelimited":
+            return _err("ratelimited", 429, **{"Retry-After": "1"})
+        if fault == "error_before":
+            return JSONResponse({"ok": False, "error": "service_unavailable"}, status_code=503)
+        ch, err = self._channel(args)
+        if ch is None:
+            return err  # type: ignore[return-value]
+        text = args.get("text")
+        if not isinstance(text, str) or not text:
+            return _err("no_text")
+        if len(text) <= MAX_TEXT:
+            return ch, text, False
+        if self.world.too_long == "refuse":
+            return _err("msg_too_long")
+        return ch, text[:MAX_TEXT], True
 
     def _read_fault(self, method: str) -> str | None:
         with self.world.lock:
@@ -340,18 +401,10 @@ class SlackWebApi:
         with w.lock:
             w.post_requests += 1
             fault = w.post_faults.pop(0) if w.post_faults else None
-        if fault == "ratelimited":
-            return _err("ratelimited", 429, **{"Retry-After": "1"})
-        if fault == "error_before":
-            return JSONResponse({"ok": False, "error": "service_unavailable"}, status_code=503)
-        ch, err = self._channel(args)
-        if ch is None:
-            return err  # type: ignore[return-value]
-        text = args.get("text")
-        if not isinstance(text, str) or not text:
-            return _err("no_text")
-        if len(text) > MAX_TEXT:
-            return _err("msg_too_long")
+        checked = self._before_write(fault, args)
+        if isinstance(checked, Response):
+            return checked
+        ch, text, truncated = checked
         with w.lock:
             thread_ts = args.get("thread_ts") if isinstance(args.get("thread_ts"), str) else None
             if thread_ts and not any(m.ts == thread_ts for m in ch.messages):
@@ -375,7 +428,50 @@ class SlackWebApi:
         body["message"].update({"ts": msg.ts, "text": text, "user": BOT_USER, "bot_id": BOT_ID})
         if thread_ts:
             body["message"]["thread_ts"] = thread_ts
-        return JSONResponse(body)
+        return JSONResponse(_truncated(body) if truncated else body)
+
+    def _chat_update(self, args: dict[str, Any], token: str) -> Response:
+        """chat.update: replace one of the bot's messages' text (its metadata kept unless given), history kept."""
+        w = self.world
+        with w.lock:
+            w.update_requests += 1
+            now = w.now()
+            w._update_times = [t for t in w._update_times if now - t < 60.0]
+            over = w.update_per_minute is not None and len(w._update_times) >= w.update_per_minute
+            if not over:
+                w._update_times.append(now)
+            fault = w.update_faults.pop(0) if w.update_faults and not over else None
+        if over:  # the tier's minute is spent: a 429 until its oldest request is a minute old
+            wait = max(1, int(60.0 - (now - w._update_times[0])) + 1)
+            return _err("ratelimited", 429, **{"Retry-After": str(wait)})
+        checked = self._before_write(fault, args)
+        if isinstance(checked, Response):
+            return checked
+        ch, text, truncated = checked
+        with w.lock:
+            msg = next((m for m in ch.messages if m.ts == args.get("ts")), None)
+            if msg is None:
+                return _err("message_not_found")
+            if msg.user != BOT_USER:  # only the caller's own messages (a bot token edits the bot's)
+                return _err("cant_update_message")
+            if w.edit_window_s is not None and w.now() - float(msg.ts) > w.edit_window_s:
+                return _err("edit_window_closed")
+            msg.history.append(msg.text)
+            msg.text = text
+            msg.edited_ts = w._ts()
+            meta = args.get("metadata")
+            if isinstance(meta, dict):  # left out: kept; {}: removed (chat.update's metadata argument)
+                msg.metadata = meta or None
+        if fault == "lost":
+            return DropResponse(status_code=200)
+        if fault == "error_after":
+            return JSONResponse({"ok": False, "error": "internal_error"}, status_code=500)
+        body = fixture("chat_update")
+        body.update({"channel": ch.id, "ts": msg.ts, "text": text})
+        body["message"].update({"text": text, "user": BOT_USER, "bot_id": BOT_ID, "ts": msg.ts})
+        if msg.thread_ts:
+            body["message"]["thread_ts"] = msg.thread_ts
+        return JSONResponse(_truncated(body) if truncated else body)
 
     def _chat_delete(self, args: dict[str, Any], token: str) -> Response:
         ch, err = self._channel(args)

@@ -7,7 +7,12 @@
   the connection drops, ``"error_after"`` created then HTTP 502, ``"error_before"`` 502 and nothing created,
   ``"ratelimited"`` 429 with ``parameters.retry_after``, ``"blocked"`` 403, ``"hold"`` created and the answer
   held until ``release_held`` (then the connection drops). ``lose_fraction`` loses that share of the answers
-  at random (seeded).
+  at random (seeded). A text longer than 4,096 UTF-16 code units is refused ("message is too long").
+- ``editMessageText`` on the bot's own messages: ``edit_faults`` as ``send_faults`` (``"lost"`` edited then the
+  connection drops, ``"error_after"`` edited then 502, ``"error_before"`` 502 and nothing edited,
+  ``"ratelimited"`` 429); the same text again is 400 "message is not modified"; someone else's message, or one
+  older than ``edit_window_s``, "message can't be edited"; a missing one "message to edit not found". Each
+  message keeps its edit history (``history``); ``text(reply_id)`` is its current text: an edit's ground truth.
 - ``getUpdates`` as documented: an update is confirmed (dropped) once a higher ``offset`` is asked; a negative
   offset keeps the last ``-offset``; kept for 24 h (on ``now``) otherwise; ``timeout`` long-polls; a second
   poller ends the first with 409; 409 while a webhook is set.
@@ -44,6 +49,12 @@ FIXTURES = Path(__file__).parent / "fixtures" / "telegram"
 BOT_ID, BOT_USERNAME = 7000000001, "replyd_test_bot"
 TOKEN = "7000000001:AAFakeTokenForTestsOnly-0123456789ab"
 KEEP_S = 86_400.0  # "they will not be kept longer than 24 hours"
+MAX_TEXT = 4096  # "1-4096 characters after entities parsing", counted here in UTF-16 code units (SOURCES.md)
+
+
+def utf16_len(text: str) -> int:
+    """``text``'s length in UTF-16 code units (a code point outside the BMP counts 2)."""
+    return len(text.encode("utf-16-le")) // 2
 
 
 def fixture(name: str) -> Any:
@@ -88,6 +99,11 @@ class TelegramWorld:
         self.updates: list[tuple[int, float, dict[str, Any]]] = []  # (update_id, stored_at, update)
         self.next_update = 100_000_001
         self.send_faults: list[str] = []
+        self.edit_faults: list[str] = []  # as send_faults, popped per editMessageText
+        self.edit_requests = 0
+        self.lost_edits = 0  # edits that acted but whose answer never reached the client
+        self.edit_window_s: float | None = None  # past it, "message can't be edited" (None: no limit)
+        self.edits: dict[tuple[int, int], list[str]] = {}  # (chat, message) -> every text an edit set
         self.lose_fraction = 0.0
         self.rng = random.Random(seed)
         self.send_requests = 0
@@ -175,6 +191,22 @@ class TelegramWorld:
 
     # --- the bot's side -----------------------------------------------------------------------
 
+    def _target(self, fault: str | None, args: dict[str, Any]) -> Chat | JSONResponse:
+        """The chat a sending or editing method acts in, or the refusal that comes first: a fault refusing it before
+        it acts (429, 502, 403 blocked), a chat not found, a text that is empty or too long."""
+        if fault == "ratelimited":
+            return _err("error_429")
+        if fault == "error_before":
+            return JSONResponse({"ok": False, "error_code": 502, "description": "Bad Gateway"}, status_code=502)
+        if fault == "blocked":
+            return _err("error_403_blocked")
+        chat_id = args.get("chat_id")
+        chat = self.chats.get(chat_id) if isinstance(chat_id, int) else None
+        if chat is None:
+            return JSONResponse({"ok": False, "error_code": 400, "description": "Bad Request: chat not found"},
+                                status_code=400)
+        return _bad_text(args.get("text")) or chat
+
     def send_message(self, args: dict[str, Any]) -> tuple[str, dict[str, Any] | JSONResponse]:
         """Create the bot's message (or refuse): (fault, message or error response)."""
         with self.lock:
@@ -182,20 +214,10 @@ class TelegramWorld:
             fault = self.send_faults.pop(0) if self.send_faults else None
             if fault is None and self.lose_fraction and self.rng.random() < self.lose_fraction:
                 fault = "lost"
-        if fault == "ratelimited":
-            return fault, _err("error_429")
-        if fault == "error_before":
-            return fault, JSONResponse({"ok": False, "error_code": 502, "description": "Bad Gateway"}, status_code=502)
-        if fault == "blocked":
-            return fault, _err("error_403_blocked")
-        chat_id, text = args.get("chat_id"), args.get("text")
-        chat = self.chats.get(chat_id) if isinstance(chat_id, int) else None
-        if chat is None:
-            return "", JSONResponse({"ok": False, "error_code": 400, "description": "Bad Request: chat not found"},
-                                    status_code=400)
-        if not isinstance(text, str) or not text.strip():
-            return "", JSONResponse({"ok": False, "error_code": 400, "description": "Bad Request: message text is empty"},
-                                    status_code=400)
+        chat = self._target(fault, args)
+        if not isinstance(chat, Chat):
+            return fault or "", chat
+        text = args.get("text")
         rp = args.get("reply_parameters") or {}
         target = rp.get("message_id") if isinstance(rp, dict) else None
         with self.lock:
@@ -216,6 +238,52 @@ class TelegramWorld:
                 self.unanswered.append(f"{chat.id}:{mid}")
                 self.lost_parents.append(f"{chat.id}:{target}")
         return fault or "", msg
+
+    def edit_message(self, args: dict[str, Any]) -> tuple[str, dict[str, Any] | JSONResponse]:
+        """Replace the text of one of the bot's messages (or refuse): (fault, message or error response)."""
+        with self.lock:
+            self.edit_requests += 1
+            fault = self.edit_faults.pop(0) if self.edit_faults else None
+        chat = self._target(fault, args)
+        if not isinstance(chat, Chat):
+            return fault or "", chat
+        text = args.get("text")
+        with self.lock:
+            msg = chat.messages.get(args.get("message_id"))  # type: ignore[arg-type]
+            if msg is None:
+                return "", _err("error_400_edit_not_found")
+            if msg["from"]["id"] != BOT_ID or (self.edit_window_s is not None
+                                               and self.now() - msg["date"] > self.edit_window_s):
+                return "", _err("error_400_cant_be_edited")
+            if msg["text"] == text:
+                return "", _err("error_400_not_modified")
+            msg["text"], msg["edit_date"] = text, int(self.now())
+            self.edits.setdefault((chat.id, msg["message_id"]), []).append(str(text))
+            if fault in ("lost", "error_after"):
+                self.lost_edits += 1
+            return fault or "", copy.deepcopy(msg)
+
+    def text(self, reply_id: str) -> str:
+        """The current text of message ``"<chat>:<message>"`` on the platform (edits applied): ground truth."""
+        chat_id, _, mid = reply_id.partition(":")
+        with self.lock:
+            return str(self.chats[int(chat_id)].messages[int(mid)]["text"])
+
+    def history(self, reply_id: str) -> list[str]:
+        """Every text edits set on message ``"<chat>:<message>"``, oldest first (not its first text)."""
+        chat_id, _, mid = reply_id.partition(":")
+        with self.lock:
+            return list(self.edits.get((int(chat_id), int(mid)), []))
+
+
+def _bad_text(text: Any) -> JSONResponse | None:
+    """The Bot API's refusal of a message text (empty, or longer than 4,096 UTF-16 code units), else None."""
+    if not isinstance(text, str) or not text.strip():
+        return JSONResponse({"ok": False, "error_code": 400, "description": "Bad Request: message text is empty"},
+                            status_code=400)
+    if utf16_len(text) > MAX_TEXT:
+        return _err("error_400_too_long")
+    return None
 
 
 # Parameters whose form value is the string as sent (never decoded as JSON, "123" is a text).
@@ -324,14 +392,22 @@ class TelegramApi:
                 return JSONResponse({"ok": True, "result": batch})
             await asyncio.sleep(0.05)
 
-    async def _m_sendMessage(self, args: dict[str, Any]) -> Response:  # noqa: N802
-        fault, out = self.world.send_message(args)
+    @staticmethod
+    def _answer(fault: str, out: dict[str, Any] | Response) -> Response | None:
+        """The answer of a refusal, or of a fault after the method acted (the connection dropped, a 502); None when
+        the result is to be answered."""
         if isinstance(out, Response):
             return out
         if fault == "lost":
             return DropResponse(status_code=200)
         if fault == "error_after":
             return JSONResponse({"ok": False, "error_code": 502, "description": "Bad Gateway"}, status_code=502)
+        return None
+
+    async def _m_sendMessage(self, args: dict[str, Any]) -> Response:  # noqa: N802
+        fault, out = self.world.send_message(args)
+        if (answer := self._answer(fault, out)) is not None:
+            return answer
         if fault == "hold":
             self.world.held_tag = args.get("_tag", "")
             self.world.held.set()
@@ -339,6 +415,10 @@ class TelegramApi:
                 await asyncio.sleep(0.05)
             return DropResponse(status_code=200)
         return JSONResponse({"ok": True, "result": out})
+
+    async def _m_editMessageText(self, args: dict[str, Any]) -> Response:  # noqa: N802
+        fault, out = self.world.edit_message(args)
+        return self._answer(fault, out) or JSONResponse({"ok": True, "result": out})
 
     async def _m_deleteMessage(self, args: dict[str, Any]) -> Response:  # noqa: N802
         w = self.world

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -368,3 +369,290 @@ def test_thread_depth_walks_the_reference_chain_one_request_a_level(world, rest,
     assert p.thread_depth(deepest, 10) == 3
     assert p.thread_depth(deepest, 1) == 2  # capped at limit + 1, like every adapter's
     assert p.thread_depth(deepest, 0) == 1  # a reply with limit 0: no request needed
+
+
+# --- edits (EditReply) and answers in parts (PostLimit), issue 32 -------------------------------
+
+
+def _sent(p: DiscordPlatform, world: DiscordWorld, text: str = "first words") -> tuple[Any, str]:
+    """A person's mention and the bot's reply to it: (parent, reply id)."""
+    cid = world.add_channel()
+    pid = world.say(cid, ALICE, "help?")
+    parent = p.resolve(pid)
+    return parent, p.send(parent, text, provider_key=send_key(p, pid)).reply_id
+
+
+def test_an_edit_sets_the_content_and_the_fake_keeps_its_history(world, rest, http) -> None:
+    """EditReply over HTTP: the message's content is the last text set (the fake's ground truth), each edit in
+    its history, the same text again is harmless, and no new message is made."""
+    from replyd.platforms.base import EditReply
+
+    p = adapter(rest, http)
+    assert isinstance(p, EditReply)
+    parent, rid = _sent(p, world)
+    p.edit(parent, rid, "first words, and more")
+    p.edit(parent, rid, "first words, and more, and the end")
+    p.edit(parent, rid, "first words, and more, and the end")
+    assert world.text(rid) == "first words, and more, and the end"
+    end = "first words, and more, and the end"
+    assert world.history(rid) == ["first words, and more", end, end]
+    assert [f"{m.channel_id}:{m.id}" for m in world.bot_replies(parent.id)] == [rid]
+
+
+@pytest.mark.parametrize(("fault", "error", "acted"), [
+    ("lost", MaybeSent, True), ("error_after", MaybeSent, True), ("error_before", MaybeSent, False),
+])
+def test_an_edit_whose_answer_is_lost_may_have_acted_and_is_safe_to_repeat(world, rest, http, fault, error,
+                                                                          acted) -> None:
+    """A dropped answer or a 5xx is MaybeSent (the fake tells whether it acted); the repeat sets the same text."""
+    p = adapter(rest, http)
+    parent, rid = _sent(p, world)
+    world.edit_faults = [fault]
+    with pytest.raises(error):
+        p.edit(parent, rid, "grown answer")
+    assert world.text(rid) == ("grown answer" if acted else "first words")
+    p.edit(parent, rid, "grown answer")
+    assert world.text(rid) == "grown answer" and len(world.bot_replies(parent.id)) == 1
+
+
+def test_an_edit_rate_limited_waits_and_sends_nothing_meanwhile(world, rest, http) -> None:
+    """A bucket 429 on the edit is RateLimited with Retry-After; the next edit is refused locally, not sent."""
+    p = adapter(rest, http)
+    parent, rid = _sent(p, world)
+    world.edit_faults = ["ratelimited"]
+    with pytest.raises(RateLimited) as got:
+        p.edit(parent, rid, "grown")
+    assert got.value.retry_after_s == 65
+    n = world.edit_requests
+    with pytest.raises(RateLimited):
+        p.edit(parent, rid, "grown")
+    assert world.edit_requests == n and world.text(rid) == "first words"
+
+
+@pytest.mark.parametrize("case", ["gone", "not_ours", "too_long", "empty"])
+def test_an_edit_the_platform_refuses_is_rejected_and_changes_nothing(world, rest, http, case) -> None:
+    """10008 (deleted), 50005 (another author's message), 50035 (over 2,000 code points, empty): Rejected."""
+    p = adapter(rest, http)
+    parent, rid = _sent(p, world)
+    target, text = rid, "new text"
+    if case == "gone":
+        p.delete(rid)
+    if case == "not_ours":
+        target = parent.id  # Alice's message
+    if case == "too_long":
+        text = "é" * 2001
+    if case == "empty":
+        text = ""
+    with pytest.raises(Rejected) as got:
+        p.edit(parent, target, text)
+    assert got.value.status == {"gone": 404, "not_ours": 403}.get(case, 400)
+    if case != "gone":
+        assert world.text(rid) == "first words" and world.text(parent.id).endswith("help?")
+
+
+def test_the_post_limit_is_2000_code_points_and_the_fake_refuses_one_more(world, rest, http) -> None:
+    """PostLimit: 2,000 in replyd.parts' "chars" (code points, Discord's unit): 2,000 emoji go, 2,001 are 50035."""
+    from replyd.platforms.base import PostLimit
+
+    p = adapter(rest, http)
+    assert isinstance(p, PostLimit)
+    cid = world.add_channel()
+    pid = world.say(cid, ALICE, "help?")
+    limit = p.post_limit(p.resolve(pid))
+    assert (limit.size, limit.unit) == (2000, "chars")
+    with pytest.raises(Rejected):
+        p.send(p.resolve(pid), "👍" * 2001, provider_key=send_key(p, pid))
+    sent = p.send(p.resolve(pid), "👍" * 2000, provider_key=send_key(p, pid))
+    assert world.text(sent.reply_id) == "👍" * 2000
+
+
+# --- a 3-part answer through the real guard and sweep, on SQLite and PostgreSQL ----------------------
+
+LONG = " ".join(f"Sentence {i} of a long answer, which says something worth reading." for i in range(75))
+
+
+@pytest.fixture
+def clock():  # noqa: ANN201
+    """The store's fake clock at today's time: the fake's snowflakes are made on it."""
+    from replyd.clock import FakeClock
+
+    return FakeClock(time.time())
+
+
+@pytest.fixture
+def chain(store, clock, http):  # noqa: ANN001, ANN201
+    """A Discord fake on the fake clock, its adapter, a guard and a sweeper over ``store``."""
+    from replyd.guard import Guard
+    from replyd.sweep import Bot, Sweeper
+
+    w = DiscordWorld(now=clock.now)
+    with DiscordRest(w) as api:
+        p = make_platform("discord", {"api_url": api.url, "token": BOT_TOKENS[0], "listing_delay_s": 0},
+                          http=http, clock=clock)
+        g = Guard(store, p, p.whoami(), clock=clock, send_timeout_s=5.0, watch_interval_s=None)
+        yield w, api, p, g, Sweeper(store, [Bot(p, p.whoami())], clock=clock, retry_s=1.0)
+
+
+def _thread(w: DiscordWorld, parent_id: str) -> list[Any]:
+    """The bot's messages from ``parent_id`` down the reference chain (each part answering the one before)."""
+    cid, _, at = parent_id.partition(":")
+    out = []
+    while True:
+        kids = [m for m in w.channels[cid].messages if m.author_id == BOT_ID and m.reference == at and not m.deleted]
+        assert len(kids) <= 1, f"{len(kids)} bot messages answer {at}"
+        if not kids:
+            return out
+        out.append(kids[0])
+        at = kids[0].id
+
+
+def test_a_three_part_answer_is_three_messages_in_a_reference_chain(chain, store) -> None:
+    """One message per part, in order, each a reply to the one before; each part's row closed with its message."""
+    from replyd import store as st
+    from replyd.guard import Status
+    from replyd.parts import Limit, part_id, split
+
+    w, _api, p, g, _ = chain
+    cid = w.add_channel()
+    pid = w.say(cid, ALICE, "tell me everything")
+    parts = split(LONG, Limit(2000))
+    assert len(parts) == 3
+    out = g.post(p.resolve(pid), LONG)
+    assert out.status is Status.POSTED and [x.state for x in out.parts] == [st.CLOSED] * 3
+    msgs = _thread(w, pid)
+    assert [m.content for m in msgs] == parts
+    assert sum(m.author_id == BOT_ID for m in w.channels[cid].messages) == 3
+    for k, m in enumerate(msgs, 1):
+        assert store.peek(g.key(part_id(pid, k))).reply_id == f"{cid}:{m.id}"
+
+
+def test_a_lost_part_two_is_closed_by_the_sweep_with_its_own_message(chain, store, clock) -> None:
+    """Part 2's answer lost: the sweep's read-back (author + message_reference to part 1) closes part 2's row with
+    part 2's own message; the next offer sends part 3 as a reply to it. Nothing is sent twice."""
+    from replyd import store as st
+    from replyd.guard import Status
+    from replyd.parts import part_id
+
+    w, _api, p, g, sweeper = chain
+    w.nonce_window_s = 0.0  # the nonce cannot save the retry: only the read-back can close the row
+    cid = w.add_channel()
+    pid = w.say(cid, ALICE, "tell me everything")
+    parent = p.resolve(pid)
+    w.create_faults = [None, "lost"]  # type: ignore[list-item]
+    assert g.post(parent, LONG).status is Status.UNCERTAIN
+    assert w.lost_answers == 1
+    clock.advance(30)
+    sweeper.run_once()
+    first, second = [m for m in w.channels[cid].messages if m.author_id == BOT_ID]  # in the order they were made
+    row = store.peek(g.key(part_id(pid, 2)))
+    assert row.state == st.CLOSED and row.reply_id == f"{cid}:{second.id}"  # plant: part 1's id, or left open
+    assert [m.id for m in _thread(w, pid)] == [first.id, second.id]
+    assert g.post(parent, LONG).status is Status.POSTED
+    msgs = _thread(w, pid)
+    assert [m.id for m in msgs[:2]] == [first.id, second.id] and len(msgs) == 3
+    assert sum(m.author_id == BOT_ID for m in w.channels[cid].messages) == 3 and w.create_requests == 3
+
+
+def test_the_bots_own_parts_are_never_offered_and_a_reply_to_one_is(chain, http) -> None:
+    """The backstop poll and resolve skip the bot's parts; a person's reply to part 2 is offered and addresses
+    the bot (Addressing); a part's parent does not claim to address it."""
+    w, api, _p, g, _ = chain
+    cid = w.add_channel()
+    pid = w.say(cid, ALICE, "tell me everything")
+    p = make_platform("discord", {"api_url": api.url, "token": BOT_TOKENS[0], "channels": [cid]}, http=http,
+                      clock=g.clock)
+    page = p.inbox(None)
+    assert [x.id for x in page.parents] == [pid]
+    g.post(page.parents[0], LONG)
+    part2 = _thread(w, pid)[1]
+    assert p.inbox(page.cursor).parents == []
+    with pytest.raises(Rejected):
+        p.resolve(f"{cid}:{part2.id}")  # an own message is never a parent
+    later = w.say(cid, BOB, "thanks, but why?", mention=False, reply_to=part2.id)
+    [offered] = p.inbox(page.cursor).parents
+    assert offered.id == later and p.addresses(offered, p.whoami())
+    assert p.addresses(page.parents[0], p.whoami())
+    assert not p.addresses(p.part_parent(page.parents[0], f"{cid}:{part2.id}"), p.whoami())
+
+
+@contextlib.contextmanager
+def _streaming(world: DiscordWorld, http: httpx.Client) -> Iterator[tuple[Gateway, DiscordPlatform, list[str]]]:
+    """A Gateway and REST fake, an adapter streaming from it (connected) and the parent ids it yields."""
+    gw = Gateway(world, heartbeat_ms=300)
+    stop = threading.Event()
+    try:
+        with DiscordRest(world, gateway_url=gw.url) as api:
+            p = adapter(api, http)
+            got: list[str] = []
+            t = _collect(p, got, stop)
+            _until(lambda: gw.connections == 1)
+            try:
+                yield gw, p, got
+            finally:
+                stop.set()
+                t.join(3)
+    finally:
+        gw.close()
+
+
+def test_edits_heard_on_the_gateway_are_never_parents(world, http) -> None:
+    """The Gateway dispatches MESSAGE_UPDATE for the bot's edits (and a person's): the stream offers only the
+    mentions' MESSAGE_CREATE, once each."""
+    with _streaming(world, http) as (gw, p, got):
+        cid = world.add_channel()
+        pid = world.say(cid, ALICE, "help?")
+        _until(lambda: pid in got)
+        rid = p.send(p.resolve(pid), "part one", provider_key=send_key(p, pid)).reply_id
+        p.edit(p.resolve(pid), rid, "part one, grown")
+        world.amend(pid, f"<@{BOT_ID}> help? (edited)")
+        later = world.say(cid, BOB, "and me?")
+        _until(lambda: later in got)
+        sent = [s for s in gw.sessions.values()][0].events
+        assert sum(f.get("t") == "MESSAGE_UPDATE" for _seq, f in sent) == 2
+        assert got == [pid, later]  # plant: MESSAGE_UPDATE read as a new message offers Alice's edit again
+
+
+def test_an_interaction_answer_is_edited_through_its_original_response(world, rest, http) -> None:
+    """An interaction's first part is its deferred response: an edit PATCHes @original with the token held; a
+    process that does not hold the token edits nothing (DefinitelyNotSent)."""
+    from tests.discord_fake import InteractionSender, Msg
+
+    p = adapter(rest, http)
+    cid = world.add_channel()
+    sender = InteractionSender(world, [])
+    try:
+        [parent] = p.parse_webhook("interaction", sender.payload(cid, ALICE, "why?"))  # type: ignore[misc]
+    finally:
+        sender.close()
+    it = world.interactions[parent.id]
+    it.original = Msg(world.snowflake(), cid, BOT_ID, "")  # the deferred response Discord made on the type 5
+    world.channels[cid].messages.append(it.original)
+    rid = p.send(parent, "the start", provider_key=send_key(p, parent.id)).reply_id
+    p.edit(parent, rid, "the start, and the rest")
+    assert world.text(rid) == "the start, and the rest" and it.edits == 2
+    with pytest.raises(DefinitelyNotSent):
+        adapter(rest, http).edit(parent, rid, "from elsewhere")
+    assert world.text(rid) == "the start, and the rest"
+
+
+def test_a_streamed_answer_is_one_message_per_part_grown_by_edits(chain, store, clock) -> None:
+    """A streamed responder through the real guard: each part posted once (a reference chain), grown by Edit
+    Message over HTTP; the messages' final contents are the whole answer, each within 2,000 code points."""
+    from replyd import store as st
+    from replyd.guard import Guard, Status
+    from tests.test_stream import Streamer
+
+    w, _api, p, _g, _ = chain
+    g = Guard(store, p, p.whoami(), clock=clock, send_timeout_s=5.0, watch_interval_s=None, compose_lease_s=60.0,
+              stream_edit_interval_s=1.0)
+    words = [f"word{i:03d}-" + "x" * 40 for i in range(100)]  # 100 words of 48: 4,899 characters
+    cid = w.add_channel()
+    pid = w.say(cid, ALICE, "stream it")
+    out = g.post(p.resolve(pid), Streamer(clock, words=words))
+    assert out.status is Status.POSTED, out
+    msgs = _thread(w, pid)
+    assert len(msgs) == len(out.parts) == 3 and all(len(m.content) <= 2000 for m in msgs)
+    assert " ".join(m.content for m in msgs) == " ".join(words)
+    assert sum(len(m.edits) for m in msgs) >= len(msgs) and w.edit_requests == sum(len(m.edits) for m in msgs)
+    assert sum(m.author_id == BOT_ID for m in w.channels[cid].messages) == 3
+    assert store.peek(g.key(pid)).state == st.CLOSED

@@ -8,7 +8,6 @@ the composed text; the responder was called once per answer, plus once where a k
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import signal
 import time
 from pathlib import Path
@@ -24,11 +23,10 @@ from replyd.parts import length, split
 from replyd.platforms.bluesky import BlueskyPlatform
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
-from tests.parts_workers import Responder, answer_text, calls_per_parent, post_and_die
+from tests.parts_workers import Responder, answer_text, calls_per_parent, post_and_die, run_children
 from tests.test_bluesky_network import PdsProxy
 
 pytestmark = pytest.mark.slow
-CTX = mp.get_context("spawn")
 
 
 def _bot_posts(net: Any) -> list[dict[str, Any]]:
@@ -98,14 +96,7 @@ def test_answers_in_parts_on_the_dev_env_survive_kills_and_lost_answers(bsky_net
 
             jobs = [("bluesky", settings, url, p.snapshot(), str(calls), texts[p.id], n, k, point)
                     for p, n, k, point in plan]
-            codes = []
-            for i in range(0, len(jobs), 3):
-                procs = [CTX.Process(target=post_and_die, args=job) for job in jobs[i:i + 3]]
-                for c in procs:
-                    c.start()
-                for c in procs:
-                    c.join(180)
-                    codes.append(c.exitcode)
+            codes = run_children(post_and_die, jobs, width=3)
             assert codes == [-signal.SIGKILL] * len(jobs), list(zip([(n, k, pt) for _, n, k, pt in plan], codes))
 
             proxy.drop_rate = 0.2

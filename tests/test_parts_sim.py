@@ -9,10 +9,10 @@ compose short.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -25,9 +25,9 @@ from replyd.platforms.mastodon import MastodonPlatform
 from replyd.sim import SimServer, World
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
-from tests.parts_workers import Responder, answer_text, calls_per_parent, post_and_die
+from tests.parts_workers import (Responder, answer_text, calls_per_parent, post_and_die, run_children,
+                                 settled_twice)
 
-CTX = mp.get_context("spawn")
 MAX_CHARS = 120  # the sim instance's post limit (served by /api/v2/instance)
 ASKER = "asker"
 
@@ -50,30 +50,22 @@ def _chain(world: World, bot_id: str, parent_id: str) -> list[str]:
         at = kids[0].id
 
 
-def _run_children(jobs: list[tuple], width: int = 4) -> list[int | None]:
-    """Run ``post_and_die`` children, ``width`` at a time; return their exit codes in order."""
-    codes: list[int | None] = []
-    for i in range(0, len(jobs), width):
-        procs = [CTX.Process(target=post_and_die, args=job) for job in jobs[i:i + width]]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(180)
-            codes.append(p.exitcode)
-    return codes
+def _world(tmp_path: Path, seed: int) -> tuple[World, Any, Any, str, Path]:
+    """A sim limited to MAX_CHARS with the bot and the asker; a migrated SQLite store; the responder's call file."""
+    world = World(SystemClock(), seed=seed, listing_delay_s=0.2)
+    world.configure(max_characters=MAX_CHARS)
+    bot = world.add_account("replybot", bot=True)
+    asker = world.add_account(ASKER)
+    url = f"sqlite:///{tmp_path / 'r.sqlite3'}"
+    Store.open(url).dispose()  # the schema, once, before the children race to open it
+    return world, bot, asker, url, tmp_path / "calls.txt"
 
 
 @pytest.mark.slow
 def test_answers_in_parts_survive_sigkill_at_every_point_and_lost_answers(tmp_path: Path) -> None:
     """1-6 part answers, a kill at every point of each, then resumed with 20 % lost creates: each parent has
     exactly its parts once, in order, with the composed text; one responder call per answer (+1 per cut compose)."""
-    world = World(SystemClock(), seed=32, listing_delay_s=0.2)
-    world.configure(max_characters=MAX_CHARS)
-    bot = world.add_account("replybot", bot=True)
-    asker = world.add_account(ASKER)
-    db, calls = tmp_path / "r.sqlite3", tmp_path / "calls.txt"
-    url = f"sqlite:///{db}"
-    Store.open(url).dispose()  # the schema, once, before the children race to open it
+    world, bot, asker, url, calls = _world(tmp_path, seed=32)
     with SimServer(world) as srv, httpx.Client(trust_env=False) as http:
         settings = _settings(srv, bot.token)
         plat = MastodonPlatform.from_settings(settings, http=http, clock=SystemClock())
@@ -95,7 +87,7 @@ def test_answers_in_parts_survive_sigkill_at_every_point_and_lost_answers(tmp_pa
         # Every kill point: each child dies by SIGKILL where it was told to.
         jobs = [("mastodon", settings, url, parents[pid].snapshot(), str(calls), texts[pid], n, k, point)
                 for pid, n, k, point in plan]
-        codes = _run_children(jobs)
+        codes = run_children(post_and_die, jobs)
         assert codes == [-signal.SIGKILL] * len(jobs), list(zip(plan, codes))
 
         # Resumed with lost answers: every path is the next offer of the parent, and the sweep between offers.
@@ -114,11 +106,7 @@ def test_answers_in_parts_survive_sigkill_at_every_point_and_lost_answers(tmp_pa
         assert not waiting, {pid: g.store.peek(g.key(pid)).state for pid in waiting}
         # More sweeps and offers once the answers closed: nothing may be sent again.
         world.configure(lost_drop_rate=0.0)
-        for _ in range(2):
-            sweeper.run_once()
-            for pid in parents:
-                assert g.post(parents[pid], Responder(str(calls), texts[pid])).status.value == "already_answered"
-            time.sleep(0.5)
+        settled_twice(g, sweeper, parents, lambda pid: Responder(str(calls), texts[pid]), 0.5)
 
         for pid in parents:
             assert _chain(world, bot.id, pid) == [f"@{ASKER} {p}" for p in expected[pid]], pid

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -23,8 +24,8 @@ from structlog.testing import capture_logs
 from replyd.clock import FakeClock, SystemClock
 from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, RateLimited, Rejected
 from replyd.hooks import Hook, Receiver, slack_sign, slack_verify
-from replyd.platforms.base import Parent, Pending, ThreadDepth
-from replyd.platforms.slack import SlackPlatform
+from replyd.platforms.base import EditReply, Parent, Pending, PostLimit, ThreadDepth
+from replyd.platforms.slack import SlackPlatform, ts_order
 from tests.slack_fake import (
     APP_TOKEN,
     BOT_TOKENS,
@@ -108,6 +109,8 @@ def test_identity_is_the_bot_user_id_and_the_token_never_shows(api) -> None:
     ({"token": "xoxb-1", "page_limit": 5000}, "page_limit", "999"),
     ({"token": "xoxb-1", "rate_per_minute": {"chat.postMessage": 0}}, "rate_per_minute", "at least 1"),
     ({"token": "xoxb-1", "search_queries": ["help"]}, "search_queries", "user token"),
+    ({"token": "xoxb-1", "max_post_chars": 40_001}, "max_post_chars", "40000"),  # Slack truncates past it
+    ({"token": "xoxb-1", "max_post_chars": 10}, "max_post_chars", "20"),
 ])
 def test_settings_errors_are_one_line_naming_the_key(settings, key, words) -> None:
     """Each bad setting is one ConfigError line naming the key; a token's value is never echoed."""
@@ -233,6 +236,7 @@ def test_send_refused_by_the_error_table(api, world) -> None:
     """channel_not_found, not_in_channel, msg_too_long are Rejected; invalid_auth is DefinitelyNotSent."""
     plat = make(api)
     ts = mention(world).partition(":")[2]
+    world.too_long = "refuse"  # msg_too_long has no published threshold: the fake refuses past 40,000 when asked
     for channel, text, code in (("C0GONE0001", "x", "channel_not_found"), (RANDOM, "x", "not_in_channel"),
                                 (GENERAL, "x" * 40_001, "msg_too_long")):
         with pytest.raises(Rejected, match=code):
@@ -288,6 +292,116 @@ def test_method_tier_budget_refuses_before_sending(api, world) -> None:
     assert api.calls["conversations.replies"] == 2 and spent.value.retry_after_s == pytest.approx(30.0)
     clock.advance(30.0)
     assert plat.resolve(pid).id == pid and api.calls["conversations.replies"] == 3
+
+
+def test_a_text_past_40000_characters_lands_truncated_and_is_logged(api, world) -> None:
+    """Slack posts text past 40,000 characters cut there, with the message_truncated warning: it landed (no
+    error to retry), the adapter says so in its log."""
+    plat = make(api)
+    parent = plat.resolve(mention(world))
+    with capture_logs() as logs:
+        sent = plat.send(parent, "y" * 40_005, provider_key="k")
+    assert world.text_of(sent.reply_id) == "y" * 40_000
+    assert [e["method"] for e in logs if e["event"] == "replyd.slack.truncated"] == ["chat.postMessage"]
+
+
+# -- edit (chat.update) ------------------------------------------------------------------------------
+
+
+def test_edit_replaces_the_whole_text_keeps_the_metadata_and_the_history(api, world) -> None:
+    """chat.update sets the reply's whole text (twice is harmless); the fake's history keeps every text, and the
+    read-back still finds the edited reply under its parent (its replyd metadata sent again)."""
+    plat = make(api)
+    assert isinstance(plat, EditReply)
+    parent = plat.resolve(mention(world))
+    sent = plat.send(parent, "first words", provider_key="k")
+    plat.edit(parent, sent.reply_id, "first words and more")
+    plat.edit(parent, sent.reply_id, "first words and more")
+    assert world.text_of(sent.reply_id) == "first words and more"
+    assert world.history_of(sent.reply_id) == ["first words", "first words and more", "first words and more"]
+    assert world.message(sent.reply_id).metadata == {"event_type": "replyd_reply", "event_payload": {"parent": parent.id}}
+    rb = plat.read_back([Pending(parent, time.time())], sender_id=BOT_USER)
+    assert [r.reply_id for r in rb.found[parent.id]] == [sent.reply_id]
+    assert len(world.bot_replies(parent.id)) == 1 and api.calls["chat.update"] == 2
+
+
+@pytest.mark.parametrize(("fault", "edited"), [("lost", True), ("error_after", True), ("error_before", False)])
+def test_edit_lost_or_5xx_is_maybe_sent_and_trying_again_is_harmless(api, world, fault, edited) -> None:
+    """A lost answer or a 5xx may have edited (Slack cannot say): MaybeSent; the edit tried again sets the same
+    text, one message still."""
+    plat = make(api)
+    parent = plat.resolve(mention(world))
+    sent = plat.send(parent, "draft", provider_key="k")
+    world.update_faults = [fault]
+    with pytest.raises(MaybeSent):
+        plat.edit(parent, sent.reply_id, "final")
+    assert world.text_of(sent.reply_id) == ("final" if edited else "draft")
+    plat.edit(parent, sent.reply_id, "final")
+    assert world.text_of(sent.reply_id) == "final" and len(world.bot_replies(parent.id)) == 1
+
+
+def test_edit_that_provably_did_not_act_is_definitely_not_sent(api, world) -> None:
+    """A refused token, a refused connection: DefinitelyNotSent, the text unchanged."""
+    plat = make(api)
+    parent = plat.resolve(mention(world))
+    sent = plat.send(parent, "draft", provider_key="k")
+    world.tokens = ("xoxb-rotated",)
+    with pytest.raises(DefinitelyNotSent, match="invalid_auth"):
+        plat.edit(parent, sent.reply_id, "final")
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}/api"
+    gone = SlackPlatform.from_settings({"token": BOT_TOKENS[0], "api_url": closed}, http=httpx.Client(timeout=2.0),
+                                       clock=SystemClock())
+    with pytest.raises(DefinitelyNotSent):
+        gone.edit(parent, sent.reply_id, "final")
+    assert world.history_of(sent.reply_id) == ["draft"]
+
+
+def test_edit_refused_by_the_error_table(api, world) -> None:
+    """message_not_found (deleted), cant_update_message (a person's message), edit_window_closed, msg_too_long
+    and a malformed id are Rejected; nothing changes on the fake."""
+    plat = make(api)
+    parent = plat.resolve(mention(world))
+    gone = plat.send(parent, "to delete", provider_key="k")
+    plat.delete(gone.reply_id)
+    with pytest.raises(Rejected, match="message_not_found"):
+        plat.edit(parent, gone.reply_id, "x")
+    with pytest.raises(Rejected, match="cant_update_message"):
+        plat.edit(parent, parent.id, "x")  # Alice's own message
+    sent = plat.send(parent, "kept", provider_key="k")
+    world.too_long = "refuse"
+    with pytest.raises(Rejected, match="msg_too_long"):
+        plat.edit(parent, sent.reply_id, "x" * 40_001)
+    world.edit_window_s = -1.0  # the workspace's edit window has closed on every message
+    with pytest.raises(Rejected, match="edit_window_closed"):
+        plat.edit(parent, sent.reply_id, "x")
+    with pytest.raises(Rejected):
+        plat.edit(parent, "not-an-id", "x")
+    assert world.history_of(sent.reply_id) == ["kept"] and world.text_of(parent.id).endswith("can you help?")
+
+
+def test_edit_ratelimited_honours_retry_after_and_the_tier(api, world) -> None:
+    """A 429 with Retry-After is RateLimited with that wait and no request until it passes; past Tier 3's
+    minute (the fake's budget) Slack's own 429 says how long to wait."""
+    clock = FakeClock(time.time())
+    plat = make(api, clock)
+    parent = plat.resolve(mention(world))
+    sent = plat.send(parent, "draft", provider_key="k")
+    world.update_faults = ["ratelimited"]
+    with pytest.raises(RateLimited) as first:
+        plat.edit(parent, sent.reply_id, "v1")
+    assert first.value.retry_after_s == 1.0 and world.update_requests == 1
+    with pytest.raises(RateLimited, match="not sent"):
+        plat.edit(parent, sent.reply_id, "v1")
+    assert world.update_requests == 1 and world.text_of(sent.reply_id) == "draft"
+    clock.advance(1.5)
+    plat.edit(parent, sent.reply_id, "v1")
+    world.update_per_minute = world.update_requests + 1  # the fake's tier: one more edit this minute, then a 429
+    plat.edit(parent, sent.reply_id, "v2")
+    with pytest.raises(RateLimited) as tier:
+        plat.edit(parent, sent.reply_id, "v3")
+    assert 1.0 <= tier.value.retry_after_s <= 61.0 and world.text_of(sent.reply_id) == "v2"
 
 
 # -- read-back ---------------------------------------------------------------------------------------
@@ -685,3 +799,124 @@ def test_a_non_ascii_digit_timestamp_is_a_401_not_a_500(api, world, tmp_path, mo
     out, err = capfd.readouterr()
     assert "Traceback" not in out + err and "ValueError" not in out + err
     assert SIGNING_SECRET not in out + err
+
+
+# -- answers in parts (issue 32): the real guard and sweep on the fake ---------------------------------------
+
+PART_CHARS = 120
+LONG = " ".join(f"Sentence {i} of a long answer says one more thing." for i in range(6))
+
+
+def _parts_bot(api: SlackWebApi, world: SlackWorld, store: Any, clock: FakeClock,
+               chars: int = PART_CHARS) -> tuple[SlackPlatform, Any, Any]:
+    """A Slack adapter posting at most ``chars`` a message, the real guard over ``store`` (streamed answers
+    edited at most every second) and a sweeper."""
+    from replyd.guard import Guard
+    from replyd.sweep import Bot, Sweeper
+
+    world.now = clock.now  # Slack's ts on the test's clock, so the sweep's deadlines and the fake's agree
+    plat = make(api, clock, max_post_chars=chars, listing_delay_s=1.0)
+    me = plat.whoami()
+    g = Guard(store, plat, me, clock=clock, send_timeout_s=5.0, watch_interval_s=None, compose_lease_s=30.0,
+              stream_edit_interval_s=1.0)
+    return plat, g, Sweeper(store, [Bot(plat, me)], clock=clock, retry_s=1.0)
+
+
+def _thread(world: SlackWorld, parent_id: str) -> list[Any]:
+    """The bot's messages in the parent's thread, oldest first, read on the fake."""
+    return sorted(world.thread_replies(parent_id), key=lambda m: ts_order(m.ts))
+
+
+def _answered(m: Any) -> str:
+    """The parent id a message's replyd metadata names."""
+    return m.metadata["event_payload"]["parent"]
+
+
+@pytest.mark.parametrize("where", ["channel", "dm"])
+def test_a_long_answer_goes_out_in_parts_in_the_parents_thread(api, world, store, clock, where) -> None:
+    """Three parts through the guard: three messages in the parent's thread, in order, each once, each tagged
+    with the part before it (the first with the parent); the parts' rows closed with their own replies; the
+    inbox and re-find offer only the person's message, never a part (in a DM, where every message is offered)."""
+    from replyd import store as st
+    from replyd.guard import Status
+    from replyd.parts import Limit, part_id, split
+
+    plat, g, _ = _parts_bot(api, world, store, clock)
+    assert isinstance(plat, PostLimit) and plat.post_limit(Parent(id="x", author_id="y")).size == PART_CHARS
+    expected = split(LONG, Limit(PART_CHARS))
+    assert len(expected) == 3
+    parent = plat.resolve(mention(world) if where == "channel" else world.say(DM, ALICE, "a long question"))
+    out = g.post(parent, LONG)
+    assert out.status is Status.POSTED and [p.state for p in out.parts] == [st.CLOSED] * 3
+    msgs = _thread(world, parent.id)
+    ids = [f"{parent.extra['channel']}:{m.ts}" for m in msgs]
+    assert [m.text for m in msgs] == expected and all(m.thread_ts == parent.extra["ts"] for m in msgs)
+    assert [_answered(m) for m in msgs] == [parent.id, ids[0], ids[1]]
+    rows = [store.peek(g.key(part_id(parent.id, k))) for k in (1, 2, 3)]
+    assert [r.reply_id for r in rows] == ids == [p.reply_id for p in out.parts]
+    assert g.post(parent, LONG).status is Status.ALREADY_ANSWERED and len(_thread(world, parent.id)) == 3
+    assert [p.id for p in plat.inbox(None).parents] == [parent.id]
+    assert [p.id for p in plat.refind(clock.now() - 3600)] == [parent.id]
+
+
+def test_a_lost_part_is_closed_by_the_sweep_with_its_own_reply(api, world, store, clock) -> None:
+    """Part 2's answer lost (it landed): the sweep reads the thread and closes part 2 with part 2's own reply,
+    not part 1's (the read-back, and read_parents, ask about part 1's id, which only part 2's metadata names);
+    the next offer sends part 3 only: three messages, in order, each once."""
+    from replyd import store as st
+    from replyd.guard import Status
+    from replyd.parts import Limit, part_id, split
+
+    plat, g, sweeper = _parts_bot(api, world, store, clock)
+    parent = plat.resolve(mention(world))
+    world.post_faults = ["ok", "lost"]
+    out = g.post(parent, LONG)
+    assert out.status is Status.UNCERTAIN and [p.state for p in out.parts[:2]] == [st.CLOSED, st.OPEN]
+    first, second = (f"{GENERAL}:{m.ts}" for m in _thread(world, parent.id))
+    clock.advance(10)
+    sweeper.run_once()
+    assert store.peek(g.key(part_id(parent.id, 2))).reply_id == second
+    look = plat.read_parents([Pending(plat.part_parent(parent, first), clock.now())], sender_id=BOT_USER)
+    assert [r.reply_id for r in look.found.get(first, [])] == [second]
+    done = g.post(parent, LONG)
+    assert done.status is Status.POSTED and done.state == st.CLOSED
+    assert [m.text for m in _thread(world, parent.id)] == split(LONG, Limit(PART_CHARS))
+    assert world.post_requests == 3
+
+
+def test_a_part_that_never_landed_is_proven_so_and_sent_again(api, world, store, clock) -> None:
+    """Part 2 refused with a 503 before Slack made it (MaybeSent): the sweep finds no reply to part 1 and proves
+    part 2 not landed; the next offer sends it again, then part 3: three messages, in order, each once."""
+    from replyd.guard import Status
+    from replyd.parts import Limit, split
+
+    plat, g, sweeper = _parts_bot(api, world, store, clock)
+    parent = plat.resolve(mention(world))
+    world.post_faults = ["ok", "error_before"]
+    assert g.post(parent, LONG).status is Status.UNCERTAIN
+    clock.advance(10)
+    assert sweeper.run_once().not_landed == 1
+    assert g.post(parent, LONG).status is Status.POSTED
+    assert [m.text for m in _thread(world, parent.id)] == split(LONG, Limit(PART_CHARS))
+
+
+@pytest.mark.parametrize("fault", [None, "lost"])
+def test_a_streamed_answer_is_one_message_per_part_grown_by_chat_update(api, world, store, clock, fault) -> None:
+    """A streamed responder through the guard: each part posted once in the parent's thread and grown by
+    chat.update (an edit whose answer was lost simply tried again) to the final text, every word once, in order;
+    the fake's history shows the growth and no part was posted twice."""
+    from replyd.guard import Status
+    from tests.test_stream import WORDS, Streamer
+
+    plat, g, _ = _parts_bot(api, world, store, clock, chars=60)
+    parent = plat.resolve(mention(world))
+    world.update_faults = [fault] if fault else []
+    out = g.post(parent, Streamer(clock))
+    assert out.status is Status.POSTED, out
+    msgs = _thread(world, parent.id)
+    assert len(msgs) == len(out.parts) >= 4 and world.post_requests == len(msgs)
+    assert " ".join(m.text for m in msgs) == " ".join(WORDS) and all(len(m.text) <= 60 for m in msgs)
+    assert [f"{GENERAL}:{m.ts}" for m in msgs] == [p.reply_id for p in out.parts]
+    assert [_answered(m) for m in msgs] == [parent.id] + [f"{GENERAL}:{m.ts}" for m in msgs[:-1]]
+    assert sum(len(m.history) for m in msgs) >= len(msgs)  # grown by edits, not re-posted
+    assert world.update_faults == []  # the fault was met

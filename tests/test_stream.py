@@ -132,7 +132,8 @@ def test_a_failed_stream_is_released_and_its_parts_edited_by_the_next_compositio
     out = g.post(parent, Streamer(clock, fail_after=30))
     assert out.status is Status.NOT_SENT and out.state == st.RELEASED
     first = _chain(plat, "p1")
-    assert first
+    assert first and [p.reply_id for p in out.parts] == [r["reply_id"] for r in first]  # reported honestly
+    assert "shown before the stream stopped" in out.detail
     clock.advance(out.retry_after_s + 1)
     out = g.post(parent, Streamer(clock))
     assert out.status is Status.POSTED

@@ -427,3 +427,197 @@ def _outcome(fn: Any) -> Any:
         return fn()
     except Exception as exc:  # the test looks at what the poll raised
         return exc
+
+
+# -- edits (EditReply) and answers in parts (PostLimit), issue 32 ----------------------------------
+
+
+def _sent(plat: TelegramPlatform, world: TelegramWorld, text: str = "first words") -> tuple[Parent, str]:
+    """A person's message in the group and the bot's reply to it: (parent, reply id)."""
+    world.post(GROUP, "hello")
+    parent = plat.inbox(None).parents[-1]
+    return parent, plat.send(parent, text, provider_key="k").reply_id
+
+
+def test_an_edit_sets_the_text_and_the_same_text_again_is_done(api, world) -> None:
+    """EditReply over HTTP: the message's text is the last one set (the fake's ground truth); setting it again is
+    the Bot API's 400 "message is not modified", which is success (nothing raised, nothing changed)."""
+    from replyd.platforms.base import EditReply
+
+    plat = make(api)
+    assert isinstance(plat, EditReply)
+    parent, rid = _sent(plat, world)
+    plat.edit(parent, rid, "first words, and more")
+    plat.edit(parent, rid, "first words, and more")
+    assert world.text(rid) == "first words, and more" and world.history(rid) == ["first words, and more"]
+    assert world.edit_requests == 2 and world.bot_replies(parent.id) == 1
+
+
+@pytest.mark.parametrize(("fault", "acted"), [("lost", True), ("error_after", True), ("error_before", False)])
+def test_an_edit_whose_answer_is_lost_is_maybe_sent_and_its_repeat_is_done(api, world, fault, acted) -> None:
+    """A dropped answer or a 502 is MaybeSent (the fake tells whether it acted); the repeat of an edit that acted
+    meets "message is not modified" and is done: one edit on the platform, the text as set."""
+    plat = make(api)
+    parent, rid = _sent(plat, world)
+    world.edit_faults = [fault]
+    with pytest.raises(MaybeSent):
+        plat.edit(parent, rid, "grown answer")
+    assert world.text(rid) == ("grown answer" if acted else "first words")
+    plat.edit(parent, rid, "grown answer")  # plant: "not modified" taken as a refusal
+    assert world.text(rid) == "grown answer" and world.history(rid) == ["grown answer"]
+
+
+def test_an_edit_rate_limited_waits_retry_after_and_sends_nothing_meanwhile(api, world) -> None:
+    """429 with parameters.retry_after: RateLimited; the next edit is refused locally until then."""
+    plat = make(api)
+    parent, rid = _sent(plat, world)
+    world.edit_faults = ["ratelimited"]
+    with pytest.raises(RateLimited) as got:
+        plat.edit(parent, rid, "grown")
+    assert got.value.retry_after_s == 3.0
+    with pytest.raises(RateLimited):
+        plat.edit(parent, rid, "grown")
+    assert world.edit_requests == 1 and world.text(rid) == "first words"
+
+
+@pytest.mark.parametrize("case", ["gone", "not_ours", "too_old", "too_long", "empty"])
+def test_an_edit_the_bot_api_refuses_is_rejected_and_changes_nothing(api, world, case) -> None:
+    """Message to edit not found, can't be edited (another's, past the window), too long, empty: Rejected."""
+    plat = make(api)
+    parent, rid = _sent(plat, world)
+    target, text = rid, "new text"
+    if case == "gone":
+        plat.delete(rid)
+    if case == "not_ours":
+        target = parent.id
+    if case == "too_old":
+        world.edit_window_s = -1.0
+    if case == "too_long":
+        text = "👍" * 2049  # 4,098 UTF-16 code units
+    if case == "empty":
+        text = " "
+    with pytest.raises(Rejected) as got:
+        plat.edit(parent, target, text)
+    assert got.value.status == 400
+    if case != "gone":
+        assert world.text(rid) == "first words" and world.history(rid) == []
+
+
+def test_the_post_limit_never_lets_a_part_exceed_4096_utf16_units(api, world) -> None:
+    """Telegram counts UTF-16 code units, replyd.parts code points: the limit is 2,048 code points, so a part of
+    emoji (2 units each) still fits; the fake refuses 4,097 units as the Bot API does."""
+    from replyd.parts import split
+    from tests.telegram_fake import utf16_len
+
+    plat = make(api)
+    pid = world.post(DM, "hi")
+    parent = plat.resolve(pid)
+    with pytest.raises(Rejected):
+        plat.send(parent, "a" * 4095 + "👍", provider_key="k")  # 4,097 units
+    limit = plat.post_limit(parent)
+    parts = split("👍 " * 3000, limit)
+    for p in parts:  # plant: a limit of 4,096 code points (the first part is 5,462 units, refused)
+        plat.send(parent, p, provider_key="k")
+    assert world.bot_replies(pid) == len(parts) == 3 and max(utf16_len(p) for p in parts) <= 4096
+    assert (limit.size, limit.unit) == (2048, "chars")
+
+
+LONG = " ".join(f"Sentence {i} of a long answer, which says something worth reading." for i in range(75))
+
+
+def _thread(world: TelegramWorld, parent_id: str) -> list[dict[str, Any]]:
+    """The bot's messages from ``parent_id`` down the reply chain (each part answering the one before)."""
+    chat_id, _, at = parent_id.partition(":")
+    msgs = world.chats[int(chat_id)].messages
+    out = []
+    mid = int(at)
+    while True:
+        kids = [m for m in msgs.values() if m["from"]["id"] == BOT_ID
+                and (m.get("reply_to_message") or {}).get("message_id") == mid]
+        assert len(kids) <= 1, f"{len(kids)} bot messages answer {mid}"
+        if not kids:
+            return out
+        out.append(kids[0])
+        mid = kids[0]["message_id"]
+
+
+def test_a_three_part_answer_is_three_messages_each_replying_to_the_one_before(api, world, store, clock) -> None:
+    """Through the real guard: one message per part, in order, in the parent's forum topic, each a reply to the
+    previous part; each part's row closed with its own message."""
+    from replyd.parts import part_id, split
+
+    plat = make(api, clock=clock)
+    guard, _ = _guard(store, plat, clock)
+    world.chat(-1009876543210, type="supergroup", title="forum")
+    pid = world.post(-1009876543210, "tell me everything", thread_id=70)
+    parent = plat.inbox(None).parents[0]
+    parts = split(LONG, plat.post_limit(parent))
+    assert len(parts) == 3
+    out = guard.post(parent, LONG)
+    assert out.status is Status.POSTED
+    msgs = _thread(world, pid)
+    assert [m["text"] for m in msgs] == parts and all(m["message_thread_id"] == 70 for m in msgs)
+    assert world.send_requests == 3 and sum(world.reply_counts().values()) == 3
+    for k, m in enumerate(msgs, 1):
+        assert store.get(guard.key(part_id(pid, k))).reply_id == f"-1009876543210:{m['message_id']}"
+
+
+def test_a_lost_part_ends_unconfirmed_and_is_never_sent_again(api, world, store, clock) -> None:
+    """No read-back: part 2's answer lost leaves it open, the sweep makes it unconfirmed and the answer with it;
+    no later offer or sweep sends part 2 again or goes on to part 3."""
+    from replyd.parts import part_id
+
+    plat = make(api, clock=clock)
+    guard, sweeper = _guard(store, plat, clock)
+    pid = world.post(GROUP, "tell me everything")
+    parent = plat.inbox(None).parents[0]
+    world.send_faults = ["", "lost"]
+    assert guard.post(parent, LONG).status is Status.UNCERTAIN
+    clock.advance(60.0)
+    assert sweeper.run_once().unconfirmed == 1
+    assert store.get(guard.key(part_id(pid, 2))).state == st.UNCONFIRMED
+    for _ in range(3):
+        assert guard.post(parent, LONG, path="refind").status is Status.UNCONFIRMED
+        clock.advance(86_400.0)
+        sweeper.run_once()
+    assert store.get(guard.key(pid)).state == st.UNCONFIRMED
+    assert world.send_requests == 2 and len(_thread(world, pid)) == 2 and world.unanswered == [
+        f"{GROUP}:{_thread(world, pid)[1]['message_id']}"]
+
+
+def test_the_bots_own_parts_are_never_offered_and_a_reply_to_one_is(api, world, store, clock) -> None:
+    """The inbox skips the bot's parts (from a bot); a person's reply to part 2 is offered and addresses the bot;
+    a part's parent does not claim to address it."""
+    plat = make(api, clock=clock)
+    guard, _ = _guard(store, plat, clock)
+    world.post(GROUP, "tell me everything")
+    page = plat.inbox(None)
+    guard.post(page.parents[0], LONG)
+    part2 = _thread(world, page.parents[0].id)[1]
+    world._queue({"message": part2})  # even were the bot's own message delivered, it is not a parent
+    assert plat.inbox(page.cursor).parents == []
+    later = world.post(GROUP, "thanks, but why?", mention=False, reply_to=part2["message_id"])
+    [offered] = plat.inbox(page.cursor).parents
+    assert offered.id == later and plat.addresses(offered, plat.whoami())
+    assert not plat.addresses(plat.part_parent(page.parents[0], f"{GROUP}:{part2['message_id']}"), plat.whoami())
+
+
+def test_a_streamed_answer_is_one_message_per_part_grown_by_edits(api, world, store, clock) -> None:
+    """A streamed responder through the real guard: each part sent once (a reply chain), grown by editMessageText;
+    the final texts are the whole answer, each within 4,096 UTF-16 code units though every word carries an emoji
+    (plant: an edit that does nothing leaves the first words only)."""
+    from tests.telegram_fake import utf16_len
+    from tests.test_stream import Streamer
+
+    plat = make(api, clock=clock)
+    g = Guard(store, plat, plat.whoami(), clock=clock, send_timeout_s=10.0, compose_lease_s=60.0,
+              stream_edit_interval_s=1.0)
+    words = [f"word{i:03d}👍" + "x" * 40 for i in range(100)]  # 47 code points, 48 UTF-16 units each
+    pid = world.post(GROUP, "stream it")
+    out = g.post(plat.inbox(None).parents[0], Streamer(clock, words=words))
+    assert out.status is Status.POSTED, out
+    msgs = _thread(world, pid)
+    assert len(msgs) == len(out.parts) == 3 and all(utf16_len(m["text"]) <= 4096 for m in msgs)
+    assert " ".join(m["text"] for m in msgs) == " ".join(words)
+    assert sum(len(world.history(f"{GROUP}:{m['message_id']}")) for m in msgs) >= len(msgs)
+    assert world.send_requests == 3 and store.get(g.key(pid)).state == st.CLOSED

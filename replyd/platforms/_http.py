@@ -1119,6 +1119,18 @@ class HttpPlatform:
                       status=exc.status, detail=exc.detail)
         return exc
 
+    def _edited(self, parent: Parent, reply_id: str, text: str, edit: Callable[[], object]) -> None:
+        """Run one edit of an own reply (``EditReply``; ``edit`` makes the request and raises the mapped error):
+        logged as ``replyd.<kind>.edited`` or ``replyd.<kind>.edit_failed``, the error handed on for the guard."""
+        try:
+            edit()
+        except PlatformError as exc:
+            self.log.info(f"replyd.{self.kind}.edit_failed", platform=self.instance, parent_id=parent.id,
+                          reply_id=reply_id, error=type(exc).__name__, status=exc.status, detail=exc.detail)
+            raise
+        self.log.info(f"replyd.{self.kind}.edited", platform=self.instance, parent_id=parent.id, reply_id=reply_id,
+                      chars=len(text))
+
     def _read(self, what: str, item: Any, read: Callable[[dict[str, Any]], T]) -> T | None:
         """``read(item)``; ``None`` (logged as skipped) when the item is no object or ``read`` finds it unreadable."""
         try:

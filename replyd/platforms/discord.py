@@ -16,6 +16,7 @@ Settings (``[bots.settings]`` with ``platform = "discord"``):
 ``listing_delay_s``      seconds before a sweep may trust a read-back (default 2)
 ``nonce_window_s``       what replyd assumes of Discord's undocumented nonce window ("a few minutes";
                          informational: the read-back never relies on it)
+``part_marker``          end each part of an answer longer than one message with " (k/n)" (default false)
 ``timeout_s``, ``page_limit`` (1-100, default 100), ``max_pages`` (default 10)
 ``instance``             overrides the answered-log instance (default ``discord``)
 =======================  ====================================================================
@@ -35,6 +36,13 @@ Why ``fail_if_not_exists: true``: with ``false`` Discord posts a reply to a dele
 message without ``message_reference``, which the read-back (matching ``message_reference.message_id``) can
 never tie to its parent: the row would go ``not_landed`` and a second stray message could follow. With
 ``true`` a gone parent is one ``50035`` refusal and nothing is posted (``Rejected``).
+
+Long answers (``PostLimit``): a message's ``content`` is at most 2,000 characters, counted by Discord in Unicode
+code points (its API counts ``len`` of a Python string: discord-api-docs#1315), which is ``replyd.parts``'s
+``"chars"`` unit, so the limit is exactly 2,000. Part k+1 is a reply (``message_reference``) to part k's message,
+so each part's row is read back by its own reference, as a reply to a person's message is. Streamed answers
+(``EditReply``): ``PATCH /channels/{channel}/messages/{message}`` sets the whole ``content`` again (doing it
+twice is harmless); an interaction's answer is its original response, edited by the held token.
 
 Read-back: ``GET /channels/{channel}/messages?after=<snowflake>`` once per channel for all its pending
 parents, paged forward from the later of the oldest parent's id and the oldest row's opening (as a
@@ -66,21 +74,25 @@ seconds; ``X-RateLimit-Remaining: 0`` refuses locally until ``X-RateLimit-Reset`
 
 Error mapping at this boundary (Discord's JSON error code in brackets; the shared table in ``_http.py``)::
 
-    what happened                                       create message     reads
-    --------------------------------------------------  -----------------  -----------------
-    connect refused, DNS, connect timeout               DefinitelyNotSent  DefinitelyNotSent
-    read/write timeout, reset, lost response            MaybeSent          DefinitelyNotSent
-    429 (bucket, global or shared)                      RateLimited        RateLimited
-    401 (bad token)                                     DefinitelyNotSent  DefinitelyNotSent
-    403 [50013 missing permissions, 50001 missing       Rejected           Rejected
-      access, 50007 cannot DM the user]
-    400 [50035 invalid form body: too long, unknown     Rejected           Rejected
-      reply target], other 4xx
-    404 [10003 unknown channel, 10008 unknown message:  Rejected           Rejected
-      on a create with enforce_nonce also "a message
+    what happened                                       create message     edit message       reads
+    --------------------------------------------------  -----------------  -----------------  -----------------
+    connect refused, DNS, connect timeout               DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
+    read/write timeout, reset, lost response            MaybeSent          MaybeSent          DefinitelyNotSent
+    429 (bucket, global or shared)                      RateLimited        RateLimited        RateLimited
+    401 (bad token)                                     DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
+    403 [50013 missing permissions, 50001 missing       Rejected           Rejected           Rejected
+      access, 50007 cannot DM the user, 50005 cannot
+      edit a message authored by another user]
+    400 [50035 invalid form body: too long, unknown     Rejected           Rejected           Rejected
+      reply target, empty], other 4xx
+    404 [10003 unknown channel, 10008 unknown message:  Rejected           Rejected (the      Rejected
+      on a create with enforce_nonce also "a message                       reply is gone)
       with this nonce was made and deleted"]
-    500-599                                             MaybeSent          DefinitelyNotSent
-    2xx without an id                                   MaybeSent          BadResponse
+    500-599                                             MaybeSent          MaybeSent          DefinitelyNotSent
+    2xx without an id                                   MaybeSent          done (the body     BadResponse
+                                                                           is not needed)
+    interaction token not held / past its 15 minutes    DefinitelyNotSent  DefinitelyNotSent
+                                                        / Rejected         / Rejected
 """
 
 from __future__ import annotations
@@ -100,12 +112,14 @@ from pydantic import Field, SecretStr, field_validator
 
 from replyd.clock import Clock
 from replyd.errors import BadResponse, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
+from replyd.parts import Limit
 from replyd.platforms import _http
 from replyd.platforms._http import Found, id_order
 from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Token, register_platform
 
 DISCORD_EPOCH_MS = 1_420_070_400_000
 NONCE_LEN = 25  # Discord's documented maximum for a message nonce
+MAX_CONTENT = 2000  # a message's content, in code points (module docstring)
 INTENT_GUILD_MESSAGES = 1 << 9
 INTENT_DIRECT_MESSAGES = 1 << 12
 INTENT_MESSAGE_CONTENT = 1 << 15  # privileged: enable it in the developer portal first
@@ -116,7 +130,7 @@ _SNOWFLAKE = re.compile(r"^[0-9]{1,20}$")
 _WORD = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")  # a rate-limit bucket hash or scope as Discord sends them
 _LINK = re.compile(r"/channels/(@me|[0-9]{1,20})/([0-9]{1,20})/([0-9]{1,20})/?$")
 # Codes whose 403 is a standing refusal of this target, not a credential problem.
-_FORBIDDEN_CODES = frozenset({50001, 50007, 50013})
+_FORBIDDEN_CODES = frozenset({50001, 50005, 50007, 50013})
 # Gateway close codes after which identifying again cannot help (the operator must change something).
 _FATAL_CLOSE = {4004: "authentication failed (the bot token)", 4010: "invalid shard", 4011: "sharding required",
                 4012: "invalid API version", 4013: "invalid intents",
@@ -187,6 +201,7 @@ class DiscordPlatform(_http.HttpPlatform):
         page_limit: int = Field(100, ge=1, le=100)  # GET …/messages takes at most 100
         max_pages: int = Field(10, ge=1, le=10_000)  # pages per channel walk
         search_queries: list[str] = []  # refused: a bot cannot search Discord
+        part_marker: bool = False  # end each part of a long answer with " (k/n)"
 
         @field_validator("token")
         @classmethod
@@ -677,21 +692,10 @@ class DiscordPlatform(_http.HttpPlatform):
 
     def _send_interaction(self, parent: Parent, text: str) -> Sent:
         """Edit the deferred response (``PATCH …/messages/@original``) into the answer, inside the token's life."""
-        held = self._held(parent.id)
-        if held is None:
-            raise DefinitelyNotSent("interaction token not held by this process (received elsewhere or before a "
-                                    "restart): not sent")
-        app, token, expires = held
-        if self._clock.now() + self.s.timeout_s >= expires:
-            self.log.warning("replyd.discord.interaction_expired", platform=self.instance, parent_id=parent.id)
-            raise Rejected("interaction token past its 15 minutes (or too close to it): not sent")
-        body = {"content": text, "allowed_mentions": {"parse": ["users"]}}
         try:
             for attempt in range(3):
                 try:
-                    resp = self._api("PATCH", "/webhooks/{id}/{token}/messages/@original",
-                                     f"/webhooks/{app}/{token}/messages/@original", what="edit original response",
-                                     major=parent.id, acts=True, json=body, auth=False)
+                    resp = self._patch_original(parent, text, doing="sent")
                     break
                 except Rejected as exc:
                     # 404: the deferred response is not made yet (its answer may still be on the way to Discord).
@@ -765,6 +769,50 @@ class DiscordPlatform(_http.HttpPlatform):
             return read(data)
         except BadResponse as exc:
             raise MaybeSent(f"{exc.detail} (after HTTP {resp.status_code})", status=resp.status_code) from None
+
+    # --- answers in parts and streamed answers (PostLimit, EditReply) ------------------------------
+
+    def post_limit(self, parent: Parent) -> Limit:
+        """``PostLimit``: 2,000 code points (``send`` adds nothing to the text)."""
+        return Limit(MAX_CONTENT, "chars", self.s.part_marker)
+
+    def part_parent(self, parent: Parent, previous_reply_id: str) -> Parent:
+        """``PostLimit``: the next part replies to the previous part's message (``message_reference``), in the same
+        channel, so the read-back ties each part to its own row; it addresses nobody (the bot's own message)."""
+        channel, message = split_id(previous_reply_id)
+        x, me = parent.extra, self._identity()
+        return Parent(id=previous_reply_id, author_id=me.sender_id, author_handle=me.handle, author_is_bot=True,
+                      thread_depth=parent.thread_depth + 1, url=_link(x.get("guild"), channel, message),
+                      extra={"channel": channel, "message": message, "guild": x.get("guild"), "dm": x.get("dm"),
+                             "mentioned": False, "reply_to_me": False, "ref": None, "part_of": parent.id})
+
+    def edit(self, parent: Parent, reply_id: str, text: str) -> None:
+        """``EditReply``: set the content of the bot's message ``reply_id`` (an interaction's answer: its original
+        response, by the token held); the whole content each time, so a repeated edit is harmless."""
+        if parent.extra.get("interaction") and ":" not in parent.id:
+            self._edited(parent, reply_id, text, lambda: self._patch_original(parent, text, doing="edited"))
+            return
+        channel, message = split_id(reply_id)
+        body = {"content": text, "allowed_mentions": {"parse": ["users"], "replied_user": True}}
+        self._edited(parent, reply_id, text, lambda: self._api(
+            "PATCH", "/channels/{id}/messages/{id} PATCH", f"/channels/{channel}/messages/{message}",
+            what="edit message", major=channel, acts=True, json=body))
+
+    def _patch_original(self, parent: Parent, text: str, *, doing: str) -> httpx.Response:
+        """``PATCH …/messages/@original`` (the interaction's answer set to ``text``) by the token this process holds,
+        inside its 15 minutes; ``doing`` names the act in the refusals ("sent", "edited")."""
+        held = self._held(parent.id)
+        if held is None:
+            raise DefinitelyNotSent("interaction token not held by this process (received elsewhere or before a "
+                                    f"restart): not {doing}")
+        app, token, expires = held
+        if self._clock.now() + self.s.timeout_s >= expires:
+            self.log.warning("replyd.discord.interaction_expired", platform=self.instance, parent_id=parent.id)
+            raise Rejected(f"interaction token past its 15 minutes (or too close to it): not {doing}")
+        return self._api("PATCH", "/webhooks/{id}/{token}/messages/@original",
+                         f"/webhooks/{app}/{token}/messages/@original", what="edit original response",
+                         major=parent.id, acts=True, json={"content": text, "allowed_mentions": {"parse": ["users"]}},
+                         auth=False)
 
     def read_back(self, pending: Sequence[Pending], *, sender_id: str) -> ReadBack:
         """Own replies to the pending parents: one forward walk per channel from the oldest row's start."""

@@ -15,6 +15,9 @@ Settings (``[bots.settings]`` with ``platform = "slack"``):
 ``listing_delay_s``      seconds before a sweep may trust a read-back (default 2)
 ``timeout_s``, ``page_limit`` (1-999, default 200), ``max_pages`` (default 10)
 ``team_id``              the workspace; the answered-log instance is ``slack:<team_id>``
+``max_post_chars``       the longest reply sent as one message (default 4000, at most 40000): a longer
+                         answer goes out in parts (``replyd.parts``), every part in the parent's thread
+``part_marker``          end each part of a long answer with " (k/n)" (default false)
 ``instance``             overrides the whole instance (default ``slack:<team_id>`` or ``slack``)
 =======================  ====================================================================
 
@@ -25,6 +28,18 @@ Every reply carries message metadata ``{"event_type": "replyd_reply", "event_pay
 <parent id>}}``: the read-back (``conversations.replies`` of each parent's thread with
 ``include_all_metadata``, filtered on the bot user id, one walk per thread, grouped by channel)
 matches replies to parents on it, never on text. ``chat.postMessage`` has no idempotency key.
+
+Long answers (``PostLimit``): Slack truncates ``text`` beyond 40,000 characters (posted anyway, with the
+warning ``message_truncated``) and recommends at most 4,000 (past about that it may show one message as
+several): api.slack.com/changelog/2018-04-truncating-really-long-messages and chat.postMessage's ``text``
+argument. So a reply is at most ``max_post_chars`` (4,000) characters and a longer answer is sent in parts.
+Every part goes into the parent's own thread (Slack threads are one level deep), but part k+1's parent id is
+part k's reply id (``part_parent``): its metadata names part k, so the read-back (of the same thread) tells
+each part's reply from the others', and a part's row is never closed with another part's reply.
+
+Edits (``EditReply``): ``chat.update`` of one of the bot's replies (``channel``, ``ts``, the whole new
+``text``), its replyd metadata sent again so the read-back still matches it. Setting the whole text twice
+is harmless, so an edit whose answer was lost is simply tried again.
 
 Discovery: the Events API (``parse_webhook`` through ``replyd.hooks``; ``url_verification``
 answered by ``webhook_challenge``), Socket Mode (``stream``: ``apps.connections.open`` → WebSocket,
@@ -41,18 +56,22 @@ seconds. Both refuse as ``RateLimited`` before anything is sent.
 
 Error mapping at this boundary (Slack answers most refusals HTTP 200 ``{"ok": false, "error"}``)::
 
-    what happened                                        chat.postMessage   reads
-    ---------------------------------------------------  -----------------  -----------------
-    connect refused, DNS, connect timeout                DefinitelyNotSent  DefinitelyNotSent
-    read/write timeout, reset, lost response             MaybeSent          DefinitelyNotSent
-    HTTP 429 / ``ratelimited``                           RateLimited (Retry-After)
-    ``invalid_auth``, ``not_authed``, ``token_revoked``,  DefinitelyNotSent  DefinitelyNotSent
+    what happened                                        chat.postMessage   chat.update (edit)  reads
+    ---------------------------------------------------  -----------------  ------------------  -----------------
+    connect refused, DNS, connect timeout                DefinitelyNotSent  DefinitelyNotSent   DefinitelyNotSent
+    read/write timeout, reset, lost response             MaybeSent          MaybeSent           DefinitelyNotSent
+    HTTP 429 / ``ratelimited``, a spent tier budget      RateLimited (Retry-After)
+    ``invalid_auth``, ``not_authed``, ``token_revoked``,  DefinitelyNotSent  DefinitelyNotSent   DefinitelyNotSent
     ``account_inactive``, ``missing_scope`` …
-    ``channel_not_found``, ``not_in_channel``,           Rejected           Rejected
+    ``channel_not_found``, ``not_in_channel``,           Rejected           Rejected            Rejected
     ``is_archived``, ``msg_too_long``, other codes
-    ``internal_error``, ``fatal_error``,                 MaybeSent          DefinitelyNotSent
+    ``message_not_found``, ``cant_update_message``,      -                  Rejected            -
+    ``edit_window_closed``
+    ``internal_error``, ``fatal_error``,                 MaybeSent          MaybeSent           DefinitelyNotSent
     ``service_unavailable``, ``request_timeout``, 5xx
-    ``ok: true`` without ``ts``; a 2xx without ``ok``    MaybeSent          BadResponse
+    ``ok: true`` without ``ts`` (an edit: with another   MaybeSent          MaybeSent           BadResponse
+    ``ts``); a 2xx without ``ok``
+    ``ok: true`` with the ``message_truncated`` warning  sent (logged)      edited (logged)     -
 """
 
 from __future__ import annotations
@@ -70,6 +89,7 @@ from pydantic import Field, SecretStr, field_validator
 
 from replyd.clock import Clock
 from replyd.errors import BadResponse, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
+from replyd.parts import Limit
 from replyd.platforms import _http
 from replyd.platforms._http import Found
 from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Token, register_platform
@@ -83,6 +103,7 @@ _TIERS: dict[str, int] = {
     "conversations.history": 50,
     "conversations.replies": 50,
     "chat.postMessage": 60,
+    "chat.update": 50,  # Tier 3
     "chat.delete": 50,
 }
 _AUTH_ERRORS = frozenset({
@@ -97,6 +118,9 @@ _ID = re.compile(r"^[A-Z0-9]{2,40}$")
 _CODE = re.compile(r"[a-z0-9_]{1,64}")
 _TS = re.compile(r"^\d{1,12}\.\d{1,9}$")
 _PERMALINK = re.compile(r"/archives/([A-Z0-9]+)/p(\d{7,})$")
+# Slack truncates text beyond this many characters; it recommends at most RECOMMENDED_CHARS (module docstring).
+MAX_CHARS = 40_000
+RECOMMENDED_CHARS = 4_000
 
 
 def ts_order(ts: str) -> Decimal:
@@ -166,6 +190,9 @@ class SlackPlatform(_http.HttpPlatform):
         page_limit: int = Field(200, ge=1, le=999)  # conversations.* limit (Slack advises at most 200)
         max_pages: int = Field(10, ge=1, le=10_000)  # pages per listing walk
         team_id: str | None = None  # the instance becomes slack:<team_id>
+        # The longest reply sent as one message; longer answers go out in parts (Slack recommends <= 4,000).
+        max_post_chars: int = Field(RECOMMENDED_CHARS, ge=20, le=MAX_CHARS)
+        part_marker: bool = False  # end each part of a long answer with " (k/n)" (replyd.parts)
         search_queries: list[str] = []  # refused: bots cannot search Slack
 
         @field_validator("token")
@@ -554,8 +581,52 @@ class SlackPlatform(_http.HttpPlatform):
                      error=type(exc).__name__, status=exc.status, detail=exc.detail)
             raise
         reply_id = f"{channel}:{reply_ts}"
+        self._truncated(data, "chat.postMessage", reply_id)
         self.log.info("replyd.slack.sent", platform=self.instance, parent_id=parent.id, reply_id=reply_id)
         return Sent(reply_id=reply_id, url=_archive(channel, reply_ts))
+
+    def _truncated(self, data: dict[str, Any], method: str, reply_id: str) -> None:
+        """Log Slack's ``message_truncated`` warning: the message landed, cut at 40,000 characters."""
+        meta = data.get("response_metadata")
+        warnings = meta.get("warnings") if isinstance(meta, dict) else None
+        if isinstance(warnings, list) and "message_truncated" in warnings:
+            # Landed all the same (nothing to retry); max_post_chars keeps replies far below this.
+            self.log.warning("replyd.slack.truncated", platform=self.instance, method=method, reply_id=reply_id)
+
+    def edit(self, parent: Parent, reply_id: str, text: str) -> None:
+        """``EditReply``: ``chat.update`` the bot's reply ``reply_id`` to ``text``, its replyd metadata kept."""
+        channel, ts = split_id(reply_id)
+        # The metadata sent again (the same parent id): a read-back after the edit still matches the reply.
+        body = {"channel": channel, "ts": ts, "text": text,
+                "metadata": {"event_type": METADATA_TYPE, "event_payload": {"parent": parent.id}}}
+        try:
+            data = self._api("chat.update", body=body, acts=True)
+            if data.get("ts") not in (None, ts):
+                raise MaybeSent("chat.update: ok for another ts (after a 2xx)")
+        except PlatformError as exc:
+            self.log.info("replyd.slack.edit_failed", platform=self.instance, parent_id=parent.id, reply_id=reply_id,
+                          error=type(exc).__name__, status=exc.status, detail=exc.detail)
+            raise
+        self._truncated(data, "chat.update", reply_id)
+        self.log.info("replyd.slack.edited", platform=self.instance, parent_id=parent.id, reply_id=reply_id)
+
+    def post_limit(self, parent: Parent) -> Limit:
+        """``PostLimit``: ``max_post_chars`` characters (Slack recommends at most 4,000; module docstring)."""
+        return Limit(self.s.max_post_chars, "chars", self.s.part_marker)
+
+    def part_parent(self, parent: Parent, previous_reply_id: str) -> Parent:
+        """``PostLimit``: the next part goes into the parent's thread, answering the part before it by id.
+
+        Its id is the previous part's reply id, so its metadata (and the read-back of its row) names that part,
+        never the parent another part answers; its ``thread_ts`` is the parent's thread, where ``send`` posts.
+        """
+        channel, ts = split_id(previous_reply_id)
+        root = parent.extra.get("thread_ts") if isinstance(parent.extra.get("thread_ts"), str) else None
+        me = self._me.sender_id if self._me is not None else ""
+        return Parent(id=previous_reply_id, author_id=me, author_handle=me, author_is_bot=True,
+                      url=_archive(channel, ts), created_at=float(ts), thread_depth=1,
+                      extra={"channel": channel, "ts": ts, "thread_ts": root or split_id(parent.id)[1],
+                             "team": self._team})
 
     def reply_url(self, reply_id: str, identity: Identity) -> str:
         """The archive link of one of the bot's replies."""

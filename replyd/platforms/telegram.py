@@ -11,6 +11,7 @@ Settings (``[bots.settings]`` with ``platform = "telegram"``):
 ``long_poll_s``          ``getUpdates`` ``timeout`` (0-50 s, default 25): the request waits that long
 ``updates_limit``        ``getUpdates`` ``limit`` (1-100, default 100)
 ``timeout_s``            per request (a poll's timeout is ``timeout_s + long_poll_s``)
+``part_marker``          end each part of an answer longer than one message with " (k/n)" (default false)
 ``instance``             the answered-log instance (default ``telegram``)
 =======================  ====================================================================
 
@@ -18,6 +19,15 @@ Ids: the sender id is the bot's user id from ``getMe``; a parent id is ``"<chat 
 the Bot API serves both numbers (decimal, a negative chat id for groups): one opaque id. A reply is a
 ``sendMessage`` with ``reply_parameters = {message_id}`` (and ``message_thread_id`` when the parent is
 in a forum topic); its reply id is ``"<chat id>:<message id>"`` of the message the call returns.
+
+Long answers (``PostLimit``): a text is "1-4096 characters after entities parsing"; the Bot API counts lengths
+in UTF-16 code units (entities: #messageentity, core.telegram.org/api/entities), and ``replyd.parts`` counts
+code points, one of which is at most two UTF-16 units: a part of 2,048 code points is never over 4,096 units
+whatever its script or emoji (a plain-ASCII answer gets half a message's room per part; a UTF-16 unit in
+``replyd.parts`` would give it all). Part k+1 replies (``reply_parameters``) to part k's message, in the
+parent's forum topic. Streamed answers (``EditReply``): ``editMessageText`` of the bot's own message with the
+whole text; "message is not modified" (the text is already that: a repeated edit, or one whose answer was
+lost) is success, the one ``description`` the adapter reads, as the Bot API gives that case no code of its own.
 
 The guarantee class: **no read-back** (``NoReadBack``). The Bot API has no idempotency key for
 ``sendMessage`` and a bot cannot read a chat's history, so a send whose answer was lost can never be
@@ -37,20 +47,23 @@ filter still offers only the addressed ones. Messages by bots (the bot itself in
 Error mapping (the Bot API answers ``{"ok": false, "error_code", "description", "parameters"}`` with
 the HTTP status equal to ``error_code``)::
 
-    what happened                                          sendMessage        reads
-    -----------------------------------------------------  -----------------  -----------------
-    connect refused, DNS, connect timeout                  DefinitelyNotSent  DefinitelyNotSent
-    read timeout, reset, lost response                     MaybeSent          DefinitelyNotSent
-    429 ``Too Many Requests: retry after N``               RateLimited (``parameters.retry_after``)
-    401 ``Unauthorized`` (a bad or revoked token)          DefinitelyNotSent  DefinitelyNotSent
-    400 ``Bad Request: …`` (message to reply not found,    Rejected           Rejected
-    chat not found, text is empty…; a group migrated to
-    a supergroup: ``parameters.migrate_to_chat_id``)
-    403 ``Forbidden: bot was blocked by the user`` /       Rejected           DefinitelyNotSent
+    what happened                                          sendMessage        editMessageText    reads
+    -----------------------------------------------------  -----------------  -----------------  -----------------
+    connect refused, DNS, connect timeout                  DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
+    read timeout, reset, lost response                     MaybeSent          MaybeSent          DefinitelyNotSent
+    429 ``Too Many Requests: retry after N``               RateLimited (``parameters.retry_after``), every column
+    401 ``Unauthorized`` (a bad or revoked token)          DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
+    400 ``Bad Request: message is not modified``           Rejected           done (no error)    Rejected
+    400 ``Bad Request: …`` (message to reply not found,    Rejected           Rejected           Rejected
+    chat not found, text is empty, message is too long,
+    message to edit not found, message can't be edited;
+    a group migrated to a supergroup:
+    ``parameters.migrate_to_chat_id``)
+    403 ``Forbidden: bot was blocked by the user`` /       Rejected           Rejected           DefinitelyNotSent
     ``bot was kicked`` / ``bot is not a member``
-    409 ``Conflict: …`` (a webhook is set, or another      Rejected           DefinitelyNotSent
+    409 ``Conflict: …`` (a webhook is set, or another      Rejected           Rejected           DefinitelyNotSent
     ``getUpdates`` runs)
-    5xx, a 2xx body without ``result``                     MaybeSent          DefinitelyNotSent / BadResponse
+    5xx, a 2xx body without ``result``                     MaybeSent          MaybeSent          DefinitelyNotSent / BadResponse
 """
 
 from __future__ import annotations
@@ -63,6 +76,7 @@ import httpx
 from pydantic import Field, SecretStr
 
 from replyd.errors import BadResponse, DefinitelyNotSent, MaybeSent, RateLimited, Rejected
+from replyd.parts import Limit
 from replyd.platforms import _http
 from replyd.platforms.base import Identity, Page, Parent, Pending, ReadBack, Sent, Token, register_platform
 
@@ -71,6 +85,10 @@ NO_READ_BACK = ("the Bot API lets a bot send but not read a chat's history or li
 _PARENT = re.compile(r"^(-?[0-9]{1,20}):([0-9]{1,12})$")
 _LINK = re.compile(r"^https://t\.me/(?:c/([0-9]{1,20})|([A-Za-z0-9_]{4,64}))/(?:[0-9]{1,12}/)?([0-9]{1,12})$")
 _DESCRIPTION = re.compile(r"[^\x20-\x7e]")
+MAX_TEXT_UTF16 = 4096  # a message's text, in UTF-16 code units (module docstring)
+# One code point is at most two UTF-16 code units: this many code points never exceed the real limit.
+PART_CHARS = MAX_TEXT_UTF16 // 2
+NOT_MODIFIED = "message is not modified"  # the one 400 an edit takes as done (module docstring)
 
 
 def split_id(parent_id: str) -> tuple[int, int]:
@@ -104,6 +122,7 @@ class TelegramPlatform(_http.HttpPlatform):
         long_poll_s: int = Field(25, ge=0, le=50)
         updates_limit: int = Field(100, ge=1, le=100)
         allowed_updates: list[str] = ["message"]
+        part_marker: bool = False  # end each part of a long answer with " (k/n)"
 
     s: Settings
 
@@ -356,6 +375,37 @@ class TelegramPlatform(_http.HttpPlatform):
         except BadResponse as exc:
             raise MaybeSent(f"{exc.detail} (after a 2xx)") from None
         return Sent(reply_id=rid)
+
+    # --- answers in parts and streamed answers (PostLimit, EditReply) ------------------------------
+
+    def post_limit(self, parent: Parent) -> Limit:
+        """``PostLimit``: 2,048 code points, which are at most the 4,096 UTF-16 code units Telegram allows."""
+        return Limit(PART_CHARS, "chars", self.s.part_marker)
+
+    def part_parent(self, parent: Parent, previous_reply_id: str) -> Parent:
+        """``PostLimit``: the next part replies to the previous part's message, in the parent's chat and topic."""
+        chat_id, message_id = split_id(previous_reply_id)
+        me = self._identity()
+        extra: dict[str, Any] = {"chat_id": chat_id, "message_id": message_id,
+                                 "chat_type": parent.extra.get("chat_type"), "part_of": parent.id}
+        if isinstance(parent.extra.get("message_thread_id"), int):
+            extra["message_thread_id"] = parent.extra["message_thread_id"]
+        return Parent(id=previous_reply_id, author_id=me.sender_id, author_handle=me.handle, author_is_bot=True,
+                      extra=extra)
+
+    def edit(self, parent: Parent, reply_id: str, text: str) -> None:
+        """``EditReply``: ``editMessageText`` of the bot's message ``reply_id``; "message is not modified" is done."""
+        chat_id, message_id = split_id(reply_id)
+
+        def edit_text() -> None:
+            try:
+                self._api("editMessageText", {"chat_id": chat_id, "message_id": message_id, "text": text}, acts=True)
+            except Rejected as exc:
+                # The text already is ``text``: an edit repeated after its answer was lost, or set twice.
+                if exc.status != 400 or NOT_MODIFIED not in exc.detail.lower():
+                    raise
+
+        self._edited(parent, reply_id, text, edit_text)
 
     def read_back(self, pending: Sequence[Pending], *, sender_id: str) -> ReadBack:
         """Nothing can be read back on Telegram: nothing checked, so nothing is ever judged "not found"."""

@@ -771,11 +771,12 @@ class SlackHarness(Harness):
     bad_settings = bad({"token": "xoxb-" + SECRET}, missing=("token",), wrong=(
         ("token", SECRET), ("app_token", "xoxb-" + SECRET), ("api_url", "ftp://x"), ("channels", ["#general"]),
         ("page_limit", 0), ("rate_per_minute", {"chat.postMessage": 0}), ("search_queries", ["help"]),
-        ("listing_delay_s", -1), ("colour", "red")))
+        ("listing_delay_s", -1), ("max_post_chars", 40_001), ("colour", "red")))
     small_pages = {"page_limit": 1, "max_pages": 1}
     url_key = "api_url"
     send_route = ("POST", r"^/api/chat\.postMessage")
     delete_route = ("POST", r"^/api/chat\.delete")
+    edit_route = ("POST", r"^/api/chat\.update")
     ALICE = "U0ALICE001"
 
     def __init__(self, http: httpx.Client) -> None:
@@ -824,6 +825,10 @@ class SlackHarness(Harness):
         """The bot's messages in the parent's thread, as the fake holds them."""
         channel = parent_id.partition(":")[0]
         return [f"{channel}:{m.ts}" for m in self.world.bot_replies(parent_id)]
+
+    def reply_text(self, reply_id: str) -> str:
+        """The reply's current text as the fake holds it (``chat.update`` applied): what an edit is judged on."""
+        return self.world.text_of(reply_id)
 
     def refusal(self) -> Reply:
         """Slack's refusal: HTTP 200, ``ok: false``, ``msg_too_long``."""
@@ -895,6 +900,7 @@ class TelegramHarness(NoReadBackFakeHarness):
     skips = {
         **no_read_back_skips(_NO_READ_BACK),
         "test_delete_removes_the_reply_and_twice_is_done": _NO_READ_BACK + " (its last step is a read-back)",
+        "test_an_edited_reply_is_read_back_as_the_one_reply": _NO_READ_BACK + " (the case is a read-back)",
         "test_three_paths_find_the_parent_and_it_is_answered_once":
             "a bot cannot search Telegram or re-read a chat: getUpdates (or the webhook) is the only path",
         "test_search_cursor_moves_forward": "a bot cannot search Telegram",
@@ -908,6 +914,7 @@ class TelegramHarness(NoReadBackFakeHarness):
     url_key = "api_url"
     send_route = ("POST", r"^/bot[^/]+/sendMessage")
     delete_route = ("POST", r"^/bot[^/]+/deleteMessage")
+    edit_route = ("POST", r"^/bot[^/]+/editMessageText")
     ALICE = 5000000002
 
     def __init__(self, http: httpx.Client) -> None:
@@ -970,6 +977,10 @@ class TelegramHarness(NoReadBackFakeHarness):
         """The Bot API's answer deleting a message that is not there."""
         return Reply(400, {"ok": False, "error_code": 400, "description": "Bad Request: message to delete not found"})
 
+    def reply_text(self, reply_id: str) -> str:
+        """The bot message's current text in the fake's chat (edits applied): the ground truth of an edit."""
+        return str(self.world.text(reply_id))
+
 
 
 # --- Discord on the stateful fake -------------------------------------------------------------
@@ -991,6 +1002,7 @@ class DiscordHarness(Harness):
     url_key = "api_url"
     send_route = ("POST", r"^/api/v10/channels/\d+/messages$")
     delete_route = ("DELETE", r"^/api/v10/channels/\d+/messages/\d+$")
+    edit_route = ("PATCH", r"^/api/v10/channels/\d+/messages/\d+$")
     ALICE = "53908099506183680"
 
     def __init__(self, http: httpx.Client) -> None:
@@ -1063,6 +1075,10 @@ class DiscordHarness(Harness):
         from tests.discord_fake import fixture
 
         return Reply(404, fixture("error_unknown_message"))
+
+    def reply_text(self, reply_id: str) -> str:
+        """The bot message's current content on the fake (edits applied): the ground truth of an edit."""
+        return self.world.text(reply_id)
 
     def read_routes(self, parent: Parent) -> list[str]:
         """The parent's channel listing."""
