@@ -1045,25 +1045,24 @@ class HttpPlatform:
             return
         self.log.info(f"replyd.{self.kind}.deleted", reply_id=reply_id, already_gone=False)
 
-    def _edit(self, method: str, path: str, parent: Parent, reply_id: str, *,
-              check: Callable[[], None] | None = None, **kwargs: Any) -> httpx.Response:
-        """Replace one own reply's text (``EditReply``): one acting request, its outcome logged; the 2xx response.
+    def _edit(self, method: str, path: str, parent: Parent, reply_id: str, text: str, *,
+              check: Callable[[], None] | None = None, **kwargs: Any) -> None:
+        """Replace one own reply's text (``EditReply``) with one acting request, logged by ``_edited``.
 
         An edit sets the whole text, so its errors keep the send table's meaning: a lost answer is ``MaybeSent``
-        (the guard may repeat it), a refusal (gone, not editable, too long) ``Rejected``. ``check`` runs first
-        (a platform that accepts an edit of a gone reply reads it: its errors are the edit's).
+        (the guard may repeat it), a refusal (gone, not editable, too long) ``Rejected``, read through the
+        adapter's ``_refused`` as a send's. ``check`` runs first (a platform that accepts an edit of a gone reply
+        reads it: its errors are the edit's).
         """
-        try:
+        def run() -> None:
             if check is not None:
                 check()
-            resp = self._call(method, path, what="edit", **kwargs)
-        except PlatformError as exc:
-            exc = self._refused(exc)
-            self.log.info(f"replyd.{self.kind}.edit_failed", platform=self.instance, parent_id=parent.id,
-                          reply_id=reply_id, error=type(exc).__name__, status=exc.status, detail=exc.detail)
-            raise exc from None
-        self.log.info(f"replyd.{self.kind}.edited", platform=self.instance, parent_id=parent.id, reply_id=reply_id)
-        return resp
+            try:
+                self._call(method, path, what="edit", **kwargs)
+            except PlatformError as exc:
+                raise self._refused(exc) from None
+
+        self._edited(parent, reply_id, text, run)
 
     def _identity(self) -> Identity:
         """The bot's identity, asked once (``whoami`` fills the cache)."""

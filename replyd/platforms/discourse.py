@@ -656,7 +656,7 @@ class DiscoursePlatform(_http.HttpPlatform):
         reply) and makes a revision; the same raw again makes none, so a retried edit is harmless. A 403 is
         told apart as for a send (a refused key retried later, an uneditable post given up).
         """
-        self._edit("PUT", f"/posts/{_http.seg(reply_id, 'edit')}.json", parent, reply_id, bucket="post",
+        self._edit("PUT", f"/posts/{_http.seg(reply_id, 'edit')}.json", parent, reply_id, text, bucket="post",
                    json={"post": {"raw": text}})
 
     def _refused(self, exc: PlatformError) -> PlatformError:

@@ -709,7 +709,7 @@ class GitHubPlatform(_http.HttpPlatform):
         owner, repo, _ = self._issue_of(parent, what)
         path = f"/repos/{_http.seg(owner, what)}/{_http.seg(repo, what)}/issues/comments/{_http.seg(reply_id, what)}"
         with self._paced(what):
-            self._edit("PATCH", path, parent, reply_id, json={"body": text})
+            self._edit("PATCH", path, parent, reply_id, text, json={"body": text})
         self._comment_repo[reply_id] = (owner, repo)
 
     # read-back --------------------------------------------------------------------------

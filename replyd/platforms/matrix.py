@@ -513,7 +513,8 @@ class MatrixPlatform(_http.HttpPlatform):
         content = {"msgtype": self.s.msgtype, "body": f"* {text}", "m.new_content": self._message(parent, text),
                    "m.mentions": {}, "m.relates_to": {"rel_type": "m.replace", "event_id": reply_id}}
         path = f"/rooms/{_http.seg(room_id, what)}/send/m.room.message/{_http.seg(edit_txn_id(reply_id, text), what)}"
-        self._edit("PUT", path, parent, reply_id, check=lambda: self._editable(room_id, reply_id), json=content)
+        self._edit("PUT", path, parent, reply_id, text, check=lambda: self._editable(room_id, reply_id),
+                   json=content)
         self._remember(reply_id, room_id)
 
     def _editable(self, room_id: str, reply_id: str) -> None:
