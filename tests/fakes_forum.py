@@ -16,8 +16,15 @@ Both fakes model what the end-to-end tests need to measure:
   ``"error_before"`` (502 and nothing created), ``"error_after"`` (created,
   then 502), ``"rate_limited"`` (429 / GitHub's secondary-limit 403),
   ``"forbidden"`` (403: closed topic, locked issue), ``"rejected"`` (422);
-- counts kept by the fake itself (``reply_count``, ``create_requests``): the
-  tests count replies on the "platform", never from replyd's own log.
+- edits of the bot's own replies (Discourse ``PUT /posts/{id}.json``, GitHub
+  ``PATCH /repos/{o}/{r}/issues/comments/{id}``) with the platform's refusals
+  (gone, not the bot's, locked / closed / too old, too long) and the same
+  faults from ``edit_faults`` (any other word, e.g. ``"none"``, lets that edit
+  through); a reply keeps every text it had (``history``),
+  and setting the same text again is no new revision;
+- counts kept by the fake itself (``reply_count``, ``create_requests``,
+  ``edit_requests``, ``reply_text``): the tests count replies on the
+  "platform", never from replyd's own log.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from replyd.clock import FakeClock
+from replyd.errors import MaybeSent
+from replyd.platforms.base import Pending
 from replyd.store import Store
 from tests.fixtures_server import DropResponse, FixtureServer, http_date, load_fixture
 
@@ -99,6 +108,8 @@ class DPost:
     created_at: float
     reply_to_post_number: int | None = None
     deleted: bool = False
+    history: list[str] = field(default_factory=list)  # every raw it had, the current one last (revisions)
+    updated_at: float | None = None
 
 
 @dataclass
@@ -132,6 +143,11 @@ class FakeDiscourse:
         self.notes: list[dict[str, Any]] = []  # the bot's notifications, oldest first
         self.last_read: dict[int, int] = {}  # the bot's last read post number per topic
         self.create_requests = 0
+        self.edit_faults: list[str] = []  # faults for the next edits (PUT /posts/{id}.json), as ``faults``
+        self.edit_requests = 0
+        self.lost_edits = 0  # edits that acted and whose response was then cut
+        self.max_post_length = 32_000  # the site setting; an edit's raw above it is a 422
+        self.edit_time_limit_s = 86_400.0  # post_edit_time_limit (1440 minutes): later edits are a 403
         self._ids = {"post": 1000, "topic": 100, "note": 500}
         self.bot = self.add_user(bot, bot_id)
         self._post_tpl = _fx("discourse", "post_created.json")
@@ -143,7 +159,7 @@ class FakeDiscourse:
         topic.pop("post_stream")
         topic.pop("details", None)
         self._topic_tpl = topic
-        self.app = Starlette(routes=[Route("/{path:path}", self._endpoint, methods=["GET", "POST", "DELETE"])])
+        self.app = Starlette(routes=[Route("/{path:path}", self._endpoint, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])])
 
     # -- building the world --------------------------------------------------------------
 
@@ -174,7 +190,7 @@ class FakeDiscourse:
 
     def _add_post(self, author: FakeUser, topic: DTopic, raw: str, reply_to: int | None) -> DPost:
         number = max((self.posts[p].post_number for p in topic.posts), default=0) + 1
-        post = DPost(self._next("post"), topic.id, number, author.id, raw, self.clock.now(), reply_to)
+        post = DPost(self._next("post"), topic.id, number, author.id, raw, self.clock.now(), reply_to, history=[raw])
         self.posts[post.id] = post
         topic.posts.append(post.id)
         if author.id == self.bot.id:
@@ -260,6 +276,16 @@ class FakeDiscourse:
         """How many replies the bot has on the platform for this parent."""
         return len(self.replies(parent_post_id))
 
+    def reply_text(self, post_id: int | str) -> str:
+        """The post's current raw text, as the forum shows it."""
+        with self.lock:
+            return self.posts[int(post_id)].raw
+
+    def edits(self, post_id: int | str) -> int:
+        """How many revisions the post has beyond its first version."""
+        with self.lock:
+            return len(self.posts[int(post_id)].history) - 1
+
     # -- serialisation -------------------------------------------------------------------
 
     def _listed(self, post: DPost) -> bool:
@@ -274,7 +300,8 @@ class FakeDiscourse:
             username=user.username,
             user_id=user.id,
             created_at=iso_ms(post.created_at),
-            updated_at=iso_ms(post.created_at),
+            updated_at=iso_ms(post.updated_at or post.created_at),
+            version=len(post.history) or 1,
             cooked=f"<p>{post.raw}</p>",
             post_number=post.post_number,
             reply_to_post_number=post.reply_to_post_number,
@@ -360,6 +387,8 @@ class FakeDiscourse:
             if request.method == "DELETE":
                 post.deleted = True
                 return Response(status_code=200)
+            if request.method == "PUT":
+                return self._edit(post, body, me)
             return JSONResponse(self._post_json(post, raw=True))
         m = re.fullmatch(r"/t/(\d+)(?:/(\d+))?\.json", path)
         if m:
@@ -520,6 +549,39 @@ class FakeDiscourse:
             return Response("<html><body><h1>502 Bad Gateway</h1></body></html>", status_code=502, media_type="text/html")
         return JSONResponse(self._post_json(post, raw=True))
 
+    def _edit(self, post: DPost, body: bytes, me: FakeUser) -> Response:
+        """``PUT /posts/{id}.json`` with ``{"post": {"raw": …}}``: Discourse's "Update a single post", faults first."""
+        self.edit_requests += 1
+        fault = self.edit_faults.pop(0) if self.edit_faults else None
+        if fault == "error_before":
+            return Response("<html><body><h1>502 Bad Gateway</h1></body></html>", status_code=502, media_type="text/html")
+        if fault == "rate_limited":
+            return self._error(429, "You’ve performed this action too many times. Please wait 7 seconds before trying again.",
+                               "rate_limit", extras={"wait_seconds": 7, "time_left": "7 seconds"})
+        try:
+            data = json.loads(body or b"{}")
+        except ValueError:
+            data = None
+        raw = data.get("post", {}).get("raw") if isinstance(data, dict) and isinstance(data.get("post"), dict) else None
+        if not isinstance(raw, str):
+            return self._error(400, "param is missing or the value is empty: post", "invalid_parameters")
+        too_late = self.clock.now() > post.created_at + self.edit_time_limit_s
+        if fault == "forbidden" or post.user_id != me.id or self.topics[post.topic_id].closed or too_late:
+            return self._error(403, "You are not permitted to view the requested resource.", "invalid_access")
+        if len(raw) > self.max_post_length:
+            return self._error(422, f"Body is limited to {self.max_post_length} characters; you entered {len(raw)}.",
+                               "invalid_parameters")
+        if raw != post.raw:  # the same raw again makes no revision
+            post.raw = raw
+            post.history.append(raw)
+            post.updated_at = self.clock.now()
+        if fault == "lost":
+            self.lost_edits += 1
+            return DropResponse(status_code=200)
+        if fault == "error_after":
+            return Response("<html><body><h1>502 Bad Gateway</h1></body></html>", status_code=502, media_type="text/html")
+        return JSONResponse({"post": self._post_json(post, raw=True)})
+
 
 # --- GitHub ---------------------------------------------------------------------------------
 
@@ -553,6 +615,7 @@ class GComment:
     created_at: float
     updated_at: float
     deleted: bool = False
+    history: list[str] = field(default_factory=list)  # every body it had, the current one last (edits)
 
 
 class FakeGitHub:
@@ -560,6 +623,7 @@ class FakeGitHub:
 
     TOKEN = "ghp_SECRETfaketoken0123456789abcdefABCD"
     LINK_HOST = "https://api.github.com"
+    BODY_MAX = 65_536  # characters in a comment body (GitHub's 422 "Body is too long (maximum is 65536 characters)")
 
     def __init__(self, clock: FakeClock, *, bot: str = "replyd-bot", bot_id: int = 4_100_000_001) -> None:
         self.clock = clock
@@ -575,6 +639,9 @@ class FakeGitHub:
         self.comments: dict[int, GComment] = {}
         self.threads: dict[str, dict[str, Any]] = {}
         self.create_requests = 0
+        self.edit_faults: list[str] = []  # faults for the next edits (PATCH of a comment), as ``faults``
+        self.edit_requests = 0
+        self.lost_edits = 0  # edits that acted and whose response was then cut
         self.requests: list[str] = []
         self._ids = {"issue": 3_500_000_000, "comment": 1_254_900_000, "thread": 530_000_000}
         self.bot = self.add_user(bot, bot_id, kind="Bot" if bot.endswith("[bot]") else "User")
@@ -583,7 +650,7 @@ class FakeGitHub:
         self._comment_tpl = _fx("github", "issue_comment_created.json")
         self._thread_tpl = _fx("github", "notifications.json")[4]
         self._user_tpl = _fx("github", "user.json")
-        self.app = Starlette(routes=[Route("/{path:path}", self._endpoint, methods=["GET", "POST", "DELETE"])])
+        self.app = Starlette(routes=[Route("/{path:path}", self._endpoint, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])])
 
     # -- building the world --------------------------------------------------------------
 
@@ -621,7 +688,7 @@ class FakeGitHub:
 
     def _add_comment(self, author: FakeUser, issue: GIssue, body: str) -> GComment:
         now = self.clock.now()
-        c = GComment(self._next("comment"), issue.repo, issue.number, author.id, body, now, now)
+        c = GComment(self._next("comment"), issue.repo, issue.number, author.id, body, now, now, history=[body])
         self.comments[c.id] = c
         issue.updated_at = now
         if author.id != self.bot.id and f"@{self.bot.username}".lower() in body.lower():
@@ -651,6 +718,16 @@ class FakeGitHub:
     def reply_count(self, issue: GIssue) -> int:
         """How many comments the bot has on the platform for this issue."""
         return len(self.replies(issue))
+
+    def reply_text(self, comment_id: int | str) -> str:
+        """The comment's current body, as GitHub shows it."""
+        with self.lock:
+            return self.comments[int(comment_id)].body
+
+    def edits(self, comment_id: int | str) -> int:
+        """How many times the comment's body changed (GitHub's "edited" history, without the first body)."""
+        with self.lock:
+            return len(self.comments[int(comment_id)].history) - 1
 
     # -- serialisation -------------------------------------------------------------------
 
@@ -789,6 +866,8 @@ class FakeGitHub:
         if m and m.group(1) in self.repos:
             return self._list_comments(request, m.group(1), None)
         m = re.fullmatch(r"/repos/([^/]+/[^/]+)/issues/comments/(\d+)", path)
+        if m and request.method == "PATCH":
+            return self._edit(m.group(1), int(m.group(2)), body)
         if m and request.method == "DELETE":
             c = self.comments.get(int(m.group(2)))
             if c is None or c.deleted or c.repo != m.group(1):
@@ -910,13 +989,58 @@ class FakeGitHub:
             self._comment_json(c), status_code=201, headers={"location": f"{self.LINK_HOST}/repos/{c.repo}/issues/comments/{c.id}"}
         )
 
+    def _edit(self, repo: str, comment_id: int, body: bytes) -> Response:
+        """``PATCH /repos/{o}/{r}/issues/comments/{id}``: GitHub's "Update an issue comment", faults first."""
+        self.edit_requests += 1
+        fault = self.edit_faults.pop(0) if self.edit_faults else None
+        if fault == "error_before":
+            return JSONResponse({"message": "Server Error"}, status_code=502)
+        if fault == "rate_limited":
+            return JSONResponse(
+                {"message": "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
+                 "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api"},
+                status_code=403, headers={"retry-after": "61", "x-ratelimit-remaining": "4000"})
+        c = self.comments.get(comment_id)
+        if c is None or c.deleted or c.repo != repo:
+            return self._not_found()
+        try:
+            data = json.loads(body or b"{}")
+        except ValueError:
+            return JSONResponse({"message": "Problems parsing JSON"}, status_code=400)
+        text = data.get("body") if isinstance(data, dict) else None
+        if not isinstance(text, str):
+            return JSONResponse({"message": "Invalid request.\n\n\"body\" wasn't supplied.",
+                                 "documentation_url": "https://docs.github.com/rest/issues/comments#update-an-issue-comment",
+                                 "status": "422"}, status_code=422)
+        issue = next(i for i in self.issues.values() if i.repo == c.repo and i.number == c.number)
+        if fault == "forbidden" or issue.locked or c.user_id != self.bot.id:
+            return JSONResponse({"message": "Must have admin rights to Repository.",
+                                 "documentation_url": "https://docs.github.com/rest/issues/comments#update-an-issue-comment",
+                                 "status": "403"}, status_code=403)
+        if len(text) > self.BODY_MAX:
+            return JSONResponse({"message": "Validation Failed", "errors": [{
+                "resource": "IssueComment", "code": "unprocessable", "field": "data",
+                "message": f"Body is too long (maximum is {self.BODY_MAX} characters)"}],
+                "documentation_url": "https://docs.github.com/rest/issues/comments#update-an-issue-comment",
+                "status": "422"}, status_code=422)
+        if text != c.body:  # the same body again is no edit: no history entry, updated_at stays
+            c.body = text
+            c.history.append(text)
+            c.updated_at = self.clock.now()
+        if fault == "lost":
+            self.lost_edits += 1
+            return DropResponse(status_code=200)
+        if fault == "error_after":
+            return JSONResponse({"message": "Server Error"}, status_code=502)
+        return JSONResponse(self._comment_json(c))
+
 
 class FakeHost:
     """One uvicorn server whose requests go to the current fake, so tests swap fakes, not servers."""
 
     def __init__(self) -> None:
         self.fake: FakeDiscourse | FakeGitHub | None = None
-        app = Starlette(routes=[Route("/{path:path}", self._dispatch, methods=["GET", "POST", "DELETE"])])
+        app = Starlette(routes=[Route("/{path:path}", self._dispatch, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])])
         self.server = AppServer(app)
 
     @property
@@ -935,6 +1059,44 @@ class FakeHost:
 
     def __exit__(self, *exc: object) -> None:
         self.server.stop()
+
+
+def edit_and_sweep(world: dict[str, Any], parent: Any, reply_id: str, texts: list[str], deadline_s: float) -> None:
+    """Edit the reply to each of ``texts`` in turn, then check the platform shows the last one, the read-back (and
+    the per-parent read) lists that one reply under its id, and a sweep ``deadline_s`` later verifies it with no
+    duplicate: a forum fake's edit keeps the reply's id and its place."""
+    fake, plat = world["fake"], world["plat"]
+    world["clock"].advance(2)
+    for text in texts:
+        plat.edit(parent, reply_id, text)
+    assert fake.reply_text(reply_id) == texts[-1] and fake.edits(reply_id) == len(texts)
+    pending = [Pending(parent, opened_at=world["clock"].now() - 5)]
+    sender = world["guard"].identity.sender_id
+    for rb in (plat.read_back(pending, sender_id=sender), plat.read_parents(pending, sender_id=sender)):
+        assert parent.id in rb.checked and [r.reply_id for r in rb.found[parent.id]] == [reply_id]
+    world["clock"].advance(deadline_s)
+    res = world["sweeper"].run_once()
+    assert (res.verified, res.duplicates) == (1, 0)
+
+
+def walk_edit_faults(fake: FakeDiscourse | FakeGitHub, plat: Any, parent: Any, reply_id: str) -> None:
+    """Meet every edit fault a forum fake models through ``plat.edit``: a lost answer and a 502 after acting are
+    ``MaybeSent`` with the text changed, a retried lost edit makes no second revision, a 502 before acting changes
+    nothing (``MaybeSent`` all the same: the adapter cannot tell)."""
+    fake.edit_faults = ["lost"]
+    with pytest.raises(MaybeSent):
+        plat.edit(parent, reply_id, "the whole answer")
+    assert fake.lost_edits == 1 and fake.reply_text(reply_id) == "the whole answer"
+    plat.edit(parent, reply_id, "the whole answer")  # the guard's retry of an edit whose outcome is unknown
+    assert fake.edits(reply_id) == 1 and fake.edit_requests == 2
+    fake.edit_faults = ["error_after"]
+    with pytest.raises(MaybeSent) as err:
+        plat.edit(parent, reply_id, "the whole answer, grown")
+    assert err.value.status == 502 and fake.reply_text(reply_id) == "the whole answer, grown"
+    fake.edit_faults = ["error_before"]
+    with pytest.raises(MaybeSent):
+        plat.edit(parent, reply_id, "never applied")
+    assert fake.reply_text(reply_id) == "the whole answer, grown" and fake.edits(reply_id) == 2
 
 
 @pytest.fixture(scope="module", name="fixture_server_session")

@@ -141,12 +141,43 @@ class Synapse:
         """``{parent event id: [reply event ids]}`` of ``sender``'s replies in the room, read as ``who``."""
         per: dict[str, list[str]] = {}
         for ev in self.messages(room_id, who):
-            if ev.get("sender") != sender:
-                continue
-            parent = ((ev.get("content") or {}).get("m.relates_to") or {}).get("m.in_reply_to", {}).get("event_id")
+            relates = (ev.get("content") or {}).get("m.relates_to") or {}
+            if ev.get("sender") != sender or relates.get("rel_type") == "m.replace":
+                continue  # an edit replaces a reply's text; it is no reply (spec: event replacements)
+            parent = relates.get("m.in_reply_to", {}).get("event_id")
             if parent:
                 per.setdefault(parent, []).append(ev["event_id"])
         return per
+
+    def edits(self, room_id: str, event_id: str, who: User) -> list[dict[str, Any]]:
+        """The replacement events (``m.replace``) of ``event_id`` as ``who`` reads them (``/relations``), oldest first."""
+        path = f"/_matrix/client/v1/rooms/{quote(room_id, safe='')}/relations/{quote(event_id, safe='')}/m.replace"
+        out: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            params = {"dir": "f", "limit": "100", **({"from": token} if token else {})}
+            resp = self.http.get(self.base_url + path, params=params, headers={"authorization": f"Bearer {who.token}"},
+                                 timeout=30)
+            if resp.status_code >= 300:
+                raise AssertionError(f"GET relations as {who.localpart}: HTTP {resp.status_code} {resp.text[:300]}")
+            body = resp.json()
+            out.extend(body.get("chunk", []))
+            token = body.get("next_batch")
+            if not token:
+                return out
+
+    def reply_text(self, room_id: str, event_id: str, who: User) -> str:
+        """The text ``who`` sees for ``event_id``: the body of its most recent valid replacement's ``m.new_content``
+        (spec, "Event replacements": same sender and type, ``m.new_content`` present; latest ``origin_server_ts``,
+        ties by the largest event id), else the event's own body."""
+        original = self.api("GET", f"/rooms/{quote(room_id, safe='')}/event/{quote(event_id, safe='')}", who)
+        valid = [e for e in self.edits(room_id, event_id, who)
+                 if e.get("sender") == original.get("sender") and e.get("type") == original.get("type")
+                 and isinstance((e.get("content") or {}).get("m.new_content"), dict)]
+        if not valid:
+            return str((original.get("content") or {}).get("body", ""))
+        latest = max(valid, key=lambda e: (e.get("origin_server_ts", 0), e.get("event_id", "")))
+        return str(latest["content"]["m.new_content"].get("body", ""))
 
     # --- lifecycle -----------------------------------------------------------------------
 

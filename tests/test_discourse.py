@@ -32,7 +32,9 @@ from tests.fakes_forum import (  # noqa: F401  (pytest finds the fixtures by nam
     iso_ms,
     nodelay_fixture_server_session,
     shared_tls_http_client,
+    edit_and_sweep,
     store_template,
+    walk_edit_faults,
 )
 from tests.fixtures_server import (  # noqa: F401  (pytest finds the fixtures by name)
     FixtureServer,
@@ -812,3 +814,101 @@ def test_e2e_listing_delay_longer_than_configured_duplicates(world: dict[str, An
     assert world["sweeper"].run_once().not_landed == 1  # the read-back could not see it yet
     assert world["guard"].post(p, "hi").status is Status.POSTED
     assert fake.reply_count(post.id) == 2
+
+
+# --- edits of own posts (EditReply: a streamed answer grows its post) -------------------------
+
+
+def _answered(w: dict[str, Any], text: str = "Looking") -> tuple[Any, Parent, str]:
+    """A topic mentioning the bot, answered through the guard: (the parent post, parent, the reply's post id)."""
+    post = _mention(w)
+    [p] = w["plat"].inbox(None).parents
+    out = w["guard"].post(p, text)
+    assert out.status is Status.POSTED
+    return post, p, out.reply_id
+
+
+def test_e2e_edit_replaces_the_raw_and_read_back_still_finds_one_reply(world: dict[str, Any]) -> None:
+    """An edit PUTs the whole raw; the feed and the topic still show the one reply, same id, new text."""
+    fake = world["fake"]
+    post, p, rid = _answered(world)
+    edit_and_sweep(world, p, rid, ["Looking into it: widgets", "Looking into it: widgets spin on gears."],
+                   10.0 + world["plat"].listing_delay_s + 1)
+    assert fake.reply_count(post.id) == 1 and fake.create_requests == 1 and fake.edit_requests == 2
+
+
+def test_e2e_edit_lost_answer_is_maybe_sent_and_the_retry_makes_no_second_revision(world: dict[str, Any]) -> None:
+    """The edit acts but its answer is lost: MaybeSent; repeating it sets the same raw: one revision, one reply."""
+    fake, plat = world["fake"], world["plat"]
+    post, p, rid = _answered(world)
+    walk_edit_faults(fake, plat, p, rid)
+    assert fake.reply_count(post.id) == 1 and fake.create_requests == 1
+
+
+def test_e2e_edit_refused_too_long_foreign_closed_late_or_gone(world: dict[str, Any]) -> None:
+    """Over max_post_length (422), another's post, a closed topic or past the edit time limit (403, key still
+    good), a deleted post (404): Rejected, the text unchanged."""
+    fake, plat, clock = world["fake"], world["plat"], world["clock"]
+    post, p, rid = _answered(world)
+    with pytest.raises(Rejected) as err:
+        plat.edit(p, rid, "x" * (fake.max_post_length + 1))
+    assert err.value.status == 422 and "limited to 32000" in err.value.detail
+    plat.edit(p, rid, "x" * fake.max_post_length)
+    with pytest.raises(Rejected) as err:
+        plat.edit(p, str(post.id), "hijacked")
+    assert err.value.status == 403 and fake.reply_text(post.id) == "@replybot how do widgets work?"
+    fake.topics[post.topic_id].closed = True
+    with pytest.raises(Rejected):
+        plat.edit(p, rid, "in a closed topic")
+    fake.topics[post.topic_id].closed = False
+    clock.advance(fake.edit_time_limit_s + 1)
+    with pytest.raises(Rejected) as err:
+        plat.edit(p, rid, "too late")
+    assert err.value.status == 403 and not isinstance(err.value, DefinitelyNotSent)
+    fake.posts[int(rid)].deleted = True
+    with pytest.raises(Rejected) as err:
+        plat.edit(p, rid, "after the delete")
+    assert err.value.status == 404
+    assert fake.edits(rid) == 1 and fake.reply_text(rid) == "x" * fake.max_post_length
+
+
+def test_e2e_edit_rate_limited_and_a_refused_key(world: dict[str, Any]) -> None:
+    """A 429 is RateLimited with the body's wait and blocks the post bucket locally; a revoked key's 403 is
+    DefinitelyNotSent (tried again), not a refusal of the post."""
+    fake, plat, clock = world["fake"], world["plat"], world["clock"]
+    _, p, rid = _answered(world)
+    fake.edit_faults = ["rate_limited"]
+    with pytest.raises(RateLimited) as err:
+        plat.edit(p, rid, "grown")
+    assert err.value.retry_after_s == pytest.approx(7.0) and fake.reply_text(rid) == "Looking"
+    with pytest.raises(RateLimited):
+        plat.edit(p, rid, "grown")  # refused locally: no request
+    assert fake.edit_requests == 1
+    clock.advance(8)
+    plat.edit(p, rid, "grown")
+    assert fake.reply_text(rid) == "grown"
+    fake.users.pop(fake.bot.id)  # the key's user is gone: every request is the same 403
+    with pytest.raises(DefinitelyNotSent) as err2:
+        plat.edit(p, rid, "grown more")
+    assert err2.value.status == 403 and "credentials refused" in err2.value.detail
+    assert not isinstance(err2.value, RateLimited) and fake.reply_text(rid) == "grown"
+
+
+def test_e2e_streamed_answer_grows_one_post_through_a_lost_edit_answer(world: dict[str, Any]) -> None:
+    """A streamed responder through the guard: one post, grown by PUTs to the whole answer, an edit whose answer
+    was lost repeated safely; the sweep verifies one reply and no duplicate."""
+    from tests.test_stream import Streamer
+
+    fake = world["fake"]
+    post = _mention(world)
+    [p] = world["plat"].inbox(None).parents
+    words = [f"w{i:02d}" for i in range(20)]
+    fake.edit_faults = ["none", "lost"]  # the second edit acts, its answer never comes
+    out = world["guard"].post(p, Streamer(world["clock"], words=words, step_s=0.4, asynchronous=False))
+    assert out.status is Status.POSTED, out
+    [r] = fake.replies(post.id)
+    assert str(r.id) == out.reply_id and r.raw == " ".join(words)
+    assert fake.lost_edits == 1 and fake.edits(r.id) >= 2 and fake.create_requests == 1
+    _past_deadline(world)
+    res = world["sweeper"].run_once()
+    assert (res.verified, res.duplicates) == (1, 0)

@@ -30,7 +30,9 @@ from tests.fakes_forum import (  # noqa: F401  (pytest finds the fixtures by nam
     iso_s,
     nodelay_fixture_server_session,
     shared_tls_http_client,
+    edit_and_sweep,
     store_template,
+    walk_edit_faults,
 )
 from tests.fixtures_server import (  # noqa: F401  (pytest finds the fixtures by name)
     FixtureServer,
@@ -618,3 +620,99 @@ def test_e2e_listing_delay_longer_than_configured_duplicates(world: dict[str, An
     assert world["sweeper"].run_once().not_landed == 1
     assert world["guard"].post(p, "hi").status is Status.POSTED
     assert world["fake"].reply_count(issue) == 2
+
+
+# --- edits of own comments (EditReply: a streamed answer grows its comment) -------------------
+
+
+def _answered(w: dict[str, Any], text: str = "Looking") -> tuple[Any, Parent, str]:
+    """An issue mentioning the bot, answered through the guard: (issue, parent, the comment id)."""
+    issue = _issue(w)
+    p = _one(w)
+    out = w["guard"].post(p, text)
+    assert out.status is Status.POSTED
+    return issue, p, out.reply_id
+
+
+def test_e2e_edit_replaces_the_body_and_read_back_still_finds_one_comment(world: dict[str, Any]) -> None:
+    """An edit PATCHes the comment's whole body; the read-back lists the edited comment as the one reply, same id."""
+    fake = world["fake"]
+    issue, p, cid = _answered(world)
+    edit_and_sweep(world, p, cid, ["Looking into it: the gears", "Looking into it: the gears slip on start."],
+                   10.0 + world["plat"].listing_delay_s + 1)
+    assert fake.reply_count(issue) == 1 and fake.create_requests == 1
+    assert f"PATCH /repos/acme/widgets/issues/comments/{cid}" in fake.requests
+
+
+def test_e2e_edit_lost_answer_is_maybe_sent_and_the_retry_makes_no_second_edit(world: dict[str, Any]) -> None:
+    """The edit acts but its answer is lost: MaybeSent; repeating it sets the same body: one edit, one comment."""
+    fake, plat = world["fake"], world["plat"]
+    issue, p, rid = _answered(world)
+    walk_edit_faults(fake, plat, p, rid)
+    assert fake.reply_count(issue) == 1 and fake.create_requests == 1
+
+
+def test_e2e_edit_refused_gone_foreign_locked_or_too_long(world: dict[str, Any]) -> None:
+    """A body over 65,536 characters (422), a deleted comment (404), another's comment or a locked issue (403): Rejected."""
+    fake, plat = world["fake"], world["plat"]
+    issue, p, cid = _answered(world)
+    with pytest.raises(Rejected) as err:
+        plat.edit(p, cid, "x" * (FakeGitHub.BODY_MAX + 1))
+    assert err.value.status == 422 and "too long" in err.value.detail
+    plat.edit(p, cid, "x" * FakeGitHub.BODY_MAX)  # the limit itself is allowed
+    theirs = fake.comment(world["alice"], issue, "me too")
+    with pytest.raises(Rejected) as err:
+        plat.edit(p, str(theirs.id), "hijacked")
+    assert err.value.status == 403 and fake.reply_text(theirs.id) == "me too"
+    issue.locked = True
+    with pytest.raises(Rejected) as err:
+        plat.edit(p, cid, "after the lock")
+    assert err.value.status == 403
+    issue.locked = False
+    plat.delete(cid)
+    with pytest.raises(Rejected) as err:
+        plat.edit(p, cid, "after the delete")
+    assert err.value.status == 404
+    assert fake.edits(cid) == 1 and fake.reply_text(cid) == "x" * FakeGitHub.BODY_MAX
+    assert not isinstance(err.value, (MaybeSent, DefinitelyNotSent))
+
+
+def test_e2e_edit_rate_limited_by_the_secondary_limit_and_the_local_pacing(world: dict[str, Any]) -> None:
+    """A secondary-limit 403 is RateLimited with its Retry-After and blocks locally; edits draw on the write budget."""
+    fake, plat, clock = world["fake"], world["plat"], world["clock"]
+    _, p, cid = _answered(world)
+    fake.edit_faults = ["rate_limited"]
+    with pytest.raises(RateLimited) as err:
+        plat.edit(p, cid, "grown")
+    assert err.value.retry_after_s == pytest.approx(61.0) and fake.reply_text(cid) == "Looking"
+    with pytest.raises(RateLimited):
+        plat.edit(p, cid, "grown")  # refused locally: the wait is not over
+    assert fake.edit_requests == 1
+    clock.advance(62)
+    plat.edit(p, cid, "grown")
+    assert fake.reply_text(cid) == "grown"
+    plat._wpm = 1  # the edit just made fills this minute's budget: the next waits, no request made
+    with pytest.raises(RateLimited) as err:
+        plat.edit(p, cid, "grown more")
+    assert err.value.status is None and fake.edit_requests == 2
+    assert plat.write_budget() == (1, 3)  # the send, the refused edit (it reached GitHub) and the edit
+
+
+def test_e2e_streamed_answer_grows_one_comment_through_a_lost_edit_answer(world: dict[str, Any]) -> None:
+    """A streamed responder through the guard: one comment, grown by PATCHes to the whole answer, an edit whose
+    answer was lost repeated safely; the sweep verifies one reply and no duplicate."""
+    from tests.test_stream import Streamer
+
+    fake = world["fake"]
+    issue = _issue(world)
+    p = _one(world)
+    words = [f"w{i:02d}" for i in range(20)]
+    fake.edit_faults = ["none", "lost"]  # the second edit acts, its answer never comes
+    out = world["guard"].post(p, Streamer(world["clock"], words=words, step_s=0.4, asynchronous=False))
+    assert out.status is Status.POSTED, out
+    [c] = fake.replies(issue)
+    assert str(c.id) == out.reply_id and c.body == " ".join(words)
+    assert fake.lost_edits == 1 and fake.edits(c.id) >= 2 and fake.create_requests == 1
+    _past_deadline(world)
+    res = world["sweeper"].run_once()
+    assert (res.verified, res.duplicates) == (1, 0)

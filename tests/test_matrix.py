@@ -362,3 +362,163 @@ def test_a_search_gap_whose_next_batch_synapse_refuses_is_given_up(world: World)
         cursor = page.cursor
         assert (GapCursor.decode(cursor) is None) == (i == GapCursor.MAX_REFUSED - 1), cursor
     assert cursor == first.cursor
+
+
+# --- edits (EditReply: a streamed answer grows its reply by replacement events) ---------------
+
+
+def _edit_content(text: str, reply_id: str, **relates: Any) -> dict[str, Any]:
+    """A replacement's content as another client of the bot would send it (``relates`` added to m.relates_to)."""
+    return {"msgtype": "m.text", "body": f"* {text}", "m.new_content": {"msgtype": "m.text", "body": text},
+            "m.relates_to": {"rel_type": "m.replace", "event_id": reply_id, **relates}}
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["room", "thread"])
+def test_a_reply_edited_twice_reads_back_as_one_reply_with_the_latest_text(world: World, threaded: bool) -> None:
+    """Two edits are two m.replace events (no m.in_reply_to, mentions kept in m.new_content, none notified again);
+    the room, the read-back and the sweep still see exactly one reply, with the reply's id."""
+    hs, carol = world.hs, world.hs.people["carol"]
+    root = hs.say(hs.people["bob"], world.room, "thread root", mention_bot=False) if threaded else None
+    parent = world.parent(thread_root=root) if threaded else world.parent()
+    out = world.guard().post(parent, "Looking", path="inbox")
+    assert out.status is Status.POSTED
+    world.platform.edit(parent, out.reply_id, "Looking into it")
+    world.platform.edit(parent, out.reply_id, "Looking into it: widgets spin.")
+    edits = hs.edits(world.room, out.reply_id, carol)
+    assert [e["sender"] for e in edits] == [world.me.sender_id] * 2
+    last = edits[-1]["content"]
+    assert last["m.relates_to"] == {"rel_type": "m.replace", "event_id": out.reply_id}
+    assert (last["body"], last["m.mentions"]) == ("* Looking into it: widgets spin.", {})
+    assert last["m.new_content"] == {"msgtype": "m.text", "body": "Looking into it: widgets spin.",
+                                     "m.mentions": {"user_ids": [parent.author_id]}}
+    assert hs.reply_text(world.room, out.reply_id, carol) == "Looking into it: widgets spin."
+    original = hs.api("GET", f"/rooms/{world.room}/event/{out.reply_id}", carol)["content"]
+    assert original["body"] == "Looking" and original["m.relates_to"]["m.in_reply_to"] == {"event_id": parent.id}
+    assert world.replies(parent.id) == [out.reply_id]
+    rb = world.platform.read_back([Pending(parent, opened_at=world.clock.now() - 5)], sender_id=world.me.sender_id)
+    assert parent.id in rb.checked and [r.reply_id for r in rb.found[parent.id]] == [out.reply_id]
+    res = world.sweep()
+    assert (res.verified, res.duplicates) == (1, 0)
+
+
+def test_a_lost_edit_answer_retried_is_the_same_edit_event(world: World) -> None:
+    """The edit lands but its answer is lost (MaybeSent); the retry is the same txnId: Synapse answers with the
+    first edit event and the room holds one edit."""
+    from urllib.parse import quote
+
+    from replyd.platforms.matrix import edit_txn_id
+
+    hs, carol = world.hs, world.hs.people["carol"]
+    proxy = DropProxy(hs.base_url)
+    try:
+        lossy = world.adapter(proxy.url)
+        parent = world.parent()
+        sent = lossy.send(parent, "Looking", provider_key=uuid.uuid4().hex)
+        proxy.drop_sends = 1
+        with pytest.raises(MaybeSent):
+            lossy.edit(parent, sent.reply_id, "the whole answer")
+        [edit] = hs.edits(world.room, sent.reply_id, carol)  # it landed though the answer never came
+        lossy.edit(parent, sent.reply_id, "the whole answer")  # the guard's retry of an unknown edit
+        assert proxy.forwarded_sends == [200, 200, 200] and proxy.dropped == 1
+        assert [e["event_id"] for e in hs.edits(world.room, sent.reply_id, carol)] == [edit["event_id"]]
+        path = f"/rooms/{quote(world.room, safe='')}/send/m.room.message/{edit_txn_id(sent.reply_id, 'the whole answer')}"
+        again = hs.api("PUT", path, hs.bot, json_body=_edit_content("the whole answer", sent.reply_id))
+        assert again["event_id"] == edit["event_id"]  # the transaction's event, as the adapter's retry got it
+        lossy.edit(parent, sent.reply_id, "the whole answer, grown")  # a new text is a new edit
+        assert len(hs.edits(world.room, sent.reply_id, carol)) == 2
+        assert hs.reply_text(world.room, sent.reply_id, carol) == "the whole answer, grown"
+        assert world.replies(parent.id) == [sent.reply_id]
+    finally:
+        proxy.close()
+
+
+def test_an_edit_refused_too_large_not_joined_rate_limited_foreign_or_redacted(world: World) -> None:
+    """An edit whose event is over Synapse's 65,536 bytes (the text rides twice) is Rejected; a room the bot is not
+    in hides the reply (404, Rejected); M_LIMIT_EXCEEDED is RateLimited with retry_after_ms; another's message
+    or a redacted reply is Rejected before any edit is sent. Nothing is edited."""
+    from tests.contract.proxy import FaultProxy, Rule
+    from tests.fixtures_server import Reply
+
+    hs, carol = world.hs, world.hs.people["carol"]
+    parent = world.parent()
+    sent = world.platform.send(parent, "Looking", provider_key=uuid.uuid4().hex)
+    with pytest.raises(Rejected) as err:
+        world.platform.edit(parent, sent.reply_id, "x" * 40_000)
+    assert "M_TOO_LARGE" in err.value.detail
+    alice = hs.people["alice"]
+    other = hs.create_room(alice, invite_bot=False)
+    elsewhere = Parent(id=parent.id, author_id=alice.user_id, extra={"room_id": other})
+    with pytest.raises(Rejected) as err2:  # the reply read first is not there (Synapse hides the room: 404)
+        world.platform.edit(elsewhere, sent.reply_id, "in a room the bot is not in")
+    assert err2.value.status == 404 and "M_NOT_FOUND" in err2.value.detail
+    proxy = FaultProxy(hs.base_url)
+    try:
+        limit = Reply(429, {"errcode": "M_LIMIT_EXCEEDED", "error": "Too Many Requests", "retry_after_ms": 2500})
+        proxy.add(Rule("PUT", r"/send/m\.room\.message/replyd-edit-", answer=limit))
+        with pytest.raises(RateLimited) as err3:
+            world.adapter(proxy.url).edit(parent, sent.reply_id, "grown")
+        assert err3.value.retry_after_s == 2.5 and proxy.rules[0].hits == 1
+    finally:
+        proxy.close()
+    assert hs.edits(world.room, sent.reply_id, carol) == [] and hs.reply_text(world.room, sent.reply_id, carol) == "Looking"
+    with pytest.raises(Rejected) as err4:  # alice's message: Synapse would take the edit, every client ignore it
+        world.platform.edit(parent, parent.id, "not the bot's")
+    assert "not one of the bot's" in err4.value.detail
+    world.platform.delete(sent.reply_id)
+    with pytest.raises(Rejected) as err5:  # a redacted reply: Synapse would take the edit, no client show it
+        world.platform.edit(parent, sent.reply_id, "after the redaction")
+    assert "redacted" in err5.value.detail
+    assert hs.edits(world.room, sent.reply_id, carol) == [] and hs.edits(world.room, parent.id, carol) == []
+
+
+def test_the_sweep_counts_no_edit_as_a_duplicate_even_one_carrying_in_reply_to(world: World) -> None:
+    """Edits by the adapter and one by another client of the bot that (against the spec) keeps m.in_reply_to beside
+    m.replace: the read-back finds one reply and a delete_newer sweep deletes nothing (an edit counted as a reply
+    would be a "duplicate" it redacts)."""
+    from urllib.parse import quote
+
+    hs, carol = world.hs, world.hs.people["carol"]
+    parent = world.parent()
+    out = world.guard().post(parent, "Looking", path="inbox")
+    world.platform.edit(parent, out.reply_id, "Looking into it")
+    path = f"/rooms/{quote(world.room, safe='')}/send/m.room.message/{uuid.uuid4().hex}"
+    hs.api("PUT", path, hs.bot, json_body=_edit_content("Looking into it, again", out.reply_id,
+                                                       **{"m.in_reply_to": {"event_id": parent.id}}))
+    opened = world.clock.now() - 5
+    world.clock.advance(SEND_TIMEOUT_S + 60)
+    res = Sweeper(world.store, [Bot(world.platform, world.me)], clock=world.clock, on_duplicate="delete_newer").run_once()
+    assert (res.verified, res.duplicates) == (1, 0)
+    rb = world.platform.read_back([Pending(parent, opened_at=opened)], sender_id=world.me.sender_id)
+    assert [r.reply_id for r in rb.found[parent.id]] == [out.reply_id]
+    assert len(hs.edits(world.room, out.reply_id, carol)) == 2  # nothing redacted
+    assert hs.reply_text(world.room, out.reply_id, carol) == "Looking into it, again"
+    assert world.replies(parent.id) == [out.reply_id]
+
+
+def test_a_streamed_answer_is_one_reply_grown_by_edits_through_lost_edit_answers(world: World) -> None:
+    """A streamed responder through the guard, every third send's answer lost (edits included): one reply whose
+    latest replacement is the whole answer, no edit event made twice by a retry, and a delete_newer sweep that
+    verifies one reply and deletes nothing."""
+    from tests.test_stream import Streamer
+
+    hs, carol = world.hs, world.hs.people["carol"]
+    proxy = DropProxy(hs.base_url)
+    try:
+        lossy = world.adapter(proxy.url)
+        parent = world.parent()
+        proxy.drop_every = 3
+        words = [f"w{i:02d}" for i in range(20)]
+        out = world.guard(lossy).post(parent, Streamer(world.clock, words=words, step_s=0.4, asynchronous=False))
+        assert out.status is Status.POSTED, out
+        assert proxy.dropped >= 1, proxy.forwarded_sends
+    finally:
+        proxy.close()
+    assert world.replies(parent.id) == [out.reply_id]
+    edits = hs.edits(world.room, out.reply_id, carol)
+    bodies = [e["content"]["m.new_content"]["body"] for e in edits]
+    assert edits and len(bodies) == len(set(bodies))  # a retried edit is the same event, never a second one
+    assert hs.reply_text(world.room, out.reply_id, carol) == " ".join(words)
+    world.clock.advance(SEND_TIMEOUT_S + 60)
+    res = Sweeper(world.store, [Bot(world.platform, world.me)], clock=world.clock, on_duplicate="delete_newer").run_once()
+    assert (res.verified, res.duplicates) == (1, 0)
+    assert len(hs.edits(world.room, out.reply_id, carol)) == len(edits)

@@ -1045,6 +1045,25 @@ class HttpPlatform:
             return
         self.log.info(f"replyd.{self.kind}.deleted", reply_id=reply_id, already_gone=False)
 
+    def _edit(self, method: str, path: str, parent: Parent, reply_id: str, text: str, *,
+              check: Callable[[], None] | None = None, **kwargs: Any) -> None:
+        """Replace one own reply's text (``EditReply``) with one acting request, logged by ``_edited``.
+
+        An edit sets the whole text, so its errors keep the send table's meaning: a lost answer is ``MaybeSent``
+        (the guard may repeat it), a refusal (gone, not editable, too long) ``Rejected``, read through the
+        adapter's ``_refused`` as a send's. ``check`` runs first (a platform that accepts an edit of a gone reply
+        reads it: its errors are the edit's).
+        """
+        def run() -> None:
+            if check is not None:
+                check()
+            try:
+                self._call(method, path, what="edit", **kwargs)
+            except PlatformError as exc:
+                raise self._refused(exc) from None
+
+        self._edited(parent, reply_id, text, run)
+
     def _identity(self) -> Identity:
         """The bot's identity, asked once (``whoami`` fills the cache)."""
         return self._me if self._me is not None else self.whoami()

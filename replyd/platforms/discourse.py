@@ -22,30 +22,41 @@ is read from its topic (``/t/{id}.json``, then the post ids after the parent
 through ``/t/{id}/posts.json?post_ids[]=``). Discourse's duplicate-text check is
 never relied on: staff and admin keys skip it.
 
+Edits (``EditReply``, a streamed answer growing its post): ``PUT
+/posts/{id}.json`` with ``{"post": {"raw": …}}``. The site's ``max_post_length``
+(default 32,000 characters) bounds the whole new text; the post stays the one
+reply the read-back finds (its ``user_actions`` row and ``reply_to_post_number``
+are unchanged). Sites limit edits per user and day: that is a 429 like any.
+
 Error mapping at this boundary (the shared table is in ``_http.py``)::
 
-    what happened                                   send (POST)        delete             reads (GET)
-    ----------------------------------------------  -----------------  -----------------  -----------------
-    connect refused, DNS, ConnectTimeout,           DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
+    what happened                                   send (POST)        edit (PUT)         delete             reads (GET)
+    ----------------------------------------------  -----------------  -----------------  -----------------  -----------------
+    connect refused, DNS, ConnectTimeout,           DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
       PoolTimeout, TLS handshake
-    local rate limit spent after a 429              RateLimited        RateLimited        RateLimited
-    ReadTimeout, WriteTimeout, ReadError,           MaybeSent          MaybeSent          DefinitelyNotSent
+    local rate limit spent after a 429              RateLimited        RateLimited        RateLimited        RateLimited
+    ReadTimeout, WriteTimeout, ReadError,           MaybeSent          MaybeSent          MaybeSent          DefinitelyNotSent
       WriteError, RemoteProtocolError, other
-    429 (Retry-After, else extras.wait_seconds)     RateLimited        RateLimited        RateLimited
-    403, credentials still accepted (topic          Rejected           DefinitelyNotSent  DefinitelyNotSent
-      closed / archived, no permission)
-    403, credentials refused on a re-check          DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
-    401, 408                                        DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
-    404 (topic or post deleted), 410                Rejected           treated as done    Rejected
-    422 ("Body is too similar", "title has          Rejected           Rejected           Rejected
-      already been used", too short), other 4xx
-    500-599 (read-only mode, proxy pages)           MaybeSent          MaybeSent          DefinitelyNotSent
-    200 {"action": "enqueued"} (post held for       Rejected           -                  -
+      (an edit's lost answer: it may have acted;
+      repeating it sets the same raw)
+    429 (Retry-After, else extras.wait_seconds)     RateLimited        RateLimited        RateLimited        RateLimited
+    403, credentials still accepted (topic          Rejected           Rejected           DefinitelyNotSent  DefinitelyNotSent
+      closed / archived, no permission; edit:
+      not the bot's post, past the edit time
+      limit)
+    403, credentials refused on a re-check          DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
+    401, 408                                        DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
+    404 (topic or post deleted), 410                Rejected           Rejected           treated as done    Rejected
+    422 ("Body is too similar", "title has          Rejected           Rejected           Rejected           Rejected
+      already been used", too short; edit: "Body
+      is limited to 32000 characters"), other 4xx
+    500-599 (read-only mode, proxy pages)           MaybeSent          MaybeSent          MaybeSent          DefinitelyNotSent
+    200 {"action": "enqueued"} (post held for       Rejected           -                  -                  -
       moderator approval: it may land later, so
       it is never retried)
-    2xx with unreadable body                        MaybeSent          -                  BadResponse
+    2xx with unreadable body                        MaybeSent          done (not read)    -                  BadResponse
 
-A 403 on a send triggers one cheap GET of the identity endpoint: Discourse
+A 403 on a send or an edit triggers one cheap GET of the identity endpoint: Discourse
 answers a bad or revoked key with the same 403 (``invalid_access``) as a closed
 topic, and the two need different handling (retry later vs. give up). The
 status decides, never the (localised) error text.
@@ -638,8 +649,18 @@ class DiscoursePlatform(_http.HttpPlatform):
         self.log.info("replyd.discourse.sent", parent_id=parent.id, reply_id=reply_id)
         return Sent(reply_id=reply_id, url=url)
 
+    def edit(self, parent: Parent, reply_id: str, text: str) -> None:
+        """Replace the raw text of own post ``reply_id`` (``EditReply``: ``PUT /posts/{id}.json`` with ``post.raw``).
+
+        Discourse keeps the post's id, number and ``reply_to_post_number`` (so the read-back still finds one
+        reply) and makes a revision; the same raw again makes none, so a retried edit is harmless. A 403 is
+        told apart as for a send (a refused key retried later, an uneditable post given up).
+        """
+        self._edit("PUT", f"/posts/{_http.seg(reply_id, 'edit')}.json", parent, reply_id, text, bucket="post",
+                   json={"post": {"raw": text}})
+
     def _refused(self, exc: PlatformError) -> PlatformError:
-        """A 403 to a POST: refused credentials (retry later) or a refused target (give up)?"""
+        """A 403 to a POST or an edit's PUT: refused credentials (retry later) or a refused target (give up)?"""
         if not isinstance(exc, DefinitelyNotSent) or exc.status != 403:
             return exc
         try:

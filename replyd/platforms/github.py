@@ -17,6 +17,11 @@ comments matched to pending parents by ``issue_url``; a repository whose
 listing fails or runs past ``max_pages`` falls back to each parent's
 ``/repos/{o}/{r}/issues/{n}/comments``.
 
+Edits (``EditReply``, a streamed answer growing its comment): ``PATCH
+/repos/{o}/{r}/issues/comments/{id}`` with the whole new ``body``. An edited
+comment keeps its id and ``created_at`` (only ``updated_at`` moves), so the
+read-back still finds one comment per parent, listed again by ``since``.
+
 Rate limits: GitHub reports budgets per resource (``X-RateLimit-Resource``:
 ``core``, ``search`` with 30 a minute …); a spent one (``remaining: 0``) makes
 the adapter refuse locally until ``X-RateLimit-Reset``. Content creation also
@@ -27,28 +32,32 @@ must share the budget (set lower ``writes_per_*`` on each).
 
 Error mapping at this boundary (the shared table is in ``_http.py``)::
 
-    what happened                                   send (POST)        delete             reads (GET)
-    ----------------------------------------------  -----------------  -----------------  -----------------
-    connect refused, DNS, ConnectTimeout,           DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
+    what happened                                   send (POST)        edit (PATCH)       delete             reads (GET)
+    ----------------------------------------------  -----------------  -----------------  -----------------  -----------------
+    connect refused, DNS, ConnectTimeout,           DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
       PoolTimeout, TLS handshake
-    local write pacing or a spent budget            RateLimited        RateLimited        RateLimited
+    local write pacing or a spent budget            RateLimited        RateLimited        RateLimited        RateLimited
       (remaining 0, reset in the future)
-    ReadTimeout, WriteTimeout, ReadError,           MaybeSent          MaybeSent          DefinitelyNotSent
+    ReadTimeout, WriteTimeout, ReadError,           MaybeSent          MaybeSent          MaybeSent          DefinitelyNotSent
       WriteError, RemoteProtocolError, other
-    429; or 403 with Retry-After, with              RateLimited        RateLimited        RateLimited
+      (an edit's lost answer: the edit may have
+      acted; repeating it sets the same body)
+    429; or 403 with Retry-After, with              RateLimited        RateLimited        RateLimited        RateLimited
       x-ratelimit-remaining 0, or a "rate limit"
       message (primary/secondary limits; wait:
       Retry-After, else the reset when remaining
       is 0, else 60 s as GitHub documents)
-    403 otherwise (issue locked, repository         Rejected           Rejected           Rejected
-      archived, no permission, SSO not authorised)
-    401 (bad credentials), 408                      DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
-    404, 410 (issue gone / transferred), 422        Rejected           treated as done    Rejected
-      (validation), other 4xx
-    500-599                                         MaybeSent          MaybeSent          DefinitelyNotSent
-    3xx (moved repository: redirects are not        MaybeSent          MaybeSent          BadResponse
+    403 otherwise (issue locked, repository         Rejected           Rejected           Rejected           Rejected
+      archived, no permission, SSO not authorised;
+      edit: not the bot's comment)
+    401 (bad credentials), 408                      DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent  DefinitelyNotSent
+    404, 410 (issue gone / transferred; edit: the   Rejected           Rejected           treated as done    Rejected
+      comment deleted), 422 (validation; a body
+      over 65,536 characters), other 4xx
+    500-599                                         MaybeSent          MaybeSent          MaybeSent          DefinitelyNotSent
+    3xx (moved repository: redirects are not        MaybeSent          MaybeSent          MaybeSent          BadResponse
       followed, the token stays on api_url)
-    2xx with unreadable body                        MaybeSent          -                  BadResponse
+    2xx with unreadable body                        MaybeSent          done (not read)    -                  BadResponse
 
 GitHub honours no idempotency key on comment creation: a retry after a lost
 response can only be kept from duplicating by the read-back.
@@ -60,7 +69,8 @@ import json
 import re
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar
 from urllib.parse import urlsplit
@@ -238,6 +248,15 @@ class GitHubPlatform(_http.HttpPlatform):
             at = _http.parse_reset(resp.headers.get("x-ratelimit-reset", ""), now)
             wait = max(0.0, at - now) if at is not None else None
         return DEFAULT_LIMIT_WAIT_S if wait is None else wait
+
+    def _error_text(self, resp: httpx.Response) -> str:
+        """GitHub's ``message`` and, for a 422, what its ``errors`` say ("Body is too long (maximum is 65536 …)")."""
+        text = super()._error_text(resp)
+        data = _http.error_json(resp)
+        errors = data.get("errors") if isinstance(data, dict) else None
+        said = [e["message"] for e in errors if isinstance(e, dict) and isinstance(e.get("message"), str)] \
+            if isinstance(errors, list) else []
+        return " ".join(f"{text}: {'; '.join(said)}".split())[:200] if said else text
 
     def _raise_for_status(self, resp: httpx.Response, *, what: str, bucket: str = "", acts: bool | None = None) -> None:
         """The shared mapping, but a 403 that is no rate limit is a refusal, not an auth failure."""
@@ -634,12 +653,8 @@ class GitHubPlatform(_http.HttpPlatform):
 
     # send -------------------------------------------------------------------------------
 
-    def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
-        """Comment ``text`` on the parent issue (only ``replyd.guard`` calls this).
-
-        GitHub honours no idempotency key: ``provider_key`` is not sent.
-        """
-        what = "send"
+    def _issue_of(self, parent: Parent, what: str) -> tuple[str, str, int]:
+        """The parent issue's ``(owner, repo, number)`` from ``extra``; ``Rejected`` when they are missing."""
         owner, repo, number = parent.extra.get("owner"), parent.extra.get("repo"), parent.extra.get("number")
         if (
             not isinstance(owner, str)
@@ -649,18 +664,33 @@ class GitHubPlatform(_http.HttpPlatform):
             or number < 1
         ):
             raise Rejected(f"{what}: parent {parent.id} lacks owner/repo/number")
-        path = f"/repos/{_http.seg(owner, what)}/{_http.seg(repo, what)}/issues/{number}/comments"
+        return owner, repo, number
+
+    @contextmanager
+    def _paced(self, what: str) -> Iterator[None]:
+        """Hold a slot of the secondary write budget for one write; a write that never reached GitHub gives it back."""
         self.limits.check(("core",), what=what)
         slot = self._reserve_write(what)
         try:
-            reply_id, issue_url, html_url = self._created(
-                "POST", path, parent, what=what, json={"body": text},
-                read=lambda body: (_http.served_id(body, "id", what), _http.field(body, "issue_url", what, default=""),
-                                   _http.field(body, "html_url", what, default="")))
+            yield
         except DefinitelyNotSent as exc:
             if exc.status is None:
                 self._release_write(slot)  # nothing reached GitHub: the slot is not spent
             raise
+
+    def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
+        """Comment ``text`` on the parent issue (only ``replyd.guard`` calls this).
+
+        GitHub honours no idempotency key: ``provider_key`` is not sent.
+        """
+        what = "send"
+        owner, repo, number = self._issue_of(parent, what)
+        path = f"/repos/{_http.seg(owner, what)}/{_http.seg(repo, what)}/issues/{number}/comments"
+        with self._paced(what):
+            reply_id, issue_url, html_url = self._created(
+                "POST", path, parent, what=what, json={"body": text},
+                read=lambda body: (_http.served_id(body, "id", what), _http.field(body, "issue_url", what, default=""),
+                                   _http.field(body, "html_url", what, default="")))
         got = _issue_ref(issue_url) if issue_url else None
         if got is None or _repo_key(got[0], got[1]) != _repo_key(owner, repo) or got[2] != number:
             # The comment is ours and exists (a transferred issue answers under its new name).
@@ -668,6 +698,19 @@ class GitHubPlatform(_http.HttpPlatform):
         self._comment_repo[reply_id] = (owner, repo)
         self.log.info("replyd.github.sent", parent_id=parent.id, reply_id=reply_id)
         return Sent(reply_id=reply_id, url=html_url)
+
+    def edit(self, parent: Parent, reply_id: str, text: str) -> None:
+        """Replace the body of own comment ``reply_id`` on the parent issue (``EditReply``: PATCH the comment).
+
+        An edit is content creation for GitHub's secondary limits: it takes a slot of the write budget as a
+        send does. Setting the same body again changes nothing, so a retried edit is harmless.
+        """
+        what = "edit"
+        owner, repo, _ = self._issue_of(parent, what)
+        path = f"/repos/{_http.seg(owner, what)}/{_http.seg(repo, what)}/issues/comments/{_http.seg(reply_id, what)}"
+        with self._paced(what):
+            self._edit("PATCH", path, parent, reply_id, text, json={"body": text})
+        self._comment_repo[reply_id] = (owner, repo)
 
     # read-back --------------------------------------------------------------------------
 

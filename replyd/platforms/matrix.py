@@ -14,26 +14,40 @@ with ``txnId`` = the guard's ``provider_key`` for (bot, parent): the same on
 every attempt. Synapse answers a repeated transaction id of the same device
 with the first event's id (measured limits in docs/PLATFORMS.md).
 
+Edits (``EditReply``, a streamed answer growing its reply): a replacement event
+(``rel_type = m.replace``, ``m.new_content``), sent by transaction id too (see
+``edit``). Edits are never replies or parents: the inbox, search, re-find and
+the read-back skip every ``m.replace`` event, so a reply edited n times is still
+one reply and the sweep counts no duplicate (with ``delete_newer`` it would
+otherwise redact an edit, or the reply itself).
+
 Error mapping at this boundary (``_http.py`` holds the shared table; Matrix adds
 the ``errcode`` of the JSON body)::
 
-    what happened                                  send (PUT)         reads (GET, /search POST)
+    what happened                                  send, edit (PUT)   reads (GET, /search POST)
     ---------------------------------------------  -----------------  -------------------------
     connect refused, DNS, connect timeout          DefinitelyNotSent  DefinitelyNotSent
     read/write timeout, reset, lost response       MaybeSent          DefinitelyNotSent
+      (a retried edit is the same transaction)
     429 M_LIMIT_EXCEEDED                           RateLimited (retry_after_ms, else Retry-After)
     401 M_UNKNOWN_TOKEN, M_MISSING_TOKEN           DefinitelyNotSent (a password login logs in
                                                    again and retries once)
     403 M_FORBIDDEN (not joined, no power, banned) DefinitelyNotSent  DefinitelyNotSent
-    404 M_NOT_FOUND, 400 M_TOO_LARGE, other 4xx    Rejected           Rejected
+    404 M_NOT_FOUND, 413/400 M_TOO_LARGE (an       Rejected           Rejected
+      edit carries its text twice: the event's
+      65,536 bytes hold about half as much),
+      other 4xx; edit: the reply read first is
+      redacted, another sender's or an edit
     5xx                                            MaybeSent          DefinitelyNotSent
-    2xx without ``event_id``                       MaybeSent          BadResponse
+    2xx without ``event_id``                       send: MaybeSent;   BadResponse
+                                                   edit: done
 
 The ``error`` text is never branched on; only ``errcode``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -67,6 +81,18 @@ def _errcode(resp: httpx.Response) -> str:
 def _event_filter(**extra: Any) -> str:
     """A RoomEventFilter (JSON) for ``m.room.message`` events, plus ``extra`` keys."""
     return json.dumps({"types": ["m.room.message"], **extra}, separators=(",", ":"))
+
+
+def _is_edit(content: Any) -> bool:
+    """Whether a message content replaces an earlier event (``rel_type = m.replace``): an edit, never a new message."""
+    rel = content.get("m.relates_to") if isinstance(content, dict) else None
+    return isinstance(rel, dict) and rel.get("rel_type") == "m.replace"
+
+
+def edit_txn_id(reply_id: str, text: str) -> str:
+    """The transaction id of the edit setting ``reply_id``'s text to ``text``: the same on every retry of that edit."""
+    digest = hashlib.sha256(f"{reply_id}\x1f{hashlib.sha256(text.encode()).hexdigest()}".encode()).hexdigest()
+    return f"replyd-edit-{digest[:40]}"
 
 
 def _relation(content: Any) -> tuple[str | None, str | None]:
@@ -187,8 +213,7 @@ class MatrixPlatform(_http.HttpPlatform):
         content = ev.get("content")
         if not isinstance(content, dict) or not isinstance(content.get("body"), str):
             return None  # redacted: nothing left to answer
-        relates = content.get("m.relates_to") if isinstance(content.get("m.relates_to"), dict) else {}
-        if relates.get("rel_type") == "m.replace":
+        if _is_edit(content):
             return None  # an edit of an earlier message, not a new one
         event_id = _http.field(ev, "event_id", what)
         sender = _http.field(ev, "sender", what)
@@ -444,23 +469,65 @@ class MatrixPlatform(_http.HttpPlatform):
     def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
         """Reply to ``parent`` in its room (in its thread if it has one); ``txnId`` = ``provider_key``."""
         what = "send"
-        room_id = parent.extra.get("room_id")
-        if not isinstance(room_id, str) or not room_id:
-            raise Rejected(f"{what}: parent {parent.id!r} carries no room id")
+        room_id = self._room_of(parent, what)
         if not provider_key or not re.fullmatch(r"[A-Za-z0-9._~-]{1,255}", provider_key):
             raise Rejected(f"{what}: provider_key is not a usable transaction id")
         relates: dict[str, Any] = {"m.in_reply_to": {"event_id": parent.id}}
         thread_root = parent.extra.get("thread_root")
         if isinstance(thread_root, str) and thread_root:
             relates.update({"rel_type": "m.thread", "event_id": thread_root, "is_falling_back": False})
-        content = {"msgtype": self.s.msgtype, "body": text, "m.relates_to": relates,
-                   "m.mentions": {"user_ids": [parent.author_id]}}
+        content = {**self._message(parent, text), "m.relates_to": relates}
         path = f"/rooms/{_http.seg(room_id, what)}/send/m.room.message/{_http.seg(provider_key, what)}"
         reply_id = self._created("PUT", path, parent, what=what, json=content,
                                  read=lambda body: _http.field(body, "event_id", what))
         self._remember(reply_id, room_id)
         self.log.info("replyd.matrix.sent", parent_id=parent.id, reply_id=reply_id, room_id=room_id)
         return Sent(reply_id=reply_id, url=f"https://matrix.to/#/{room_id}/{reply_id}")
+
+    @staticmethod
+    def _room_of(parent: Parent, what: str) -> str:
+        """The parent's room id from ``extra``; ``Rejected`` when it carries none."""
+        room_id = parent.extra.get("room_id")
+        if not isinstance(room_id, str) or not room_id:
+            raise Rejected(f"{what}: parent {parent.id!r} carries no room id")
+        return room_id
+
+    def _message(self, parent: Parent, text: str) -> dict[str, Any]:
+        """A reply's content without its relation: what ``send`` posts and an edit's ``m.new_content`` repeats."""
+        return {"msgtype": self.s.msgtype, "body": text, "m.mentions": {"user_ids": [parent.author_id]}}
+
+    def edit(self, parent: Parent, reply_id: str, text: str) -> None:
+        """Replace the text of own reply ``reply_id`` (``EditReply``): a replacement event (spec: event replacements).
+
+        The replacement is an ``m.room.message`` whose ``m.new_content`` is the reply's whole new content (its
+        mentions kept; no ``m.relates_to``: the reply's ``m.in_reply_to`` / thread relation stays the
+        original's), with a ``"* "`` fallback body and an empty top-level ``m.mentions`` (no one notified again
+        per edit), related by ``m.replace`` only. The reply is read first (``_editable``): Synapse accepts an edit
+        of a redacted or foreign event, which no client shows. Its ``txnId`` is ``edit_txn_id(reply_id, text)``: a retry
+        after a lost answer is the same transaction and Synapse answers it with the first edit event, not a
+        second one. (Setting a text the reply had before, after another edit, inside Synapse's transaction
+        window, would be answered with that older edit event: a streamed answer only grows, so it never does.)
+        """
+        what = "edit"
+        room_id = self._room_of(parent, what)
+        content = {"msgtype": self.s.msgtype, "body": f"* {text}", "m.new_content": self._message(parent, text),
+                   "m.mentions": {}, "m.relates_to": {"rel_type": "m.replace", "event_id": reply_id}}
+        path = f"/rooms/{_http.seg(room_id, what)}/send/m.room.message/{_http.seg(edit_txn_id(reply_id, text), what)}"
+        self._edit("PUT", path, parent, reply_id, text, check=lambda: self._editable(room_id, reply_id),
+                   json=content)
+        self._remember(reply_id, room_id)
+
+    def _editable(self, room_id: str, reply_id: str) -> None:
+        """Read the reply first: Synapse takes an edit of anything, but a replacement of a redacted event, of
+        another sender's or of an edit is ignored by every client (spec: validity), so it is ``Rejected`` here."""
+        what = "edit"
+        ev = self._api("GET", f"/rooms/{_http.seg(room_id, what)}/event/{_http.seg(reply_id, what)}", what=what)
+        unsigned = ev.get("unsigned") if isinstance(ev.get("unsigned"), dict) else {}
+        content = ev.get("content")
+        if "redacted_because" in unsigned or not isinstance(content, dict) or "body" not in content:
+            raise Rejected(f"{what}: reply {reply_id} is redacted")
+        if ev.get("sender") != self._my_id() or ev.get("type") != "m.room.message" or _is_edit(content):
+            raise Rejected(f"{what}: {reply_id} is not one of the bot's messages (a replacement would be ignored)")
 
     def reply_url(self, reply_id: str, identity: Identity) -> str:
         """The ``matrix.to`` link of one of the bot's replies; "" when its room is not known to this process."""
@@ -502,6 +569,8 @@ class MatrixPlatform(_http.HttpPlatform):
                 for ev in chunk:
                     if not isinstance(ev, dict) or ev.get("sender") != sender_id:
                         continue
+                    if _is_edit(ev.get("content")):
+                        continue  # an edit of a reply is no reply, whatever else it carries (m.in_reply_to)
                     pid, _root = _relation(ev.get("content"))
                     if pid in pids and isinstance(ev.get("event_id"), str):
                         ts = ev.get("origin_server_ts")

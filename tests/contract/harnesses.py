@@ -399,6 +399,7 @@ class DiscourseHarness(Harness):
     small_pages = {"max_pages": 1}
     send_route = ("POST", r"^/posts\.json$")
     delete_route = ("DELETE", r"^/posts/\d+\.json$")
+    edit_route = ("PUT", r"^/posts/\d+\.json$")
 
     def __init__(self, host: Any, http: httpx.Client) -> None:
         from tests.fakes_forum import FakeDiscourse
@@ -447,6 +448,10 @@ class DiscourseHarness(Harness):
         """The bot's live posts answering the post, as the fake holds them."""
         return [str(p.id) for p in self.fake.replies(parent_id)]
 
+    def reply_text(self, reply_id: str) -> str:
+        """The reply's current raw text, as the fake holds it (after any edits)."""
+        return self.fake.reply_text(reply_id)
+
     def refusal(self) -> Reply:
         """Discourse's 422 for a post it will not take."""
         return Reply(422, {"errors": ["Body is too similar to what you recently posted"],
@@ -489,6 +494,7 @@ class GitHubHarness(Harness):
     url_key = "api_url"
     send_route = ("POST", r"^/repos/[^/]+/[^/]+/issues/\d+/comments$")
     delete_route = ("DELETE", r"^/repos/[^/]+/[^/]+/issues/comments/\d+$")
+    edit_route = ("PATCH", r"^/repos/[^/]+/[^/]+/issues/comments/\d+$")
     REPO = "acme/widgets"
 
     def __init__(self, host: Any, http: httpx.Client) -> None:
@@ -531,6 +537,10 @@ class GitHubHarness(Harness):
     def reply_ids(self, parent_id: str) -> list[str]:
         """The bot's live comments on the issue, as the fake holds them."""
         return [str(c.id) for c in self.fake.replies(self.issues[parent_id])]
+
+    def reply_text(self, reply_id: str) -> str:
+        """The comment's current body, as the fake holds it (after any edits)."""
+        return self.fake.reply_text(reply_id)
 
     def refusal(self) -> Reply:
         """GitHub's 422."""
@@ -671,6 +681,7 @@ class MatrixHarness(Harness):
     small_pages = {"page_limit": 2, "max_pages": 1}
     send_route = ("PUT", r"/rooms/[^/]+/send/m\.room\.message/")
     delete_route = ("PUT", r"/rooms/[^/]+/redact/")
+    edit_route = ("PUT", r"/rooms/[^/]+/send/m\.room\.message/replyd-edit-")
 
     def __init__(self, hs: Any, http: httpx.Client) -> None:
         self.hs, self.http = hs, http
@@ -711,6 +722,16 @@ class MatrixHarness(Harness):
         """The bot's replies to the event as carol reads the room."""
         room = self._room_of[parent_id]
         return self.hs.replies_by(room, self.hs.bot.user_id, self.carol).get(parent_id, [])
+
+    def reply_text(self, reply_id: str) -> str:
+        """The reply's text as carol sees it: its latest valid replacement's ``m.new_content`` body (spec: event
+        replacements), else its own body; the reply is looked for in this test's rooms."""
+        for room in self.rooms.values():
+            try:
+                return self.hs.reply_text(room, reply_id, self.carol)
+            except AssertionError:  # not an event of this room
+                continue
+        raise AssertionError(f"reply {reply_id} is in none of this test's rooms")
 
     def refusal(self) -> Reply:
         """Synapse's 400 M_TOO_LARGE."""
