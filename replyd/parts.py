@@ -7,8 +7,8 @@ second part's claim would find the first part's closed row and never be sent.
 
 The split never cuts inside a word or a URL when it can avoid it: it cuts after a paragraph, else after a
 sentence, else at a space, and only a word longer than a whole post is cut inside (at a grapheme boundary).
-Lengths are counted in the platform's unit: graphemes (Bluesky counts them) or code points (Mastodon, Discord,
-Telegram and most others). Graphemes are segmented by an approximation of Unicode's extended grapheme clusters
+Lengths are counted in the platform's unit: graphemes (Bluesky counts them), UTF-16 code units (Telegram counts
+them: an emoji outside the Basic Multilingual Plane is two) or code points (Mastodon, Discord and most others). Graphemes are segmented by an approximation of Unicode's extended grapheme clusters
 (combining marks, ZWJ sequences, variation selectors, emoji modifiers, flag pairs, CR LF) that joins only where
 the standard joins: it never counts fewer graphemes than the platform does, so a part it accepts is never too long.
 """
@@ -22,7 +22,7 @@ from typing import Literal
 
 from replyd.store.model import PART_PATH  # noqa: F401  (a part row's path: re-find offers its answer, not it)
 
-Unit = Literal["graphemes", "chars"]
+Unit = Literal["graphemes", "chars", "utf16"]
 
 # The part key's suffix: ``<parent id as served>#part<k>``; parent ids never end like this on any platform served.
 PART_SEP = "#part"
@@ -78,7 +78,27 @@ def graphemes(text: str) -> list[str]:
 
 def length(text: str, unit: Unit) -> int:
     """``text``'s length in ``unit``."""
-    return len(graphemes(text)) if unit == "graphemes" else len(text)
+    if unit == "graphemes":
+        return len(graphemes(text))
+    if unit == "utf16":
+        return len(text.encode("utf-16-le")) // 2
+    return len(text)
+
+
+def _units(text: str, unit: Unit) -> list[str]:
+    """``text`` as the units a split counts, each a piece of the text. In UTF-16 a code point beyond the Basic
+    Multilingual Plane is two units: an empty unit before it stands for its first, so a part never ends between
+    the two (``_cut_at`` never cuts right after an empty unit) and every part's count is its real UTF-16 length."""
+    if unit == "graphemes":
+        return graphemes(text)
+    if unit == "utf16":
+        out: list[str] = []
+        for ch in text:
+            if ord(ch) > 0xFFFF:
+                out.append("")
+            out.append(ch)
+        return out
+    return list(text)
 
 
 def _cut_at(units: list[str], size: int) -> int:
@@ -95,7 +115,9 @@ def _cut_at(units: list[str], size: int) -> int:
     def ok(at: int) -> bool:
         return at > 0 and not any(s < at < e for s, e in protected)
 
-    index = {at: i for i, at in enumerate(starts)}
+    index: dict[int, int] = {}
+    for i, at in enumerate(starts):
+        index.setdefault(at, i)  # an empty unit (UTF-16's first half) shares its offset: cut before it, never after
     for pattern in (r"\n\s*\n", r"(?<=[.!?…。！？])\s+", r"\n", r"\s+"):
         ends = [index[m.start()] for m in re.finditer(pattern, window) if ok(m.start()) and m.start() in index]
         ends = [i for i in ends if i <= size]
@@ -103,8 +125,8 @@ def _cut_at(units: list[str], size: int) -> int:
         good = [i for i in ends if i >= size // 3] if pattern != r"\s+" else ends
         if good:
             return good[-1]
-    # A URL longer than a post, or one word: cut inside it, at a grapheme boundary.
-    return size
+    # A URL longer than a post, or one word: cut inside it, at a grapheme boundary (never between UTF-16 halves).
+    return size - 1 if units[size - 1] == "" else size
 
 
 def split(text: str, limit: Limit) -> list[str]:
@@ -132,7 +154,7 @@ def split(text: str, limit: Limit) -> list[str]:
 
 
 def _split(text: str, size: int, unit: Unit) -> list[str]:
-    units = graphemes(text) if unit == "graphemes" else list(text)
+    units = _units(text, unit)
     parts: list[str] = []
     while units:
         # Leading whitespace would open a post with a blank: drop it.
@@ -152,7 +174,7 @@ def head(text: str, size: int, unit: Unit) -> tuple[str, str]:
     """The first part of ``text`` longer than ``size`` and the rest after it: how a streamed answer freezes a
     part once more text than one post has come. The cut looks only at the first ``size + 1`` units, so more
     text arriving later never moves it (``split`` cuts the same way)."""
-    units = graphemes(text) if unit == "graphemes" else list(text)
+    units = _units(text, unit)
     while units and units[0].isspace():
         units.pop(0)
     end = _cut_at(units, size)

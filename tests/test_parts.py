@@ -83,6 +83,25 @@ def test_any_text_splits_within_the_limit_losing_nothing_but_cut_whitespace(text
     assert "".join("".join(p.split()) for p in parts) == "".join(text.split())
 
 
+@settings(max_examples=300, deadline=None)
+@given(hs.text(alphabet=hs.sampled_from(list("ab c.\n😀🇫é")), max_size=500), hs.integers(20, 90))
+def test_utf16_parts_are_within_the_limit_in_utf16_units(text, size):
+    """Property (Telegram counts UTF-16 code units): no part over ``size`` units, an astral emoji never split
+    in two, nothing lost but whitespace at cuts."""
+    parts = split(text, Limit(size, "utf16"))
+    if not text.strip():
+        return
+    assert all(p and len(p.encode("utf-16-le")) // 2 <= size for p in parts)
+    assert all(p.encode("utf-16-le").decode("utf-16-le") == p for p in parts)  # no lone surrogate half
+    assert "".join("".join(p.split()) for p in parts) == "".join(text.split())
+
+
+def test_utf16_gives_a_plain_text_the_whole_room_and_an_emoji_two_units():
+    """A plain answer's part is the whole limit; one of emoji beyond the BMP, half of it."""
+    assert [len(p) for p in split("a" * 100, Limit(40, "utf16"))] == [40, 40, 20]
+    assert [len(p) for p in split("😀" * 50, Limit(40, "utf16"))] == [20, 20, 10]
+
+
 # -- the guard ------------------------------------------------------------------------------------
 
 

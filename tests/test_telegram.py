@@ -504,8 +504,8 @@ def test_an_edit_the_bot_api_refuses_is_rejected_and_changes_nothing(api, world,
 
 
 def test_the_post_limit_never_lets_a_part_exceed_4096_utf16_units(api, world) -> None:
-    """Telegram counts UTF-16 code units, replyd.parts code points: the limit is 2,048 code points, so a part of
-    emoji (2 units each) still fits; the fake refuses 4,097 units as the Bot API does."""
+    """Telegram counts UTF-16 code units and so does the limit ("utf16"): a part of emoji (2 units each) fits, a
+    plain answer gets the whole 4,096 units; the fake refuses 4,097 units as the Bot API does."""
     from replyd.parts import split
     from tests.telegram_fake import utf16_len
 
@@ -519,10 +519,11 @@ def test_the_post_limit_never_lets_a_part_exceed_4096_utf16_units(api, world) ->
     for p in parts:  # plant: a limit of 4,096 code points (the first part is 5,462 units, refused)
         plat.send(parent, p, provider_key="k")
     assert world.bot_replies(pid) == len(parts) == 3 and max(utf16_len(p) for p in parts) <= 4096
-    assert (limit.size, limit.unit) == (2048, "chars")
+    assert (limit.size, limit.unit) == (4096, "utf16")
+    assert [len(p) for p in split("ab " * 3000, limit)][0] > 4000  # plain text: the whole room, not half
 
 
-LONG = " ".join(f"Sentence {i} of a long answer, which says something worth reading." for i in range(75))
+LONG = " ".join(f"Sentence {i} of a long answer, which says something worth reading." for i in range(150))
 
 
 def _thread(world: TelegramWorld, parent_id: str) -> list[dict[str, Any]]:
@@ -612,7 +613,7 @@ def test_a_streamed_answer_is_one_message_per_part_grown_by_edits(api, world, st
     plat = make(api, clock=clock)
     g = Guard(store, plat, plat.whoami(), clock=clock, send_timeout_s=10.0, compose_lease_s=60.0,
               stream_edit_interval_s=1.0)
-    words = [f"word{i:03d}👍" + "x" * 40 for i in range(100)]  # 47 code points, 48 UTF-16 units each
+    words = [f"word{i:03d}👍" + "x" * 40 for i in range(200)]  # 47 code points, 48 UTF-16 units each: 3 parts
     pid = world.post(GROUP, "stream it")
     out = g.post(plat.inbox(None).parents[0], Streamer(clock, words=words))
     assert out.status is Status.POSTED, out

@@ -21,10 +21,9 @@ the Bot API serves both numbers (decimal, a negative chat id for groups): one op
 in a forum topic); its reply id is ``"<chat id>:<message id>"`` of the message the call returns.
 
 Long answers (``PostLimit``): a text is "1-4096 characters after entities parsing"; the Bot API counts lengths
-in UTF-16 code units (entities: #messageentity, core.telegram.org/api/entities), and ``replyd.parts`` counts
-code points, one of which is at most two UTF-16 units: a part of 2,048 code points is never over 4,096 units
-whatever its script or emoji (a plain-ASCII answer gets half a message's room per part; a UTF-16 unit in
-``replyd.parts`` would give it all). Part k+1 replies (``reply_parameters``) to part k's message, in the
+in UTF-16 code units (entities: #messageentity, core.telegram.org/api/entities), and so does ``replyd.parts``
+with the unit ``utf16``: a part is at most 4,096 units whatever its script or emoji (an emoji beyond the Basic
+Multilingual Plane counts two, and is never cut in half). Part k+1 replies (``reply_parameters``) to part k's message, in the
 parent's forum topic. Streamed answers (``EditReply``): ``editMessageText`` of the bot's own message with the
 whole text; "message is not modified" (the text is already that: a repeated edit, or one whose answer was
 lost) is success, the one ``description`` the adapter reads, as the Bot API gives that case no code of its own.
@@ -86,8 +85,7 @@ _PARENT = re.compile(r"^(-?[0-9]{1,20}):([0-9]{1,12})$")
 _LINK = re.compile(r"^https://t\.me/(?:c/([0-9]{1,20})|([A-Za-z0-9_]{4,64}))/(?:[0-9]{1,12}/)?([0-9]{1,12})$")
 _DESCRIPTION = re.compile(r"[^\x20-\x7e]")
 MAX_TEXT_UTF16 = 4096  # a message's text, in UTF-16 code units (module docstring)
-# One code point is at most two UTF-16 code units: this many code points never exceed the real limit.
-PART_CHARS = MAX_TEXT_UTF16 // 2
+PART_UNITS = MAX_TEXT_UTF16  # a part of a long answer: counted in UTF-16 code units (replyd.parts' "utf16")
 NOT_MODIFIED = "message is not modified"  # the one 400 an edit takes as done (module docstring)
 
 
@@ -379,8 +377,8 @@ class TelegramPlatform(_http.HttpPlatform):
     # --- answers in parts and streamed answers (PostLimit, EditReply) ------------------------------
 
     def post_limit(self, parent: Parent) -> Limit:
-        """``PostLimit``: 2,048 code points, which are at most the 4,096 UTF-16 code units Telegram allows."""
-        return Limit(PART_CHARS, "chars", self.s.part_marker)
+        """``PostLimit``: the 4,096 UTF-16 code units Telegram allows, counted as Telegram counts them."""
+        return Limit(PART_UNITS, "utf16", self.s.part_marker)
 
     def part_parent(self, parent: Parent, previous_reply_id: str) -> Parent:
         """``PostLimit``: the next part replies to the previous part's message, in the parent's chat and topic."""
