@@ -100,6 +100,8 @@ def test_utf16_gives_a_plain_text_the_whole_room_and_an_emoji_two_units():
     """A plain answer's part is the whole limit; one of emoji beyond the BMP, half of it."""
     assert [len(p) for p in split("a" * 100, Limit(40, "utf16"))] == [40, 40, 20]
     assert [len(p) for p in split("😀" * 50, Limit(40, "utf16"))] == [20, 20, 10]
+    odd = split("😀" * 50, Limit(41, "utf16"))  # a cut at 41 units would fall between an emoji's two halves
+    assert all(len(p.encode("utf-16-le")) // 2 <= 41 for p in odd) and "".join(odd) == "😀" * 50
 
 
 # -- the guard ------------------------------------------------------------------------------------
