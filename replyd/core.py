@@ -62,7 +62,7 @@ from replyd.errors import (
     StoreError,
 )
 from replyd.lag import ListingLag
-from replyd.parts import PART_PATH, Limit, head, length, part_id, split
+from replyd.parts import MAX_PARTS, PART_PATH, Limit, head, length, part_id, split
 from replyd.platforms.base import (EditReply, Identity, Parent, Platform, PostLimit, ProviderKeys, Sent,
                                    default_provider_key)
 from replyd.stream import Stream
@@ -977,11 +977,17 @@ class GuardCore:
                     yield Pull(stream, 0.0, close=True)
                     return _with_shown((yield from self._lost_lease_steps(key)), shown)
                 renew_at = now + self.compose_lease_s / 3
-            while size is not None and length(tail.strip(), unit) > size:
+            while size is not None and length(tail.strip(), unit) > size and len(frozen) < MAX_PARTS:
                 piece, tail = head(tail, size, unit)
                 frozen.append(piece)
                 yield from self._show_steps(key, parent, len(frozen), piece, shown, targets, ticket, final=True)
                 last_show = None
+            if len(frozen) == MAX_PARTS:  # a runaway stream: no more posts than any answer may have
+                log.warning("replyd.guard.stream_cut", platform=key.platform, parent_id=key.parent_id,
+                            parts=MAX_PARTS)
+                yield Pull(stream, 0.0, close=True)
+                tail = ""
+                break
             if tail.strip() and (last_show is None or now - last_show >= self.stream_edit_interval_s):
                 yield from self._show_steps(key, parent, len(frozen) + 1, tail.strip(), shown, targets, ticket,
                                             final=False)

@@ -210,3 +210,15 @@ def test_an_empty_stream_declines(world, clock):
     parent = plat.add_parent("p1")
     out = g.post(parent, Streamer(clock, words=["", " "]))
     assert out.status is Status.DECLINED and _chain(plat, "p1") == []
+
+
+def test_a_runaway_stream_is_cut_at_the_most_parts_an_answer_may_have(world, clock):
+    """A stream that never ends posts at most MAX_PARTS parts, then stops reading it; the answer closes."""
+    from replyd.parts import MAX_PARTS
+
+    plat, g, _ = world
+    parent = plat.add_parent("p1")
+    words = [f"w{i:04d}" for i in range(MAX_PARTS * 20)]  # 20 words of 5 letters a part of 60: far too many
+    out = g.post(parent, Streamer(clock, words=words, step_s=0.0))
+    assert out.status is Status.POSTED and len(out.parts) == MAX_PARTS
+    assert len(_chain(plat, "p1")) == MAX_PARTS
