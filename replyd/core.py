@@ -522,7 +522,9 @@ class GuardCore:
             if paused is not None:
                 return paused
             pieces = self.split(parent, body)
-            if len(pieces) > 1:
+            # A stream cut short posted parts already: this composition finishes that answer in parts (editing
+            # them), even when it fits one post, never a second reply to the parent.
+            if len(pieces) > 1 or (compose is not None and (yield from self._streamed_before_steps(parent))):
                 stored = yield from self._store_answer_steps(key, row, pieces)
                 if isinstance(stored, Outcome):
                     return stored
@@ -634,6 +636,7 @@ class GuardCore:
             elif prow.text_hash not in (None, text_hash(piece)) and self._edits:
                 # Shown by a stream with an earlier text: the part is edited to its final text, never re-posted.
                 edited = yield from self._edit_steps(pkey, target, prow.reply_id, piece, record=True)
+                sent_any = sent_any or edited == "edited"  # this call finished the answer the platform shows
                 if edited == "failed":  # the parent stays in ``parts``: its next offer edits again
                     seen.append(PartOutcome(k, st.CLOSED, prow.reply_id))
                     return self._parts_outcome(Status.IN_FLIGHT, key, header, seen, pieces,
@@ -1008,6 +1011,12 @@ class GuardCore:
             return stored
         return (yield from self.parts_steps(key, parent, None if shown else ticket,
                                             posted=any(r is not None for r in shown.values())))
+
+    def _streamed_before_steps(self, parent: Parent) -> Steps:
+        """Whether an earlier, cut-short stream of the answer to ``parent`` left a part row (only where edits are)."""
+        if not self._edits:
+            return False
+        return (yield io(self.store.peek, self.key(part_id(parent.id, 1)))) is not None
 
     def _limit(self, parent: Parent) -> Limit | None:
         """The adapter's post limit for a reply to ``parent`` (None: one post of any length)."""

@@ -222,3 +222,18 @@ def test_a_runaway_stream_is_cut_at_the_most_parts_an_answer_may_have(world, clo
     out = g.post(parent, Streamer(clock, words=words, step_s=0.0))
     assert out.status is Status.POSTED and len(out.parts) == MAX_PARTS
     assert len(_chain(plat, "p1")) == MAX_PARTS
+
+
+def test_a_cut_stream_finished_by_a_plain_text_composition_edits_its_part(world, clock):
+    """The composition after a cut stream returns plain text that fits one post: it edits the part the stream
+    posted (the answer goes on in parts), never a second reply to the parent."""
+    plat, g, _ = world
+    parent = plat.add_parent("p1")
+    with pytest.raises(Crash):
+        g.post(parent, Streamer(clock, crash_after=5))
+    [first] = _chain(plat, "p1")
+    clock.advance(31.0)
+    out = g.post(parent, lambda p: "a short answer after all")
+    assert out.status is Status.POSTED, out
+    [part] = _chain(plat, "p1")
+    assert part["reply_id"] == first["reply_id"] and part["text"] == "a short answer after all"
