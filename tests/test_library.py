@@ -24,11 +24,11 @@ def _examples() -> list[tuple[str, str]]:
     return re.findall(r"```python\n((?:(?!```).)*?)```\n\nprints\n\n```\n(.*?)```", doc, re.S)
 
 
-@pytest.mark.parametrize("n", range(7), ids=["sync", "parts", "streamed", "asyncio", "own_send", "mastodon_py",
-                                            "python_telegram_bot"])
+@pytest.mark.parametrize("n", range(8), ids=["sync", "parts", "streamed", "asyncio", "own_send", "mastodon_py",
+                                            "python_telegram_bot", "once"])
 def test_docs_example_runs_against_the_sim(tmp_path, n):
     """Each python example in docs/LIBRARY.md runs as written and prints what the doc says it prints."""
-    assert len(_examples()) == 7
+    assert len(_examples()) == 8
     code, expected = _examples()[n]
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60,
                        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
