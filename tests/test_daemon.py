@@ -186,7 +186,7 @@ def test_sigkill_restart_no_duplicates_and_cursor_survives(sim, tmp_path):
         try:
             parents = [s.id for s in world.statuses.values() if not s.in_reply_to_id and s.account_id != bot.id]
             assert len(parents) == 40
-            assert wait_until(lambda: all(world.replies_by(bot.id).get(p) for p in parents) and settled(db), 60), \
+            assert wait_until(lambda: all(world.replies_by(bot.id).get(p) for p in parents) and settled(db), 120), \
                 (world.report()["faults_injected"], log.read_text()[-3000:])
         finally:
             second.send_signal(signal.SIGTERM)

@@ -282,8 +282,10 @@ def _failing_everywhere(api: str, cfg, tmp_path) -> None:  # noqa: ANN001
     assert live["failing"] and live["stale"] == [], live
     dom = browse(api + "/", tmp_path, "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert re.search(r'class="path stale" id="path-sim-(inbox|refind)" data-stale="false" data-failing="true">', dom.stdout)
-    assert 'id="card-liveness">paths<b>FAILING</b>' in dom.stdout
+    # Failing; on a loaded machine Chromium may render the page after the path also went stale (the next check).
+    assert re.search(r'class="path stale" id="path-sim-(inbox|refind)" data-stale="(false|true)" data-failing="true">',
+                     dom.stdout)
+    assert re.search(r'id="card-liveness">paths<b>(FAILING|STALE)</b>', dom.stdout)
     metrics = httpx.get(api + "/metrics", timeout=5).text
     assert re.search(r'replyd_poll_failing\{path="(inbox|refind)",platform="sim"\} 1\.0', metrics), metrics[-3000:]
     assert 'replyd_bot_up{platform="sim"} 1.0' in metrics  # the bot runs: its platform is what fails

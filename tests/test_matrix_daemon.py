@@ -170,7 +170,7 @@ def test_replyd_run_sigkilled_and_restarted_one_reply_per_parent(synapse: Synaps
             first.wait(10)
         second = _start_daemon(cfg, log)
         try:
-            assert wait_until(lambda: all(sc.replies().get(p) for p in sc.parents) and settled(db), 90), \
+            assert wait_until(lambda: all(sc.replies().get(p) for p in sc.parents) and settled(db), 150), \
                 log.read_text()[-3000:]
         finally:
             second.send_signal(signal.SIGTERM)

@@ -175,7 +175,7 @@ jitter_s = 0
             parents: list[str] = []
             for _ in range(BURSTS):
                 parents += [s.id for s in world.generate(BURST, target="skewbot", users=10)]
-                assert wait_until(lambda: all(world.replies_by(bot.id).get(q) for q in parents), 90, 0.5), \
+                assert wait_until(lambda: all(world.replies_by(bot.id).get(q) for q in parents), 150, 0.5), \
                     log.read_text()[-3000:]
             assert wait_until(lambda: open_rows(store_url) == 0, 90, 0.5), log.read_text()[-3000:]
             time.sleep(3.0)  # a late retry would land by now (listing delay, send timeout, retry_s)

@@ -217,7 +217,9 @@ def test_a_delivery_acked_by_a_replica_killed_before_its_claim_is_answered_by_th
         sender = WebhookSender(world, [f"http://127.0.0.1:{a.port}/v1/hooks/tg"], retry_s=0.1).start()
         _wait(lambda: not world.pending_updates(), 20, "replica a did not ack the delivery")
         sender.stop()
-        assert sender.statuses[202] == 1 and sum(sender.deliveries.values()) == 1, sender.statuses
+        # One ack. Before A's bot has started, its hook answers 503 (Retry-After: Telegram delivers again), which
+        # a loaded machine may show once before the ack; anything else would be a second acked delivery.
+        assert sender.statuses[202] == 1 and set(sender.statuses) <= {202, 503}, sender.statuses
         a.kill()  # acked, never claimed: Telegram will not deliver it again, getUpdates is refused (webhook set)
         assert world.reply_counts()[pid] == 0
         reps["b"].start()
