@@ -10,8 +10,8 @@ BSKY   := tests/bsky
 RUNS ?= 20
 SEED ?= 1
 JOBS ?= 1
-# pytest-xdist workers for `make test`: more than the 2 cores, as the slow tests mostly sleep (README, Tests).
-TEST_WORKERS ?= 4
+# pytest-xdist workers for `make test`: more than the 2 cores, as the slow tests mostly sleep; 4 overloaded (README, Tests).
+TEST_WORKERS ?= 3
 PYTEST_XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: install install-bench run test test-fast bsky-deps bench chaos clean

@@ -112,7 +112,7 @@ port = {port}
 
 [guard]
 send_timeout_s = 5.0
-compose_lease_s = 4.0
+compose_lease_s = 8.0
 
 [sweep]
 interval_s = 0.5
@@ -329,3 +329,20 @@ def run(kind: str, tmp: Path, *, store_url: str = "", redis_url: str = "redis://
     return Result(kind=kind, parents=parents, replies={p: len(world.thread_replies(p)) for p in parents},
                   calls={p: made.get(p, 0) for p in parents}, deliveries=len(sender.sent) + len(sock.delivered),
                   post_requests=world.post_requests, killed=killed, killed_at=killed_at, elapsed_s=round(time.monotonic() - t0, 1))
+
+
+# What replyd's HTTP client says when the transport, not the fake's fault plan, made a send ambiguous: a
+# timeout before the answer came, or a kept-alive connection the server closed as the request went out.
+_TRANSPORT = ("timeout", "timed out", "remoteprotocolerror", "readerror", "writeerror", "disconnected")
+
+
+def transport_ambiguous(url: str) -> set[str]:
+    """Parents with a send the transport made ambiguous (a timeout, a connection closed under the request):
+    unknown to the fake's own plan, yet rightly unconfirmed."""
+    import sqlalchemy as sa
+
+    eng = sa.create_engine(url)
+    with eng.connect() as c:
+        rows = c.exec_driver_sql("SELECT parent_id, detail FROM events WHERE kind = 'maybe_sent'").all()
+    eng.dispose()
+    return {p for p, d in rows if any(word in str(d).lower() for word in _TRANSPORT)}

@@ -43,7 +43,7 @@ CHILD = str(Path(__file__).with_name("responder_child.py"))
 PARENT = Parent(id="4711", author_id="42", author_handle="alice@example.social", text="Is the ferry running? ✓",
                 url="https://example.social/@alice/4711")
 REPLY = f"hi @{PARENT.author_handle}: {PARENT.text}"  # what every kind answers when asked for text
-OWN_TIMEOUT_S = 0.5  # each kind's own timeout_s when it stalls (the runner's bound stays well above it)
+OWN_TIMEOUT_S = 1.5  # each kind's own timeout_s when it stalls (the runner's bound stays well above it)
 COMPLETIONS = "/v1/chat/completions"
 
 
@@ -114,7 +114,7 @@ def _webhook(behaviour: str, server: FixtureServer, tmp: Path, env: pytest.Monke
         doc = json.loads(rec.body)
         return {"text": Reply(body={"text": f"hi @{doc['author_handle']}: {doc['text']}"}),
                 "decline": Reply(status=204),
-                "slow": Reply(body={"text": "late"}, delay_s=3),
+                "slow": Reply(body={"text": "late"}, delay_s=6),
                 "fail": Reply(status=500, body={"error": f"fatal: quota exhausted,\nkey {secret} "
                                                          f"for {rec.headers.get('authorization')}"})}[behaviour]
 
@@ -138,7 +138,7 @@ def _openai(behaviour: str, server: FixtureServer, tmp: Path, env: pytest.Monkey
             return Reply(status=500, body={"error": {"message": f"fatal: quota exhausted,\nkey "
                                                                 f"{rec.headers['authorization']}"}})
         return Reply(body={"choices": [{"message": {"role": "assistant", "content": content},
-                                        "finish_reason": "stop"}]}, delay_s=3 if behaviour == "slow" else 0)
+                                        "finish_reason": "stop"}]}, delay_s=6 if behaviour == "slow" else 0)
 
     server.route("POST", COMPLETIONS, answer)
     settings = {"base_url": f"{server.url}/v1", "model": "m", "api_key": key,

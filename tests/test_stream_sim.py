@@ -1,5 +1,5 @@
 """Streamed answers on the sim (a real HTTP server, Mastodon-compatible, which edits statuses in place) through
-the Mastodon adapter: answers of 1 to 4 parts streamed word by word, a real OS process SIGKILLed mid-stream
+the Mastodon adapter: answers of 1 to 3 parts streamed word by word, a real OS process SIGKILLed mid-stream
 (before its first post, halfway, at its last word) and after each part's claim, send and close, then every
 answer resumed with 20 % of creates' answers and 20 % of edits' answers lost.
 
@@ -32,7 +32,7 @@ from tests.test_parts_sim import ASKER, _chain, _settings, _world
 
 @pytest.mark.slow
 def test_streamed_answers_survive_sigkill_mid_stream_and_lost_answers(tmp_path: Path) -> None:
-    """1-4 part streamed answers, a kill mid-stream and at every part's claim/send/close, then resumed with lost
+    """1-3 part streamed answers, a kill mid-stream and at every part's claim/send/close, then resumed with lost
     creates and edits: each parent shows exactly its parts once, in order, with the final text; responder calls
     = 1 per answer + 1 per stream cut by a kill; edits happened (the parts grew by edits)."""
     world, bot, asker, url, calls = _world(tmp_path, seed=33)
@@ -42,13 +42,13 @@ def test_streamed_answers_survive_sigkill_mid_stream_and_lost_answers(tmp_path: 
         ident = plat.whoami()
         # (parent, parts, part, point, where in the stream to die: its first word, halfway, its last word)
         plan: list[tuple[str, int, int, str, float | None]] = []
-        for n in range(1, 5):
+        for n in range(1, 4):
             points = [(1, "stream", at) for at in (0.0, 0.5, 1.0)]
             points += [(k, p, None) for k in range(1, n + 1) for p in ("claim", "send", "close")]
             for k, point, at in points:
                 pid = world.post(asker, f"question {n}/{k}/{point}/{at}", mention=[bot]).id
                 plan.append((pid, n, k, point, at))
-        fresh = [(world.post(asker, f"fresh question {n}", mention=[bot]).id, n) for n in range(1, 5)]
+        fresh = [(world.post(asker, f"fresh question {n}", mention=[bot]).id, n) for n in range(1, 4)]
         time.sleep(0.5)
         parents = {pid: plat.resolve(pid) for pid, *_ in plan} | {pid: plat.resolve(pid) for pid, _ in fresh}
         size = plat.post_limit(parents[fresh[0][0]]).size
@@ -64,7 +64,7 @@ def test_streamed_answers_survive_sigkill_mid_stream_and_lost_answers(tmp_path: 
 
         jobs = [("mastodon", settings, url, parents[pid].snapshot(), str(calls), texts[pid], k, point, word(pid, at))
                 for pid, n, k, point, at in plan]
-        codes = run_children(stream_and_die, jobs)
+        codes = run_children(stream_and_die, jobs, width=3)
         assert codes == [-signal.SIGKILL] * len(jobs), list(zip(plan, codes))
         with world.lock:
             cut_posts = {pid: len(_chain(world, bot.id, pid)) for pid in parents}

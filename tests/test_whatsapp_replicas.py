@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from tests.slack_scenario import Replica, _up, _wait, free_port
 from tests.slack_scenario import replica_head
 from tests.slack_scenario import row_states as _rows
+from tests.slack_scenario import transport_ambiguous
 from tests.whatsapp_fake import APP_SECRET, PHONE_ID, TOKEN, VERIFY_TOKEN, WebhookSender, WhatsAppApi, WhatsAppWorld
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,21 +56,6 @@ verify_token_env = "WA_VERIFY"
 """)
     os.chmod(path, 0o600)
     return path
-
-
-# What replyd's HTTP client says when the transport, not the fake's fault plan, made a send ambiguous: a
-# timeout before the answer came, or a kept-alive connection the server closed as the request went out.
-_TRANSPORT = ("timeout", "timed out", "remoteprotocolerror", "readerror", "writeerror", "disconnected")
-
-
-def _timed_out_sends(url: str) -> set[str]:
-    """Parents with a send the transport made ambiguous (a timeout, a connection closed under the request):
-    unknown to the fake's own plan, yet rightly unconfirmed."""
-    eng = sa.create_engine(url)
-    with eng.connect() as c:
-        rows = c.exec_driver_sql("SELECT parent_id, detail FROM events WHERE kind = 'maybe_sent'").all()
-    eng.dispose()
-    return {p for p, d in rows if any(word in str(d).lower() for word in _TRANSPORT)}
 
 
 @pytest.mark.slow
@@ -137,7 +123,7 @@ def test_two_replicas_redelivered_webhooks_lost_answers_missing_statuses_sigkill
     # lasts at most its 3 s timeout), and on a starved machine an answer that came after the client's timeout
     # (its maybe_sent event names the timeout). Those are lost answers too; nothing else may be unconfirmed.
     in_flight = {p for at, p in world.send_times if any(0 <= k - at <= 3.0 + 2.0 for k in kills)}
-    timed_out = _timed_out_sends(pg_url)
+    timed_out = transport_ambiguous(pg_url)
     assert expected <= unconfirmed and unconfirmed - expected <= (in_flight | timed_out) - world.confirmable, \
         (expected, unconfirmed, in_flight, timed_out, logs)
     assert expected and lost & world.confirmable and sum(sender.statuses.values()) > 60, (lost, sender.statuses)
