@@ -599,16 +599,14 @@ class SlackPlatform(_http.HttpPlatform):
         # The metadata sent again (the same parent id): a read-back after the edit still matches the reply.
         body = {"channel": channel, "ts": ts, "text": text,
                 "metadata": {"event_type": METADATA_TYPE, "event_payload": {"parent": parent.id}}}
-        try:
+
+        def update() -> None:
             data = self._api("chat.update", body=body, acts=True)
             if data.get("ts") not in (None, ts):
                 raise MaybeSent("chat.update: ok for another ts (after a 2xx)")
-        except PlatformError as exc:
-            self.log.info("replyd.slack.edit_failed", platform=self.instance, parent_id=parent.id, reply_id=reply_id,
-                          error=type(exc).__name__, status=exc.status, detail=exc.detail)
-            raise
-        self._truncated(data, "chat.update", reply_id)
-        self.log.info("replyd.slack.edited", platform=self.instance, parent_id=parent.id, reply_id=reply_id)
+            self._truncated(data, "chat.update", reply_id)
+
+        self._edited(parent, reply_id, text, update)  # logged replyd.slack.edited / edit_failed, as every adapter
 
     def post_limit(self, parent: Parent) -> Limit:
         """``PostLimit``: ``max_post_chars`` characters (Slack recommends at most 4,000; module docstring)."""
