@@ -38,9 +38,13 @@ def write_config(
     sweep_s: float = 3600,
     extra: str = "",
     api_extra: str = "",
+    send_timeout_s: float = 1.0,
 ) -> Path:
     """Write a daemon config for the sim: API on an ephemeral port (or ``port``), pollers off unless asked, a
-    manual sweep (or one every ``sweep_s``), any ``extra`` TOML sections and ``api_extra`` [api] keys."""
+    manual sweep (or one every ``sweep_s``), any ``extra`` TOML sections and ``api_extra`` [api] keys.
+
+    ``send_timeout_s`` is short by default so stall tests end fast; a race under load wants it above the
+    adapter's ``timeout_s`` (a winner stalled past it releases its claim and nobody posts)."""
     every = 0.3 if pollers else 0
     path.write_text(f"""
 [store]
@@ -51,7 +55,7 @@ format = "json"
 level = "warning"
 
 [guard]
-send_timeout_s = 1.0
+send_timeout_s = {send_timeout_s}
 
 [sweep]
 interval_s = {sweep_s}

@@ -168,7 +168,8 @@ def mcp_env(tmp_path: Path, monkeypatch: Any, *, second_bot: bool = False, mcp_e
     """
     with sim_world(monkeypatch, **knobs) as (world, srv, bot):
         db = tmp_path / "replyd.sqlite3"
-        cfg = write_config(tmp_path / "replyd.toml", srv.base_url, db, api=False, token_env=None)
+        cfg = write_config(tmp_path / "replyd.toml", srv.base_url, db, api=False, token_env=None,
+                           send_timeout_s=10.0)
         other = world.add_account(OTHER, bot=True) if second_bot else None
         with cfg.open("a") as fh:
             if other is not None:
