@@ -25,6 +25,8 @@ import pytest
 from replyd.aio import AsyncGuard, StoreThread
 from replyd.guard import Guard
 from replyd.store import Store
+from replyd.store.aiopg import AsyncHotPath
+from replyd.store.postgres import PostgresStore
 
 _LOOP: asyncio.AbstractEventLoop | None = None
 _LOCK = threading.Lock()
@@ -103,11 +105,27 @@ class _CallsOn:
 
 class StoreOnFace(_CallsOn):
     """A store reached as ``replyd.aio`` reaches it: each call on the face's ``StoreThread`` (one on SQLite, four
-    on PostgreSQL, as ``open_guard`` starts them), a transaction entered, used and left on one store thread."""
+    on PostgreSQL, as ``open_guard`` starts them), a transaction entered, used and left on one store thread;
+    on PostgreSQL the hot-path calls (claim, compare-and-set, reads of a row) on the loop through psycopg's async
+    connection (``AsyncHotPath``), as ``AsyncGuard`` runs them."""
 
     def __init__(self, store: Store) -> None:
         super().__init__(store, StoreThread(store, 1 if store.is_sqlite else 4))
         object.__setattr__(self, "_tx_thread", StoreThread(store, 1))  # a whole transaction on one thread
+        object.__setattr__(self, "_hot", AsyncHotPath(store) if isinstance(store, PostgresStore) else None)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._inner, name)
+        if self._hot is None or not callable(value) or name.startswith("_"):
+            return super().__getattr__(name)
+
+        def call(*a: Any, **kw: Any) -> Any:
+            hot = self._hot.steps(value, a, kw)
+            if hot is None:
+                return _on(self._thread, value, *a, **kw)
+            return asyncio.run_coroutine_threadsafe(self._hot.run(*hot), loop()).result()
+
+        return call
 
     @contextmanager
     def transaction(self, **kwargs: Any) -> Iterator[Any]:
@@ -126,6 +144,8 @@ class StoreOnFace(_CallsOn):
         """Stop the face's store threads (the store itself stays open: its owner disposes it)."""
         self._thread.close()
         self._tx_thread.close()
+        if self._hot is not None:
+            asyncio.run_coroutine_threadsafe(self._hot.aclose(), loop()).result()
 
 
 def raw(store: Any) -> Store:

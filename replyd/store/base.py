@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import os
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -32,6 +32,13 @@ from replyd.store.unit import Tx
 # An event's detail column: json.dumps(detail, sort_keys=True, default=str), one encoder made once.
 detail_json = json.JSONEncoder(sort_keys=True, default=str).encode
 _IDLE_MAX = 2  # connections a Store's hot path keeps checked out between calls
+
+T = TypeVar("T")
+# A hot-path call written once as the statements it runs: it yields (sql, params) and is sent each one's rows.
+# The sync hot path feeds it from a pooled driver connection (``Store._drive``); the async face feeds it from
+# psycopg's async connection on the event loop (``replyd.store.aiopg``), so the decisions between statements
+# (insert lost → read the row → compare-and-set on it) exist once.
+Stmts = Generator[tuple[str, Mapping[str, Any]], list[Any], T]
 
 _STORES: weakref.WeakSet[Store] = weakref.WeakSet()
 _INHERITED: list[Any] = []  # a forked child's copies of its parent's kept connections: never used, never closed
@@ -288,6 +295,15 @@ class Store(Reads):
         """Run one statement on a hot-path connection and return its rows."""
         raise NotImplementedError
 
+    def _drive(self, fairy: Any, steps: Stmts[T]) -> T:
+        """Run ``steps``' statements one by one on a hot-path connection; return what the steps return."""
+        try:
+            stmt = next(steps)
+            while True:
+                stmt = steps.send(self._fetch(fairy, *stmt))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
     def _key_params(self, key: Key) -> dict[str, Any]:
         return {"k_platform": key.platform, "k_sender_id": key.sender_id, "k_parent_id": key.parent_id}
 
@@ -312,9 +328,12 @@ class Store(Reads):
             params["k_lease_owner"] = lease_owner
         return params
 
-    def _peek_with(self, fairy: Any, key: Key) -> Row | None:
-        rows = self._fetch(fairy, self._sql.peek, self._key_params(key))
+    def _peek_steps(self, key: Key) -> Stmts[Row | None]:
+        rows = yield self._sql.peek, self._key_params(key)
         return Row(**dict(zip(REPLY_COLUMNS, rows[0], strict=True))) if rows else None
+
+    def _peek_with(self, fairy: Any, key: Key) -> Row | None:
+        return self._drive(fairy, self._peek_steps(key))
 
     def peek(self, key: Key) -> Row | None:
         """Return ``key``'s row (one statement, no explicit transaction, no lock), or None."""
@@ -346,14 +365,27 @@ class Store(Reads):
     def _reclaim(self, fairy: Any, key: Key, row: Row, reclaim: Callable[[Row], Mapping[str, Any] | None],
                  event: Mapping[str, Any], relaxed: bool) -> Claim:
         """Decide on the row that stands: compare-and-set ``reclaim(row)`` in its own transaction, or leave it."""
+        return self._drive(fairy, self._reclaim_steps(fairy, key, row, reclaim, event, relaxed))
+
+    def _reclaim_steps(self, fairy: Any, key: Key, row: Row, reclaim: Callable[[Row], Mapping[str, Any] | None],
+                       event: Mapping[str, Any], relaxed: bool) -> Stmts[Claim]:
         vals = reclaim(row)
         if vals is None:
             return Claim(False, row, None)
         # On the row as read, its lease holder included: two replicas that both saw an expired composing
         # lease must not both take it (the second would compose for nothing).
-        won = self._cas_with(fairy, key, [row.state], row.attempt, vals, lease_holder(row),
-                             {**event, "state": vals.get("state"), "attempt": vals.get("attempt")}, None, relaxed)
-        return Claim(True, None, vals) if won else Claim(False, self._peek_with(fairy, key), None)
+        won = yield from self._cas_steps(fairy, key, [row.state], row.attempt, vals, lease_holder(row),
+                                         {**event, "state": vals.get("state"), "attempt": vals.get("attempt")},
+                                         None, relaxed)
+        return Claim(True, None, vals) if won else Claim(False, (yield from self._peek_steps(key)), None)
+
+    def _cas_steps(self, fairy: Any, key: Key, states: Sequence[str], attempt: int | None,
+                   values: Mapping[str, Any], lease_owner: str | None, event: Mapping[str, Any] | None,
+                   otherwise: Mapping[str, Any] | None, relaxed: bool) -> Stmts[bool]:
+        """The compare-and-set as statements; by default one call of ``_cas_with`` on ``fairy`` (SQLite's
+        transaction is not a statement list; only PostgreSQL's hot path is run by the async face)."""
+        return self._cas_with(fairy, key, states, attempt, values, lease_owner, event, otherwise, relaxed)
+        yield  # a generator all the same  # noqa: unreachable
 
     def cas_event(self, key: Key, *, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
                   event: Mapping[str, Any] | None = None, otherwise: Mapping[str, Any] | None = None,

@@ -17,7 +17,7 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.engine import Connection, Engine
 
 from replyd.errors import StoreError
-from replyd.store.base import Store
+from replyd.store.base import Stmts, Store
 from replyd.store.hotsql import HotSQL
 from replyd.store.model import Claim, Key, Row
 
@@ -163,14 +163,41 @@ class PostgresStore(Store):
     def claim(self, key: Key, new: Mapping[str, Any], reclaim: Callable[[Row], Mapping[str, Any] | None],
               event: Mapping[str, Any], *, relaxed: bool = False, doing: str = "claiming") -> Claim:
         """``Store.claim``: the insert and its event as one statement; the row is read only when it lost."""
-        ins, ev = self._claim_params(key, new, event)
         with self._driver(doing) as fairy:
-            if self._fetch(fairy, self._sql.claim(self.commit_relaxed(relaxed)), {**ins, **ev})[0][0] == 1:
-                return Claim(True, None, new)
-            row = self._peek_with(fairy, key)  # the row that made the insert lose
-            if row is None:  # deleted since (an operator): report it in flight, as before
-                return Claim(False, None, None)
-            return self._reclaim(fairy, key, row, reclaim, event, relaxed)
+            return self._drive(fairy, self._claim_steps(key, new, reclaim, event, relaxed=relaxed))
+
+    def _claim_steps(self, key: Key, new: Mapping[str, Any], reclaim: Callable[[Row], Mapping[str, Any] | None],
+                     event: Mapping[str, Any], *, relaxed: bool = False, doing: str = "claiming") -> Stmts[Claim]:
+        ins, ev = self._claim_params(key, new, event)
+        if (yield self._sql.claim(self.commit_relaxed(relaxed)), {**ins, **ev})[0][0] == 1:
+            return Claim(True, None, new)
+        row = yield from self._peek_steps(key)  # the row that made the insert lose
+        if row is None:  # deleted since (an operator): report it in flight, as before
+            return Claim(False, None, None)
+        return (yield from self._reclaim_steps(None, key, row, reclaim, event, relaxed))
+
+    def hot_steps(self, fn: Callable[..., Any], args: Sequence[Any],
+                  kwargs: Mapping[str, Any]) -> tuple[Stmts[Any], str] | None:
+        """The statements of a hot-path call (``claim``, ``cas_event``, ``peek``/``get``) with what it is
+        doing, for a driver that runs them itself; None for any other call (it takes the sync path)."""
+        if fn == self.claim:
+            kw = dict(kwargs)
+            doing = kw.pop("doing", "claiming")
+            return self._claim_steps(*args, **kw), doing
+        if fn == self.cas_event and kwargs.get("due_by") is None and kwargs.get("deadline_at_least") is None:
+            kw = dict(kwargs)
+            doing = kw.pop("doing", "writing")
+            kw.pop("due_by", None)
+            kw.pop("deadline_at_least", None)
+            return self._cas_event_steps(*args, **kw), doing
+        if fn == self.peek or fn == self.get:
+            return self._peek_steps(*args, **kwargs), "reading a row"
+        return None
+
+    def _cas_event_steps(self, key: Key, *, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
+                         event: Mapping[str, Any] | None = None, otherwise: Mapping[str, Any] | None = None,
+                         lease_owner: str | None = None, relaxed: bool = False) -> Stmts[bool]:
+        return self._cas_steps(None, key, states, attempt, values, lease_owner, event, otherwise, relaxed)
 
     def claim_new(self, rows: Sequence[tuple[Key, Mapping[str, Any], Mapping[str, Any]]], *, relaxed: bool = False,
                   doing: str = "claiming a page") -> list[bool]:
@@ -194,14 +221,20 @@ class PostgresStore(Store):
     def _cas_with(self, fairy: Any, key: Key, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
                   lease_owner: str | None, event: Mapping[str, Any] | None, otherwise: Mapping[str, Any] | None,
                   relaxed: bool) -> bool:
+        return self._drive(fairy, self._cas_steps(fairy, key, states, attempt, values, lease_owner, event,
+                                                  otherwise, relaxed))
+
+    def _cas_steps(self, fairy: Any, key: Key, states: Sequence[str], attempt: int | None,
+                   values: Mapping[str, Any], lease_owner: str | None, event: Mapping[str, Any] | None,
+                   otherwise: Mapping[str, Any] | None, relaxed: bool) -> Stmts[bool]:
         relaxed = self.commit_relaxed(relaxed)
         sql, names = self._sql.cas(tuple(values), len(states), attempt is not None, lease_owner is not None,
                                    event is not None, relaxed)
         params = self._cas_params(key, states, attempt, lease_owner, names, values)
         if event is not None:
             params.update(self._event_params(key, event, None, None))
-        ok = self._fetch(fairy, sql, params)[0][0] == 1
+        ok = (yield sql, params)[0][0] == 1
         if not ok and otherwise is not None:
             # Nothing was changed, so there is nothing to be atomic with: the note is a statement of its own.
-            self._fetch(fairy, self._sql.event_only(relaxed), self._event_params(key, otherwise, None, None))
+            yield self._sql.event_only(relaxed), self._event_params(key, otherwise, None, None)
         return ok
