@@ -7,6 +7,14 @@ turn, on the same store, so a machine whose load moves during the run loads both
 the same with the stub send a coroutine (``asend``: a bot's own async send, no thread hop for it), and the loop-lag probe (a task sleeping 1 ms and recording its overshoot) through
 ``--concurrent`` posts gathered at once on the async face, and through the same posts made with the sync
 guard called inside the loop (the naive side: its stall measured the same way).
+
+``--lag-parents N`` (issue 31's run): the sim in its own process losing 20 % of create answers, N parents,
+``await g.post`` on each plus 3 rival posts per parent from other tasks (4N posts in flight together, started
+50 per loop turn), through a bot's own ``httpx.AsyncClient`` (``OwnPlatform``); the probe runs from the first
+post to the last outcome; then the daemon's way on (sweep once due, offer again) until every row is closed, and
+the replies counted on the sim. Before the run ``gc.freeze()`` moves the start-up heap (the imported modules)
+out of the collector's way, as docs/LIBRARY.md advises: without it one full collection stalled the loop 78-93
+ms here.
 """
 
 from __future__ import annotations
@@ -14,12 +22,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
+import os
 import statistics
 import time
 import uuid
 from typing import Any
 
 import sqlalchemy as sa
+import structlog
 
 from replyd.aio import AsyncGuard
 from replyd.guard import Guard
@@ -118,6 +129,67 @@ def run(url: str, posts: int, concurrent: int, durability: str = "as_asked") -> 
             "loop_lag_sync_in_loop": got["naive_lag"]}
 
 
+def lag_run(url: str, parents: int) -> dict[str, Any]:
+    """Issue 31's loop-lag run on one database: 4 posts per parent in flight at once, 20 % of answers lost."""
+    import gc
+    import random
+
+    from replyd import aio
+    from replyd.platforms.own import OwnPlatform
+    from tests.test_aio import bot_client, bot_replies, own_calls, parents_on, start_sim
+
+    with start_sim("--lost-drop-rate", "0.2", "--seed", "31") as sim:
+        ps = parents_on(sim, parents)
+
+        async def go() -> dict[str, Any]:
+            async with bot_client() as client:
+                plat = OwnPlatform(instance=f"mastodon:{sim.base_url}", listing_delay_s=0.5,
+                                   **own_calls(sim.base_url, client))
+                async with aio.open_guard(url, plat, send_timeout_s=10.0) as g:
+                    gc.collect()
+                    gc.freeze()
+                    lags: list[float] = []
+                    stop = asyncio.Event()
+                    probe = asyncio.create_task(_probe(lags, stop))
+                    calls = [(p, f"answer to {p.id}") for p in ps] + [(p, "rival") for p in ps for _ in range(3)]
+                    random.Random(31).shuffle(calls)
+                    t0 = time.perf_counter()
+                    tasks = []
+                    for i, (p, text) in enumerate(calls):
+                        tasks.append(asyncio.create_task(g.post(p, text)))
+                        if i % 50 == 49:
+                            await asyncio.sleep(0)  # a burst arrives over loop turns, not in one callback
+                    outs = await asyncio.gather(*tasks)
+                    posts_s = time.perf_counter() - t0
+                    stop.set()
+                    await probe
+                    states: dict[str, int] = {}
+                    for _ in range(6):  # the daemon's way on, outside the probed run
+                        await asyncio.sleep(10.0 + 0.7)
+                        await g.sweep()
+                        states = {}
+                        for p in ps:
+                            row = await g.guard.store_thread.run(g.store.get, g.guard.key(p.id))
+                            states[row.state] = states.get(row.state, 0) + 1
+                        if states.get("closed") == len(ps):
+                            break
+                        await asyncio.gather(*(g.post(p, f"answer to {p.id}", path="refind") for p in ps))
+            gc.unfreeze()
+            by: dict[str, int] = {}
+            for o in outs:
+                by[o.status.value] = by.get(o.status.value, 0) + 1
+            return {"posts": len(calls), "posts_s": round(posts_s, 2), "outcomes": by, "states": states,
+                    "loop_lag": _lag_stats(lags)}
+
+        got = asyncio.run(go())
+        counts = bot_replies(sim)
+        report = sim.report()
+    got["lost_answers"] = report["faults_injected"].get("lost_drop", 0)
+    got["parents_not_one_reply"] = sum(1 for p in ps if counts.get(p.id) != 1)
+    got["duplicates_on_sim"] = report["duplicates"]
+    return got
+
+
 def main() -> None:
     """Print one JSON line per database."""
     ap = argparse.ArgumentParser()
@@ -126,7 +198,19 @@ def main() -> None:
     ap.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--sqlite", default=f"sqlite:////tmp/replyd-bench-aio-{uuid.uuid4().hex[:8]}.sqlite3")
     ap.add_argument("--durability", default="as_asked", choices=["as_asked", "durable", "relaxed"])
+    ap.add_argument("--lag-parents", type=int, default=0, help="run issue 31's loop-lag run instead (1000)")
     a = ap.parse_args()
+    # Warnings only, as a quiet bot's production log: an info line per claim and per post is the logger's cost,
+    # the same on both faces, and stdout's.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    if a.lag_parents:
+        print(json.dumps({"db": "sqlite", "load": os.getloadavg(), **lag_run(a.sqlite, a.lag_parents)}))
+        url, drop = _fresh_pg(a.pg)
+        try:
+            print(json.dumps({"db": "postgresql", "load": os.getloadavg(), **lag_run(url, a.lag_parents)}))
+        finally:
+            drop()
+        return
     print(json.dumps({"db": "sqlite", **run(a.sqlite, a.posts, a.concurrent, a.durability)}))
     url, drop = _fresh_pg(a.pg)
     try:
