@@ -48,6 +48,7 @@ from replyd.responders.base import Responder, _checked
 from replyd.store import Event, Key, Reply, Store
 from replyd.store.aiopg import AsyncHotPath
 from replyd.store.postgres import PostgresStore
+from replyd.store.sqlite import SQLiteStore
 from replyd.sweep import Bot, Sweeper, SweepResult
 
 log = structlog.get_logger("replyd.aio")
@@ -135,6 +136,8 @@ class AsyncGuard(GuardCore):
         # which runs on the loop, taken for a store call.
         self.hot_path: AsyncHotPath | None = (AsyncHotPath(store) if async_pg and isinstance(store, PostgresStore)
                                               else None)
+        # SQLite: a close (relaxed: no fsync) is written on the loop when it needs no wait (see write_now).
+        self._now: SQLiteStore | None = store if isinstance(store, SQLiteStore) else None
         self._watcher: asyncio.Task[None] | None = None
 
     # -- the driver: each effect the core yields, awaited ------------------------------------------
@@ -157,6 +160,10 @@ class AsyncGuard(GuardCore):
                 hot = self.hot_path.steps(effect.fn, effect.args, effect.kwargs)
                 if hot is not None:
                     return await self.hot_path.run(*hot)
+            elif self._now is not None:
+                done, got = self._now.write_now(effect.fn, effect.args, effect.kwargs)
+                if done:
+                    return got
             return await self.store_thread.run(effect.fn, *effect.args, **effect.kwargs)
         if type(effect) is Send:
             return await self._send_once(effect)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -173,3 +174,45 @@ def store_on(face: type, store: Store) -> Iterator[Any]:
         yield faced
     finally:
         faced.close()
+
+
+class CountingThread(StoreThread):
+    """The face's store thread, counting what it was given to run (by function name)."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store, 2)
+        self.names: list[str] = []
+
+    async def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Count ``fn``, then run it on the thread as the face does."""
+        self.names.append(getattr(fn, "__name__", repr(fn)))
+        return await super().run(fn, *args, **kwargs)
+
+
+def probed(store: Store, platform: Any, posts: Any, *, start: Any = None) -> tuple[list[Any], list[float], list[str]]:
+    """Run ``await posts(guard)`` on a fresh loop with an ``AsyncGuard`` over ``store`` and a loop-lag probe
+    (a 1 ms sleep's overshoot); ``start()`` is called once the probe runs. Returns the outcomes, the lags and
+    the names of the calls the store thread ran."""
+
+    async def run() -> tuple[list[Any], list[float], list[str]]:
+        thread = CountingThread(store)
+        g = AsyncGuard(store, platform, platform.whoami(), watch_interval_s=None, store_thread=thread)
+        lags: list[float] = []
+        stop = asyncio.Event()
+
+        async def probe() -> None:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                await asyncio.sleep(0.001)
+                lags.append(time.perf_counter() - t0 - 0.001)
+
+        watcher = asyncio.create_task(probe())
+        if start is not None:
+            start()
+        outs = await posts(g)
+        stop.set()
+        await watcher
+        await g.aclose()
+        return outs, lags, thread.names
+
+    return asyncio.run(run())

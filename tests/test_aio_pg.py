@@ -20,7 +20,7 @@ from replyd.platforms.memory import MemoryPlatform
 from replyd.store import Store
 from replyd.store.aiopg import conninfo
 from tests.conftest import _truncate
-from tests.test_aio import probe
+from tests.aio_harness import probed
 
 pytestmark = pytest.mark.postgres
 
@@ -32,18 +32,6 @@ def pg_store(pg_url):
     store = Store.open(pg_url)
     yield store
     store.dispose()
-
-
-class CountingThread(aio.StoreThread):
-    """The face's store thread, counting what it was given to run."""
-
-    def __init__(self, store: Store) -> None:
-        super().__init__(store, 2)
-        self.names: list[str] = []
-
-    async def run(self, fn, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN201
-        self.names.append(getattr(fn, "__name__", repr(fn)))
-        return await super().run(fn, *args, **kwargs)
 
 
 def test_claims_waiting_on_a_locked_table_leave_the_loop_free(pg_store):
@@ -64,21 +52,11 @@ def test_claims_waiting_on_a_locked_table_leave_the_loop_free(pg_store):
     holder.start()
     locked.wait(10)
 
-    async def run() -> tuple[list, list[float], list[str]]:
-        thread = CountingThread(pg_store)
-        g = aio.AsyncGuard(pg_store, plat, plat.whoami(), watch_interval_s=None, store_thread=thread)
-        lags: list[float] = []
-        stop = asyncio.Event()
-        watcher = asyncio.create_task(probe(lags, stop))
-        release.set()
-        outs = await asyncio.gather(*(g.post(plat.add_parent(f"p{i}"), "hi") for i in range(8)))
-        stop.set()
-        await watcher
-        await g.aclose()
-        return outs, lags, thread.names
+    async def posts(g: aio.AsyncGuard) -> list:
+        return await asyncio.gather(*(g.post(plat.add_parent(f"p{i}"), "hi") for i in range(8)))
 
     t0 = time.perf_counter()
-    outs, lags, ran_on_thread = asyncio.run(run())
+    outs, lags, ran_on_thread = probed(pg_store, plat, posts, start=release.set)
     waited_s = time.perf_counter() - t0
     holder.join()
     assert waited_s >= 1.2, f"the posts did not wait for the lock ({waited_s:.2f} s): the test proves nothing"

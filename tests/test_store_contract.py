@@ -528,24 +528,27 @@ def test_listing_delays_are_recorded_per_platform(store, clock):
 def _sqlite_commits(store: Store, posts: int, face: type, *, page: bool = False) -> list[tuple[str | None, str]]:
     """``face``'s guard posts on ``store`` (one by one, or as one page); (the write, the synchronous level) of every
     COMMIT SQLite ran."""
-    trace: list[str] = []
+    trace: list[tuple[int, str]] = []
     store.dispose()  # connections opened from here on are traced
-    store.on_connect(lambda dbc: dbc.set_trace_callback(trace.append))
+    # Per connection: the async face writes closes on its loop's own connection, claims on the store thread's.
+    store.on_connect(lambda dbc: dbc.set_trace_callback(lambda sql, c=id(dbc): trace.append((c, sql))))
     plat = MemoryPlatform(clock=store.clock)
     g = face(store, plat, plat.whoami(), clock=store.clock, watch_interval_s=None)
     parents = [plat.add_parent(f"p{i}") for i in range(posts)]
     outs = g.post_page([(p, "x") for p in parents]) if page else [g.post(p, "x") for p in parents]
     assert all(o.status is Status.POSTED for o in outs), outs
     g.close()
-    sync, commits, last_write = "FULL", [], None  # a new connection starts FULL
-    for s in trace:
+    sync: dict[int, str] = {}  # a new connection starts FULL
+    commits: list[tuple[str | None, str]] = []
+    last_write: dict[int, str] = {}
+    for conn, s in trace:
         u = s.strip().upper()
         if u.startswith("PRAGMA SYNCHRONOUS="):
-            sync = u.split("=")[1]
+            sync[conn] = u.split("=")[1]
         elif u.startswith(("INSERT INTO REPLIES", "UPDATE REPLIES")):
-            last_write = u.split()[0]
+            last_write[conn] = u.split()[0]
         elif u == "COMMIT":
-            commits.append((last_write, sync))
+            commits.append((last_write.get(conn), sync.get(conn, "FULL")))
     return commits
 
 

@@ -47,8 +47,7 @@ _INHERITED: list[Any] = []  # a forked child's copies of its parent's kept conne
 def _after_fork_in_child() -> None:
     # The parent owns those sockets: the child must neither use nor close them (as dispose(close=False)).
     for store in list(_STORES):
-        _INHERITED.extend(store._idle)
-        store._idle = []
+        store._forget_after_fork()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -262,6 +261,11 @@ class Store(Reads):
                 self._idle.append((pool, fairy))
             else:
                 self._give_back(fairy)
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: drop (never use, never close) the connections the parent keeps checked out."""
+        _INHERITED.extend(self._idle)
+        self._idle = []
 
     def _alive(self, fairy: Any) -> bool:
         """Backend hook: whether a kept connection may be used again (without a round trip)."""
