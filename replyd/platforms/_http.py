@@ -1,8 +1,9 @@
 """Shared httpx helpers for platform adapters: error mapping, JSON fields, headers.
 
-Every adapter (Mastodon, Discourse, GitHub, Bluesky) talks HTTP through one
-shared ``httpx.Client`` and must map what it meets into ``replyd.errors`` the
-same way. The mapping lives here so the adapters cannot drift apart:
+Every adapter (Mastodon, Discourse, GitHub, Bluesky ...) talks HTTP through one
+shared ``httpx.Client`` (and, for ``asend``, an ``httpx.AsyncClient``) and must map
+what it meets into ``replyd.errors`` the same way. The mapping lives here so the
+adapters (and the two drivers) cannot drift apart:
 
 =====================================================  ===================  ===================
 what happened                                          acting request       read request
@@ -27,6 +28,37 @@ other non-2xx (1xx, 3xx: redirects are not followed)   MaybeSent            BadR
 A read cannot create anything, so its failures are ``DefinitelyNotSent``: the
 caller only needs to know that the read did not happen. Status mapping never
 looks at the error text: platforms localise it.
+
+One request, two drivers (sans-I/O). A request is written once as *steps*: a generator
+(:func:`request_steps`, and on it ``HttpPlatform._request_steps`` → ``_call_steps`` →
+``_created_steps``) that yields a :class:`Fetch` per HTTP exchange and is handed back the
+response, or has the transport's exception thrown in where it arose, and maps both by the table
+above. A driver only moves bytes: :func:`run_sync` with an ``httpx.Client`` in the calling thread
+(the sync face, pollers, sweep, and every ``_request`` / ``_call`` / ``_created``), :func:`run_async`
+with an ``httpx.AsyncClient`` on the event loop. An adapter whose send is written as steps
+(``_send_steps``, mixing in :class:`StepSend`: Mastodon, Discourse, GitHub, Matrix, WhatsApp) so has
+``send`` and ``asend`` from one body, and everything a send is judged by lives once: this table
+(``transport_error``, ``raise_for_status``, the adapters' ``_raise_for_status`` / ``_refused`` /
+``_limited`` hooks), the body bound (``_Body``, read the same by both drivers), rate-limit buckets,
+the platform-clock samples. Why steps: the request template is overridden per adapter at a dozen
+hooks, and an async copy of it (or of each adapter's send) would drift from the sync one; greenlets
+(the sync code suspended inside its blocking call) would hide where an exchange may wait, where a
+``yield`` shows it; and the guard's own decisions are steps already (``replyd.core``), driven the
+same way by the two faces. A blocking request made inside steps that ``run_async`` drives raises at
+once instead of stalling the loop. The other HTTP adapters keep ``send`` only and the asyncio face
+runs it on a worker thread: Slack, Discord and Telegram (sends through their own ``_api`` wrappers
+with their own error bodies; convertible the same way), Bluesky (a send of several requests:
+``createRecord``, then a ``getRecord`` probe at the rkey when the answer is unclear, behind a session
+refresh); email is SMTP. ``asend`` runs on the ``aclient`` the adapter was built with (the caller's),
+else on one it makes on the running loop and closes in ``aclose()`` (the async session calls it).
+
+The whole-send deadline (``replyd.deadline``) holds on both drivers. Sync: the client of
+:func:`make_client` cuts every socket read and write to the budget left (``_DeadlineBackend``).
+Async: ``run_async`` caps each phase's timeout (connect, read, write, pool) at the budget left when
+an exchange starts and cuts the whole exchange with ``asyncio.timeout`` at that budget (a cut exchange
+is a ``ReadTimeout``: the request may have left, "maybe" for an acting request), a budget gone
+before an exchange starts is a ``ConnectTimeout`` (nothing left); so any ``AsyncClient`` honours
+it, the user's too. Both drivers stop reading a body that trickles past the deadline.
 
 Secrets: pass them as ``secrets=`` and every detail these helpers build has
 them masked. Authorisation goes through :class:`BearerAuth`, whose ``repr``
@@ -196,18 +228,7 @@ def is_acting(method: str) -> bool:
     return method.upper() in ACTING_METHODS
 
 
-# --- one exchange, two drivers ------------------------------------------------------------------
-#
-# A request is written once as *steps*: a generator that yields one ``Fetch`` (what to send) per HTTP
-# exchange and takes back the bounded response, or has the transport's exception thrown in where it
-# arose, and maps both by the module table. A driver only moves bytes: ``run_sync`` with an
-# ``httpx.Client`` in the calling thread, ``run_async`` with an ``httpx.AsyncClient`` on the event loop.
-# So an adapter's send, written once as steps over ``HttpPlatform._created_steps``, is both its ``send``
-# and its ``asend`` (``StepSend``), and no rule of this module (the table, the body bound, the whole-send
-# deadline, rate limits, the clock samples) exists twice. Steps rather than a second, async copy of the
-# request template: the template's hooks (``_raise_for_status``, ``_refused``, ``_limited`` ...) are
-# overridden per adapter, and a copy per face would drift from them; rather than greenlets (the adapter's
-# sync code suspended mid-call): the points where an exchange may wait are the ``yield``s, visible.
+# --- one exchange, two drivers (see the module docstring) -----------------------------------
 
 
 @dataclass(frozen=True)
