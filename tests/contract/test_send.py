@@ -8,28 +8,30 @@ from collections.abc import Callable
 import pytest
 
 from replyd.errors import DefinitelyNotSent, MaybeSent, RateLimited, Rejected
-from replyd.platforms._http import StepSend
-from replyd.platforms.base import Parent, Platform, Sent, platform_class
+from replyd.platforms._http import HttpPlatform
+from replyd.platforms.base import AsyncSend, Parent, Platform, Sent
 from tests.contract.harnesses import RETRY_AFTER_S, Harness
 
 Send = Callable[[Platform, Parent, str, str], Sent]
 
 
 @pytest.fixture(params=["sync", "async"])
-def send(request: pytest.FixtureRequest, harness: Harness) -> Send:
-    """The adapter's send as a face makes it: ``send`` in this thread (the sync driver), or ``asend`` on an
-    event loop through the adapter's own ``httpx.AsyncClient`` (the async driver: adapters whose send is steps)."""
+def send(request: pytest.FixtureRequest) -> Send:
+    """The adapter's send as each face makes it: ``send`` in this thread (the sync face), or as the asyncio
+    face does, on an event loop: ``asend`` where the adapter offers it (its send written as steps, on the
+    adapter's own ``httpx.AsyncClient``), else ``send`` on a worker thread."""
     if request.param == "sync":
         return lambda adapter, parent, text, key: adapter.send(parent, text, provider_key=key)
-    if not issubclass(platform_class(harness.kind), StepSend):
-        pytest.skip(f"{harness.kind}: no asend, its send runs on a worker thread under the asyncio face")
 
     def on_loop(adapter: Platform, parent: Parent, text: str, key: str) -> Sent:
         async def main() -> Sent:
             try:
-                return await adapter.asend(parent, text, provider_key=key)  # type: ignore[attr-defined]
+                if isinstance(adapter, AsyncSend):
+                    return await adapter.asend(parent, text, provider_key=key)
+                return await asyncio.to_thread(adapter.send, parent, text, provider_key=key)
             finally:
-                await adapter.aclose()  # type: ignore[attr-defined]
+                if isinstance(adapter, HttpPlatform):
+                    await adapter.aclose()  # the AsyncClient it made on this loop
 
         return asyncio.run(main())
 
