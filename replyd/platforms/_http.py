@@ -401,7 +401,7 @@ async def _afetch(aclient: httpx.AsyncClient, fetch: Fetch) -> httpx.Response:
         raise httpx.ConnectTimeout("the send's whole deadline (guard.send_timeout_s) passed before it left")
     kwargs = dict(fetch.kwargs)
     if left is not None:
-        kwargs["timeout"] = _capped(kwargs.get("timeout", aclient.timeout), left)
+        kwargs["timeout"] = _capped(kwargs.get("timeout"), aclient.timeout, left)
     try:
         async with asyncio.timeout(left):
             async with aclient.stream(fetch.method, fetch.url, **kwargs) as resp:
@@ -420,9 +420,12 @@ async def _nothing() -> AsyncIterator[bytes]:
     yield  # pragma: no cover  (makes this an async generator)
 
 
-def _capped(timeout: Any, left: float) -> httpx.Timeout:
-    """``timeout`` (an ``httpx.Timeout``, a number, or the client's default) with every phase at most ``left``."""
-    t = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+def _capped(timeout: Any, default: httpx.Timeout, left: float) -> httpx.Timeout:
+    """A request's ``timeout`` (an ``httpx.Timeout`` or a number; anything else: the client's ``default``) with
+    every phase at most ``left``."""
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        timeout = httpx.Timeout(timeout)
+    t = timeout if isinstance(timeout, httpx.Timeout) else default
     cap = [left if x is None else min(x, left) for x in (t.connect, t.read, t.write, t.pool)]
     return httpx.Timeout(connect=cap[0], read=cap[1], write=cap[2], pool=cap[3])
 
