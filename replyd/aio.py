@@ -13,10 +13,12 @@ How each effect of the core runs here (the sync face, ``replyd.guard.Guard``, ru
 - store calls, whole transactions included, on the store's own thread (``StoreThread``: one per store,
   so SQLite sees one writer and each claim still commits durably before the send; PostgreSQL gets
   ``store_threads`` connections' worth of parallelism through the same synchronous driver);
-- the send: ``asend`` awaited where the adapter offers ``AsyncSend`` (the bring-your-own platform does),
-  else the adapter's sync ``send`` on a worker thread (every HTTP adapter today: its client honours the
-  whole-send deadline there, ``replyd.deadline`` being a context variable the thread inherits); either way
-  the whole send is also cut at its budget on the loop (a cut send is ambiguous: the sweep decides);
+- the send: ``asend`` awaited where the adapter offers ``AsyncSend`` (the bring-your-own platform; the HTTP
+  adapters whose send is written as steps, ``platforms._http.StepSend``, on their ``httpx.AsyncClient``,
+  the whole-send deadline applied by the async driver), else the adapter's sync ``send`` on a worker thread
+  (Slack, Discord, Telegram, Bluesky, email: its client honours the deadline there, ``replyd.deadline``
+  being a context variable the thread inherits); either way the whole send is also cut at its budget on the
+  loop (a cut send is ambiguous: the sweep decides);
 - the responder: an ``async def`` responder (or a ``Responder``) awaited on the loop, a plain function on a
   worker thread (it may block: an LLM call);
 - a ``Step`` (claim, open, send, close) is this face's own coroutine method, so tests can wrap it.
@@ -390,8 +392,11 @@ class AsyncGuardSession:
         return await asyncio.to_thread(sweeper.run_once)
 
     async def aclose(self) -> None:
-        """Release the guard's watch, its store thread, the HTTP client and the store this session opened."""
+        """Release the guard's watch, its store thread, the HTTP clients and the store this session opened."""
         await self.guard.aclose()
+        aclose = getattr(self.platform, "aclose", None)  # the AsyncClient an HTTP adapter made for asend
+        if aclose is not None:
+            await aclose()
         if self._http is not None:
             await asyncio.to_thread(self._http.close)
             self._http = None

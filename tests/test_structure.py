@@ -39,6 +39,9 @@ NOT_A_PLATFORM_SEND = {
     ("platforms/slack.py", "ws.send"): "Socket Mode's envelope ack on the adapter's own WebSocket, never a reply",
     ("platforms/discord.py", "ws.send"): "Gateway frames (identify, resume, heartbeats) on the adapter's own WebSocket",
     ("core.py", "self.steps.send"): "the generator protocol: an effect's result handed back to the decision",
+    ("platforms/_http.py", "self._steps.send"): "the generator protocol: a response handed back to a request's steps",
+    ("store/base.py", "steps.send"): "the generator protocol: a statement's rows handed back to the store's steps",
+    ("store/aiopg.py", "steps.send"): "the generator protocol: a statement's rows handed back to the store's steps",
 }
 
 

@@ -1,8 +1,9 @@
 """Shared httpx helpers for platform adapters: error mapping, JSON fields, headers.
 
-Every adapter (Mastodon, Discourse, GitHub, Bluesky) talks HTTP through one
-shared ``httpx.Client`` and must map what it meets into ``replyd.errors`` the
-same way. The mapping lives here so the adapters cannot drift apart:
+Every adapter (Mastodon, Discourse, GitHub, Bluesky ...) talks HTTP through one
+shared ``httpx.Client`` (and, for ``asend``, an ``httpx.AsyncClient``) and must map
+what it meets into ``replyd.errors`` the same way. The mapping lives here so the
+adapters (and the two drivers) cannot drift apart:
 
 =====================================================  ===================  ===================
 what happened                                          acting request       read request
@@ -28,6 +29,37 @@ A read cannot create anything, so its failures are ``DefinitelyNotSent``: the
 caller only needs to know that the read did not happen. Status mapping never
 looks at the error text: platforms localise it.
 
+One request, two drivers (sans-I/O). A request is written once as *steps*: a generator
+(:func:`request_steps`, and on it ``HttpPlatform._request_steps`` → ``_call_steps`` →
+``_created_steps``) that yields a :class:`Fetch` per HTTP exchange and is handed back the
+response, or has the transport's exception thrown in where it arose, and maps both by the table
+above. A driver only moves bytes: :func:`run_sync` with an ``httpx.Client`` in the calling thread
+(the sync face, pollers, sweep, and every ``_request`` / ``_call`` / ``_created``), :func:`run_async`
+with an ``httpx.AsyncClient`` on the event loop. An adapter whose send is written as steps
+(``_send_steps``, mixing in :class:`StepSend`: Mastodon, Discourse, GitHub, Matrix, WhatsApp) so has
+``send`` and ``asend`` from one body, and everything a send is judged by lives once: this table
+(``transport_error``, ``raise_for_status``, the adapters' ``_raise_for_status`` / ``_refused`` /
+``_limited`` hooks), the body bound (``_Body``, read the same by both drivers), rate-limit buckets,
+the platform-clock samples. Why steps: the request template is overridden per adapter at a dozen
+hooks, and an async copy of it (or of each adapter's send) would drift from the sync one; greenlets
+(the sync code suspended inside its blocking call) would hide where an exchange may wait, where a
+``yield`` shows it; and the guard's own decisions are steps already (``replyd.core``), driven the
+same way by the two faces. A blocking request made inside steps that ``run_async`` drives raises at
+once instead of stalling the loop. The other HTTP adapters keep ``send`` only and the asyncio face
+runs it on a worker thread: Slack, Discord and Telegram (sends through their own ``_api`` wrappers
+with their own error bodies; convertible the same way), Bluesky (a send of several requests:
+``createRecord``, then a ``getRecord`` probe at the rkey when the answer is unclear, behind a session
+refresh); email is SMTP. ``asend`` runs on the ``aclient`` the adapter was built with (the caller's),
+else on one it makes on the running loop and closes in ``aclose()`` (the async session calls it).
+
+The whole-send deadline (``replyd.deadline``) holds on both drivers. Sync: the client of
+:func:`make_client` cuts every socket read and write to the budget left (``_DeadlineBackend``).
+Async: ``run_async`` caps each phase's timeout (connect, read, write, pool) at the budget left when
+an exchange starts and cuts the whole exchange with ``asyncio.timeout`` at that budget (a cut exchange
+is a ``ReadTimeout``: the request may have left, "maybe" for an acting request), a budget gone
+before an exchange starts is a ``ConnectTimeout`` (nothing left); so any ``AsyncClient`` honours
+it, the user's too. Both drivers stop reading a body that trickles past the deadline.
+
 Secrets: pass them as ``secrets=`` and every detail these helpers build has
 them masked. Authorisation goes through :class:`BearerAuth`, whose ``repr``
 hides the token, and transport exceptions are re-raised ``from None`` so a
@@ -37,6 +69,7 @@ default) never walks into httpcore frames holding raw header bytes.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import email.utils
 import ipaddress
@@ -46,7 +79,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from html.parser import HTMLParser
@@ -61,7 +94,9 @@ from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, model_val
 from replyd import deadline, metrics
 from replyd.clock import Clock
 from replyd.errors import BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
-from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, PlatformSettings, ReadBack
+from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, PlatformSettings, ReadBack, Sent
+
+T = TypeVar("T")
 
 ACTING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -193,31 +228,56 @@ def is_acting(method: str) -> bool:
     return method.upper() in ACTING_METHODS
 
 
-def request(
-    client: httpx.Client,
-    method: str,
-    url: str,
-    *,
-    what: str,
-    acts: bool | None = None,
-    secrets: Iterable[str] = (),
-    max_bytes: int = MAX_RESPONSE_BYTES,
-    **kwargs: Any,
-) -> httpx.Response:
-    """Send one request and return the response (any status); map transport errors.
+# --- one exchange, two drivers (see the module docstring) -----------------------------------
 
-    ``acts`` defaults to ``is_acting(method)``; pass it explicitly for a POST
-    that only reads (a search RPC). ``kwargs`` go to ``client.request``.
-    Status codes are not checked here: call :func:`raise_for_status`. A body
-    larger than ``max_bytes`` is not read on: ``BadResponse`` for a read,
+
+@dataclass(frozen=True)
+class Fetch:
+    """One HTTP exchange for a driver to make: ``client.stream(method, url, **kwargs)``, the body read up to
+    ``max_bytes`` (decoded) and within the whole-send deadline."""
+
+    method: str
+    url: str
+    kwargs: Mapping[str, Any]
+    max_bytes: int
+
+
+# What a request written as steps is: yields ``Fetch``es, takes back responses, returns its value.
+HttpSteps = Generator[Fetch, httpx.Response, T]
+
+
+class _TooLarge(Exception):
+    """A body past ``Fetch.max_bytes``: not read on (the steps say what it means)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def request_steps(method: str, url: str, *, what: str, acts: bool | None = None, secrets: Iterable[str] = (),
+                  max_bytes: int = MAX_RESPONSE_BYTES, **kwargs: Any) -> HttpSteps[httpx.Response]:
+    """One request as steps: the response (any status) with its body read; transport errors mapped.
+
+    ``acts`` defaults to ``is_acting(method)``; pass it explicitly for a POST that only reads (a search
+    RPC). ``kwargs`` go to ``client.stream``. Status codes are not checked here: call
+    :func:`raise_for_status`. A body larger than ``max_bytes`` is not read on: ``BadResponse`` for a read,
     ``MaybeSent`` for a request that may have acted (the sweep decides).
     """
     acting = is_acting(method) if acts is None else acts
-    secrets = tuple(secrets)
     try:
-        return _bounded(client, method, url, what=what, acting=acting, max_bytes=max_bytes, **kwargs)
+        return (yield Fetch(method, url, kwargs, max_bytes))
     except (*_NEVER_LEFT, httpx.HTTPError) as exc:
         raise transport_error(exc, what=what, acting=acting, secrets=secrets) from None
+    except _TooLarge as big:
+        detail = f"{what}: HTTP {big.status} response larger than {max_bytes} bytes; not read"
+        if acting:
+            raise MaybeSent(detail + " (outcome unknown)", status=big.status) from None
+        raise BadResponse(detail, status=big.status) from None
+
+
+def request(client: httpx.Client, method: str, url: str, **kwargs: Any) -> httpx.Response:
+    """:func:`request_steps` (same arguments) driven with ``client`` in the calling thread."""
+    return run_sync(client, request_steps(method, url, **kwargs))
 
 
 def transport_error(exc: Exception, *, what: str, acting: bool, secrets: Iterable[str] = ()) -> PlatformError:
@@ -233,34 +293,147 @@ def transport_error(exc: Exception, *, what: str, acting: bool, secrets: Iterabl
     return cls(redact(f"{what}: {type(exc).__name__}: {exc} ({tail})", secrets))
 
 
-def _bounded(client: httpx.Client, method: str, url: str, *, what: str, acting: bool, max_bytes: int,
-             **kwargs: Any) -> httpx.Response:
-    """Send the request and read at most ``max_bytes`` of (decoded) body into a plain response."""
-    with client.stream(method, url, **kwargs) as resp:
+class _Body:
+    """A response's body as both drivers read it: bounded by ``max_bytes``, cut at the whole-send deadline."""
+
+    def __init__(self, resp: httpx.Response, max_bytes: int) -> None:
         declared = resp.headers.get("content-length", "")
-        chunks: list[bytes] = []
-        size = int(declared) if declared.isdigit() else 0
-        if size <= max_bytes:
-            size = 0
-            for chunk in resp.iter_bytes():
-                left = deadline.remaining()
-                if left is not None and left <= 0:  # a body trickled past the deadline (any client)
-                    raise httpx.ReadTimeout("the whole deadline passed while reading the body", request=resp.request)
-                size += len(chunk)
-                if size > max_bytes:
-                    break
-                chunks.append(chunk)
-        if size > max_bytes:
-            detail = f"{what}: HTTP {resp.status_code} response larger than {max_bytes} bytes; not read"
-            if acting:
-                raise MaybeSent(detail + " (outcome unknown)", status=resp.status_code)
-            raise BadResponse(detail, status=resp.status_code)
+        self.resp, self.max_bytes, self.chunks = resp, max_bytes, list[bytes]()
+        # A declared length past the bound is not read at all.
+        self.size = int(declared) if declared.isdigit() and int(declared) > max_bytes else 0
+
+    @property
+    def wanted(self) -> bool:
+        """Whether reading on is of use (not past the bound)."""
+        return self.size <= self.max_bytes
+
+    def take(self, chunk: bytes) -> bool:
+        """Keep ``chunk``; False once the body is past the bound (stop reading)."""
+        left = deadline.remaining()
+        if left is not None and left <= 0:  # a body trickled past the deadline (any client)
+            raise httpx.ReadTimeout("the whole deadline passed while reading the body", request=self.resp.request)
+        self.size += len(chunk)
+        if self.wanted:
+            self.chunks.append(chunk)
+        return self.wanted
+
+    def response(self) -> httpx.Response:
+        """The whole body as a plain response (``_TooLarge`` past the bound)."""
+        if not self.wanted:
+            raise _TooLarge(self.resp.status_code)
         # The body is decoded already: drop the headers that describe the encoded form.
-        headers = [(k, v) for k, v in resp.headers.multi_items()
+        headers = [(k, v) for k, v in self.resp.headers.multi_items()
                    if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
-        out = httpx.Response(resp.status_code, headers=headers, content=b"".join(chunks), request=resp.request,
-                             extensions=resp.extensions)
-        return out
+        return httpx.Response(self.resp.status_code, headers=headers, content=b"".join(self.chunks),
+                              request=self.resp.request, extensions=self.resp.extensions)
+
+
+class _Run:
+    """One run of a request's steps for a driver: the ``fetch`` to make next (None once done, then ``value``)."""
+
+    def __init__(self, steps: HttpSteps[Any]) -> None:
+        self._steps, self.value = steps, None
+        self.fetch: Fetch | None = self._next(steps.__next__)
+
+    def _next(self, fn: Callable[..., Fetch], *arg: Any) -> Fetch | None:
+        try:
+            return fn(*arg)
+        except StopIteration as stop:
+            self.value = stop.value
+            return None
+
+    def ok(self, resp: httpx.Response) -> None:
+        """Hand the response back to the steps."""
+        self.fetch = self._next(self._steps.send, resp)
+
+    def fail(self, exc: BaseException) -> None:
+        """Throw the transport's exception in where it arose: the steps map it."""
+        self.fetch = self._next(self._steps.throw, exc)
+
+
+# Set while ``run_async`` drives steps: a blocking request made then would stall the event loop.
+_ON_LOOP: contextvars.ContextVar[bool] = contextvars.ContextVar("replyd_http_on_loop", default=False)
+
+
+def run_sync(client: httpx.Client, steps: HttpSteps[T]) -> T:
+    """Drive ``steps`` with the blocking ``client`` in the calling thread; return their value."""
+    if _ON_LOOP.get():
+        raise RuntimeError("a blocking HTTP request inside steps driven on the event loop: yield it instead")
+    run = _Run(steps)
+    while run.fetch is not None:
+        try:
+            with client.stream(run.fetch.method, run.fetch.url, **run.fetch.kwargs) as resp:
+                body = _Body(resp, run.fetch.max_bytes)
+                for chunk in resp.iter_bytes() if body.wanted else ():
+                    if not body.take(chunk):
+                        break
+                got = body.response()
+        except BaseException as exc:  # thrown in: the steps map it (or let it pass)
+            run.fail(exc)
+        else:
+            run.ok(got)
+    return run.value  # type: ignore[return-value]
+
+
+async def run_async(aclient: httpx.AsyncClient, steps: HttpSteps[T]) -> T:
+    """Drive ``steps`` with ``aclient`` on the running loop; return their value. The whole-send deadline
+    (``replyd.deadline``) caps each phase's timeout and, over the whole exchange, an ``asyncio.timeout``."""
+    token = _ON_LOOP.set(True)
+    try:
+        run = _Run(steps)
+        while run.fetch is not None:
+            try:
+                got = await _afetch(aclient, run.fetch)
+            except BaseException as exc:  # thrown in: the steps map it (or let it pass)
+                run.fail(exc)
+            else:
+                run.ok(got)
+        return run.value  # type: ignore[return-value]
+    finally:
+        _ON_LOOP.reset(token)
+
+
+async def _afetch(aclient: httpx.AsyncClient, fetch: Fetch) -> httpx.Response:
+    """One exchange on ``aclient`` within what is left of the deadline: a cut exchange is a read timeout
+    (the request may have left: the table's "maybe"), a deadline gone before it a connect timeout."""
+    left = deadline.remaining()
+    if left is not None and left <= 0:
+        raise httpx.ConnectTimeout("the send's whole deadline (guard.send_timeout_s) passed before it left")
+    kwargs = dict(fetch.kwargs)
+    if left is not None:
+        kwargs["timeout"] = _capped(kwargs.get("timeout"), aclient.timeout, left)
+    try:
+        async with asyncio.timeout(left):
+            async with aclient.stream(fetch.method, fetch.url, **kwargs) as resp:
+                body = _Body(resp, fetch.max_bytes)
+                async for chunk in resp.aiter_bytes() if body.wanted else _nothing():
+                    if not body.take(chunk):
+                        break
+                return body.response()
+    except TimeoutError:
+        raise httpx.ReadTimeout("the send's whole deadline (guard.send_timeout_s) passed") from None
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    """No chunks (a body declared past the bound is not read)."""
+    return
+    yield  # pragma: no cover  (makes this an async generator)
+
+
+def _capped(timeout: Any, default: httpx.Timeout, left: float) -> httpx.Timeout:
+    """A request's ``timeout`` (an ``httpx.Timeout`` or a number; anything else: the client's ``default``) with
+    every phase at most ``left``."""
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        timeout = httpx.Timeout(timeout)
+    t = timeout if isinstance(timeout, httpx.Timeout) else default
+    cap = [left if x is None else min(x, left) for x in (t.connect, t.read, t.write, t.pool)]
+    return httpx.Timeout(connect=cap[0], read=cap[1], write=cap[2], pool=cap[3])
+
+
+def make_async_client(timeout_s: float, *, connect_s: float = 10.0, **kwargs: Any) -> httpx.AsyncClient:
+    """The ``httpx.AsyncClient`` for adapters' ``asend``: per-phase timeouts as :func:`make_client`'s; the
+    whole-send deadline is the async driver's (``run_async``), so any ``AsyncClient`` honours it."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=connect_s), **kwargs)
 
 
 def error_json(resp: httpx.Response) -> Any:
@@ -931,9 +1104,12 @@ class HttpPlatform:
     READ_BACK_MARGIN_S: ClassVar[float] = 60.0
 
     def __init__(self, settings: HttpSettings | None = None, /, *, http: httpx.Client, clock: Clock,
-                 **kw: Any) -> None:
+                 aclient: httpx.AsyncClient | None = None, **kw: Any) -> None:
         self.s = settings if settings is not None else self.Settings.load(self.kind, kw)
         self._http = http
+        # The async client of ``StepSend.asend``: the caller's (``aclient``), else made on first use.
+        self._aclient = aclient
+        self._aclient_mine: tuple[httpx.AsyncClient, asyncio.AbstractEventLoop] | None = None
         self._clock = clock
         self._timeout = httpx.Timeout(self.s.timeout_s)
         self._auth = SecretAuth(self._auth_headers)
@@ -948,9 +1124,10 @@ class HttpPlatform:
         self._setup()
 
     @classmethod
-    def from_settings(cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock) -> Self:
+    def from_settings(cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock,
+                      aclient: httpx.AsyncClient | None = None) -> Self:
         """Validate ``settings`` (``ConfigError`` names the key) and build the adapter."""
-        return cls(cls.Settings.load(cls.kind, settings), http=http, clock=clock)
+        return cls(cls.Settings.load(cls.kind, settings), http=http, clock=clock, aclient=aclient)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(instance={self.instance!r})"
@@ -1007,27 +1184,41 @@ class HttpPlatform:
 
     # --- the request template --------------------------------------------------------------
 
-    def _request(self, method: str, path: str, *, what: str, bucket: str | None = None, acts: bool | None = None,
-                 auth: httpx.Auth | None | bool = True, **kwargs: Any) -> httpx.Response:
-        """One request under the rate limits; returns the response whatever its status."""
+    def _request_steps(self, method: str, path: str, *, what: str, bucket: str | None = None,
+                       acts: bool | None = None, auth: httpx.Auth | None | bool = True,
+                       **kwargs: Any) -> HttpSteps[httpx.Response]:
+        """One request under the rate limits, as steps; returns the response whatever its status."""
         bucket = bucket or self.BUCKET
         self.limits.check(self._buckets(bucket), what=what)
         kwargs["headers"] = {**self.HEADERS, **(kwargs.get("headers") or {})}
         t0 = self._clock.now()
-        resp = request(self._http, method, self.root + path, what=what, acts=acts, secrets=self._secrets(),
-                       auth=self._auth if auth is True else (auth or None), timeout=self._timeout, **kwargs)
+        resp = yield from request_steps(method, self.root + path, what=what, acts=acts, secrets=self._secrets(),
+                                        auth=self._auth if auth is True else (auth or None), timeout=self._timeout,
+                                        **kwargs)
         self.platform_clock.note_date(resp, t0, self._clock.now())
         # A platform that names the budget a response drew on is trusted over our guess.
         self.limits.note(resp.headers.get("x-ratelimit-resource") or bucket, resp)
         return resp
 
-    def _call(self, method: str, path: str, *, what: str, bucket: str | None = None, acts: bool | None = None,
-              **kwargs: Any) -> httpx.Response:
-        """One request under the rate limits; returns a 2xx response or raises the mapped error."""
-        resp = self._request(method, path, what=what, bucket=bucket, acts=acts, **kwargs)
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """``_request_steps`` driven in the calling thread."""
+        return self._drive(self._request_steps(method, path, **kwargs))
+
+    def _call_steps(self, method: str, path: str, *, what: str, bucket: str | None = None, acts: bool | None = None,
+                    **kwargs: Any) -> HttpSteps[httpx.Response]:
+        """One request under the rate limits, as steps; returns a 2xx response or raises the mapped error."""
+        resp = yield from self._request_steps(method, path, what=what, bucket=bucket, acts=acts, **kwargs)
         bucket = resp.headers.get("x-ratelimit-resource") or bucket or self.BUCKET
         self._raise_for_status(resp, what=what, bucket=bucket, acts=acts)
         return resp
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """``_call_steps`` driven in the calling thread."""
+        return self._drive(self._call_steps(method, path, **kwargs))
+
+    def _drive(self, steps: HttpSteps[T]) -> T:
+        """Run ``steps`` with the shared blocking client in the calling thread (the sync face, pollers, sweep)."""
+        return run_sync(self._http, steps)
 
     def _detail(self, resp: httpx.Response, what: str) -> str:
         """``<what>: HTTP <status> (<error text>)`` with every secret masked."""
@@ -1080,15 +1271,15 @@ class HttpPlatform:
         self.log.warning(f"replyd.{self.kind}.skipped", what=what, item_id=None if item_id is None else str(item_id),
                          problem=problem.detail if isinstance(problem, BadResponse) else problem)
 
-    def _created(self, method: str, path: str, parent: Parent, *, what: str, read: Callable[[dict[str, Any]], T],
-                 **kwargs: Any) -> T:
-        """Send a reply (one request, a failure logged); ``read`` names it from the 2xx body.
+    def _created_steps(self, method: str, path: str, parent: Parent, *, what: str,
+                       read: Callable[[dict[str, Any]], T], **kwargs: Any) -> HttpSteps[T]:
+        """Send a reply (one request, a failure logged), as steps; ``read`` names it from the 2xx body.
 
         A 2xx body ``read`` cannot read is ``MaybeSent``: the reply very likely exists, we just cannot name it.
         """
         t0 = self._clock.now()
         try:
-            resp = self._call(method, path, what=what, **kwargs)
+            resp = yield from self._call_steps(method, path, what=what, **kwargs)
         except PlatformError as exc:
             raise self._send_failed(parent, self._refused(exc)) from None
         t1 = self._clock.now()
@@ -1100,6 +1291,10 @@ class HttpPlatform:
             return read(body)
         except BadResponse as exc:
             raise MaybeSent(f"{exc.detail} (after HTTP {resp.status_code})", status=resp.status_code) from None
+
+    def _created(self, method: str, path: str, parent: Parent, **kwargs: Any) -> Any:
+        """``_created_steps`` driven in the calling thread."""
+        return self._drive(self._created_steps(method, path, parent, **kwargs))
 
     def _created_at(self, body: dict[str, Any]) -> float | None:
         """The platform's creation time in a create's 2xx body (``created_at``), or None: a clock sample."""
@@ -1156,6 +1351,22 @@ class HttpPlatform:
 
     def close(self) -> None:
         """Do nothing: the shared http client belongs to the caller."""
+
+    def _async_client(self) -> httpx.AsyncClient:
+        """The async client for this loop: the caller's, else one this adapter made on the running loop (an
+        ``AsyncClient``'s connections belong to the loop that opened them: another loop gets its own)."""
+        if self._aclient is not None:
+            return self._aclient
+        loop = asyncio.get_running_loop()
+        if self._aclient_mine is None or self._aclient_mine[1] is not loop:
+            self._aclient_mine = (make_async_client(self.s.timeout_s), loop)
+        return self._aclient_mine[0]
+
+    async def aclose(self) -> None:
+        """Close the async client this adapter made (a caller's ``aclient`` stays the caller's)."""
+        mine, self._aclient_mine = self._aclient_mine, None
+        if mine is not None and mine[1] is asyncio.get_running_loop():
+            await mine[0].aclose()
 
     # --- read-back -------------------------------------------------------------------------
 
@@ -1253,7 +1464,26 @@ class HttpPlatform:
         return result
 
 
-T = TypeVar("T")
+class StepSend:
+    """Mixed into an ``HttpPlatform`` whose send is written once as steps (``_send_steps``, over
+    ``_created_steps``): ``send`` drives them with the shared ``httpx.Client`` in the calling thread,
+    ``asend`` (``platforms.base.AsyncSend``, awaited by ``replyd.aio``) with an ``httpx.AsyncClient`` on the
+    event loop: the same requests, the same error table, bound and whole-send deadline."""
+
+    def _send_steps(self, parent: Parent, text: str, *, provider_key: str) -> HttpSteps[Sent]:
+        """The adapter's send as steps: every request it makes through ``yield from`` (never a blocking call)."""
+        raise NotImplementedError
+
+    def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
+        """Post ``text`` as a reply to ``parent`` in the calling thread (only the guard's faces call this)."""
+        return self._drive(self._send_steps(parent, text, provider_key=provider_key))  # type: ignore[attr-defined]
+
+    async def asend(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
+        """The same send on the event loop, through the adapter's ``httpx.AsyncClient`` (no worker thread)."""
+        return await run_async(self._async_client(),  # type: ignore[attr-defined]
+                               self._send_steps(parent, text, provider_key=provider_key))
+
+
 # Set by ``HttpPlatform.read_parents``: ``_read_back`` skips the own-feed pass.
 _PER_PARENT: contextvars.ContextVar[bool] = contextvars.ContextVar("replyd_per_parent", default=False)
 # Own replies found so far: parent id -> reply id -> reply.

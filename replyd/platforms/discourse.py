@@ -140,7 +140,7 @@ def _wait_seconds(resp: httpx.Response) -> float | None:
 
 
 @register_platform("discourse")
-class DiscoursePlatform(_http.HttpPlatform):
+class DiscoursePlatform(_http.StepSend, _http.HttpPlatform):
     """A Discourse account as a replyd platform: notifications in, replies out, own posts read back."""
 
     class Settings(_http.HttpSettings):
@@ -604,8 +604,8 @@ class DiscoursePlatform(_http.HttpPlatform):
 
     # send ------------------------------------------------------------------------------
 
-    def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
-        """Post ``text`` as a reply to ``parent`` (only ``replyd.guard`` calls this).
+    def _send_steps(self, parent: Parent, text: str, *, provider_key: str) -> _http.HttpSteps[Sent]:
+        """Post ``text`` as a reply to ``parent`` (``send`` / ``asend``; only the guard's faces call those).
 
         Discourse honours no idempotency key: ``provider_key`` is not sent.
         """
@@ -623,7 +623,7 @@ class DiscoursePlatform(_http.HttpPlatform):
         ):
             raise Rejected(f"{what}: parent {parent.id} lacks topic_id / post_number")
         payload = {"topic_id": topic_id, "reply_to_post_number": post_number, "raw": text}
-        body = self._created("POST", "/posts.json", parent, what=what, bucket="post", json=payload, read=lambda b: b)
+        body = yield from self._created_steps("POST", "/posts.json", parent, what=what, bucket="post", json=payload, read=lambda b: b)
         if body.get("action") == "enqueued":
             pending = body.get("pending_post")
             pending_id = pending.get("id") if isinstance(pending, dict) else None

@@ -186,7 +186,7 @@ def _load_cursor(cursor: str | None) -> dict[str, Any]:
 
 
 @register_platform("github")
-class GitHubPlatform(_http.HttpPlatform):
+class GitHubPlatform(_http.StepSend, _http.HttpPlatform):
     """A GitHub account (user or app) as a replyd platform: issues in, comments out, comments read back."""
 
     class Settings(_http.HttpSettings):
@@ -678,8 +678,8 @@ class GitHubPlatform(_http.HttpPlatform):
                 self._release_write(slot)  # nothing reached GitHub: the slot is not spent
             raise
 
-    def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
-        """Comment ``text`` on the parent issue (only ``replyd.guard`` calls this).
+    def _send_steps(self, parent: Parent, text: str, *, provider_key: str) -> _http.HttpSteps[Sent]:
+        """Comment ``text`` on the parent issue (``send`` / ``asend``; only the guard's faces call those).
 
         GitHub honours no idempotency key: ``provider_key`` is not sent.
         """
@@ -687,7 +687,7 @@ class GitHubPlatform(_http.HttpPlatform):
         owner, repo, number = self._issue_of(parent, what)
         path = f"/repos/{_http.seg(owner, what)}/{_http.seg(repo, what)}/issues/{number}/comments"
         with self._paced(what):
-            reply_id, issue_url, html_url = self._created(
+            reply_id, issue_url, html_url = yield from self._created_steps(
                 "POST", path, parent, what=what, json={"body": text},
                 read=lambda body: (_http.served_id(body, "id", what), _http.field(body, "issue_url", what, default=""),
                                    _http.field(body, "html_url", what, default="")))

@@ -71,7 +71,7 @@ def _mentions(text: str, acct: str) -> bool:
 
 
 @register_platform("mastodon")
-class MastodonPlatform(_http.HttpPlatform):
+class MastodonPlatform(_http.StepSend, _http.HttpPlatform):
     """A Mastodon account as a replyd platform: mentions in, replies out, own posts read back."""
 
     class Settings(_http.HttpSettings):
@@ -444,8 +444,8 @@ class MastodonPlatform(_http.HttpPlatform):
             return f"@{acct} {text}"
         return text
 
-    def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
-        """Post ``text`` as a reply to ``parent`` (only ``replyd.guard`` calls this)."""
+    def _send_steps(self, parent: Parent, text: str, *, provider_key: str) -> _http.HttpSteps[Sent]:
+        """Post ``text`` as a reply to ``parent`` (``send`` / ``asend``; only the guard's faces call those)."""
         what = "send"
         text = self._addressed(parent, text)
         form = {"status": text, "in_reply_to_id": parent.id}
@@ -457,7 +457,7 @@ class MastodonPlatform(_http.HttpPlatform):
             if not (provider_key.isascii() and provider_key.isprintable()):
                 raise Rejected(f"{what}: provider_key is not a valid header value")
             headers["Idempotency-Key"] = provider_key
-        reply_id, in_reply_to, url = self._created(
+        reply_id, in_reply_to, url = yield from self._created_steps(
             "POST", _STATUSES_PATH, parent, what=what, bucket="statuses", data=form, headers=headers,
             read=lambda body: (_http.field(body, "id", what), _http.field(body, "in_reply_to_id", what, default=None),
                                _http.field(body, "url", what, default="")))

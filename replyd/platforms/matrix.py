@@ -113,7 +113,7 @@ def _user(value: str) -> str:
 
 
 @register_platform("matrix")
-class MatrixPlatform(_http.HttpPlatform):
+class MatrixPlatform(_http.StepSend, _http.HttpPlatform):
     """A Matrix account as a replyd platform: mentions in, replies by transaction id, own events read back."""
 
     class Settings(_http.HttpSettings):
@@ -156,16 +156,16 @@ class MatrixPlatform(_http.HttpPlatform):
     def _secrets(self) -> tuple[str, ...]:
         return (*super()._secrets(), self._token)
 
-    def _call(self, method: str, path: str, *, what: str, bucket: str | None = None, acts: bool | None = None,
-              auth: bool = True, **kwargs: Any) -> httpx.Response:
-        """One request; a 2xx response or the mapped error (logging in first, and again once on a 401)."""
+    def _call_steps(self, method: str, path: str, *, what: str, bucket: str | None = None, acts: bool | None = None,
+                    auth: bool = True, **kwargs: Any) -> _http.HttpSteps[httpx.Response]:
+        """One request as steps; a 2xx response or the mapped error (logging in first, and again once on a 401)."""
         if auth and not self._token:
-            self._login()
-        resp = self._request(method, path, what=what, acts=acts, auth=auth, **kwargs)
+            yield from self._login_steps()
+        resp = yield from self._request_steps(method, path, what=what, acts=acts, auth=auth, **kwargs)
         if resp.status_code == 401 and auth and self.s.password is not None:
             self.log.info("replyd.matrix.relogin", what=what, errcode=_errcode(resp))
-            self._login()
-            resp = self._request(method, path, what=what, acts=acts, auth=auth, **kwargs)
+            yield from self._login_steps()
+            resp = yield from self._request_steps(method, path, what=what, acts=acts, auth=auth, **kwargs)
         self._raise_for_status(resp, what=what, acts=acts)
         return resp
 
@@ -192,6 +192,10 @@ class MatrixPlatform(_http.HttpPlatform):
         return " ".join(t for t in (super()._error_text(resp), f"[{code}]" if code else "") if t)
 
     def _login(self) -> None:
+        """``_login_steps`` driven in the calling thread."""
+        self._drive(self._login_steps())
+
+    def _login_steps(self) -> _http.HttpSteps[None]:
         """Log in with the password on the fixed device (the same transaction-id scope every time)."""
         if self.s.password is None or self.s.user is None:
             raise DefinitelyNotSent("login: no token and no password configured")
@@ -199,7 +203,8 @@ class MatrixPlatform(_http.HttpPlatform):
         body = {"type": "m.login.password", "identifier": {"type": "m.id.user", "user": self.s.user},
                 "password": self.s.password.get_secret_value(), "device_id": self.s.device_id,
                 "initial_device_display_name": "replyd"}
-        data = self._api("POST", "/login", what=what, body=body, acts=False, auth=False)
+        resp = yield from self._call_steps("POST", "/login", what=what, json=body, acts=False, auth=False)
+        data = _http.json_body(resp, what, dict)
         self._token = _http.field(data, "access_token", what)
         self._user_id = _http.field(data, "user_id", what)
         self.log.info("replyd.matrix.logged_in", user_id=self._user_id, device_id=self.s.device_id)
@@ -466,8 +471,9 @@ class MatrixPlatform(_http.HttpPlatform):
             raise Rejected(f"{what}: the event is not a message that can be answered")
         return parent
 
-    def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
-        """Reply to ``parent`` in its room (in its thread if it has one); ``txnId`` = ``provider_key``."""
+    def _send_steps(self, parent: Parent, text: str, *, provider_key: str) -> _http.HttpSteps[Sent]:
+        """Reply to ``parent`` in its room (in its thread if it has one); ``txnId`` = ``provider_key`` (``send`` /
+        ``asend``; only the guard's faces call those)."""
         what = "send"
         room_id = self._room_of(parent, what)
         if not provider_key or not re.fullmatch(r"[A-Za-z0-9._~-]{1,255}", provider_key):
@@ -478,8 +484,8 @@ class MatrixPlatform(_http.HttpPlatform):
             relates.update({"rel_type": "m.thread", "event_id": thread_root, "is_falling_back": False})
         content = {**self._message(parent, text), "m.relates_to": relates}
         path = f"/rooms/{_http.seg(room_id, what)}/send/m.room.message/{_http.seg(provider_key, what)}"
-        reply_id = self._created("PUT", path, parent, what=what, json=content,
-                                 read=lambda body: _http.field(body, "event_id", what))
+        reply_id = yield from self._created_steps("PUT", path, parent, what=what, json=content,
+                                                  read=lambda body: _http.field(body, "event_id", what))
         self._remember(reply_id, room_id)
         self.log.info("replyd.matrix.sent", parent_id=parent.id, reply_id=reply_id, room_id=room_id)
         return Sent(reply_id=reply_id, url=f"https://matrix.to/#/{room_id}/{reply_id}")

@@ -83,7 +83,7 @@ def parse_callback(value: Any) -> tuple[str, str] | None:
 
 
 @register_platform("whatsapp")
-class WhatsAppPlatform(_http.HttpPlatform):
+class WhatsAppPlatform(_http.StepSend, _http.HttpPlatform):
     """A WhatsApp Business phone number on the Cloud API as a replyd platform: inbound messages in, replies out."""
 
     kind: ClassVar[str] = "whatsapp"
@@ -281,16 +281,16 @@ class WhatsAppPlatform(_http.HttpPlatform):
 
     # --- send, read-back, delete ------------------------------------------------------------------
 
-    def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
-        """``POST /{phone-number-id}/messages`` replying in context to the parent, replyd's key in the callback data."""
+    def _send_steps(self, parent: Parent, text: str, *, provider_key: str) -> _http.HttpSteps[Sent]:
+        """``send`` / ``asend``: ``POST /{phone-number-id}/messages`` replying in context to the parent, replyd's key in the callback data."""
         wa_id = parent.extra.get("wa_id") if isinstance(parent.extra, dict) else None
         if not isinstance(wa_id, str) or not _DIGITS.match(wa_id):
             raise Rejected(f"whatsapp parent {parent.id[:80]!r}: no customer number (wa_id) to reply to")
         body = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": wa_id, "type": "text",
                 "context": {"message_id": parent.id}, "text": {"preview_url": False, "body": text},
                 "biz_opaque_callback_data": callback_data(provider_key, parent.id)}
-        return self._created("POST", f"/{self.s.phone_number_id}/messages", parent, what="send",
-                             read=self._reply_id, json=body)
+        return (yield from self._created_steps("POST", f"/{self.s.phone_number_id}/messages", parent, what="send",
+                                               read=self._reply_id, json=body))
 
     @staticmethod
     def _reply_id(body: dict[str, Any]) -> Sent:
