@@ -129,23 +129,28 @@ def run(url: str, posts: int, concurrent: int, durability: str = "as_asked") -> 
             "loop_lag_sync_in_loop": got["naive_lag"]}
 
 
-def lag_run(url: str, parents: int) -> dict[str, Any]:
-    """Issue 31's loop-lag run on one database: 4 posts per parent in flight at once, 20 % of answers lost."""
+def lag_run(url: str, parents: int, platform: str = "own") -> dict[str, Any]:
+    """Issue 31's loop-lag run on one database: 4 posts per parent in flight at once, 20 % of answers lost;
+    ``platform`` "own" (a bot's own httpx.AsyncClient behind OwnPlatform) or "mastodon" (the adapter's asend)."""
     import gc
     import random
 
     from replyd import aio
     from replyd.platforms.own import OwnPlatform
-    from tests.test_aio import bot_client, bot_replies, own_calls, parents_on, start_sim
+    from tests.test_aio import BOT_TOKEN, bot_client, bot_replies, own_calls, parents_on, start_sim
 
     with start_sim("--lost-drop-rate", "0.2", "--seed", "31") as sim:
         ps = parents_on(sim, parents)
 
         async def go() -> dict[str, Any]:
             async with bot_client() as client:
-                plat = OwnPlatform(instance=f"mastodon:{sim.base_url}", listing_delay_s=0.5,
-                                   **own_calls(sim.base_url, client))
-                async with aio.open_guard(url, plat, send_timeout_s=10.0) as g:
+                plat: Any = OwnPlatform(instance=f"mastodon:{sim.base_url}", listing_delay_s=0.5,
+                                        **own_calls(sim.base_url, client))
+                settings = None
+                if platform == "mastodon":
+                    plat, settings = "mastodon", {"base_url": sim.base_url, "token": BOT_TOKEN,
+                                                  "listing_delay_s": 0.5, "timeout_s": 10.0}
+                async with aio.open_guard(url, plat, settings, send_timeout_s=10.0) as g:
                     gc.collect()
                     gc.freeze()
                     lags: list[float] = []
@@ -199,15 +204,18 @@ def main() -> None:
     ap.add_argument("--sqlite", default=f"sqlite:////tmp/replyd-bench-aio-{uuid.uuid4().hex[:8]}.sqlite3")
     ap.add_argument("--durability", default="as_asked", choices=["as_asked", "durable", "relaxed"])
     ap.add_argument("--lag-parents", type=int, default=0, help="run issue 31's loop-lag run instead (1000)")
+    ap.add_argument("--lag-platform", default="own", choices=["own", "mastodon"])
     a = ap.parse_args()
     # Warnings only, as a quiet bot's production log: an info line per claim and per post is the logger's cost,
     # the same on both faces, and stdout's.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     if a.lag_parents:
-        print(json.dumps({"db": "sqlite", "load": os.getloadavg(), **lag_run(a.sqlite, a.lag_parents)}))
+        print(json.dumps({"db": "sqlite", "load": os.getloadavg(), "platform": a.lag_platform,
+                          **lag_run(a.sqlite, a.lag_parents, a.lag_platform)}))
         url, drop = _fresh_pg(a.pg)
         try:
-            print(json.dumps({"db": "postgresql", "load": os.getloadavg(), **lag_run(url, a.lag_parents)}))
+            print(json.dumps({"db": "postgresql", "load": os.getloadavg(), "platform": a.lag_platform,
+                              **lag_run(url, a.lag_parents, a.lag_platform)}))
         finally:
             drop()
         return
