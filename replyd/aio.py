@@ -40,9 +40,8 @@ import structlog
 from replyd import deadline, metrics
 from replyd import store as st
 from replyd.clock import Clock
-from replyd.core import (PAGE_MAX, Call, Compose, Drive, Edit, Effect, GuardCore, Lease, Outcome, Pull, Respond, Send,
-                         Status, Steps,
-                         page_chunks)
+from replyd.core import (PAGE_CLOSES, PAGE_MAX, Call, Compose, Drive, Edit, Effect, GuardCore, Lease, Outcome, Pull, Respond, Send,
+                         PageCloses, Status, Steps, page_chunks)
 from replyd.errors import BadResponse, MaybeSent, PlatformError
 from replyd.platforms.base import AsyncSend, Identity, LoopBound, Parent, Platform, Sent
 from replyd import stream as streams
@@ -257,8 +256,15 @@ class AsyncGuard(GuardCore):
         outs: list[Outcome] = []
         for chunk in page_chunks(list(items), PAGE_MAX):
             rows = await self.claim_page(chunk, path=path)
-            outs += await asyncio.gather(*(self.post_claimed(p, t, path=path, claimed=row)
-                                           for (p, t), row in zip(chunk, rows, strict=True)))
+            page = PageCloses(frozenset(self.key(p.id) for (p, _), row in zip(chunk, rows, strict=True) if row))
+            token = PAGE_CLOSES.set(page)  # the page's tasks copy this context: only they defer their closes
+            try:
+                got = await asyncio.gather(*(self.post_claimed(p, t, path=path, claimed=row)
+                                             for (p, t), row in zip(chunk, rows, strict=True)))
+            finally:
+                PAGE_CLOSES.reset(token)
+                fixed = await self._run(self.close_page_steps(page))  # the page's closes: one relaxed commit
+            outs += [fixed.get(o.key, o) for o in got]
         return outs
 
     async def claim_page(self, items: Sequence[tuple[Parent, str | Compose]], *,

@@ -33,6 +33,7 @@ If the log cannot be written nothing is sent (fail closed) and the caller gets
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import dataclasses
 import enum
@@ -79,6 +80,24 @@ Compose = Callable[[Parent], "str | None | Awaitable[str | None]"]
 
 
 # -- the effects a face runs for the core ------------------------------------------------------------
+
+
+@dataclass
+class PageCloses:
+    """The closes a page's posts leave for one relaxed transaction at the end of the page (issue 36's group
+    close): only the page's own keys, only a plain reply's close (a part's close orders the next part)."""
+
+    keys: frozenset[Key]
+    rows: list[tuple[Key, int, str]] = field(default_factory=list)  # (key, attempt, reply id)
+
+
+# The states a send's close may close from (see _close_row_steps).
+CLOSABLE = (st.OPEN, st.NOT_LANDED, st.GAVE_UP, st.UNCONFIRMED)
+CLOSE_LOST = "posted; close not recorded, the sweep will close it"
+
+# Set by a page (``post_page``) around its posts: a context variable, so on the async face only the page's own
+# tasks (which copy the context they were made in) defer their closes, never a concurrent post's.
+PAGE_CLOSES: contextvars.ContextVar[PageCloses | None] = contextvars.ContextVar("replyd_page_closes", default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1173,6 +1192,13 @@ class GuardCore:
             return Outcome(Status.UNCERTAIN, key, st.OPEN, attempt, detail=f"{type(exc).__name__}: {exc}"[:300])
         finally:
             self.sends.finished(token)
+        page = PAGE_CLOSES.get()
+        if page is not None and key in page.keys:
+            # Left for the page's one close transaction (close_page_steps); until then the row is open, and a
+            # crash leaves it to the sweep, which reads the reply back and closes it (one sweep delay, no resend).
+            self.lag.sent(sent.reply_id)
+            page.rows.append((key, attempt, sent.reply_id))
+            return Outcome(Status.POSTED, key, st.CLOSED, attempt, sent.reply_id)
         return (yield Step("_close", (key, attempt, sent.reply_id, "closed")))
 
     # -- a send never leaves past its row's deadline ---------------------------------------
@@ -1262,15 +1288,24 @@ class GuardCore:
 
     def close_steps(self, key: Key, attempt: int, reply_id: str, kind: str, status: Status = Status.POSTED) -> Steps:
         """Close our row with the reply id; a lost close is left to the sweep."""
-        now = self.clock.now()
         if kind == "closed":
             self.lag.sent(reply_id)  # the listing lag is timed from here, on a clock no wall-clock step moves
+        return (yield from self._close_row_steps(key, attempt, reply_id, kind, status))
+
+    def _close_values(self, attempt: int, reply_id: str, kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A close's row values and its event."""
+        now = self.clock.now()
         # Every close keeps a deadline: from the configured delay on the sweep measures this reply's listing lag,
         # and once the delay in use has passed it verifies that no other reply (an earlier attempt's) landed.
-        verify_at = now + self.lag.configured_s
         values = {"state": st.CLOSED, "reply_id": reply_id, "closed_at": now, "updated_at": now, "error": None,
-                  "deadline_at": verify_at}
-        detail = {"reply_id": reply_id}
+                  "deadline_at": now + self.lag.configured_s}
+        event = {"kind": kind, "state": st.CLOSED, "attempt": attempt, "owner": self.owner,
+                 "detail": {"reply_id": reply_id}}
+        return values, event
+
+    def _close_row_steps(self, key: Key, attempt: int, reply_id: str, kind: str,
+                         status: Status = Status.POSTED) -> Steps:
+        values, event = self._close_values(attempt, reply_id, kind)
         try:
             # One relaxed transaction: the compare-and-set and its event; a late_landing note if the row moved on.
             # not_landed or gave_up at our attempt: the sweep looked too early; our reply did land.
@@ -1278,23 +1313,48 @@ class GuardCore:
             # is the proof nothing else could give, so the row closes rather than wait for an operator.
             ok = yield io(
                 self.store.cas_event,
-                key, states=[st.OPEN, st.NOT_LANDED, st.GAVE_UP, st.UNCONFIRMED], attempt=attempt, values=values,
-                event={"kind": kind, "state": st.CLOSED, "attempt": attempt, "owner": self.owner, "detail": detail},
-                otherwise={"kind": "late_landing", "attempt": attempt, "owner": self.owner, "detail": detail},
+                key, states=CLOSABLE, attempt=attempt, values=values, event=event,
+                otherwise={"kind": "late_landing", "attempt": attempt, "owner": self.owner,
+                           "detail": {"reply_id": reply_id}},
                 relaxed=True, doing="closing",
             )
         except StoreError as exc:
             log.error("replyd.guard.close_failed", parent_id=key.parent_id, reply_id=reply_id, error=str(exc))
-            return Outcome(status, key, st.OPEN, attempt, reply_id, detail="posted; close not recorded, the sweep will close it")
+            return Outcome(status, key, st.OPEN, attempt, reply_id, detail=CLOSE_LOST)
         if not ok:
-            log.warning("replyd.guard.late_landing", parent_id=key.parent_id, reply_id=reply_id, attempt=attempt)
-            try:
-                yield io(self._late_landing, key, attempt, reply_id)
-            except StoreError as exc:
-                log.error("replyd.guard.late_landing_failed", parent_id=key.parent_id, reply_id=reply_id,
-                          error=str(exc))
+            yield from self._late_steps(key, attempt, reply_id)
         log.info("replyd.guard.posted", parent_id=key.parent_id, reply_id=reply_id, attempt=attempt)
         return Outcome(status, key, st.CLOSED, attempt, reply_id)
+
+    def _late_steps(self, key: Key, attempt: int, reply_id: str) -> Steps:
+        log.warning("replyd.guard.late_landing", parent_id=key.parent_id, reply_id=reply_id, attempt=attempt)
+        try:
+            yield io(self._late_landing, key, attempt, reply_id)
+        except StoreError as exc:
+            log.error("replyd.guard.late_landing_failed", parent_id=key.parent_id, reply_id=reply_id, error=str(exc))
+
+    def close_page_steps(self, page: PageCloses) -> Steps:
+        """Close the rows a page's posts left (``PAGE_CLOSES``) in one relaxed transaction; return the outcomes
+        that change: a row whose close was not recorded is still open (the sweep closes it)."""
+        if not page.rows:
+            return {}
+        items = []
+        for key, attempt, reply_id in page.rows:
+            values, event = self._close_values(attempt, reply_id, "closed")
+            items.append((key, CLOSABLE, attempt, values, event))
+        try:
+            oks = yield io(self.store.close_many, items, relaxed=True)
+        except StoreError as exc:
+            log.error("replyd.guard.close_failed", rows=len(items), error=str(exc))
+            return {key: Outcome(Status.POSTED, key, st.OPEN, attempt, reply_id, detail=CLOSE_LOST)
+                    for key, attempt, reply_id in page.rows}
+        for (key, attempt, reply_id), ok in zip(page.rows, oks, strict=True):
+            if ok:
+                log.info("replyd.guard.posted", parent_id=key.parent_id, reply_id=reply_id, attempt=attempt)
+            else:  # the row moved on meanwhile (the sweep): noted and counted as the one-row close does
+                yield io(self.store.record, key, "late_landing", owner=self.owner, detail={"reply_id": reply_id})
+                yield from self._late_steps(key, attempt, reply_id)
+        return {}
 
     def _late_landing(self, key: Key, attempt: int, reply_id: str) -> None:
         """Our reply landed after the row moved on: make sure it is counted, not just noted (one transaction).

@@ -16,8 +16,10 @@ import structlog
 from replyd import deadline, metrics
 from replyd.core import (  # noqa: F401  (the names callers have always imported from here)
     MIN_SEND_FRACTION,
+    PAGE_CLOSES,
     PAGE_MAX,
     Call,
+    PageCloses,
     Compose,
     Drive,
     Effect,
@@ -124,7 +126,14 @@ class Guard(GuardCore):
         outs: list[Outcome] = []
         for chunk in page_chunks(list(items), PAGE_MAX):
             rows = self.claim_page(chunk, path=path)
-            outs += [self.post_claimed(p, t, path=path, claimed=row) for (p, t), row in zip(chunk, rows, strict=True)]
+            page = PageCloses(frozenset(self.key(p.id) for (p, _), row in zip(chunk, rows, strict=True) if row))
+            token = PAGE_CLOSES.set(page)
+            try:
+                got = [self.post_claimed(p, t, path=path, claimed=row) for (p, t), row in zip(chunk, rows, strict=True)]
+            finally:
+                PAGE_CLOSES.reset(token)
+                fixed = self._run(self.close_page_steps(page))  # the page's closes: one relaxed commit
+            outs += [fixed.get(o.key, o) for o in got]
         return outs
 
     def claim_page(self, items: Sequence[tuple[Parent, str | Compose]], *, path: str = "api") -> list[st.Row | None]:

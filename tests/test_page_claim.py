@@ -114,10 +114,12 @@ def test_a_breaker_open_after_the_page_claim_hands_the_rows_back_unsent(store, c
 
 @pytest.mark.slow
 @pytest.mark.parametrize("where,kill_at", [("after_claim", 0), ("before_send", 0), ("before_send", 3),
-                                           ("after_send", 0), ("after_send", 3), ("after_send", 5)])
+                                           ("after_send", 0), ("after_send", 3), ("after_send", 5),
+                                           ("before_close", 0)])
 def test_sigkill_at_every_point_of_a_page_then_one_sweep(store_url, tmp_path, where, kill_at, face):
-    """A process SIGKILLed right after its page claim, or before/after its k-th send: after one sweep (a listing
-    delay on) and the page found again, every parent has exactly one reply on the platform."""
+    """A process SIGKILLed right after its page claim, before/after its k-th send, or after every send as the
+    page's one close starts: after one sweep (a listing delay on) and the page found again, every parent has
+    exactly one reply on the platform."""
     journal, n = str(tmp_path / "journal.jsonl"), 6
     workers.run_until_sigkilled(workers.crash_in_page, store_url, journal, n, kill_at, where, face)
 

@@ -370,6 +370,44 @@ def test_claim_new_is_all_or_nothing(store, store_url, clock):
     assert store.claim_new([(key("cx-0"), open_row(clock), {"kind": "claimed", "owner": "me"})]) == [True]
 
 
+def _close_item(pid: str, clock, attempt: int = 1) -> tuple:
+    now = clock.now()
+    values = {"state": st.CLOSED, "reply_id": f"r-{pid}", "closed_at": now, "updated_at": now, "error": None,
+              "deadline_at": now + 60}
+    return (key(pid), (st.OPEN, st.NOT_LANDED), attempt, values,
+            {"kind": "closed", "state": st.CLOSED, "attempt": attempt, "owner": "me", "detail": {"reply_id": f"r-{pid}"}})
+
+
+def test_close_many_closes_a_page_with_its_events_and_skips_moved_rows(store, clock):
+    """close_many compare-and-sets each row with its event in order; a row that moved on (closed by the sweep,
+    another attempt) is left as it is, with no event, and answers False."""
+    for i in range(4):
+        seed(store, f"cm-{i}", state=st.OPEN, attempt=1)
+    seed(store, "cm-moved", state=st.CLOSED, attempt=1, reply_id="r-sweep")
+    seed(store, "cm-later", state=st.OPEN, attempt=2)
+    items = [_close_item(f"cm-{i}", clock) for i in range(4)]
+    items.insert(1, _close_item("cm-moved", clock))
+    items.append(_close_item("cm-later", clock, attempt=1))
+    assert store.close_many(items) == [True, False, True, True, True, False]
+    for i in range(4):
+        row = store.get(key(f"cm-{i}"))
+        assert (row.state, row.reply_id) == (st.CLOSED, f"r-cm-{i}")
+        assert [(e.kind, e.state) for e in store.history(key(f"cm-{i}"))] == [("closed", st.CLOSED)]
+    assert store.get(key("cm-moved")).reply_id == "r-sweep" and kinds(store, key("cm-moved")) == []
+    assert store.get(key("cm-later")).state == st.OPEN and kinds(store, key("cm-later")) == []
+    assert store.close_many([]) == []
+
+
+def test_close_many_is_all_or_nothing(store, store_url, clock):
+    """A page of closes whose last event cannot be written closes none of its rows: the closes commit as one."""
+    for i in range(3):
+        seed(store, f"cz-{i}", state=st.OPEN, attempt=1)
+    with events_refused(store, store_url, parent_id="cz-2"):
+        with pytest.raises(StoreError, match="no events"):
+            store.close_many([_close_item(f"cz-{i}", clock) for i in range(3)])
+        assert [store.get(key(f"cz-{i}")).state for i in range(3)] == [st.OPEN] * 3
+
+
 def test_record_notes_the_rows_state_and_attempt(store, clock):
     """A note carries the row's current state and attempt (none for a key without a row)."""
     k = seed(store, "n1", state=st.CLOSED, attempt=2)
@@ -564,10 +602,10 @@ def test_sqlite_durability(tmp_path, clock, durability, claim, close, face):
 
 
 def test_sqlite_page_claim_is_one_full_commit(tmp_path, clock, face):
-    """SQLite: a page of 6 posts commits its claims once (FULL) and each close on its own (NORMAL), on each face."""
+    """SQLite: a page of 6 posts commits its claims once (FULL) and its closes once (NORMAL), on each face."""
     store = Store.open(f"sqlite:///{tmp_path / 'd.sqlite3'}", clock=clock)
     try:
-        assert _sqlite_commits(store, 6, face, page=True) == [("INSERT", "FULL")] + [("UPDATE", "NORMAL")] * 6
+        assert _sqlite_commits(store, 6, face, page=True) == [("INSERT", "FULL"), ("UPDATE", "NORMAL")]
     finally:
         store.dispose()
 

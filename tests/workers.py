@@ -85,8 +85,9 @@ def crash_before_close_on(kind: str, settings: dict, store_url: str, parent: dic
 
 def crash_in_page(url: str, journal: str, n: int, kill_at: int, where: str, face: str = "sync") -> None:
     """Post a page of ``n`` parents (``g0``…) through one page claim; SIGKILL this process at send ``kill_at``
-    (``before_send`` / ``after_send``), or right after the page claim commits (``after_claim``: nothing sent)."""
-    if where == "after_claim":
+    (``before_send`` / ``after_send``), right after the page claim commits (``after_claim``: nothing sent), or
+    after every send, as the page's one close transaction starts (``before_close``: every row still open)."""
+    if where in ("after_claim", "before_close"):
         script: list[str] = []
     else:
         script = ["ok"] * kill_at + ["crash_before" if where == "before_send" else "crash_after"]
@@ -95,5 +96,7 @@ def crash_in_page(url: str, journal: str, n: int, kill_at: int, where: str, face
     if where == "after_claim":
         g.claim_page([(p, "x") for p in parents], path="inbox")
         os.kill(os.getpid(), signal.SIGKILL)
+    if where == "before_close":
+        g.store.close_many = lambda *a, **kw: os.kill(os.getpid(), signal.SIGKILL)  # the store the face calls
     g.post_page([(p, "x") for p in parents], path="inbox")
     raise SystemExit(3)  # unreachable when the kill happened

@@ -412,6 +412,12 @@ class Store(Reads):
                   relaxed: bool) -> bool:
         raise NotImplementedError
 
+    def close_many(self, items: Sequence[tuple[Key, Sequence[str], int, Mapping[str, Any], Mapping[str, Any]]], *,
+                   relaxed: bool = True, doing: str = "closing a page") -> list[bool]:
+        """Compare-and-set several rows, each with its event, in ONE transaction (a page's closes): per item
+        ``(key, states, attempt, values, event)``, True where that row was updated. Relaxed unless asked."""
+        raise NotImplementedError
+
     def record(self, key: Key, kind: str, *, owner: str | None = None, detail: Mapping[str, Any] | None = None) -> None:
         """Append one event with the row's current state and attempt, in its own relaxed transaction (notes)."""
         with self.transaction(relaxed=True, doing="recording an event") as tx:

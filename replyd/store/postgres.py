@@ -218,6 +218,33 @@ class PostgresStore(Store):
                         break
             return made
 
+    def close_many(self, items: Sequence[tuple[Key, Sequence[str], int, Mapping[str, Any], Mapping[str, Any]]], *,
+                   relaxed: bool = True, doing: str = "closing a page") -> list[bool]:
+        """``Store.close_many``: the compare-and-set statements pipelined (psycopg's ``executemany``) inside one
+        transaction block: one round trip and one commit for a page whose closes share one shape (they do)."""
+        if not items:
+            return []
+        relaxed = self.commit_relaxed(relaxed)
+        shapes: dict[tuple[Any, ...], list[tuple[int, dict[str, Any]]]] = {}
+        sqls: dict[tuple[Any, ...], str] = {}
+        for i, (key, states, attempt, values, event) in enumerate(items):
+            shape = (tuple(values), len(states))
+            sql, names = self._sql.cas(tuple(values), len(states), True, False, True, relaxed)
+            params = self._cas_params(key, states, attempt, None, names, values)
+            params.update(self._event_params(key, event, None, None))
+            sqls[shape] = sql
+            shapes.setdefault(shape, []).append((i, params))
+        made = [False] * len(items)
+        with self._driver(doing) as fairy:
+            conn = fairy.driver_connection
+            with conn.transaction(), conn.cursor() as cur:
+                for shape, rows in shapes.items():
+                    cur.executemany(sqls[shape], [p for _, p in rows], returning=True)
+                    for i, _ in rows:
+                        made[i] = cur.fetchone()[0] == 1
+                        cur.nextset()
+        return made
+
     def _cas_with(self, fairy: Any, key: Key, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
                   lease_owner: str | None, event: Mapping[str, Any] | None, otherwise: Mapping[str, Any] | None,
                   relaxed: bool) -> bool:

@@ -259,6 +259,16 @@ class SQLiteStore(Store):
         with self._driver(doing) as fairy:
             return self._write(fairy, relaxed, insert_all)
 
+    def close_many(self, items: Sequence[tuple[Key, Sequence[str], int, Mapping[str, Any], Mapping[str, Any]]], *,
+                   relaxed: bool = True, doing: str = "closing a page") -> list[bool]:
+        """``Store.close_many``: every compare-and-set and its event under one ``BEGIN IMMEDIATE`` … ``COMMIT``."""
+        if not items:
+            return []
+        with self._driver(doing) as fairy:
+            return self._write(fairy, relaxed, lambda dbc: [
+                self._cas_in(dbc, key, states, attempt, values, None, event, None)
+                for key, states, attempt, values, event in items])
+
     def _cas_with(self, fairy: Any, key: Key, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
                   lease_owner: str | None, event: Mapping[str, Any] | None, otherwise: Mapping[str, Any] | None,
                   relaxed: bool) -> bool:
