@@ -261,9 +261,15 @@ class AsyncGuard(GuardCore):
             try:
                 got = await asyncio.gather(*(self.post_claimed(p, t, path=path, claimed=row)
                                              for (p, t), row in zip(chunk, rows, strict=True)))
-            finally:
+            except Exception:  # the page stops here: what it sent is closed all the same
                 PAGE_CLOSES.reset(token)
-                fixed = await self._run(self.close_page_steps(page))  # the page's closes: one relaxed commit
+                await self._run(self.close_page_steps(page))
+                raise
+            except BaseException:  # cancelled, or the process is going away: its open rows are the sweep's
+                PAGE_CLOSES.reset(token)
+                raise
+            PAGE_CLOSES.reset(token)
+            fixed = await self._run(self.close_page_steps(page))  # the page's closes: one relaxed commit
             outs += [fixed.get(o.key, o) for o in got]
         return outs
 

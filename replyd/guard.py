@@ -130,9 +130,15 @@ class Guard(GuardCore):
             token = PAGE_CLOSES.set(page)
             try:
                 got = [self.post_claimed(p, t, path=path, claimed=row) for (p, t), row in zip(chunk, rows, strict=True)]
-            finally:
+            except Exception:  # the page stops here: what it sent is closed all the same
                 PAGE_CLOSES.reset(token)
-                fixed = self._run(self.close_page_steps(page))  # the page's closes: one relaxed commit
+                self._run(self.close_page_steps(page))
+                raise
+            except BaseException:  # the process is going away: its open rows are the sweep's
+                PAGE_CLOSES.reset(token)
+                raise
+            PAGE_CLOSES.reset(token)
+            fixed = self._run(self.close_page_steps(page))  # the page's closes: one relaxed commit
             outs += [fixed.get(o.key, o) for o in got]
         return outs
 

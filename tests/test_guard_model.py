@@ -105,7 +105,7 @@ class ModelPlatform(MemoryPlatform):
 class DyingStore:
     """One replica's view of the shared store: its ``n``-th write dies before or after it commits."""
 
-    WRITES = ("claim", "cas_event", "record")
+    WRITES = ("claim", "cas_event", "record", "claim_new", "close_many")
 
     def __init__(self, inner: Store) -> None:
         self._inner = inner
@@ -361,6 +361,39 @@ class GuardModel(RuleBasedStateMachine):
     def post_and_die(self, g: int, pid: str, step: str, mode: str, die: tuple[str, int]) -> None:
         """Replica ``g`` dies during this post: composing, or before/after its n-th store write; it restarts."""
         self._post(g, pid, step, mode, die)
+
+    @rule(g=hs.integers(0, 1), steps=hs.lists(hs.sampled_from(["ok", "ok", "lost", "not_sent"]), min_size=3,
+                                              max_size=3),
+          die=hs.one_of(hs.none(), hs.tuples(hs.sampled_from(["before", "after"]), hs.integers(1, 4))))
+    def post_page(self, g: int, steps: list[str], die: tuple[str, int] | None) -> None:
+        """Replica ``g`` posts a page of the parents (issue 36: one claim transaction, the sends, one close
+        transaction); the platform answers ``steps`` in turn; the replica may die before/after its n-th write."""
+        guard = self.guards[g]
+        pids = [p for p in PARENTS if not (self.row(p) is not None and self.touched_dead.get(p))]
+        if not pids:
+            return
+        self.plat.script = steps[:len(pids)]
+        calls = self.plat.send_calls
+        store: DyingStore = guard.store  # type: ignore[assignment]
+        store.writes, store.die_at, store.after = 0, None, False
+        if die is not None:
+            store.die_at, store.after = die[1], die[0] == "after"
+        try:
+            outs = guard.post_page([(self.parents[p], "a reply") for p in pids])
+        except Crash:
+            self.guards[g] = self._guard(g)
+            for p in pids:
+                self.touched.add(p)
+                self.touched_dead[p] = True
+            return
+        finally:
+            store.die_at = None
+            self.plat.script = []
+        self.touched.update(pids)
+        for out in outs:
+            if out.status is Status.POSTED:
+                assert out.reply_id in {r["reply_id"] for r in self.replies(out.key.parent_id)}, out
+        assert self.plat.send_calls - calls <= len(pids)
 
     @rule(seconds=hs.sampled_from([0.5, 3.0, SEND_TIMEOUT + LISTING_DELAY + 0.1, 31.0, 61.0]))
     def advance(self, seconds: float) -> None:
