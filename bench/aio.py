@@ -2,6 +2,8 @@
 
     PYTHONPATH=. python -m bench.aio [--posts 2000] [--pg postgresql+psycopg://postgres@127.0.0.1:5432/postgres]
 
+Sections ``aio`` (``measure``/``tables``) and ``aiolag`` (``measure_lag``/``lag_tables``) of ``bench/run.py``.
+
 Per database: the median cost per post of ``Guard.post`` and of ``await AsyncGuard.post`` (one of each in
 turn, on the same store, so a machine whose load moves during the run loads both faces alike), their ratio,
 the same with the stub send a coroutine (``asend``: a bot's own async send, no thread hop for it), and the loop-lag probe (a task sleeping 1 ms and recording its overshoot) through
@@ -32,6 +34,7 @@ from typing import Any
 import sqlalchemy as sa
 import structlog
 
+from bench.common import Table, fmt_ratio, fmt_us, pg_available, pg_databases, sqlite_url, tmpdir, verdict
 from replyd.aio import AsyncGuard
 from replyd.guard import Guard
 from replyd.platforms.memory import MemoryPlatform
@@ -47,6 +50,7 @@ def _fresh_pg(admin_url: str) -> tuple[str, Any]:
     url = admin_url.rsplit("/", 1)[0] + f"/{name}"
 
     def drop() -> None:
+        """Drop the run's database, its connections with it."""
         with eng.connect() as c:
             c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         eng.dispose()
@@ -55,11 +59,13 @@ def _fresh_pg(admin_url: str) -> tuple[str, Any]:
 
 
 def _lag_stats(lags: list[float]) -> dict[str, float]:
+    """p99 and max of the probe's overshoots, in ms."""
     ms = sorted(x * 1000 for x in lags) or [0.0]
     return {"p99_ms": round(ms[int(0.99 * (len(ms) - 1))], 2), "max_ms": round(ms[-1], 2), "probes": len(ms)}
 
 
 async def _probe(lags: list[float], stop: asyncio.Event) -> None:
+    """Sleep 1 ms over and over until ``stop``, recording each overshoot: how long the loop was held."""
     while not stop.is_set():
         t0 = time.perf_counter()
         await asyncio.sleep(0.001)
@@ -70,6 +76,7 @@ class AsyncStubPlatform(MemoryPlatform):
     """The stubbed send as a coroutine (``AsyncSend``): what a bot's own async send costs the face, minus the network."""
 
     async def asend(self, parent: Any, text: str, *, provider_key: str) -> Any:
+        """The memory platform's send, awaited on the loop."""
         return self.send(parent, text, provider_key=provider_key)
 
 
@@ -83,6 +90,7 @@ def run(url: str, posts: int, concurrent: int, durability: str = "as_asked") -> 
     per_sync: list[float] = []
 
     async def on_loop() -> dict[str, Any]:
+        """The posts in turn on each face, then the two loop-lag runs; the async side's figures."""
         g = AsyncGuard(store, plat, me, watch_interval_s=None)
         ga = AsyncGuard(store, aplat, aplat.whoami(), watch_interval_s=None)
         per_async, per_asend = [], []
@@ -111,6 +119,7 @@ def run(url: str, posts: int, concurrent: int, durability: str = "as_asked") -> 
         task = asyncio.create_task(_probe(naive, stop))
 
         async def naive_post(i: int) -> None:
+            """One sync post made inside a coroutine: what a bot that ignores the async face does."""
             sync.post(plat.add_parent(f"n{i}"), "x")  # the sync library called in the loop
 
         await asyncio.gather(*(naive_post(i) for i in range(concurrent)))
@@ -143,6 +152,7 @@ def lag_run(url: str, parents: int, platform: str = "own") -> dict[str, Any]:
         ps = parents_on(sim, parents)
 
         async def go() -> dict[str, Any]:
+            """The probed burst, then sweeps and offers until every row is closed."""
             async with bot_client() as client:
                 plat: Any = OwnPlatform(instance=f"mastodon:{sim.base_url}", listing_delay_s=0.5,
                                         **own_calls(sim.base_url, client))
@@ -193,6 +203,122 @@ def lag_run(url: str, parents: int, platform: str = "own") -> dict[str, Any]:
     got["parents_not_one_reply"] = sum(1 for p in ps if counts.get(p.id) != 1)
     got["duplicates_on_sim"] = report["duplicates"]
     return got
+
+
+# The issue-31 targets (docs/BENCHMARKS.md sections 11 and 12).
+RATIO_MAX = 1.2
+LAG_P99_MS, LAG_MAX_MS = 5.0, 20.0
+DBS = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
+
+
+def measure(posts: int = 1000, concurrent: int = 300,
+            durabilities: tuple[str, ...] = ("as_asked", "relaxed")) -> dict[str, Any]:
+    """``run`` on SQLite and on PostgreSQL (when it answers) for each durability; one row per pair."""
+    rows: list[dict[str, Any]] = []
+    with tmpdir("aio") as d:
+        for dur in durabilities:
+            rows.append({"db": "sqlite", **run(sqlite_url(d / f"{dur}.sqlite3"), posts, concurrent, dur)})
+            if pg_available():
+                with pg_databases(1, "aio") as [url]:
+                    rows.append({"db": "postgresql", **run(url, posts, concurrent, dur)})
+    return {"posts": posts, "concurrent": concurrent, "rows": rows}
+
+
+def _lag_cell(lag: dict[str, float]) -> str:
+    """p99 / max of a probe, for a table cell."""
+    return f"{lag['p99_ms']:.1f} / {lag['max_ms']:.1f} ms"
+
+
+def tables(res: dict[str, Any], cmd: str) -> list[Table]:
+    """Section 11: the faces' cost per post side by side, the loop's lag and the naive stall."""
+    t = Table(f"11. The asyncio face against the sync face, send stubbed: {res['posts']:,} posts each, "
+              f"{res['concurrent']:,} gathered for the loop lag (issue 31)",
+              ["database", "durability", "sync per post", "async, stub send on a thread", "ratio",
+               "async, stub `asend`", "ratio", "loop lag, async face (p99 / max)",
+               "sync guard in the loop: longest stall"])
+    for r in res["rows"]:
+        naive = r["loop_lag_sync_in_loop"]
+        t.rows.append([DBS[r["db"]], r["durability"].replace("_", " "), f"{fmt_us(r['sync_us'])} µs",
+                       f"{fmt_us(r['async_us'])} µs", fmt_ratio(r["ratio"]), f"{fmt_us(r['async_asend_us'])} µs",
+                       fmt_ratio(r["ratio_asend"]), _lag_cell(r["loop_lag_async"]),
+                       f"{naive['max_ms']:,.0f} ms ({naive['probes']:,} probe{'s' if naive['probes'] != 1 else ''})"])
+    for r in res["rows"]:
+        if r["durability"] == "as_asked":  # the target is the default durability's
+            t.verdicts.append(verdict(r["ratio_asend"] <= RATIO_MAX,
+                                      f"{DBS[r['db']]}: async face (`asend`) / sync face {r['ratio_asend']:.2f}× "
+                                      f"(goal ≤ {RATIO_MAX}×)"))
+    t.notes.append(
+        "The same store, the send stubbed (memory platform). Every post is made three ways in turn — `Guard.post`, "
+        "`await AsyncGuard.post` with the stub's sync send (run on a worker thread, as a sync adapter's is), and "
+        "`await AsyncGuard.post` on a platform whose stub send is a coroutine (`asend`: a bot's own async send, no "
+        "thread hop for it) — so a load that moves during the run weighs on every face alike; medians per post. "
+        "\"as asked\": the claim commits durably (SQLite `FULL`), the close relaxed; \"relaxed\": no fsync at all.")
+    t.notes.append(
+        f"Loop lag: a probe task sleeps 1 ms over and over and records its overshoot, through {res['concurrent']:,} "
+        "posts gathered at once on the async face, and through the same posts made by the sync guard called inside "
+        "the loop (the naive side): that holds the loop for the whole run, so its probes are few and its stall is "
+        "about the run's length.")
+    t.notes.append(
+        "Reading: the ratio is what the face adds to a post's store work and send. The durable claim never runs on "
+        "the loop (an fsync there would stall every task): on SQLite it is a round trip to the store's own thread "
+        "and the relaxed close is written on the loop when it needs no wait; on PostgreSQL the claim and the close "
+        "go through psycopg's async connection on the loop. A sync adapter's send adds a worker-thread round trip, "
+        "which `asend` avoids; hence the verdict on the `asend` ratio, the thread column beside it for comparison. "
+        "Alone: `PYTHONPATH=. python -m bench.aio --posts N --concurrent N [--durability relaxed]` (JSON lines).")
+    return [t]
+
+
+def measure_lag(parents: int = 1000, platforms: tuple[str, ...] = ("own", "mastodon")) -> dict[str, Any]:
+    """``lag_run`` on SQLite and on PostgreSQL (when it answers) for each platform; one row per pair."""
+    rows: list[dict[str, Any]] = []
+    with tmpdir("aiolag") as d:
+        for plat in platforms:
+            rows.append({"db": "sqlite", "platform": plat, "load": os.getloadavg()[0],
+                         **lag_run(sqlite_url(d / f"{plat}.sqlite3"), parents, plat)})
+            if pg_available():
+                with pg_databases(1, "aiolag") as [url]:
+                    rows.append({"db": "postgresql", "platform": plat, "load": os.getloadavg()[0],
+                                 **lag_run(url, parents, plat)})
+    return {"parents": parents, "rows": rows}
+
+
+def lag_tables(res: dict[str, Any], cmd: str) -> list[Table]:
+    """Section 12: the loop's lag through 4 posts per parent in flight, replies counted on the sim."""
+    n = res["parents"]
+    t = Table(f"12. The loop's lag through {4 * n:,} concurrent posts on {n:,} parents, 20 % of answers lost, "
+              "counted on the sim (issue 31)",
+              ["database", "platform", "posts", "posting, s", "outcomes", "answers lost (sim)", "rows closed",
+               "parents without exactly one reply", "duplicates (sim)", "loop lag p99", "loop lag max", "probes",
+               "load (1 min) at start"])
+    for r in res["rows"]:
+        outs = ", ".join(f"{k} {v:,}" for k, v in sorted(r["outcomes"].items()))
+        t.rows.append([DBS[r["db"]], r["platform"], f"{r['posts']:,}", f"{r['posts_s']:.1f}", outs,
+                       f"{r['lost_answers']:,}", f"{r['states'].get('closed', 0):,} / {n:,}",
+                       str(r["parents_not_one_reply"]), str(r["duplicates_on_sim"]),
+                       f"{r['loop_lag']['p99_ms']:.1f} ms", f"{r['loop_lag']['max_ms']:.1f} ms",
+                       f"{r['loop_lag']['probes']:,}", f"{r['load']:.1f}"])
+    for r in res["rows"]:
+        lag = r["loop_lag"]
+        t.verdicts.append(verdict(lag["p99_ms"] <= LAG_P99_MS and lag["max_ms"] <= LAG_MAX_MS,
+                                  f"{DBS[r['db']]}, {r['platform']}: loop lag p99 {lag['p99_ms']:.1f} ms, max "
+                                  f"{lag['max_ms']:.1f} ms (goal ≤ {LAG_P99_MS:.0f} and ≤ {LAG_MAX_MS:.0f} ms)"))
+    bad = [f"{DBS[r['db']]}, {r['platform']}" for r in res["rows"]
+           if r["parents_not_one_reply"] or r["duplicates_on_sim"]]
+    t.verdicts.append(verdict(not bad, "one reply per parent on the sim, every run" + (
+        f" (not: {'; '.join(bad)})" if bad else "")))
+    t.notes.append(
+        "The sim runs in its own process (its CPU is not the loop's) and drops 20 % of create answers after "
+        f"creating the reply. {n:,} parents; `await g.post` on each plus 3 rival posts per parent from other tasks "
+        f"({4 * n:,} posts in flight together, started 50 per loop turn, in a shuffled order). Platform \"own\": a "
+        "bot's own `httpx.AsyncClient` behind `OwnPlatform`; \"mastodon\": the Mastodon adapter's `asend`. The probe "
+        "(a task sleeping 1 ms, its overshoot recorded) runs from the first post to the last outcome. Then the "
+        "daemon's way on, outside the probed run: sweep once every open row is due, offer the parents again, until "
+        "every row is closed; replies are counted on the sim. Before the run `gc.freeze()` moves the start-up heap "
+        "out of the collector's way, as docs/LIBRARY.md advises: without it one full collection can stall the loop "
+        "for tens of ms. `AsyncGuard`'s `max_in_flight` bounds the posts past their claim: without it every parent "
+        "is claimed at once and posts give up, their budgets spent waiting for the store and its pool.")
+    t.notes.append("Alone: `PYTHONPATH=. python -m bench.aio --lag-parents N --lag-platform own|mastodon` (JSON lines).")
+    return [t]
 
 
 def main() -> None:

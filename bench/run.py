@@ -30,7 +30,8 @@ if str(ROOT) not in sys.path:
 
 from bench.common import Table, configure_quiet_logs, machine  # noqa: E402
 
-SECTIONS = ("overhead", "races", "readback", "growth", "economy", "profile", "commitlevels", "timetoanswer", "slack")
+SECTIONS = ("overhead", "races", "readback", "growth", "economy", "profile", "commitlevels", "timetoanswer", "slack",
+            "aio", "aiolag", "pageclaim", "telegram")
 
 
 def _load() -> str:
@@ -130,8 +131,37 @@ def main(argv: list[str] | None = None) -> int:
         res = sd.measure(1 if q else 5)
         return res, sd.tables(res, cmd)
 
+    def aio() -> tuple[Any, list[Table]]:
+        """Section 11: the asyncio face against the sync face, send stubbed."""
+        from bench import aio as ai
+
+        res = ai.measure(100 if q else 1000, 100 if q else 300)
+        return res, ai.tables(res, cmd)
+
+    def aiolag() -> tuple[Any, list[Table]]:
+        """Section 12: the loop's lag through 4 posts per parent on the sim."""
+        from bench import aio as ai
+
+        res = ai.measure_lag(100 if q else 1000)
+        return res, ai.lag_tables(res, cmd)
+
+    def pageclaim() -> tuple[Any, list[Table]]:
+        """Section 13: the group claim against one claim per commit."""
+        from bench import pageclaim as pc
+
+        res = pc.measure_all(16, 5 if q else 40, 1)
+        return res, pc.tables(res, cmd)
+
+    def telegram() -> tuple[Any, list[Table]]:
+        """Section 14: Telegram, a naive gateway against replyd."""
+        from bench import telegram_naive as tg
+
+        res = tg.measure(30 if q else 60, (1,) if q else (1, 2, 3))
+        return res, tg.tables(res, cmd)
+
     plan = {"overhead": overhead, "races": races, "readback": readback, "growth": growth, "economy": economy,
-            "profile": profile, "commitlevels": commitlevels, "timetoanswer": timetoanswer, "slack": slack}
+            "profile": profile, "commitlevels": commitlevels, "timetoanswer": timetoanswer, "slack": slack,
+            "aio": aio, "aiolag": aiolag, "pageclaim": pageclaim, "telegram": telegram}
     started = datetime.now(timezone.utc)
     t_all = time.monotonic()
     info = machine()
