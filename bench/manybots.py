@@ -227,7 +227,7 @@ def measure_one(n: int, *, idle_s: float, settle_s: float, answer_timeout_s: flo
                 polls = http.get("/_bench/counts").json().get("GET /api/v1/notifications", 0) - polls0
                 log_lines_idle = sum(1 for _ in log_path.open("rb"))
                 # The burst: one mention to each bot, posted by the sim in one go.
-                b0 = time.monotonic()
+                b0, cb0 = time.monotonic(), cpu_s(pid)
                 http.post("/_bench/burst")
                 posted_s = time.monotonic() - b0
                 got: dict[str, Any] = {}
@@ -238,7 +238,8 @@ def measure_one(n: int, *, idle_s: float, settle_s: float, answer_timeout_s: flo
                     if got["answered"] >= n:
                         break
                     time.sleep(0.1)
-                busy = {"rss_mb": rss / 1024, "threads": threads}
+                busy = {"rss_mb": rss / 1024, "threads": threads, "cpu_s": cpu_s(pid) - cb0,
+                        "wall_s": time.monotonic() - b0}
                 time.sleep(2.0)  # a duplicate would land right after the first reply
                 got = http.get("/_bench/answered").json()
             _stop(daemon)
@@ -257,7 +258,8 @@ def measure_one(n: int, *, idle_s: float, settle_s: float, answer_timeout_s: flo
         "polls": polls, "polls_expected": round(n * window / INBOX_S),
         "cpu_ms_per_poll": round(1000 * (c1 - c0) / polls, 3) if polls else None,
         "sim_cpu_pct": round(100 * (s1 - s0) / window, 1), "log_lines_idle": log_lines_idle,
-        "burst_post_s": round(posted_s, 2), "answered": got.get("answered", 0), "duplicates": got.get("duplicates"),
+        "burst_post_s": round(posted_s, 2), "burst_cpu_s": round(busy["cpu_s"], 2),
+        "burst_cpu_pct": round(100 * busy["cpu_s"] / busy["wall_s"], 1), "answered": got.get("answered", 0), "duplicates": got.get("duplicates"),
         "answer_s_p50": round(statistics.median(waits), 2) if waits else None,
         "answer_s_max": round(waits[-1], 2) if waits else None,
         "exit_code": code, "load": " / ".join(f"{x:.2f}" for x in os.getloadavg()),
