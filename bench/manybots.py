@@ -120,11 +120,16 @@ def serve_sim(n: int) -> int:
 # ----- the daemon side ---------------------------------------------------------------------------
 
 
-def write_config(path: Path, base_url: str, db: Path, n: int, job_threads: int | None) -> Path:
-    """One daemon config with ``n`` bots, each its own sim account; inbox every 5 s, search and re-find off."""
-    out = [f'[store]\nurl = "sqlite:///{db}"\n', '[log]\nformat = "json"\nlevel = "info"\n']
+def write_config(path: Path, base_url: str, db: Path, n: int, job_threads: int | None, *, inbox_s: float = INBOX_S,
+                 jitter_s: float | None = None, sweep_s: float | None = None, level: str = "info") -> Path:
+    """One daemon config with ``n`` bots, each its own sim account (token in ``MB_TOKEN_<i>``); inbox every
+    ``inbox_s``, search and re-find off; the daemon's defaults unless given (also ``tests/test_manybots.py``'s)."""
+    out = [f'[store]\nurl = "sqlite:///{db}"\n', f'[log]\nformat = "json"\nlevel = "{level}"\n']
     if job_threads is not None:
         out.append(f"[daemon]\njob_threads = {job_threads}\n")
+    if sweep_s is not None:
+        out.append(f"[sweep]\ninterval_s = {sweep_s}\n")
+    jitter = "" if jitter_s is None else f"jitter_s = {jitter_s}\n"
     for i in range(n):
         out.append(f"""[[bots]]
 name = "{bot_name(i)}"
@@ -132,13 +137,13 @@ platform = "mastodon"
 [bots.settings]
 base_url = "{base_url}"
 token_env = "MB_TOKEN_{i:04d}"
-listing_delay_s = 1.0
+listing_delay_s = {min(1.0, inbox_s)}
 timeout_s = 10.0
 [bots.pollers]
-inbox_interval_s = {INBOX_S}
+inbox_interval_s = {inbox_s}
 search_interval_s = 0
 refind_interval_s = 0
-[bots.responder]
+{jitter}[bots.responder]
 kind = "template"
 template = "Thanks @{{author_handle}}."
 """)

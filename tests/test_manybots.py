@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 import time
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from bench.manybots import bot_name, bot_token, write_config
 from replyd.clock import SystemClock
 from replyd.config import Config
 from replyd.daemon import Daemon
@@ -20,52 +20,6 @@ from replyd.sim import SimServer, World
 from tests.test_daemon import wait_until
 
 USER = "alice"
-
-
-def _config(path: Path, base_url: str, db: Path, names: list[str], *, job_threads: int) -> Path:
-    """One daemon, one sim account per bot: inbox every 0.3 s, search and re-find off, a fast sweep."""
-    out = [f"""
-[store]
-url = "sqlite:///{db}"
-
-[log]
-format = "json"
-level = "warning"
-
-[guard]
-send_timeout_s = 5.0
-
-[sweep]
-interval_s = 0.3
-
-[daemon]
-job_threads = {job_threads}
-"""]
-    for name in names:
-        out.append(f"""
-[[bots]]
-name = "{name}"
-platform = "mastodon"
-
-[bots.settings]
-base_url = "{base_url}"
-token_env = "MANY_{name.upper()}"
-listing_delay_s = 0.2
-timeout_s = 3.0
-
-[bots.pollers]
-inbox_interval_s = 0.3
-search_interval_s = 0
-refind_interval_s = 0
-jitter_s = 0
-
-[bots.responder]
-kind = "template"
-template = "thanks @{{author_handle}}"
-""")
-    path.write_text("".join(out))
-    os.chmod(path, 0o600)
-    return path
 
 
 class _World:
@@ -80,14 +34,16 @@ def many(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.Fixtur
     """A sim with ``request.param`` (count, job threads) bots and a daemon over them, stopped afterwards."""
     n, job_threads = request.param
     world = World(SystemClock(), seed=36, listing_delay_s=0.1)
-    names = [f"b{i:03d}" for i in range(n)]
-    bots = {name: world.add_account(name, bot=True) for name in names}
+    bots = {bot_name(i): world.add_account(bot_name(i), bot=True, token=bot_token(i)) for i in range(n)}
     world.add_account(USER)
-    for name, acc in bots.items():
-        monkeypatch.setenv(f"MANY_{name.upper()}", acc.token)
+    for i in range(n):
+        monkeypatch.setenv(f"MB_TOKEN_{i:04d}", bot_token(i))
     with SimServer(world) as srv:
         db = tmp_path / "r.sqlite3"
-        d = Daemon(Config.load(_config(tmp_path / "c.toml", srv.base_url, db, names, job_threads=job_threads)))
+        # The benchmark's config, fast: inbox every 0.3 s without jitter, a sweep tick every 0.3 s.
+        cfg = write_config(tmp_path / "c.toml", srv.base_url, db, n, job_threads, inbox_s=0.3, jitter_s=0, sweep_s=0.3,
+                           level="warning")
+        d = Daemon(Config.load(cfg))
         try:
             yield _World(world, srv, bots, d, db)
         finally:
