@@ -30,7 +30,8 @@ if str(ROOT) not in sys.path:
 
 from bench.common import Table, configure_quiet_logs, machine  # noqa: E402
 
-SECTIONS = ("overhead", "races", "readback", "growth", "economy", "profile", "commitlevels", "timetoanswer", "slack")
+SECTIONS = ("overhead", "races", "readback", "growth", "economy", "profile", "commitlevels", "timetoanswer", "slack",
+            "manybots")
 
 
 def _load() -> str:
@@ -130,8 +131,15 @@ def main(argv: list[str] | None = None) -> int:
         res = sd.measure(1 if q else 5)
         return res, sd.tables(res, cmd)
 
+    def manybots() -> tuple[Any, list[Table]]:
+        from bench import manybots as m
+
+        res = m.measure([10, 100] if q else [10, 100, 300, 1000], idle_s=20 if q else 40)
+        return res, m.tables(res, cmd)
+
     plan = {"overhead": overhead, "races": races, "readback": readback, "growth": growth, "economy": economy,
-            "profile": profile, "commitlevels": commitlevels, "timetoanswer": timetoanswer, "slack": slack}
+            "profile": profile, "commitlevels": commitlevels, "timetoanswer": timetoanswer, "slack": slack,
+            "manybots": manybots}
     started = datetime.now(timezone.utc)
     t_all = time.monotonic()
     info = machine()
