@@ -48,7 +48,7 @@ import httpx
 import stamina
 import structlog
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
-from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.executors.pool import BasePoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from replyd import metrics
@@ -86,6 +86,14 @@ class _NoSkipWarning(logging.Filter):
 
 
 _SKIP_FILTER = _NoSkipWarning()
+
+
+class _JobPool(BasePoolExecutor):
+    """APScheduler's thread-pool executor over the daemon's one job pool, which one-shot runs are submitted to too
+    (not as APScheduler date jobs: a date job's removal after it ran races the scheduler's shutdown)."""
+
+    def __init__(self, pool: Pool) -> None:
+        super().__init__(pool)
 
 
 class NoCookies(CookieJar):
@@ -250,6 +258,7 @@ class Daemon:
         self._starting: set[str] = set()  # bots whose login is retried (a one-shot job per attempt)
         self._busy: set[str] = set()  # one-shot jobs (sweep, re-offer, start) queued or running, by job id
         self._busy_lock = threading.Lock()
+        self._jobs: Pool | None = None  # the one job pool: the scheduler's runs and the one-shot runs
         self._keys: dict[str, tuple[str, str]] = {}  # started bot -> (platform instance, sender id)
         self._watcher: threading.Thread | None = None  # the one send watch over every bot's guard
         self._secrets: dict[str, str] = {}  # webhook secrets by push bot name
@@ -296,11 +305,12 @@ class Daemon:
                       max_body_bytes=ac.max_body_bytes, liveness=self.liveness, hooks=self.hooks,
                       webhook_bots=list(push))
             self.api = ApiServer(api.app, host=ac.host, port=ac.port, grace_s=self.cfg.guard.send_timeout_s).start()
+        self._jobs = Pool(max_workers=threads, thread_name_prefix="replyd-job")
         try:
             self.scheduler = BackgroundScheduler(
                 # A fixed pool, whatever the number of bots: a run that finds every thread busy waits in the pool's
                 # queue (first in, first out). coalesce: runs missed while waiting are one run, not a burst.
-                executors={"default": ThreadPoolExecutor(max_workers=threads)},
+                executors={"default": _JobPool(self._jobs)},
                 # misfire_grace_time=None: a run the scheduler itself starts late (a stopped process, a busy
                 # interpreter) still runs once, coalesced, rather than being dropped until the next interval.
                 job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
@@ -463,7 +473,7 @@ class Daemon:
 
         Return whether it was submitted; a run refused for that is reported as skipped, like an interval job's.
         """
-        assert self.scheduler is not None
+        assert self._jobs is not None
         with self._busy_lock:
             if job_id in self._busy:
                 refused = True
@@ -477,16 +487,15 @@ class Daemon:
         def run() -> None:
             try:
                 fn(*args)
+            except Exception as exc:  # a future would swallow it: say it, as APScheduler does for its jobs
+                log.error("replyd.job.failed", job=job_id, error=f"{type(exc).__name__}: {exc}"[:300])
             finally:
                 with self._busy_lock:
                     self._busy.discard(job_id)
 
-        run.__name__ = getattr(fn, "__name__", "job")
         try:
-            # Never two runs of one job_id (``_busy``), yet no APScheduler id: it removes a one-shot job by id after
-            # submitting it, and the run may already have finished and a new one have taken the id.
-            self.scheduler.add_job(run, name=job_id)
-        except Exception:  # the scheduler is shutting down: nothing will run it
+            self._jobs.submit(run)
+        except RuntimeError:  # the pool is shut down: the daemon is stopping, nothing will run it
             with self._busy_lock:
                 self._busy.discard(job_id)
             return False
@@ -580,7 +589,9 @@ class Daemon:
         """Undo a start that failed: no job, no server, no thread left behind."""
         self.stopping.set()
         if self.scheduler is not None and self.scheduler.running:
-            self.scheduler.shutdown(wait=False)
+            self.scheduler.shutdown(wait=False)  # and the job pool under it
+        elif self._jobs is not None:
+            self._jobs.shutdown(wait=False)
         if self.api is not None:
             self.api.stop()
         for runner in self.streams:

@@ -148,12 +148,10 @@ def test_empty_polls_touch_no_store(many: _World) -> None:
 
 def test_one_shot_runs_of_one_bot_never_overlap() -> None:
     """A bot's sweep (or re-offer) is not submitted again while its last run is queued or running; it is once done."""
-    from apscheduler.executors.pool import ThreadPoolExecutor
-    from apscheduler.schedulers.background import BackgroundScheduler
+    from concurrent.futures import ThreadPoolExecutor
 
     d = Daemon(Config())
-    d.scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max_workers=2)})
-    d.scheduler.start()
+    d._jobs = ThreadPoolExecutor(max_workers=2)
     release, ran = threading.Event(), Counter()
 
     def slow(name: str) -> None:
@@ -170,4 +168,4 @@ def test_one_shot_runs_of_one_bot_never_overlap() -> None:
         assert ran == Counter(b1=1, b2=1)
     finally:
         release.set()
-        d.scheduler.shutdown(wait=True)
+        d._jobs.shutdown(wait=True)
