@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 from bench.common import Table, configure_quiet_logs, machine  # noqa: E402
 
 SECTIONS = ("overhead", "races", "readback", "growth", "economy", "profile", "commitlevels", "timetoanswer", "slack",
-            "aio", "aiolag", "pageclaim", "telegram")
+            "aio", "aiolag", "pageclaim", "telegram", "manybots")
 
 
 def _load() -> str:
@@ -159,9 +159,16 @@ def main(argv: list[str] | None = None) -> int:
         res = tg.measure(30 if q else 60, (1,) if q else (1, 2, 3))
         return res, tg.tables(res, cmd)
 
+    def manybots() -> tuple[Any, list[Table]]:
+        """Section 15: many bots in one daemon on the sim."""
+        from bench import manybots as m
+
+        res = m.measure([10, 100] if q else [10, 100, 300, 1000], idle_s=20 if q else 40)
+        return res, m.tables(res, cmd)
+
     plan = {"overhead": overhead, "races": races, "readback": readback, "growth": growth, "economy": economy,
             "profile": profile, "commitlevels": commitlevels, "timetoanswer": timetoanswer, "slack": slack,
-            "aio": aio, "aiolag": aiolag, "pageclaim": pageclaim, "telegram": telegram}
+            "aio": aio, "aiolag": aiolag, "pageclaim": pageclaim, "telegram": telegram, "manybots": manybots}
     started = datetime.now(timezone.utc)
     t_all = time.monotonic()
     info = machine()

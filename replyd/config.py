@@ -139,6 +139,19 @@ class HealthConfig(_Strict):
     start_retry_max_s: float = Field(60.0, gt=0)  # the doubling's cap
 
 
+class DaemonConfig(_Strict):
+    """How ``replyd run`` runs its bots' jobs.
+
+    Every scheduled run (each bot's inbox, search and re-find polls, the sweep and re-offer passes of the bots
+    that have rows due, a failed login's next attempt) takes a thread of one pool of ``job_threads``, however
+    many bots there are: a bot's runs never overlap, and a run that waits for a thread waits in order.
+    """
+
+    # Enough for the platform requests in flight at once (each poll holds its thread while it waits); more bots
+    # need no more threads unless their polls take longer than the interval divided among them.
+    job_threads: int = Field(16, ge=1, le=1024)
+
+
 class ApiConfig(_Strict):
     """The sidecar HTTP API and status page the daemon serves.
 
@@ -449,6 +462,7 @@ class Config(BaseSettings):
     api: ApiConfig = ApiConfig()
     mcp: McpConfig = McpConfig()
     health: HealthConfig = HealthConfig()
+    daemon: DaemonConfig = DaemonConfig()
     bots: list[BotConfig] = []
     source: str = Field("", exclude=True)
 

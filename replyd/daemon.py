@@ -12,8 +12,20 @@ whose platform cannot be reached (refused connection, DNS, 5xx, timeout)
 keeps retrying its start in the background, waiting ``health.start_retry_s``
 doubled per failure up to ``health.start_retry_max_s``, not ready and shown
 with its reason, while the others run; once it logs in, its pollers, sweep,
-stream or webhooks start and it answers its backlog. Each bot has its own
-sweep job, so one platform's read-back errors are never another bot's.
+stream or webhooks start and it answers its backlog. Each bot is swept on
+its own job, so one platform's read-back errors are never another bot's.
+
+Threads do not grow with the bots (issue 36): every scheduled run takes a
+thread of one pool of ``daemon.job_threads``. Per bot there are interval
+jobs for its polls (``max_instances=1``: a bot's run never overlaps itself;
+a run due while the last one still runs or waits for a thread is skipped,
+``replyd.poll.skipped``; the pool's queue is first in, first out, so one slow
+platform holds at most one thread per path and never starves the others).
+The sweep and the re-offer are one daemon-wide tick each: one store query
+names the bots with rows due, and only those get a one-shot run (never two
+of one bot at once); the others' sweep is recorded as a successful look. A
+failed login's next attempt is a one-shot job too, and one thread watches
+the sends of every bot's guard.
 
 Shutdown (SIGTERM/SIGINT): stop claiming at once, let running API requests
 and jobs finish within ``grace_s``, leave open rows to the sweep of the next
@@ -29,13 +41,14 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor as Pool
 from dataclasses import dataclass
+from http.cookiejar import Cookie, CookieJar
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import httpx
 import stamina
 import structlog
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
-from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.executors.pool import BasePoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from replyd import metrics
@@ -73,6 +86,26 @@ class _NoSkipWarning(logging.Filter):
 
 
 _SKIP_FILTER = _NoSkipWarning()
+
+
+class _JobPool(BasePoolExecutor):
+    """APScheduler's thread-pool executor over the daemon's one job pool, which one-shot runs are submitted to too
+    (not as APScheduler date jobs: a date job's removal after it ran races the scheduler's shutdown)."""
+
+    def __init__(self, pool: Pool) -> None:
+        super().__init__(pool)
+
+
+class NoCookies(CookieJar):
+    """A cookie jar that keeps nothing: the daemon's one HTTP client serves every bot, so a cookie one bot's platform
+    set would ride along on another account's requests to that host (replyd authenticates by header, never by cookie;
+    and parsing each response's cookies is CPU an empty poll need not spend)."""
+
+    def extract_cookies(self, response: object, request: object) -> None:  # type: ignore[override]
+        """Keep no cookie from a response."""
+
+    def set_cookie(self, cookie: Cookie) -> None:
+        """Keep no cookie."""
 
 
 @dataclass
@@ -128,8 +161,13 @@ def login_once(bc: BotConfig, platform: Platform) -> Identity:
 def build_guard(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock,
                 owner: str, *, platform: Platform | None = None,
                 identity: Identity | None = None,
-                breaker_listener: BreakerListener | None = None) -> tuple[Platform, Identity, Guard]:
-    """Build one bot's adapter (unless given), log it in (unless its identity is given), return both and its guard."""
+                breaker_listener: BreakerListener | None = None,
+                watch_interval_s: float | None = 1.0) -> tuple[Platform, Identity, Guard]:
+    """Build one bot's adapter (unless given), log it in (unless its identity is given), return both and its guard.
+
+    ``watch_interval_s=None``: the guard starts no send-watch thread of its own (the daemon watches every guard
+    from one).
+    """
     # Each adapter owns its listing-delay default (Discourse 30 s, GitHub 60 s…); never override it here.
     platform = platform or make_platform(bc.platform, bc.settings, http=http, clock=clock)
     identity = identity or login(bc, platform)
@@ -157,6 +195,7 @@ def build_guard(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cl
         dry_run=cfg.guard.dry_run or bc.policy.dry_run,
         responder_backoff_s=cfg.guard.responder_backoff_s,
         responder_backoff_max_s=cfg.guard.responder_backoff_max_s,
+        watch_interval_s=watch_interval_s,
         breaker=Breaker(cfg.guard.breaker, clock, bot=bc.name, platform=platform.instance,
                         listener=breaker_listener),
     )
@@ -166,10 +205,10 @@ def build_guard(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, cl
 def build_bot(cfg: Config, bc: BotConfig, store: Store, http: httpx.Client, clock: Clock, owner: str,
               heartbeat: Heartbeat | None = None, *, platform: Platform | None = None,
               identity: Identity | None = None, responder: Responder | None = None,
-              breaker_listener: BreakerListener | None = None) -> BotRuntime:
+              breaker_listener: BreakerListener | None = None, watch_interval_s: float | None = 1.0) -> BotRuntime:
     """Build one bot's adapter, identity, guard, pipeline and pollers (reusing any of them already built)."""
     platform, identity, guard = build_guard(cfg, bc, store, http, clock, owner, platform=platform, identity=identity,
-                                            breaker_listener=breaker_listener)
+                                            breaker_listener=breaker_listener, watch_interval_s=watch_interval_s)
     rsettings = bc.responder.model_dump(exclude={"kind"})
     responder = responder or make_responder(bc.responder.kind, rsettings)
     # The runner's bound is a backstop: a responder's own timeout (which also kills a child) fires first.
@@ -216,7 +255,12 @@ class Daemon:
         self.streams: list[StreamRunner] = []
         self.liveness: Liveness | None = None
         self._start_lock = threading.Lock()  # a bot started in the background joins the running daemon under it
-        self._starters: list[threading.Thread] = []
+        self._starting: set[str] = set()  # bots whose login is retried (a one-shot job per attempt)
+        self._busy: set[str] = set()  # one-shot jobs (sweep, re-offer, start) queued or running, by job id
+        self._busy_lock = threading.Lock()
+        self._jobs: Pool | None = None  # the one job pool: the scheduler's runs and the one-shot runs
+        self._keys: dict[str, tuple[str, str]] = {}  # started bot -> (platform instance, sender id)
+        self._watcher: threading.Thread | None = None  # the one send watch over every bot's guard
         self._secrets: dict[str, str] = {}  # webhook secrets by push bot name
 
     def start(self) -> None:
@@ -243,8 +287,11 @@ class Daemon:
         hc = self.cfg.health
         self.liveness = Liveness(self.clock, stale_after_intervals=hc.stale_after_intervals, stale_min_s=hc.stale_min_s,
                                  failures_not_ready=hc.failures_not_ready)
-        # Every send through this client ends within guard.send_timeout_s in total (replyd.deadline).
-        self.http = make_client(self.cfg.guard.send_timeout_s)
+        # Every send through this client ends within guard.send_timeout_s in total (replyd.deadline). One client
+        # for every bot: its pool keeps a connection per host for each job thread that may be talking to it.
+        threads = self.cfg.daemon.job_threads
+        self.http = make_client(self.cfg.guard.send_timeout_s, cookies=NoCookies(),
+                                limits=httpx.Limits(max_connections=4 * threads + 16, max_keepalive_connections=threads))
         # Every config error (settings, responder, push kind) before anything is served or contacted.
         prepared = [self._prepare(bc) for bc in self.cfg.bots]
         for bc in self.cfg.bots:
@@ -258,17 +305,28 @@ class Daemon:
                       max_body_bytes=ac.max_body_bytes, liveness=self.liveness, hooks=self.hooks,
                       webhook_bots=list(push))
             self.api = ApiServer(api.app, host=ac.host, port=ac.port, grace_s=self.cfg.guard.send_timeout_s).start()
+        self._jobs = Pool(max_workers=threads, thread_name_prefix="replyd-job")
         try:
             self.scheduler = BackgroundScheduler(
-                # Per bot: inbox, search, refind (or reoffer) and its sweep; one more for the clock.
-                executors={"default": ThreadPoolExecutor(max_workers=max(4, 4 * len(self.cfg.bots) + 1))},
-                job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30},
+                # A fixed pool, whatever the number of bots: a run that finds every thread busy waits in the pool's
+                # queue (first in, first out). coalesce: runs missed while waiting are one run, not a burst.
+                executors={"default": _JobPool(self._jobs)},
+                # misfire_grace_time=None: a run the scheduler itself starts late (a stopped process, a busy
+                # interpreter) still runs once, coalesced, rather than being dropped until the next interval.
+                job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
             )
             # A run still going when the next is due is one labelled event, not APScheduler's bare warning.
             logging.getLogger("apscheduler.scheduler").addFilter(_SKIP_FILTER)
             self.scheduler.add_listener(self._on_skipped, EVENT_JOB_MAX_INSTANCES)
             if isinstance(self.clock, DatabaseClock):
                 self.scheduler.add_job(self.sync_clock, "interval", seconds=self.cfg.store.clock_sync_s, id="clock")
+            sc = self.cfg.sweep
+            # Jitter spreads sweep passes across replicas (leases already keep them from sharing rows).
+            self.scheduler.add_job(self.sweep_tick, "interval", seconds=sc.interval_s, jitter=sc.interval_s / 2,
+                                   id=SWEEP, next_run_time=_now_dt())
+            if any(bc.pollers.refind_interval_s <= 0 for bc in self.cfg.bots):
+                self.scheduler.add_job(self.reoffer_tick, "interval", seconds=sc.interval_s, id="reoffer",
+                                       next_run_time=_now_dt())
             self.scheduler.start()
             first = self._first_logins(prepared)
             for p, got in zip(prepared, first):
@@ -283,8 +341,8 @@ class Daemon:
         except BaseException:
             self._abort()
             raise
-        log.info("replyd.daemon.started", owner=self.owner, bots=len(self.bots), starting=len(self._starters),
-                 store=self.store.url)
+        log.info("replyd.daemon.started", owner=self.owner, bots=len(self.bots), starting=len(self._starting),
+                 store=self.store.url, job_threads=threads)
 
     def _prepare(self, bc: BotConfig) -> Prepared:
         """Build one bot's adapter and responder and check its push kind: config errors only, no request."""
@@ -307,41 +365,52 @@ class Daemon:
 
         if not prepared:
             return []
-        with Pool(max_workers=min(16, len(prepared)), thread_name_prefix="replyd-login") as pool:
+        with Pool(max_workers=min(self.cfg.daemon.job_threads, len(prepared)), thread_name_prefix="replyd-login") as pool:
             return list(pool.map(attempt, prepared))
 
     def _retry_start(self, p: Prepared, exc: BaseException) -> None:
-        """Keep trying ``p``'s login in the background (doubling waits, capped); start the bot once it works."""
-        assert self.liveness is not None
+        """Keep trying ``p``'s login in the background (doubling waits, capped); start the bot once it works.
+
+        Each attempt is a one-shot job on the pool, the next scheduled by the last: a thousand bots whose
+        platform is down cost no thread while they wait.
+        """
         hc, name = self.cfg.health, p.cfg.name
-        wait_s = hc.start_retry_s
-        self._start_waiting(p, exc, wait_s)
+        self._starting.add(name)
+        self._start_waiting(p, exc, hc.start_retry_s)
+        self._attempt_later(p, hc.start_retry_s)
 
-        def run() -> None:
-            nonlocal wait_s
-            while not self.stopping.wait(wait_s):
-                try:
-                    identity = login_once(p.cfg, p.platform)
-                except ConfigError as err:  # refused credentials: they will not change while this process runs
-                    assert self.liveness is not None
-                    self.liveness.start_failed(name, str(err))
-                    log.error("replyd.bot.start_failed", bot=name, platform=p.platform.instance, error=str(err))
-                    return
-                except Exception as err:  # an outage (or an adapter's bug): wait longer, try again
-                    wait_s = min(wait_s * 2, hc.start_retry_max_s)
-                    self._start_waiting(p, err, wait_s)
-                    continue
-                try:
-                    self._start_bot(p, identity)
-                except Exception as err:  # e.g. the store failed while building it: try again later
-                    wait_s = min(wait_s * 2, hc.start_retry_max_s)
-                    self._start_waiting(p, err, wait_s)
-                    continue
+    def _attempt_later(self, p: Prepared, wait_s: float) -> None:
+        """Schedule ``p``'s next login attempt in ``wait_s``; a failure schedules the one after, waiting twice as long."""
+        assert self.scheduler is not None
+        name, max_s = p.cfg.name, self.cfg.health.start_retry_max_s
+
+        def attempt() -> None:
+            if self.stopping.is_set():
                 return
+            try:
+                identity = login_once(p.cfg, p.platform)
+            except ConfigError as err:  # refused credentials: they will not change while this process runs
+                assert self.liveness is not None
+                self.liveness.start_failed(name, str(err))
+                log.error("replyd.bot.start_failed", bot=name, platform=p.platform.instance, error=str(err))
+                self._starting.discard(name)
+                return
+            except Exception as err:  # an outage (or an adapter's bug): wait longer, try again
+                self._start_waiting(p, err, min(wait_s * 2, max_s))
+                self._attempt_later(p, min(wait_s * 2, max_s))
+                return
+            try:
+                self._start_bot(p, identity)
+            except Exception as err:  # e.g. the store failed while building it: try again later
+                self._start_waiting(p, err, min(wait_s * 2, max_s))
+                self._attempt_later(p, min(wait_s * 2, max_s))
+                return
+            self._starting.discard(name)
 
-        t = threading.Thread(target=run, name=f"replyd-start-{name}", daemon=True)
-        self._starters.append(t)
-        t.start()
+        if not self.stopping.is_set():
+            # No job id: APScheduler removes a one-shot job by id after submitting it, which could remove this
+            # attempt's successor when it reuses the id (the attempt may finish first).
+            self.scheduler.add_job(attempt, "date", run_date=_now_dt(wait_s), name=f"{name}:start")
 
     def _start_waiting(self, p: Prepared, exc: BaseException, wait_s: float) -> None:
         """Record and log one failed start attempt of ``p``; the next is in ``wait_s``."""
@@ -363,7 +432,8 @@ class Daemon:
                 return
             bot = build_bot(self.cfg, bc, self.store, self.http, self.clock, self.owner, self.liveness.beat(name),
                             platform=p.platform, identity=identity, responder=p.responder,
-                            breaker_listener=self.liveness)  # an open breaker makes the bot not ready
+                            breaker_listener=self.liveness,  # an open breaker makes the bot not ready
+                            watch_interval_s=None)  # watched by the daemon's one send watch (_watch_sends)
             self._watch(bot, p.timeout_s)
             sc = self.cfg.sweep
             self.sweepers[name] = Sweeper(
@@ -388,16 +458,105 @@ class Daemon:
                     job = self._tracked(name, path, _with_context(fn, bot=name, platform=bot.platform.instance))
                     self.scheduler.add_job(job, "interval", seconds=every_s, jitter=pc.jitter_s or None,
                                            id=f"{name}:{path}", next_run_time=_now_dt())
+            # Its sweep (and, with re-find off, the re-offer of its waiting rows) runs from the daemon's ticks.
+            self._keys[name] = (bot.platform.instance, bot.identity.sender_id)
+            self._start_watch()
+            # Its backlog at once, not at the next tick: rows left open by the last run, rows waiting for a path.
+            self._once(f"{name}:{SWEEP}", self.sweep_bot, name)
             if pc.refind_interval_s <= 0:
-                # Re-find off: its re-offer of waiting rows (released, not_landed, a dead composer's) still runs,
-                # at the sweep's pace, so no row waits for a path that will never come.
-                self.scheduler.add_job(bot.pollers.reoffer_guarded, "interval", seconds=sc.interval_s,
-                                       id=f"{name}:reoffer", next_run_time=_now_dt())
-            # Jitter spreads sweep passes across replicas (leases already keep them from sharing rows).
-            self.scheduler.add_job(self.sweep_bot, "interval", args=[name], seconds=sc.interval_s,
-                                   jitter=sc.interval_s / 2, id=f"{name}:{SWEEP}", next_run_time=_now_dt())
+                self._once(f"{name}:reoffer", bot.pollers.reoffer_guarded)
             self.liveness.started(name)
         log.info("replyd.bot.started", bot=name, platform=bot.platform.instance)
+
+    def _once(self, job_id: str, fn, *args: object) -> bool:  # noqa: ANN001
+        """Run ``fn(*args)`` once on the pool, unless the run of ``job_id`` before is still queued or running.
+
+        Return whether it was submitted; a run refused for that is reported as skipped, like an interval job's.
+        """
+        assert self._jobs is not None
+        with self._busy_lock:
+            if job_id in self._busy:
+                refused = True
+            else:
+                refused = False
+                self._busy.add(job_id)
+        if refused:
+            self._skipped(job_id)
+            return False
+
+        def run() -> None:
+            try:
+                fn(*args)
+            except Exception as exc:  # a future would swallow it: say it, as APScheduler does for its jobs
+                log.error("replyd.job.failed", job=job_id, error=f"{type(exc).__name__}: {exc}"[:300])
+            finally:
+                with self._busy_lock:
+                    self._busy.discard(job_id)
+
+        try:
+            self._jobs.submit(run)
+        except RuntimeError:  # the pool is shut down: the daemon is stopping, nothing will run it
+            with self._busy_lock:
+                self._busy.discard(job_id)
+            return False
+        return True
+
+    def sweep_tick(self) -> None:
+        """Sweep the bots with due rows (one store query for all), each on a one-shot job; the others looked: ok."""
+        if self.stopping.is_set() or self.store is None:
+            return
+        if self._clock_stale.is_set():
+            self.sync_clock()
+        live, started = self.liveness, list(self._keys.items())
+        try:
+            due = self.store.senders_due(self.clock.now())
+        except Exception as exc:  # a store outage must not kill the scheduler job; every bot's sweep failed
+            log.error("replyd.sweep.failed", error=str(exc)[:300])
+            for name, _ in started:
+                if live is not None:
+                    live.failed(name, SWEEP, error_words(exc))
+            return
+        for name, key in started:
+            if key in due:
+                self._once(f"{name}:{SWEEP}", self.sweep_bot, name)
+            elif live is not None:
+                live.ok(name, SWEEP)  # nothing due: this bot's pass had nothing to do
+
+    def reoffer_tick(self) -> None:
+        """Re-offer the waiting rows of the bots with re-find off that have any (one store query for all)."""
+        if self.stopping.is_set() or self.store is None:
+            return
+        try:
+            waiting = self.store.senders_waiting(self.clock.now())
+        except Exception as exc:  # the next tick looks again; each bot's own run reports to liveness
+            log.error("replyd.poller.store_failed", path="refind", error=str(exc)[:300])
+            return
+        if not waiting:
+            return
+        for b in list(self.bots):
+            name = b.cfg.name
+            if b.cfg.pollers.refind_interval_s <= 0 and self._keys.get(name) in waiting:
+                self._once(f"{name}:reoffer", b.pollers.reoffer_guarded)
+
+    def _start_watch(self) -> None:
+        """Start the one thread that watches the running sends of every bot's guard (once)."""
+        if self._watcher is not None:
+            return
+        self._watcher = threading.Thread(target=self._watch_sends, name="replyd-send-watch", daemon=True)
+        self._watcher.start()
+
+    def _watch_sends(self) -> None:
+        """Push the deadline of any send running past half its budget, every guard, until the daemon stops.
+
+        A thread of its own, not a pool job: it must tick while every job thread is busy sending.
+        """
+        interval_s = min(1.0, self.cfg.guard.send_timeout_s / 4)
+        while not self.stopping.wait(interval_s):
+            for name, guard in list(self.guards.items()):
+                try:
+                    guard.watch_sends()
+                except Exception as exc:  # the watch must outlive any one failure
+                    log.error("replyd.guard.watch_failed", bot=name, error=f"{type(exc).__name__}: {exc}"[:300])
 
     def _tracked(self, bot: str, path: str, fn):  # noqa: ANN001, ANN202
         """Wrap a job so liveness sees its run in flight (a run that hangs counts while it hangs)."""
@@ -413,9 +572,13 @@ class Daemon:
 
     def _on_skipped(self, event: JobSubmissionEvent) -> None:
         """A run of a job was skipped because the previous one still runs: one replyd event naming bot and path."""
-        bot, _, path = event.job_id.rpartition(":")
+        self._skipped(event.job_id)
+
+    def _skipped(self, job_id: str) -> None:
+        """Report a run of ``job_id`` (``bot:path``) not started because the one before still runs or waits."""
+        bot, _, path = job_id.rpartition(":")
         if not bot:
-            log.info("replyd.job.skipped", job=event.job_id)
+            log.info("replyd.job.skipped", job=job_id)
             return
         instance = next((b.platform.instance for b in list(self.bots) if b.cfg.name == bot), None)
         metrics.poll_skipped(bot, path)
@@ -426,7 +589,9 @@ class Daemon:
         """Undo a start that failed: no job, no server, no thread left behind."""
         self.stopping.set()
         if self.scheduler is not None and self.scheduler.running:
-            self.scheduler.shutdown(wait=False)
+            self.scheduler.shutdown(wait=False)  # and the job pool under it
+        elif self._jobs is not None:
+            self._jobs.shutdown(wait=False)
         if self.api is not None:
             self.api.stop()
         for runner in self.streams:
@@ -567,6 +732,8 @@ class Daemon:
             if t.is_alive():
                 self.grace_expired = True
                 log.warning("replyd.daemon.grace_expired", hint="open rows are left to the sweep")
+        if self._watcher is not None:
+            self._watcher.join(5.0)  # it saw `stopping` within its interval
         for b in self.bots:
             b.pipeline.close()
             b.guard.close()
@@ -611,7 +778,7 @@ def _nothing() -> Iterator[None]:
     yield
 
 
-def _now_dt():  # noqa: ANN202
-    from datetime import datetime, timezone
+def _now_dt(in_s: float = 0.0):  # noqa: ANN202
+    from datetime import datetime, timedelta, timezone
 
-    return datetime.now(timezone.utc)
+    return datetime.now(timezone.utc) + timedelta(seconds=in_s)

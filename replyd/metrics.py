@@ -142,8 +142,9 @@ def name_platform(instance: str, label: str) -> None:
             PLATFORM_CLOCK_OFFSET.remove(old)
         except KeyError:
             pass
-    for k in [k for k in _CHILDREN if k[1] and k[1][0] == instance]:
-        del _CHILDREN[k]  # rebuilt with the new label on next use
+    # list(): one atomic copy; bots already started add children from job threads while another bot starts.
+    for k in [k for k in list(_CHILDREN) if k[1] and k[1][0] == instance]:
+        _CHILDREN.pop(k, None)  # rebuilt with the new label on next use
 
 
 def platform_label(instance: str) -> str:

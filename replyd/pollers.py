@@ -1,7 +1,11 @@
 """Discovery paths of one bot: inbox, search and re-find, each feeding the one pipeline.
 
 Cursors are saved only after every parent of a page was offered, so a crash
-re-reads the page and the guard drops what was already answered.
+re-reads the page and the guard drops what was already answered. A poll that
+finds nothing writes nothing and reads no cursor: each path's cursor is read
+from the store once, then kept here as this process saved it (replicas of one
+bot each poll from their own; a page another replica already offered is
+offered again and the guard drops it).
 """
 
 from __future__ import annotations
@@ -39,6 +43,19 @@ class Pollers:
         self.sender_id = pipeline.guard.identity.sender_id
         self.outcomes: dict[str, int] = {}
         self._reoffer_after: tuple[float, str] | None = None  # where the last re-offer page ended
+        self._cursors: dict[str, str | None] = {}  # by cursor name: as read once, then as this process saved it
+
+    def _cursor(self, name: str) -> str | None:
+        """The path's cursor: read from the store the first time only (a store read per empty poll is waste)."""
+        if name not in self._cursors:
+            self._cursors[name] = self.store.get_cursor(self.platform.instance, self.sender_id, name)
+        return self._cursors[name]
+
+    def _advance(self, name: str, old: str | None, new: str | None) -> None:
+        """Save the cursor the page ended at, only when it moved: a poll that found nothing writes nothing."""
+        if new and new != old:
+            self.store.set_cursor(self.platform.instance, self.sender_id, name, new)
+            self._cursors[name] = new
 
     def _offer_all(self, parents: Iterable[Parent], path: str) -> None:
         for p in parents:
@@ -79,11 +96,10 @@ class Pollers:
         """Read mentions and replies since the saved cursor."""
 
         def run() -> None:
-            cursor = self.store.get_cursor(self.platform.instance, self.sender_id, "inbox")
+            cursor = self._cursor("inbox")
             page = self.platform.inbox(cursor)
             self._offer_all(page.parents, "inbox")
-            if page.cursor and page.cursor != cursor:
-                self.store.set_cursor(self.platform.instance, self.sender_id, "inbox", page.cursor)
+            self._advance("inbox", cursor, page.cursor)
 
         self._guarded("inbox", run)
 
@@ -93,11 +109,10 @@ class Pollers:
 
             def run(q: str = q) -> None:
                 name = f"search:{q}"
-                cursor = self.store.get_cursor(self.platform.instance, self.sender_id, name)
+                cursor = self._cursor(name)
                 page = self.platform.search(q, cursor)
                 self._offer_all(page.parents, "search")
-                if page.cursor and page.cursor != cursor:
-                    self.store.set_cursor(self.platform.instance, self.sender_id, name, page.cursor)
+                self._advance(name, cursor, page.cursor)
 
             self._guarded("search", run)
 

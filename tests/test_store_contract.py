@@ -518,6 +518,25 @@ def test_lease_due_takes_due_rows_no_live_lease_holds(store, clock):
     assert [r.parent_id for r in store.lease_due(P, S, now=250.0, limit=1, lease_s=30.0, owner="s2")] == ["held"]
 
 
+def test_senders_due_and_waiting_name_every_bot_with_rows_due(store, clock):
+    """One query for all bots: the (platform, sender) of every bot whose lease_due / reoffer_due would return rows."""
+    seed(store, "o1", deadline_at=10.0)
+    with store.transaction() as tx:
+        for sender, values in (("later", {"deadline_at": 500.0}),
+                               ("held", {"deadline_at": 1.0, "lease_owner": "other", "lease_until": 200.0}),
+                               ("nl", {"state": st.NOT_LANDED}),
+                               ("comp", {"state": st.COMPOSING, "lease_until": 50.0})):
+            assert tx.insert_new(Key(P, sender, "p"), {"state": st.OPEN, "attempt": 1, "created_at": 0.0,
+                                                       "updated_at": 0.0, **values})
+    assert store.senders_due(100.0) == {(P, S)}
+    assert store.senders_due(600.0) == {(P, S), (P, "later"), (P, "held")}
+    assert store.senders_waiting(10.0) == {(P, "nl")}
+    assert store.senders_waiting(100.0) == {(P, "nl"), (P, "comp")}
+    assert [r.parent_id for r in store.reoffer_due(P, "comp", now=100.0, after=None, limit=10)] == ["p"]
+    assert [r.parent_id for r in store.lease_due(P, S, now=100.0, limit=10, lease_s=30.0, owner="s1")] == ["o1"]
+    assert store.senders_due(100.0) == set()  # leased now: another pass would find nothing
+
+
 # -- cursors, listing lag, listing delays -------------------------------------------------------------
 
 

@@ -209,7 +209,8 @@ def make_client(timeout_s: float, *, connect_s: float = 10.0, **kwargs: Any) -> 
     Inside ``deadline.within(...)`` (the guard wraps every send in one) no socket operation of this client
     waits past the deadline, so a send ends by it however the server trickles its answer.
     """
-    transport = httpx.HTTPTransport(**{k: kwargs.pop(k) for k in ("verify", "retries") if k in kwargs})
+    # The transport is given, so httpx.Client would ignore its limits: they go to the transport.
+    transport = httpx.HTTPTransport(**{k: kwargs.pop(k) for k in ("verify", "retries", "limits") if k in kwargs})
     pool = transport._pool  # httpx has no public hook for the network backend; tests/test_deadline.py guards this
     pool._network_backend = _DeadlineBackend(pool._network_backend)
     return httpx.Client(timeout=httpx.Timeout(timeout_s, connect=connect_s), transport=transport, **kwargs)

@@ -106,6 +106,10 @@ class AnsweredLog(Protocol):
     def reoffer_due(self, platform: str, sender_id: str, *, now: float, after: tuple[float, str] | None,
                     limit: int) -> list[Row]:
         """One page of a bot's rows waiting to be offered again."""
+    def senders_waiting(self, now: float) -> set[tuple[str, str]]:
+        """(platform, sender id) of every bot with a row ``reoffer_due`` would return."""
+    def senders_due(self, now: float) -> set[tuple[str, str]]:
+        """(platform, sender id) of every bot with a row ``lease_due`` would lease."""
     def overdue(self, now: float, grace_s: float, limit: int = 50) -> list[tuple[Row, float]]:
         """Non-terminal rows past their bound by more than ``grace_s``, with seconds over."""
     def export_rows(self, table: str, *, since: float | None = None) -> Iterator[dict[str, Any]]:

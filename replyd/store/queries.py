@@ -15,6 +15,13 @@ from replyd.store.unit import key_where
 from replyd.store.schema import ANSWERS, CURSORS, EVENTS, LISTING_DELAY, LISTING_LAG, REPLIES
 
 
+def _waiting(now: float) -> Any:
+    """Rows that wait for a path to offer them again (see ``Reads.reoffer_due``)."""
+    c = REPLIES.c
+    return sa.and_(sa.or_(c.state.in_([NOT_LANDED, RELEASED, PARTS]), sa.and_(c.state == COMPOSING, c.lease_until < now)),
+                   c.path != PART_PATH)
+
+
 class Reads:
     """The part of the shared base that needs no backend of its own (mixed into ``Store``)."""
 
@@ -146,16 +153,27 @@ class Reads:
         page by page across its runs, so rows that stay where they are cannot hide the ones behind them.
         """
         c = REPLIES.c
-        q = sa.select(REPLIES).where(
-            c.platform == platform, c.sender_id == sender_id,
-            sa.or_(c.state.in_([NOT_LANDED, RELEASED, PARTS]), sa.and_(c.state == COMPOSING, c.lease_until < now)),
-            c.path != PART_PATH,
-        )
+        q = sa.select(REPLIES).where(c.platform == platform, c.sender_id == sender_id, _waiting(now))
         if after is not None:
             q = q.where(sa.tuple_(c.updated_at, c.parent_id) > sa.tuple_(sa.literal(after[0]), sa.literal(after[1])))
         q = q.order_by(c.updated_at, c.parent_id).limit(limit)
         with self._tx(write=False, doing="reading rows to offer again") as conn:
             return [Row(**dict(m)) for m in conn.execute(q).mappings()]
+
+    def senders_waiting(self, now: float) -> set[tuple[str, str]]:
+        """The (platform, sender id) of every bot with a row ``reoffer_due`` would return: one query for all bots."""
+        q = sa.select(REPLIES.c.platform, REPLIES.c.sender_id).where(_waiting(now)).distinct()
+        with self._tx(write=False, doing="finding bots with rows to offer again") as conn:
+            return {(p, s) for p, s in conn.execute(q)}
+
+    def senders_due(self, now: float) -> set[tuple[str, str]]:
+        """The (platform, sender id) of every bot with a row ``lease_due`` would lease: one query for all bots."""
+        c = REPLIES.c
+        q = (sa.select(c.platform, c.sender_id)
+             .where(c.state.in_(SWEPT), c.deadline_at <= now, sa.or_(c.lease_until.is_(None), c.lease_until < now))
+             .distinct())
+        with self._tx(write=False, doing="finding bots with due rows") as conn:
+            return {(p, s) for p, s in conn.execute(q)}
 
     def overdue(self, now: float, grace_s: float, limit: int = 50) -> list[tuple[Row, float]]:
         """Return non-terminal rows past their bound by more than ``grace_s``, most overdue first, with seconds over.
