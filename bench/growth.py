@@ -43,6 +43,7 @@ from bench.common import (
 )
 
 DUE = 100
+DUE_BUDGET_S = 0.3  # the due rows' send budget: they are due once it has passed
 CHUNK = 20_000
 
 
@@ -206,9 +207,11 @@ def child(url: str, n: int, claims: int, checks: int) -> dict[str, Any]:
             raise RuntimeError(f"growth check {pid}: {out}")
     # 100 due open rows among the n closed ones, opened the real way through a memory platform.
     mem = MemoryPlatform(instance=INSTANCE, sender_id=SENDER_ID, listing_delay_s=0.0, script=["lost"] * DUE)
-    g2 = Guard(store, mem, IDENTITY, send_timeout_s=0.0)
+    # A short send budget, not none: a send with no budget left is never made (the stall guard), nothing opens.
+    g2 = Guard(store, mem, IDENTITY, send_timeout_s=DUE_BUDGET_S)
     for j in range(DUE):
         g2.post(mem.add_parent(str(base + 2 * 10**9 + j)), REPLY_TEXT)
+    time.sleep(DUE_BUDGET_S)  # every open row past its deadline (the listing delay is 0): due
     t0 = time.perf_counter()
     r = Sweeper(store, [Bot(mem, IDENTITY)]).run_once()
     sweep_s = time.perf_counter() - t0
@@ -285,9 +288,10 @@ def interleaved(urls: dict[int, str], *, claims: int, checks: int, sweeps: int, 
         for n in sorted(sizes, key=lambda _n: rng.random()):
             # 100 due open rows among the n closed ones, opened the real way (memory platform, lost responses).
             mem = MemoryPlatform(instance=INSTANCE, sender_id=SENDER_ID, listing_delay_s=0.0, script=["lost"] * DUE)
-            g2 = Guard(stores[n], mem, IDENTITY, send_timeout_s=0.0)
+            g2 = Guard(stores[n], mem, IDENTITY, send_timeout_s=DUE_BUDGET_S)  # see child()
             for j in range(DUE):
                 g2.post(mem.add_parent(str(base[n] + 2 * 10**9 + k * 1000 + j)), REPLY_TEXT)
+            time.sleep(DUE_BUDGET_S)
             t0 = time.perf_counter()
             r = Sweeper(stores[n], [Bot(mem, IDENTITY)]).run_once()
             sweep[n].append(time.perf_counter() - t0)
