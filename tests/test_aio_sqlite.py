@@ -15,6 +15,7 @@ from typing import Any
 
 from replyd import aio
 from replyd import store as st
+from replyd.errors import StoreError
 from replyd.guard import Status
 from replyd.platforms.base import Parent, Sent
 from replyd.platforms.memory import MemoryPlatform
@@ -91,3 +92,82 @@ def test_a_close_meeting_another_writer_never_waits_on_the_loop(tmp_path):
     assert max(lags) < 0.5, f"the loop stalled {max(lags) * 1000:.0f} ms while a close waited for the lock"
     assert ran_on_thread.count("cas_event") == 3, ran_on_thread  # each close fell back to the thread
     store.dispose()
+
+
+def _claim_args(g: Any, parent_id: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The args and kwargs the core gives ``Store.claim`` for a new post on ``parent_id``."""
+    steps = g.claim_steps(g.key(parent_id), Parent(id=parent_id, author_id="u"), "api", "hi")
+    call = next(steps)
+    return call.args, call.kwargs
+
+
+def test_a_group_commit_decides_two_claims_of_one_key_in_order(tmp_path):
+    """Four claims in one group, two of them on one key: three rows, the second claim of the key lost."""
+    store = Store.open(f"sqlite:///{tmp_path / 'r.sqlite3'}")
+    plat = MemoryPlatform(listing_delay_s=5.0)
+    g = aio.AsyncGuard(store, plat, plat.whoami(), watch_interval_s=None)
+    try:
+        got = store.claim_group([_claim_args(g, p) for p in ("a", "b", "a", "c")])
+    finally:
+        g.store_thread.close()
+    assert [c.won for c in got] == [True, True, False, True]
+    assert got[2].row is not None and got[2].row.parent_id == "a"
+    assert sorted(r.parent_id for r in store.rows_in(g.key("a").platform, g.key("a").sender_id, [st.OPEN])) \
+        == ["a", "b", "c"]
+    assert [e.kind for e in store.history(g.key("a"))] == ["claimed"]
+
+
+def test_waiting_claims_commit_together_and_each_parent_gets_one_reply(tmp_path):
+    """200 gathered posts on 100 parents: claims waiting together share a commit (fewer commits than claims),
+    one reply per parent counted on the platform, every row closed."""
+    store = Store.open(f"sqlite:///{tmp_path / 'r.sqlite3'}")
+    plat = MemoryPlatform(listing_delay_s=5.0)
+    commits: list[int] = []
+    orig = store._write
+
+    def counted(fairy: Any, relaxed: bool, body: Any) -> Any:
+        """Count durable commits (the claims'; the closes are relaxed)."""
+        if not relaxed:
+            commits.append(1)
+        return orig(fairy, relaxed, body)
+
+    store._write = counted  # type: ignore[method-assign]
+
+    async def run() -> tuple[list[Any], int]:
+        g = aio.AsyncGuard(store, plat, plat.whoami(), watch_interval_s=None, max_in_flight=64)
+        parents = [plat.add_parent(f"p{i}") for i in range(100)]
+        outs = await asyncio.gather(*(g.post(p, f"answer {p.id}") for p in parents for _ in range(2)))
+        grouped = g.store_thread.grouped
+        await g.aclose()
+        return outs, grouped
+
+    outs, grouped = asyncio.run(run())
+    posted = [o for o in outs if o.status == Status.POSTED]
+    assert len(posted) == 100
+    assert grouped > 0 and len(commits) < 100
+    per_parent: dict[str, int] = {}
+    for r in plat.replies():
+        per_parent[r["parent_id"]] = per_parent.get(r["parent_id"], 0) + 1
+    assert per_parent == {f"p{i}": 1 for i in range(100)}
+
+
+def test_a_failed_group_commit_falls_back_to_one_claim_each(tmp_path):
+    """The group's transaction fails (nothing written): each claim runs alone and every post is answered once."""
+    store = Store.open(f"sqlite:///{tmp_path / 'r.sqlite3'}")
+    plat = MemoryPlatform(listing_delay_s=5.0)
+
+    def broken(calls: Any) -> Any:
+        """A group commit that always fails."""
+        raise StoreError("disk I/O error (planted)")
+
+    store.claim_group = broken  # type: ignore[method-assign]
+
+    async def run() -> list[Any]:
+        g = aio.AsyncGuard(store, plat, plat.whoami(), watch_interval_s=None)
+        outs = await asyncio.wait_for(asyncio.gather(*(g.post(plat.add_parent(f"p{i}"), "hi") for i in range(40))), 30)
+        await g.aclose()
+        return outs
+
+    outs = asyncio.run(run())
+    assert [o.status for o in outs] == [Status.POSTED] * 40
+    assert len(plat.replies()) == 40

@@ -7,7 +7,7 @@ in ``cursors``; own replies' listing lag in ``listing_lag`` / ``listing_delay``.
 never a SQLAlchemy object.
 """
 
-from replyd.store.base import Store
+from replyd.store.base import ClaimsInGroup, Store
 from replyd.store.contract import AnsweredLog
 from replyd.store.engine import default_sqlite_path, default_url, redact_url, sqlite_file
 from replyd.store.hotsql import hot_sql
@@ -50,7 +50,7 @@ from replyd.store.unit import Tx
 __all__ = [
     "CLAIM_COMMIT_LEVELS", "CLOSED", "COMPOSING", "DECLINED", "DURABILITIES", "EXPORT_TABLES", "GAVE_UP",
     "NOT_LANDED", "OPEN", "PART_PATH", "PARTS", "REJECTED", "RELEASED", "REOFFERED", "REPLY_ID_EVENTS", "SKIPPED",
-    "SQLITE_BUSY_TIMEOUT_MS", "STATES", "SWEPT", "TERMINAL", "UNCONFIRMED", "AnsweredLog", "Claim", "Durability", "Event", "Key",
+    "SQLITE_BUSY_TIMEOUT_MS", "STATES", "SWEPT", "TERMINAL", "UNCONFIRMED", "AnsweredLog", "Claim", "ClaimsInGroup", "Durability", "Event", "Key",
     "ListingDelay", "PostgresStore", "Reply", "Row", "SQLiteStore", "Store", "Tx", "default_sqlite_path",
     "default_url", "hot_sql", "lease_holder", "make_owner", "record_fields", "redact_url", "sqlite_file",
 ]

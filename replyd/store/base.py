@@ -15,7 +15,7 @@ import os
 import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -51,6 +51,14 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@runtime_checkable
+class ClaimsInGroup(Protocol):
+    """A store that commits several waiting ``claim`` calls in one transaction (SQLite: one fsync for all)."""
+
+    def claim_group(self, calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]]) -> list[Claim | None]:
+        """Per call (its args and kwargs) its ``Claim``, or None for a call to be run alone."""
 
 
 class Store(Reads):

@@ -179,23 +179,55 @@ class SQLiteStore(Store):
         with self._driver(doing) as fairy:
             row = self._peek_with(fairy, key)
             if row is None:
-                def insert(dbc: Any) -> Claim:
-                    if dbc.execute(self._sql.insert, ins).rowcount == 1:
-                        dbc.execute(self._sql.event, ev)
-                        return Claim(True, None, new)
-                    # Inserted by someone since the read: decide on it under the lock, in this transaction.
-                    got = self._peek_with(fairy, key)
-                    vals = None if got is None else reclaim(got)
-                    if vals is None:
-                        return Claim(False, got, None)
-                    assert got is not None
-                    if self._cas_in(dbc, key, [got.state], got.attempt, vals, lease_holder(got),
-                                    {**event, "state": vals.get("state"), "attempt": vals.get("attempt")}, None):
-                        return Claim(True, None, vals)
-                    return Claim(False, got, None)
-
-                return self._write(fairy, relaxed, insert)
+                return self._write(fairy, relaxed, lambda dbc: self._insert_claim(dbc, fairy, key, ins, ev, new,
+                                                                                reclaim, event))
             return self._reclaim(fairy, key, row, reclaim, event, relaxed)
+
+    def _insert_claim(self, dbc: Any, fairy: Any, key: Key, ins: Mapping[str, Any], ev: Mapping[str, Any],
+                      new: Mapping[str, Any], reclaim: Callable[[Row], Mapping[str, Any] | None],
+                      event: Mapping[str, Any]) -> Claim:
+        """Inside the caller's write transaction: insert the new row and its event, or decide on the row that
+        was inserted since the read (under the lock)."""
+        if dbc.execute(self._sql.insert, ins).rowcount == 1:
+            dbc.execute(self._sql.event, ev)
+            return Claim(True, None, new)
+        got = self._peek_with(fairy, key)
+        vals = None if got is None else reclaim(got)
+        if vals is None:
+            return Claim(False, got, None)
+        assert got is not None
+        if self._cas_in(dbc, key, [got.state], got.attempt, vals, lease_holder(got),
+                        {**event, "state": vals.get("state"), "attempt": vals.get("attempt")}, None):
+            return Claim(True, None, vals)
+        return Claim(False, got, None)
+
+    def claim_group(self, calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]]) -> list[Claim | None]:
+        """``ClaimsInGroup``: the ``claim`` calls (their args and kwargs) whose keys have no row yet, inserted
+        under one ``BEGIN IMMEDIATE`` … ``COMMIT`` (one fsync for all, FULL unless every one is relaxed); per
+        call its ``Claim``, or None for a call to be run alone (its key has a row, or its values are bad).
+
+        Each claim commits durably before any of them is answered, so the group is as safe as one claim per
+        commit; two calls on one key are decided in order inside the transaction, as two commits would be.
+        A transaction that fails raises, nothing written: the caller runs the calls one by one.
+        """
+        out: list[Claim | None] = [None] * len(calls)
+        fresh: list[tuple[int, Key, dict[str, Any], dict[str, Any], Mapping[str, Any], Any, Mapping[str, Any]]] = []
+        relaxed = True
+        with self._driver("claiming") as fairy:
+            for i, (args, kwargs) in enumerate(calls):
+                key, new, reclaim, event = args
+                try:
+                    ins, ev = self._claim_params(key, new, event)
+                except ValueError:
+                    continue  # run alone: its own call raises the error to its own caller
+                if self._peek_with(fairy, key) is None:
+                    fresh.append((i, key, ins, ev, new, reclaim, event))
+                    relaxed = relaxed and bool(kwargs.get("relaxed", False))
+            if len(fresh) > 1:
+                got = self._write(fairy, relaxed, lambda dbc: [self._insert_claim(dbc, fairy, *f[1:]) for f in fresh])
+                for f, claim in zip(fresh, got, strict=True):
+                    out[f[0]] = claim
+        return out
 
     def write_now(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[bool, Any]:
         """Run a relaxed compare-and-set (a close) at once on the calling thread when it can go without waiting:
