@@ -315,7 +315,7 @@ def lag_tables(res: dict[str, Any], cmd: str) -> list[Table]:
         "daemon's way on, outside the probed run: sweep once every open row is due, offer the parents again, until "
         "every row is closed; replies are counted on the sim. Before the run `gc.freeze()` moves the start-up heap "
         "out of the collector's way, as docs/LIBRARY.md advises: without it one full collection can stall the loop "
-        "for tens of ms. `AsyncGuard`'s `max_in_flight` bounds the posts past their claim: without it every parent "
+        "for tens of ms. `AsyncGuard`'s window (following the loop's lag, capped by `max_in_flight`) bounds the posts past their claim: without it every parent "
         "is claimed at once and posts give up, their budgets spent waiting for the store and its pool.")
     t.notes.append("Alone: `PYTHONPATH=. python -m bench.aio --lag-parents N --lag-platform own|mastodon` (JSON lines).")
     return [t]
