@@ -41,7 +41,7 @@ from replyd import deadline, metrics
 from replyd import store as st
 from replyd.clock import Clock
 from replyd.core import (PAGE_CLOSES, PAGE_MAX, Call, Compose, Drive, Edit, Effect, GuardCore, Lease, Outcome, Pull, Respond, Send,
-                         PageCloses, Status, Steps, page_chunks)
+                         Status, Steps, page_chunks)
 from replyd.errors import BadResponse, MaybeSent, PlatformError
 from replyd.platforms.base import AsyncSend, Identity, LoopBound, Parent, Platform, Sent
 from replyd import stream as streams
@@ -256,7 +256,7 @@ class AsyncGuard(GuardCore):
         outs: list[Outcome] = []
         for chunk in page_chunks(list(items), PAGE_MAX):
             rows = await self.claim_page(chunk, path=path)
-            page = PageCloses(frozenset(self.key(p.id) for (p, _), row in zip(chunk, rows, strict=True) if row))
+            page = self.page_closes([self.key(p.id) for p, _ in chunk], rows)
             token = PAGE_CLOSES.set(page)  # the page's tasks copy this context: only they defer their closes
             try:
                 got = await asyncio.gather(*(self.post_claimed(p, t, path=path, claimed=row)

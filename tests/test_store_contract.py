@@ -764,6 +764,30 @@ def test_postgres_durability(pg_url, clock, durability, face):
             store.dispose()
 
 
+@pytest.mark.postgres
+def test_postgres_page_claim_of_composers_is_synchronous(pg_url, clock, face):
+    """PostgreSQL: a page claim of parents to compose (a new key and a released row among them) commits
+    synchronously, though a single composing claim is relaxed; each row's lease and close stay relaxed."""
+    with commit_modes(pg_url) as read_modes:
+        store = Store.open(pg_url, clock=clock)
+        try:
+            plat = MemoryPlatform(clock=clock)
+            g = face(store, plat, plat.whoami(), clock=clock, watch_interval_s=None)
+            parents = [plat.add_parent(f"cp{i}") for i in range(3)]
+            seed_values = {"state": st.RELEASED, "attempt": 1, "created_at": clock.now(), "updated_at": clock.now()}
+            with store.transaction() as tx:
+                tx.insert_new(g.key("cp1"), seed_values)
+            outs = g.post_page([(p, lambda parent: f"composed for {parent.id}") for p in parents])
+            assert [o.status for o in outs] == [Status.POSTED] * 3
+            g.close()
+            modes = read_modes()
+            claimed = [m for k, s, m in modes if k == "claimed"]
+            assert len(claimed) == 3 and "off" not in claimed, modes
+            assert {m for k, _, m in modes if k == "closed"} == {"off"}, modes
+        finally:
+            store.dispose()
+
+
 # -- concurrency with real OS processes ---------------------------------------------------------------
 
 KEYS = 40
