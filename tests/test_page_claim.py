@@ -124,6 +124,31 @@ def test_a_page_stopped_by_an_exception_hands_back_what_it_had_not_reached(store
     assert all(store.get(g.key(f"x{i}")).attempt == 1 for i in range(4))
 
 
+def test_an_exception_in_an_async_page_lets_the_other_posts_end(store, clock):
+    """The async face: an exception in the 2nd post of a page; the posts running beside it end and are closed in
+    the page's close, the exception goes on, ``done`` holds the outcomes before it; one reply each."""
+    plat = MemoryPlatform(clock=clock, listing_delay_s=5.0)
+    g = FACES["async"](store, plat, plat.whoami(), clock=clock, watch_interval_s=None)
+    try:
+        parents = [plat.add_parent(f"y{i}") for i in range(4)]
+        send = g._g._send  # the async face's own seam (a coroutine function): awaited by the harness
+
+        def failing_send(key, parent, row, text):  # noqa: ANN001, ANN202
+            if parent.id == "y1":
+                raise RuntimeError("a bug before the request")
+            return send(key, parent, row, text)
+
+        g._send = failing_send
+        done: list = []
+        with pytest.raises(RuntimeError):
+            g.post_page([(p, "x") for p in parents], path="inbox", done=done)
+        assert [(o.key.parent_id, o.status) for o in done] == [("y0", Status.POSTED)]
+        assert [store.get(g.key(f"y{i}")).state for i in range(4)] == [st.CLOSED, st.OPEN, st.CLOSED, st.CLOSED]
+        assert [plat.reply_count(p.id) for p in parents] == [1, 0, 1, 1]
+    finally:
+        g.close()
+
+
 def test_a_breaker_open_after_the_page_claim_hands_the_rows_back_unsent(store, clock):
     """The breaker opens between the page claim and the sends: the claimed rows go back to ``released`` (no
     attempt spent, nothing sent) and are answered once the breaker closes."""
