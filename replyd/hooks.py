@@ -12,7 +12,8 @@ re-offer (``Pollers.reoffer``, on any replica, or this one restarted) offers the
 Telegram (``setWebhook``) and WhatsApp do not deliver again after a 2xx, and Telegram refuses ``getUpdates``
 while a webhook is set, so without the row such a delivery would be gone. A store that cannot take the
 commit gets the delivery answered 503 (nothing acked, nothing offered), so a platform that retries does.
-The offer after the ack is unchanged: the guard claims the ``released`` row as it claims re-find's.
+The offer after the ack takes the delivery's parents as one page (``Pipeline.offer_page``): the ``released``
+rows are claimed together, in one durable transaction, as re-find's waiting rows are.
 A delivery redelivered, delivered out of order or delivered to two replicas needs nothing here: the
 guard's key makes the second offer ``already_answered`` or ``in_flight``. Polling stays on as the
 backstop: a delivery that never arrives is found by the next poll.

@@ -1,4 +1,5 @@
-"""Discovery paths of one bot: inbox, search and re-find, each feeding the one pipeline.
+"""Discovery paths of one bot: inbox, search and re-find, each feeding the one pipeline a page at a time
+(``Pipeline.offer_page``: one group claim per page).
 
 Cursors are saved only after every parent of a page was offered, so a crash
 re-reads the page and the guard drops what was already answered. A poll that
