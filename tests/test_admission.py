@@ -28,7 +28,7 @@ def test_an_on_time_tick_grows_the_window_only_while_posts_wait_for_a_full_one()
     """On time and posts waiting at a full window: one more place; nobody waiting: the window stays."""
 
     async def run() -> tuple[int, int, int]:
-        a = Admission(6, start=2)
+        a = Admission(6, start=2, grow_after=1)
         for _ in range(2):
             await a.enter()
         a.observe(0.0)
@@ -46,6 +46,30 @@ def test_an_on_time_tick_grows_the_window_only_while_posts_wait_for_a_full_one()
 
     idle, grown, active = asyncio.run(run())
     assert (idle, grown, active) == (2, 3, 3)
+
+
+def test_the_window_grows_only_after_grow_after_on_time_ticks_in_a_row():
+    """With ``grow_after`` 4, three on-time ticks and a late one grow nothing; four in a row add one place."""
+
+    async def run() -> list[int]:
+        a = Admission(8, start=4, grow_after=4)
+        for _ in range(4):
+            await a.enter()
+        waiter = asyncio.create_task(a.enter())
+        await asyncio.sleep(0)
+        seen = []
+        for late in (0.0, 0.0, 0.0, 0.010):
+            a.observe(late)
+        seen.append(a.window)  # 3 then late: a quarter off, no growth
+        for _ in range(4):
+            a.observe(0.0)
+        seen.append(a.window)
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        a.close()
+        return seen
+
+    assert asyncio.run(run()) == [3, 4]
 
 
 def test_places_go_in_order_and_a_cancelled_waiter_keeps_none():
