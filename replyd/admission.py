@@ -35,11 +35,6 @@ class Admission:
         self._due: float | None = None  # the pending tick's due time (None: not ticking)
         self._timer: asyncio.TimerHandle | None = None
 
-    @property
-    def waiting(self) -> int:
-        """Posts waiting for a place (a cancelled one may still be counted until it is passed over)."""
-        return len(self._waiters)
-
     async def enter(self) -> None:
         """Take a place, waiting in order while the window is full."""
         if self.active < self.window and not self._waiters:

@@ -76,7 +76,7 @@ class StoreThread:
         # each): under many posts the store thread is mostly fsync, and each one costs the machine's kernel
         # CPU besides (the loop's lag under load). One claim waiting alone takes the plain path.
         self._group = store if isinstance(store, st.ClaimsInGroup) else None
-        self._claim = getattr(store, "claim", None)
+        self._claim = store.claim if self._group is not None else None
         self.grouped = 0  # claims answered by a group commit (for tests and benchmarks)
         self._threads = [threading.Thread(target=self._serve, name=f"replyd-store-{i}", daemon=True)
                          for i in range(threads)]

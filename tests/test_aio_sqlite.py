@@ -117,6 +117,21 @@ def test_a_group_commit_decides_two_claims_of_one_key_in_order(tmp_path):
     assert [e.kind for e in store.history(g.key("a"))] == ["claimed"]
 
 
+def test_a_group_decides_a_taken_key_on_its_read_without_running_it_again(tmp_path):
+    """A claim in a group whose key is already taken (open, not claimable) is answered by the group from its read,
+    not handed back to run alone; the new keys beside it are inserted."""
+    store = Store.open(f"sqlite:///{tmp_path / 'r.sqlite3'}")
+    plat = MemoryPlatform(listing_delay_s=5.0)
+    g = aio.AsyncGuard(store, plat, plat.whoami(), watch_interval_s=None)
+    try:
+        assert store.claim(*_claim_args(g, "a")[0], **_claim_args(g, "a")[1]).won
+        got = store.claim_group([_claim_args(g, p) for p in ("a", "b", "c")])
+    finally:
+        g.store_thread.close()
+    assert got[0] is not None and not got[0].won and got[0].row is not None and got[0].row.state == st.OPEN
+    assert [c is not None and c.won for c in got[1:]] == [True, True]
+
+
 def test_waiting_claims_commit_together_and_each_parent_gets_one_reply(tmp_path):
     """200 gathered posts on 100 parents: claims waiting together share a commit (fewer commits than claims),
     one reply per parent counted on the platform, every row closed."""

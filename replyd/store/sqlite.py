@@ -204,7 +204,8 @@ class SQLiteStore(Store):
     def claim_group(self, calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]]) -> list[Claim | None]:
         """``ClaimsInGroup``: the ``claim`` calls (their args and kwargs) whose keys have no row yet, inserted
         under one ``BEGIN IMMEDIATE`` … ``COMMIT`` (one fsync for all, FULL unless every one is relaxed); per
-        call its ``Claim``, or None for a call to be run alone (its key has a row, or its values are bad).
+        call its ``Claim``, or None for a call to be run alone (its key has a claimable row: that takes its own
+        compare-and-set; or its values are bad). A key whose row is not claimable is decided on the read.
 
         Each claim commits durably before any of them is answered, so the group is as safe as one claim per
         commit; two calls on one key are decided in order inside the transaction, as two commits would be.
@@ -220,9 +221,12 @@ class SQLiteStore(Store):
                     ins, ev = self._claim_params(key, new, event)
                 except ValueError:
                     continue  # run alone: its own call raises the error to its own caller
-                if self._peek_with(fairy, key) is None:
+                row = self._peek_with(fairy, key)
+                if row is None:
                     fresh.append((i, key, ins, ev, new, reclaim, event))
                     relaxed = relaxed and bool(kwargs.get("relaxed", False))
+                elif reclaim(row) is None:  # taken and not claimable: decided on the read, as ``claim`` decides it
+                    out[i] = Claim(False, row, None)
             if len(fresh) > 1:
                 got = self._write(fairy, relaxed, lambda dbc: [self._insert_claim(dbc, fairy, *f[1:]) for f in fresh])
                 for f, claim in zip(fresh, got, strict=True):
