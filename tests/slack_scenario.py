@@ -346,3 +346,38 @@ def transport_ambiguous(url: str) -> set[str]:
         rows = c.exec_driver_sql("SELECT parent_id, detail FROM events WHERE kind = 'maybe_sent'").all()
     eng.dispose()
     return {p for p, d in rows if any(word in str(d).lower() for word in _TRANSPORT)}
+
+
+def cut_before_send(url: str, owners: set[str]) -> set[str]:
+    """Parents whose last attempt was opened by one of ``owners`` (replicas that were SIGKILLed) and never heard
+    of again from it: no close, no maybe_sent, no release. A kill between the open commit and the request
+    leaves exactly that; a test also checks the platform never saw the send."""
+    import sqlalchemy as sa
+
+    eng = sa.create_engine(url)
+    with eng.connect() as c:
+        rows = c.exec_driver_sql("SELECT parent_id, kind, attempt, owner FROM events ORDER BY id").all()
+    eng.dispose()
+    opened: dict[str, tuple[int, str]] = {}
+    heard: set[tuple[str, int, str]] = set()
+    for p, kind, attempt, owner in rows:
+        if kind == "opened":
+            opened[p] = (attempt, owner)
+        elif kind in ("closed", "maybe_sent", "late_maybe_sent", "released", "too_late", "rejected", "late_landing"):
+            heard.add((p, attempt, owner))
+    return {p for p, (attempt, owner) in opened.items() if owner in owners and (p, attempt, owner) not in heard}
+
+
+def events_of(url: str, parents: set[str]) -> dict[str, list[tuple[Any, ...]]]:
+    """Each parent's events in order (kind, state, attempt, owner, detail): what an unexplained row went through."""
+    import sqlalchemy as sa
+
+    eng = sa.create_engine(url)
+    with eng.connect() as c:
+        rows = c.exec_driver_sql("SELECT parent_id, kind, state, attempt, owner, detail FROM events ORDER BY id").all()
+    eng.dispose()
+    out: dict[str, list[tuple[Any, ...]]] = {p: [] for p in parents}
+    for p, *rest in rows:
+        if p in out:
+            out[p].append(tuple(rest))
+    return out
