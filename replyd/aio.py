@@ -42,7 +42,7 @@ from replyd.admission import Admission
 from replyd import store as st
 from replyd.clock import Clock
 from replyd.core import (PAGE_CLOSES, PAGE_MAX, Call, Compose, Drive, Edit, Effect, GuardCore, Lease, Outcome, Pull, Respond, Send,
-                         PageCloses, Status, Steps, page_chunks)
+                         Status, Steps, page_chunks)
 from replyd.errors import BadResponse, MaybeSent, PlatformError
 from replyd.platforms.base import AsyncSend, Identity, LoopBound, Parent, Platform, Sent
 from replyd import stream as streams
@@ -302,27 +302,35 @@ class AsyncGuard(GuardCore):
         finally:
             self._slots.leave()
 
-    async def post_page(self, items: Sequence[tuple[Parent, str | Compose]], *, path: str = "api") -> list[Outcome]:
-        """Reply to each parent of one page at most once, its new keys claimed in one transaction; in order (the
-        posts after the claim run concurrently, within ``max_in_flight``)."""
-        outs: list[Outcome] = []
+    async def post_page(self, items: Sequence[tuple[Parent, str | Compose]], *, path: str = "api",
+                        done: list[Outcome] | None = None) -> list[Outcome]:
+        """Reply to each parent of one page at most once, its keys claimed in one transaction; in order (the posts
+        after the claim run concurrently, within ``max_in_flight``).
+
+        An exception in a post stops the page as on the sync face, once the posts under way have ended (they run
+        beside it): what the page sent is closed and the first exception, in the page's order, goes on; ``done``
+        gets the outcomes before it, in order. A dying post (a ``BaseException``: the process is going away, or
+        the page is cancelled) cancels the others and leaves the page's open rows to the sweep."""
+        outs: list[Outcome] = [] if done is None else done
         for chunk in page_chunks(list(items), PAGE_MAX):
             rows = await self.claim_page(chunk, path=path)
-            page = PageCloses(frozenset(self.key(p.id) for (p, _), row in zip(chunk, rows, strict=True) if row))
+            page = self.page_closes([self.key(p.id) for p, _ in chunk], rows)
             token = PAGE_CLOSES.set(page)  # the page's tasks copy this context: only they defer their closes
-            try:
-                got = await asyncio.gather(*(self.post_claimed(p, t, path=path, claimed=row)
-                                             for (p, t), row in zip(chunk, rows, strict=True)))
-            except Exception:  # the page stops here: what it sent is closed all the same
-                PAGE_CLOSES.reset(token)
-                await self._run(self.close_page_steps(page))
-                raise
-            except BaseException:  # cancelled, or the process is going away: its open rows are the sweep's
-                PAGE_CLOSES.reset(token)
-                raise
+            tasks = [asyncio.ensure_future(self.post_claimed(p, t, path=path, claimed=row))
+                     for (p, t), row in zip(chunk, rows, strict=True)]
             PAGE_CLOSES.reset(token)
+            try:
+                await _all_or_dying(tasks)
+            except BaseException:  # cancelled, or the process is going away: its open rows are the sweep's
+                for t in tasks:
+                    t.cancel()
+                raise
+            got = [t.exception() or t.result() for t in tasks]
+            first = next((i for i, o in enumerate(got) if isinstance(o, BaseException)), len(got))
             fixed = await self._run(self.close_page_steps(page))  # the page's closes: one relaxed commit
-            outs += [fixed.get(o.key, o) for o in got]
+            outs += [fixed.get(o.key, o) for o in got[:first]]
+            if first < len(got):  # the page stops here: what it sent is closed all the same
+                raise got[first]
         return outs
 
     async def claim_page(self, items: Sequence[tuple[Parent, str | Compose]], *,
@@ -507,3 +515,19 @@ async def open_guard(store_url: str | None, platform: str | Platform, settings: 
         yield out
     finally:
         await out.aclose()
+
+
+async def _all_or_dying(tasks: list[asyncio.Future[Any]]) -> None:
+    """Wait until every task ended; a task that dies (a ``BaseException`` that is not an ``Exception``) cancels the
+    others, and its exception is raised once they ended."""
+    pending = set(tasks)
+    while pending:
+        ended, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+        for t in ended:
+            exc = None if t.cancelled() else t.exception()
+            if exc is not None and not isinstance(exc, Exception):
+                for other in pending:
+                    other.cancel()
+                if pending:
+                    await asyncio.wait(pending)
+                raise exc

@@ -42,7 +42,7 @@ import hashlib
 import itertools
 import json
 import threading
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
@@ -531,6 +531,9 @@ class GuardCore:
             if stored:
                 body = "\n\n".join(stored)
             elif compose is not None:
+                if claimed is not None and not (yield from self._renew_lease_steps(key, row)):
+                    # The page held it for a short while; this compose takes the whole lease, as a claim does.
+                    return (yield from self._lost_lease_steps(key))
                 written = yield from self._compose_steps(key, parent, row, compose, ticket)
                 if isinstance(written, Outcome):
                     return written
@@ -796,13 +799,15 @@ class GuardCore:
 
     # -- claim, compose, open ------------------------------------------------------------------
 
-    def _claim_values(self, parent: Parent, path: str, text: str | None, now: float) -> tuple[dict[str, Any],
-                                                                                             dict[str, Any]]:
-        """A claim's values: (those it writes on any row, a new row's): ``open`` with ``text``, else ``composing``."""
+    def _claim_values(self, parent: Parent, path: str, text: str | None, now: float, *,
+                      lease_s: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A claim's values: (those it writes on any row, a new row's): ``open`` with ``text``, else ``composing``
+        with a lease of ``lease_s`` (default ``compose_lease_s``)."""
         if text is not None:
             state, extra = st.OPEN, self._open_values(now, text)
         else:
-            state, extra = st.COMPOSING, {"lease_owner": self.owner, "lease_until": now + self.compose_lease_s}
+            until = now + (self.compose_lease_s if lease_s is None else lease_s)
+            state, extra = st.COMPOSING, {"lease_owner": self.owner, "lease_until": until}
         common = {
             "state": state,
             "updated_at": now,
@@ -814,43 +819,97 @@ class GuardCore:
         }
         return common, {**common, "attempt": 1, "created_at": now, "provider_key": self.provider_key(parent.id)}
 
+    def _reclaim_values(self, row: st.Row, common: dict[str, Any], now: float) -> dict[str, Any] | None:
+        """The values a claim compares-and-sets on the row that stands, or None when it is not claimable."""
+        if not self._claimable(row, now):
+            return None
+        attempt = row.attempt + 1 if row.state == st.NOT_LANDED else row.attempt
+        return {**common, "attempt": attempt, "error": None, "not_before": None, "reply_id": None}
+
+    def page_hold_s(self) -> float:
+        """How long a page claim holds a ``composing`` row it has not reached yet: no longer than an ``open`` row
+        of the page waits for the sweep (the send budget and the listing delay), at most a compose lease. Each
+        row takes its own full lease (``compose_lease_s``) right before its compose."""
+        return min(self.compose_lease_s, self.send_timeout_s + self.lag.delay_s())
+
     def claim_page_steps(self, items: list[tuple[Parent, str | None]], path: str) -> Steps:
-        """The group claim: the new keys of a page's texts as ``open`` rows in ONE durable transaction; return,
-        per item, the row it claimed, or None where that post claims alone (its key has a row, or it composes).
+        """The group claim: a page's keys claimed in ONE durable transaction (``Store.claim_page``): a new key
+        inserted, a claimable row (released, not landed, an expired lease) compared-and-set on its (state,
+        attempt, lease holder) as read; a text as an ``open`` row, an item with a responder (text None) as a
+        ``composing`` row held for ``page_hold_s``. Return, per item, the row it claimed, or None where that post
+        claims alone (its key's row is not claimable or moved meanwhile, or its text is longer than one post).
+        Fewer than two to claim: none is claimed here (a page of one takes the single path).
 
         A crash after this commit leaves the unsent ``open`` rows to the sweep (one listing delay: not landed,
-        offered again), as a crash right after a single claim would. Items with a responder are left to their
-        own claim: a ``composing`` claim is a relaxed commit already, and a page of them claimed at once would
-        hold every unsent one for ``compose_lease_s`` after a crash instead of one.
+        offered again), as a crash right after a single claim would, and the ``composing`` rows it had not
+        reached claimable again once their hold ends (no attempt used; re-find's re-offer offers them): the
+        same delay. Only the row being composed holds its full lease, as after a single claim.
         """
         # A text longer than one post claims alone (as an answer in parts, never one open row).
-        texts = [i for i, (p, text) in enumerate(items) if text is not None and len(self.split(p, text)) == 1]
+        take = [i for i, (p, text) in enumerate(items) if text is None or len(self.split(p, text)) == 1]
         rows: list[st.Row | None] = [None] * len(items)
-        if (not self.claiming or self.dry_run or len(texts) < 2
+        if (not self.claiming or self.dry_run or len(take) < 2
                 or (self.breaker is not None and self.breaker.is_open)):
             return rows  # nothing to share: each post claims alone (or holds, or shadows)
-        now = self.clock.now()
-        event = {"kind": "claimed", "owner": self.owner, "detail": {"path": path}}
-        batch = [(self.key(items[i][0].id), self._claim_values(items[i][0], path, items[i][1], now)[1], event)
-                 for i in texts]
+        keys = [self.key(items[i][0].id) for i in take]
         try:
-            made = yield io(self.store.claim_new, batch, doing="claiming a page")
+            found = yield io(self.store.rows_of, keys)
+            now = self.clock.now()
+            hold = self.page_hold_s()
+            event = {"kind": "claimed", "owner": self.owner, "detail": {"path": path}}
+            batch: list[tuple[int, Key, dict[str, Any], st.Row | None]] = []
+            for i, key, row in zip(take, keys, found, strict=True):
+                common, new = self._claim_values(items[i][0], path, items[i][1], now, lease_s=hold)
+                values = new if row is None else self._reclaim_values(row, common, now)
+                if values is not None:
+                    batch.append((i, key, values, row))
+            if len(batch) < 2:
+                return rows
+            made = yield io(self.store.claim_page,
+                            [(key, values, event, None if row is None else
+                              ([row.state], row.attempt, st.lease_holder(row))) for _, key, values, row in batch],
+                            doing="claiming a page")
         except StoreError as exc:
-            log.error("replyd.guard.store_failed", parent_id=batch[0][0].parent_id, page=len(batch), error=str(exc))
+            log.error("replyd.guard.store_failed", parent_id=keys[0].parent_id, page=len(keys), error=str(exc))
             raise
-        for i, (key, new, _), created in zip(texts, batch, made, strict=True):
+        for (i, key, values, row), created in zip(batch, made, strict=True):
             if created:
-                log.info("replyd.guard.claimed", parent_id=key.parent_id, state=new["state"], attempt=1, path=path,
-                         page=len(batch))
-                rows[i] = st.Row.of(key, new)
+                log.info("replyd.guard.claimed", parent_id=key.parent_id, state=values["state"],
+                         attempt=values["attempt"], path=path, page=len(batch))
+                rows[i] = st.Row.of(key, values) if row is None else st.Row(**{**row.model_dump(), **values})
         return rows
 
-    def _unclaim_steps(self, key: Key, row: st.Row, refused: Outcome) -> Steps:
-        """Release a row the page claimed when the breaker refuses its send: nothing was sent, no attempt used."""
+    def page_closes(self, keys: Sequence[Key], rows: Sequence[st.Row | None]) -> PageCloses:
+        """What a page's posts leave for its one close transaction: the plain replies of the ``open`` rows it
+        claimed. A row it claimed ``composing`` closes at once, as alone: a responder's time between the sends
+        would hold the page's closes past their rows' deadlines, and the sweep would read back what is known."""
+        return PageCloses(frozenset(k for k, row in zip(keys, rows, strict=True)
+                                    if row is not None and row.state == st.OPEN))
+
+    def _unclaim_steps(self, key: Key, row: st.Row, refused: Outcome, kind: str = "held") -> Steps:
+        """Release a row the page claimed when the breaker refuses its send (or the page stopped before it):
+        nothing was sent, no attempt used."""
         detail = {"error": refused.detail, "not_before": self.clock.now() + (refused.retry_after_s or 0.0)}
         holder = self.owner if row.state == st.COMPOSING else None
-        yield from self._transition_steps(key, [row.state], row.attempt, st.RELEASED, "held", detail, relaxed=True,
-                                          lease_owner=holder)
+        return (yield from self._transition_steps(key, [row.state], row.attempt, st.RELEASED, kind, detail,
+                                                  relaxed=True, lease_owner=holder))
+
+    def unclaim_page_steps(self, left: Sequence[tuple[Key, st.Row | None]], why: BaseException) -> Steps:
+        """The page stopped on ``why`` before these posts began: hand the rows it claimed for them back
+        (``released``, no attempt used, claimable at once), so the next offer needs no sweep or hold to end. A
+        store that refuses leaves the rest as they are: ``open`` for the sweep, ``composing`` until the hold ends."""
+        refused = Outcome(Status.NOT_SENT, left[0][0] if left else self.key(""),
+                          detail=f"page stopped: {type(why).__name__}"[:300])
+        for key, row in left:
+            if row is None:
+                continue
+            try:
+                if not (yield from self._unclaim_steps(key, row, refused, "page_stopped")):
+                    return None
+            except ContentionError as exc:
+                log.warning("replyd.guard.contended", parent_id=key.parent_id, error=str(exc)[:300])
+                return None
+        return None
 
     def claim_steps(self, key: Key, parent: Parent, path: str, text: str | None) -> Steps:
         """Take the key atomically; return the claimed row, or an Outcome if not ours."""
@@ -862,10 +921,7 @@ class GuardCore:
 
         def reclaim(row: st.Row) -> dict[str, Any] | None:
             # The row exists: ours only if claimable, compared-and-set on the (state, attempt) read here.
-            if not self._claimable(row, now):
-                return None
-            attempt = row.attempt + 1 if row.state == st.NOT_LANDED else row.attempt
-            return {**common, "attempt": attempt, "error": None, "not_before": None, "reply_id": None}
+            return self._reclaim_values(row, common, now)
 
         try:
             # One transaction: the row (inserted, or compared-and-set) and its "claimed" event; durable unless composing.
@@ -1042,7 +1098,8 @@ class GuardCore:
         return self.platform.post_limit(parent) if _offers_post_limit(type(self.platform)) else None  # type: ignore[attr-defined]
 
     def _renew_lease_steps(self, key: Key, row: Reply | st.Row) -> Steps:
-        """Push our composing lease on while a stream still comes; False if it is no longer ours."""
+        """Push our composing lease on (while a stream still comes; as a page's row starts its compose); False if
+        it is no longer ours."""
         now = self.clock.now()
         return (yield io(self.store.cas_event, key, states=[st.COMPOSING], attempt=row.attempt,
                          values={"lease_until": now + self.compose_lease_s, "updated_at": now},
@@ -1344,7 +1401,7 @@ class GuardCore:
             items.append((key, CLOSABLE, attempt, values, event))
         try:
             oks = yield io(self.store.close_many, items, relaxed=True)
-        except StoreError as exc:
+        except (StoreError, ContentionError) as exc:  # a lost close: the rows stay open, the sweep closes them
             log.error("replyd.guard.close_failed", rows=len(items), error=str(exc))
             return {key: Outcome(Status.POSTED, key, st.OPEN, attempt, reply_id, detail=CLOSE_LOST)
                     for key, attempt, reply_id in page.rows}

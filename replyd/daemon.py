@@ -634,7 +634,8 @@ class Daemon:
         assert self.hooks is not None and isinstance(bot.platform, WebhookSource)
         self.hooks.hooks[name] = Hook(name, kind, secret, bot.platform, bot.pipeline.offer,
                                       instance=bot.platform.instance, guard=bot.guard,
-                                      verify_token=getattr(self, "_verify_tokens", {}).get(name, ""))
+                                      verify_token=getattr(self, "_verify_tokens", {}).get(name, ""),
+                                      offer_page=bot.pipeline.offer_page)
         log.info("replyd.hooks.ready", bot=name, platform=bot.platform.instance, kind=kind,
                  path=f"/v1/hooks/{name}")
 

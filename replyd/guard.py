@@ -118,29 +118,43 @@ class Guard(GuardCore):
         """Reply to ``parent`` at most once; ``text`` is the reply or a responder to call once."""
         return self._run(self.post_steps(parent, text, path=path))
 
-    def post_page(self, items: Sequence[tuple[Parent, str | Compose]], *, path: str = "api") -> list[Outcome]:
-        """Reply to each parent of one page at most once, its new keys claimed in one transaction; in order.
+    def post_page(self, items: Sequence[tuple[Parent, str | Compose]], *, path: str = "api",
+                  done: list[Outcome] | None = None) -> list[Outcome]:
+        """Reply to each parent of one page at most once, its keys claimed in one transaction; in order.
 
-        An exception (``StoreError``, ``ContentionError``) stops the page where it is raised: rows the page
-        claimed and did not reach wait for the sweep (``open``) or their compose lease (``composing``)."""
-        outs: list[Outcome] = []
+        An exception (``StoreError``, ``ContentionError``) stops the page where it is raised: what the page sent
+        is closed, the rows it claimed for the posts after it are handed back (``released``, no attempt used;
+        where the store refuses, they wait for the sweep (``open``) or their hold (``composing``)), and the
+        exception goes on. ``done``: a list the page appends each outcome to as it comes, so a caller that
+        catches the exception knows which items ended (the first ``len(done)``, in order)."""
+        outs: list[Outcome] = [] if done is None else done
         for chunk in page_chunks(list(items), PAGE_MAX):
+            keys = [self.key(p.id) for p, _ in chunk]
             rows = self.claim_page(chunk, path=path)
-            page = PageCloses(frozenset(self.key(p.id) for (p, _), row in zip(chunk, rows, strict=True) if row))
+            page = self.page_closes(keys, rows)
             token = PAGE_CLOSES.set(page)
+            start = len(outs)
             try:
-                got = [self.post_claimed(p, t, path=path, claimed=row) for (p, t), row in zip(chunk, rows, strict=True)]
-            except Exception:  # the page stops here: what it sent is closed all the same
+                for (p, t), row in zip(chunk, rows, strict=True):
+                    outs.append(self.post_claimed(p, t, path=path, claimed=row))
+            except Exception as exc:  # the page stops here: what it sent is closed all the same
                 PAGE_CLOSES.reset(token)
-                self._run(self.close_page_steps(page))
+                self._fix(outs, start, self._run(self.close_page_steps(page)))
+                reached = len(outs) - start + 1
+                self._run(self.unclaim_page_steps(list(zip(keys, rows, strict=True))[reached:], exc))
                 raise
             except BaseException:  # the process is going away: its open rows are the sweep's
                 PAGE_CLOSES.reset(token)
                 raise
             PAGE_CLOSES.reset(token)
-            fixed = self._run(self.close_page_steps(page))  # the page's closes: one relaxed commit
-            outs += [fixed.get(o.key, o) for o in got]
+            self._fix(outs, start, self._run(self.close_page_steps(page)))  # the page's closes: one relaxed commit
         return outs
+
+    @staticmethod
+    def _fix(outs: list[Outcome], start: int, fixed: dict[Key, Outcome]) -> None:
+        """Put the page's close results (``close_page_steps``) in place of the outcomes from ``start`` on."""
+        for i in range(start, len(outs)):
+            outs[i] = fixed.get(outs[i].key, outs[i])
 
     def claim_page(self, items: Sequence[tuple[Parent, str | Compose]], *, path: str = "api") -> list[st.Row | None]:
         """Claim the new keys of ``items`` (at most ``PAGE_MAX``) in one transaction; per item its row or None."""

@@ -12,7 +12,8 @@ re-offer (``Pollers.reoffer``, on any replica, or this one restarted) offers the
 Telegram (``setWebhook``) and WhatsApp do not deliver again after a 2xx, and Telegram refuses ``getUpdates``
 while a webhook is set, so without the row such a delivery would be gone. A store that cannot take the
 commit gets the delivery answered 503 (nothing acked, nothing offered), so a platform that retries does.
-The offer after the ack is unchanged: the guard claims the ``released`` row as it claims re-find's.
+The offer after the ack takes the delivery's parents as one page (``Pipeline.offer_page``): the ``released``
+rows are claimed together, in one durable transaction, as re-find's waiting rows are.
 A delivery redelivered, delivered out of order or delivered to two replicas needs nothing here: the
 guard's key makes the second offer ``already_answered`` or ``in_flight``. Polling stays on as the
 backstop: a delivery that never arrives is found by the next poll.
@@ -220,6 +221,20 @@ class Hook:
     instance: str = ""
     guard: Guard | None = None  # the bot's guard: its store keeps each parent before the ack (None: not kept)
     verify_token: str = ""  # a handshake's hub.verify_token (WhatsApp); "" refuses every handshake
+    # The bot's Pipeline.offer_page: a delivery's parents offered as one page (None: ``offer`` on each in turn).
+    offer_page: Callable[[list[Parent], str], list[Outcome | Exception]] | None = None
+
+    def offers(self, parents: list[Parent], path: str) -> list[Outcome | Exception]:
+        """Each parent's outcome, or the exception its offer raised: through ``offer_page`` when the hook has it."""
+        if self.offer_page is not None:
+            return self.offer_page(parents, path)
+        got: list[Outcome | Exception] = []
+        for parent in parents:
+            try:
+                got.append(self.offer(parent, path))
+            except Exception as exc:  # one parent's; the others are offered all the same
+                got.append(exc)
+        return got
 
     def __repr__(self) -> str:
         return f"Hook(bot={self.bot!r}, kind={self.kind!r}, instance={self.instance!r})"  # never the secrets
@@ -301,8 +316,7 @@ class Receiver:
         if not self._keep(hook, inside, delivery):
             metrics.webhook(hook.instance, "store_failed")
             return STORE_DOWN
-        for parent in inside:
-            self._pool.submit(self._offer, hook, parent, delivery)
+        self._pool.submit(self._offer, hook, inside, delivery)
         log.info("replyd.hooks.accepted", bot=bot, platform=hook.instance, delivery=delivery, hook_event=event,
                  parents=[p.id for p in inside])
         metrics.webhook(hook.instance, "accepted")
@@ -398,16 +412,31 @@ class Receiver:
         return True
 
     @staticmethod
-    def _offer(hook: Hook, parent: Parent, delivery: str) -> None:
+    def _offer(hook: Hook, parents: list[Parent], delivery: str) -> None:
+        """Offer a delivery's parents as one page; each parent's outcome (or failure) logged on its own."""
+
+        def failed(parent: Parent, exc: BaseException) -> None:
+            log.error("replyd.hooks.offer_failed", bot=hook.bot, platform=hook.instance, delivery=delivery,
+                      parent_id=parent.id, error=f"{type(exc).__name__}: {exc}"[:300])
+
         try:
-            out = hook.offer(parent, "webhook")
+            got = hook.offers(parents, "webhook")
+        except Exception as exc:  # the poll backstop finds them again (their rows are kept); a worker must not die
+            got = [exc]
+        for parent, out in zip(parents, got):
+            if isinstance(out, Exception):
+                failed(parent, out)
+                continue
             log.info("replyd.hooks.offered", bot=hook.bot, platform=hook.instance, delivery=delivery,
                      parent_id=parent.id, status=out.status.value)
             if hook.guard is not None and out.status is Status.SKIPPED and out.detail in FINAL_SKIPS:
-                hook.guard.retire(parent.id, out.detail)  # its kept row must not wait for re-find to rule it out
-        except Exception as exc:  # the poll backstop finds it again; a worker must not die
-            log.error("replyd.hooks.offer_failed", bot=hook.bot, platform=hook.instance, delivery=delivery,
-                      parent_id=parent.id, error=f"{type(exc).__name__}: {exc}"[:300])
+                try:
+                    hook.guard.retire(parent.id, out.detail)  # its kept row must not wait for re-find to rule it out
+                except Exception as exc:
+                    failed(parent, exc)
+        if len(got) < len(parents):  # the page ended at a failure: these wait in their kept rows for re-find
+            log.warning("replyd.hooks.not_offered", bot=hook.bot, platform=hook.instance, delivery=delivery,
+                        parent_ids=[p.id for p in parents[len(got):]])
 
     def close(self, wait: bool = True) -> None:
         """Stop taking deliveries; with ``wait``, let the offers under way finish."""

@@ -15,7 +15,7 @@ as a ``skipped`` event that ``replyd explain`` shows.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,8 @@ SKIP_REASONS = {
 # The others (caps, an unreadable depth) pass with time, so such a row keeps waiting.
 FINAL_SKIPS = frozenset({"own_post", "author_is_bot", "account_denied", "account_not_allowed", "keyword_denied",
                          "keyword_missing", "too_old", "too_deep"})
+# Reasons that count this bot's recent replies: a page's parents not posted yet may fill them (``pending``).
+CAP_SKIPS = frozenset({"author_cap", "hourly_cap"})
 
 
 def _account(value: str) -> str:
@@ -131,16 +133,20 @@ class Policy:
             return "too_deep"  # the adapter's depth is a lower bound: already too deep
         return None
 
-    def limit_reason(self, parent: Parent, store: Store, platform: Platform, me: Identity, clock: Clock) -> str | None:
-        """Return why ``parent`` must not be answered now (caps, measured depth), or None to go on."""
+    def limit_reason(self, parent: Parent, store: Store, platform: Platform, me: Identity, clock: Clock, *,
+                     pending: Sequence[Parent] = ()) -> str | None:
+        """Return why ``parent`` must not be answered now (caps, measured depth), or None to go on. ``pending``:
+        parents let through before it and not posted yet (a page's), counted in the caps as if they were."""
         if self.max_per_hour is not None or self.max_per_author_per_hour is not None:
             since = clock.now() - HOUR_S
             if self.max_per_hour is not None:
-                if store.count_opened_since(platform.instance, me.sender_id, since) >= self.max_per_hour:
+                n = store.count_opened_since(platform.instance, me.sender_id, since) + len(pending)
+                if n >= self.max_per_hour:
                     return "hourly_cap"
             if self.max_per_author_per_hour is not None:
-                n = store.count_opened_since(platform.instance, me.sender_id, since, author_id=parent.author_id[:255])
-                if n >= self.max_per_author_per_hour:
+                author = parent.author_id[:255]
+                n = store.count_opened_since(platform.instance, me.sender_id, since, author_id=author)
+                if n + sum(1 for p in pending if p.author_id[:255] == author) >= self.max_per_author_per_hour:
                     return "author_cap"
         if self.max_depth is not None and parent.thread_depth >= 1:
             if isinstance(platform, ThreadDepth):

@@ -1,4 +1,5 @@
-"""Discovery paths of one bot: inbox, search and re-find, each feeding the one pipeline.
+"""Discovery paths of one bot: inbox, search and re-find, each feeding the one pipeline a page at a time
+(``Pipeline.offer_page``: one group claim per page).
 
 Cursors are saved only after every parent of a page was offered, so a crash
 re-reads the page and the guard drops what was already answered. A poll that
@@ -11,7 +12,7 @@ offered again and the guard drops it).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import structlog
 
@@ -57,16 +58,27 @@ class Pollers:
             self.store.set_cursor(self.platform.instance, self.sender_id, name, new)
             self._cursors[name] = new
 
-    def _offer_all(self, parents: Iterable[Parent], path: str) -> None:
-        for p in parents:
-            try:
-                out = self.pipeline.offer(p, path)
-            except ContentionError as exc:
+    def _offer_all(self, parents: Iterable[Parent], path: str,
+                   then: Callable[[Parent, Outcome], None] | None = None) -> int:
+        """Offer a page as one group (``Pipeline.offer_page``); count each parent's outcome (and hand it to
+        ``then``); return how many were offered. A busy store for one parent is logged and the page goes on; any
+        other exception is raised once the parents before it are counted (the cursor is not saved: the next poll
+        reads the page again)."""
+        page = list(parents)
+        offered = 0
+        for p, out in zip(page, self.pipeline.offer_page(page, path)):
+            if isinstance(out, ContentionError):
                 # Nothing was sent; the next poll offers it again. One busy key must not stop the page.
-                log.warning("replyd.poller.contended", path=path, parent_id=p.id, error=str(exc))
+                log.warning("replyd.poller.contended", path=path, parent_id=p.id, error=str(out))
                 continue
+            if isinstance(out, Exception):
+                raise out
+            offered += 1
             if isinstance(out, Outcome):
                 self.outcomes[out.status.value] = self.outcomes.get(out.status.value, 0) + 1
+                if then is not None:
+                    then(p, out)
+        return offered
 
     def _beat(self, path: str, exc: BaseException | None = None) -> None:
         if self.heartbeat is None:
@@ -142,21 +154,12 @@ class Pollers:
                                       after=self._reoffer_after, limit=self.cfg.refind_batch)
         # A short page ends the walk: the next run starts again from the oldest.
         self._reoffer_after = (rows[-1].updated_at, rows[-1].parent_id) if len(rows) == self.cfg.refind_batch else None
-        offered = 0
-        for r in rows:
-            parent = self._snapshot_parent(r)
-            if parent is None:
-                continue
-            try:
-                out = self.pipeline.offer(parent, "refind")
-            except ContentionError as exc:
-                log.warning("replyd.poller.contended", path="refind", parent_id=r.parent_id, error=str(exc))
-                continue
-            offered += 1
-            self.outcomes[out.status.value] = self.outcomes.get(out.status.value, 0) + 1
+
+        def retire(parent: Parent, out: Outcome) -> None:
             if out.status is Status.SKIPPED and out.detail in FINAL_SKIPS:
-                self.pipeline.guard.retire(r.parent_id, out.detail)
-        return offered
+                self.pipeline.guard.retire(parent.id, out.detail)
+
+        return self._offer_all([p for p in map(self._snapshot_parent, rows) if p is not None], "refind", retire)
 
     def _snapshot_parent(self, r: Reply) -> Parent | None:
         """The parent as first found, from the row's snapshot; None (logged) when there is none to use."""

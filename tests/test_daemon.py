@@ -124,14 +124,15 @@ def test_three_paths_one_reply_one_responder_call(sim, tmp_path, monkeypatch):
     parents = [s.id for s in world.generate(6, target=BOT, query_word="help", query_fraction=1.0)]
     CALLS.clear()
     offered: dict[str, set[str]] = {}  # parent id -> the paths that offered it to the pipeline
-    real_offer = Pipeline.offer
+    real_offer = Pipeline.offer_page
 
-    def spy(self: Pipeline, parent, path: str):
-        """Note which path found the parent, then offer it as the daemon would."""
-        offered.setdefault(parent.id, set()).add(path)
-        return real_offer(self, parent, path)
+    def spy(self: Pipeline, parents, path: str):
+        """Note which path found each parent of a page, then offer the page as the daemon would."""
+        for parent in parents:
+            offered.setdefault(parent.id, set()).add(path)
+        return real_offer(self, parents, path)
 
-    monkeypatch.setattr(Pipeline, "offer", spy)
+    monkeypatch.setattr(Pipeline, "offer_page", spy)
     cfg = Config.load(write_config(tmp_path / "c.toml", srv.base_url, tmp_path / "r.sqlite3", responder="test-counting"))
     d = Daemon(cfg)
     d.start()

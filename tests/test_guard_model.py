@@ -9,7 +9,9 @@ that runs past its deadline while the other replica sweeps, an open commit whose
 row's deadline while the other replica sweeps and answers, clock moves, sweeps
 and failed read-backs — and process death at every step of a post: before and
 after each store write (claim, open, close, release ...), during the compose,
-before the request leaves and after the platform acted. A dead replica restarts
+before the request leaves and after the platform acted — also in pages (issue 36): a page posted through the
+group claim (texts, parents to compose, both) and a page a discovery path offers to its pipeline, the replica
+dying before/after each write of the page or in a compose. A dead replica restarts
 as a new guard (new owner, nothing in memory) and its page is not re-read once a
 row exists (the discovery path may have saved its cursor past it): only the
 sweep and re-find's re-offer of waiting rows may move the row on.
@@ -105,7 +107,7 @@ class ModelPlatform(MemoryPlatform):
 class DyingStore:
     """One replica's view of the shared store: its ``n``-th write dies before or after it commits."""
 
-    WRITES = ("claim", "cas_event", "record", "claim_new", "close_many")
+    WRITES = ("claim", "cas_event", "record", "claim_new", "claim_page", "close_many")
 
     def __init__(self, inner: Store) -> None:
         self._inner = inner
@@ -364,14 +366,58 @@ class GuardModel(RuleBasedStateMachine):
 
     @rule(g=hs.integers(0, 1), steps=hs.lists(hs.sampled_from(["ok", "ok", "lost", "not_sent"]), min_size=3,
                                               max_size=3),
-          die=hs.one_of(hs.none(), hs.tuples(hs.sampled_from(["before", "after"]), hs.integers(1, 4))))
-    def post_page(self, g: int, steps: list[str], die: tuple[str, int] | None) -> None:
+          mode=hs.sampled_from(["text", "compose", "mixed"]),
+          die=hs.one_of(hs.none(), hs.tuples(hs.sampled_from(["before", "after"]), hs.integers(1, 6))))
+    def post_page(self, g: int, steps: list[str], mode: str, die: tuple[str, int] | None) -> None:
         """Replica ``g`` posts a page of the parents (issue 36: one claim transaction, the sends, one close
-        transaction); the platform answers ``steps`` in turn; the replica may die before/after its n-th write."""
-        guard = self.guards[g]
-        pids = [p for p in PARENTS if not (self.row(p) is not None and self.touched_dead.get(p))]
+        transaction; parents to compose claimed in it too, each composed under its own lease); the platform answers
+        ``steps`` in turn; the replica may die before/after its n-th write."""
+        pids = self._page_pids()
         if not pids:
             return
+        texts = {"text": ["a reply"] * 3, "compose": [None] * 3, "mixed": ["a reply", None, "a reply"]}[mode]
+        items = [(self.parents[p], t if t is not None else (lambda parent: "a reply")) for p, t in zip(pids, texts)]
+        self._page(g, pids, steps, die, lambda guard: guard.post_page(items))
+
+    @rule(g=hs.integers(0, 1), steps=hs.lists(hs.sampled_from(["ok", "ok", "lost", "not_sent"]), min_size=3,
+                                              max_size=3),
+          mode=hs.sampled_from(["compose", "compose", "decline", "raise"]),
+          die=hs.one_of(hs.none(), hs.tuples(hs.sampled_from(["before", "after"]), hs.integers(1, 8)),
+                        hs.tuples(hs.just("compose"), hs.integers(0, 2))))
+    def offer_page(self, g: int, steps: list[str], mode: str, die: tuple[str, int] | None) -> None:
+        """Replica ``g``'s discovery path offers a page of the parents to its pipeline (issue 36: the per-parent steps,
+        then one group claim, each row's lease, compose, open, send and close); the platform answers ``steps`` in
+        turn; the replica may die before/after its n-th write or in its k-th compose."""
+        pids = self._page_pids()
+        if not pids:
+            return
+        composed: list[str] = []
+
+        def compose(parent: Parent) -> str | None:
+            if die is not None and die[0] == "compose" and len(composed) == die[1]:
+                raise Crash()
+            composed.append(parent.id)
+            if mode == "raise":
+                raise RuntimeError("responder down")
+            return None if mode == "decline" else "a reply"
+
+        def offer(guard: Guard) -> list:
+            outs = Pipeline(guard, compose, Policy(), self.clock).offer_page([self.parents[p] for p in pids], "inbox")
+            assert not [o for o in outs if isinstance(o, Exception)], outs
+            assert len(composed) <= len(pids)  # the responder once per parent at most
+            return outs
+
+        self._page(g, pids, steps, die if die is None or die[0] != "compose" else None, offer)
+
+    def _page_pids(self) -> list[str]:
+        """The parents a page may still offer: not those a dead replica left with a row (its path moved on)."""
+        return [p for p in PARENTS if not (self.row(p) is not None and self.touched_dead.get(p))]
+
+    def _page(self, g: int, pids: list[str], steps: list[str], die: tuple[str, int] | None,
+              run: Any) -> None:
+        """Replica ``g`` runs a page of ``pids`` (``run(guard)`` returns the outcomes), the platform answering
+        ``steps``, the replica dying before/after its n-th write (``die``), or wherever ``run`` raises ``Crash``."""
+        guard = self.guards[g]
         self.plat.script = steps[:len(pids)]
         calls = self.plat.send_calls
         store: DyingStore = guard.store  # type: ignore[assignment]
@@ -379,7 +425,7 @@ class GuardModel(RuleBasedStateMachine):
         if die is not None:
             store.die_at, store.after = die[1], die[0] == "after"
         try:
-            outs = guard.post_page([(self.parents[p], "a reply") for p in pids])
+            outs = run(guard)
         except Crash:
             self.guards[g] = self._guard(g)
             for p in pids:

@@ -105,14 +105,16 @@ def scene(hs: Synapse, n: int) -> Scene:
 def run_daemon(sc: Scene, base_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, set[str]]:
     """Run the daemon until every parent has a reply, every path offered each, and the log settled."""
     offered: dict[str, set[str]] = {}
-    real_offer = Pipeline.offer
+    real_offer = Pipeline.offer_page
 
-    def spy(self: Pipeline, parent, path: str):  # noqa: ANN001, ANN202
-        """Note which path found the parent, then offer it as the daemon would."""
-        offered.setdefault(parent.id, set()).add(path)
-        return real_offer(self, parent, path)
+    def spy(self: Pipeline, parents, path: str):  # noqa: ANN001, ANN202
+        """Note which path found each parent of a page (one alone is a page of one), then offer it as the daemon
+        would."""
+        for parent in parents:
+            offered.setdefault(parent.id, set()).add(path)
+        return real_offer(self, parents, path)
 
-    monkeypatch.setattr(Pipeline, "offer", spy)
+    monkeypatch.setattr(Pipeline, "offer_page", spy)
     monkeypatch.setenv("REPLYD_TEST_MATRIX_TOKEN", sc.bot.token)
     db = tmp_path / "r.sqlite3"
     d = Daemon(Config.load(write_config(tmp_path / "c.toml", base_url, db, sc.word)))

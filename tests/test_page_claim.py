@@ -69,12 +69,13 @@ def test_keys_with_a_row_are_claimed_alone_as_before(store, clock, face):
         g.close()
 
 
-def test_composed_page_calls_each_responder_once(store, clock, face):
-    """A page with a responder: each post claims ``composing`` alone (a crash must not hold a whole page of leases),
-    composes once, opens and sends."""
+def test_composed_page_claims_once_and_calls_each_responder_once(store, clock, face):
+    """A page with a responder: its keys claimed ``composing`` in one page claim (a released row among them
+    reclaimed), each row composed once under its own lease, opened and sent; one reply each."""
     plat = MemoryPlatform(clock=clock, listing_delay_s=5.0)
     g = FACES[face](store, plat, plat.whoami(), clock=clock, watch_interval_s=None)
     calls: list[str] = []
+    pages: list[int] = []
 
     def compose(parent: Parent) -> str:
         calls.append(parent.id)
@@ -82,10 +83,68 @@ def test_composed_page_calls_each_responder_once(store, clock, face):
 
     try:
         parents = [plat.add_parent(f"c{i}") for i in range(6)]
+        store.insert_absent([(g.key("c2"), {"state": st.RELEASED, "attempt": 1, "created_at": clock.now(),
+                                            "updated_at": clock.now(), "snapshot": "{}"})],
+                            {"kind": "received", "owner": "hook"})
+        claim_page = store.claim_page
+        store.claim_page = lambda rows, **kw: pages.append(len(rows)) or claim_page(rows, **kw)  # type: ignore[method-assign]
         outs = g.post_page([(p, compose) for p in parents], path="inbox")
         assert all(o.status is Status.POSTED for o in outs), outs
+        assert pages == [6] and all(claims(store, g, p.id) == 1 for p in parents)
         assert sorted(calls) == sorted(p.id for p in parents)
         assert [r["text"] for r in plat.replies() if r["parent_id"] == "c3"] == ["composed for c3"]
+    finally:
+        g.close()
+
+
+def test_a_page_stopped_by_an_exception_hands_back_what_it_had_not_reached(store, clock):
+    """An exception in the 2nd post of a page: the 1st is closed and in ``done``, the rows claimed for the 3rd and
+    4th go back ``released`` (no attempt used), the exception goes on; the next page answers them once."""
+    plat = MemoryPlatform(clock=clock, listing_delay_s=5.0)
+    g = Guard(store, plat, plat.whoami(), clock=clock, watch_interval_s=None)
+    parents = [plat.add_parent(f"x{i}") for i in range(4)]
+    send = g._send
+
+    def failing_send(key, parent, row, text):  # noqa: ANN001, ANN202
+        if parent.id == "x1":
+            raise RuntimeError("a bug before the request")
+        return send(key, parent, row, text)
+
+    g._send = failing_send  # type: ignore[method-assign]
+    done: list = []
+    with pytest.raises(RuntimeError):
+        g.post_page([(p, "x") for p in parents], path="inbox", done=done)
+    assert [(o.key.parent_id, o.status) for o in done] == [("x0", Status.POSTED)]
+    assert [store.get(g.key(f"x{i}")).state for i in range(4)] == [st.CLOSED, st.OPEN, st.RELEASED, st.RELEASED]
+    assert [e.kind for e in store.history(g.key("x2"))] == ["claimed", "page_stopped"]
+    g._send = send  # type: ignore[method-assign]
+    outs = g.post_page([(p, "x") for p in parents], path="inbox")
+    assert [o.status for o in outs] == [Status.ALREADY_ANSWERED, Status.IN_FLIGHT, Status.POSTED, Status.POSTED]
+    assert [plat.reply_count(p.id) for p in parents] == [1, 0, 1, 1]
+    assert all(store.get(g.key(f"x{i}")).attempt == 1 for i in range(4))
+
+
+def test_an_exception_in_an_async_page_lets_the_other_posts_end(store, clock):
+    """The async face: an exception in the 2nd post of a page; the posts running beside it end and are closed in
+    the page's close, the exception goes on, ``done`` holds the outcomes before it; one reply each."""
+    plat = MemoryPlatform(clock=clock, listing_delay_s=5.0)
+    g = FACES["async"](store, plat, plat.whoami(), clock=clock, watch_interval_s=None)
+    try:
+        parents = [plat.add_parent(f"y{i}") for i in range(4)]
+        send = g._g._send  # the async face's own seam (a coroutine function): awaited by the harness
+
+        def failing_send(key, parent, row, text):  # noqa: ANN001, ANN202
+            if parent.id == "y1":
+                raise RuntimeError("a bug before the request")
+            return send(key, parent, row, text)
+
+        g._send = failing_send
+        done: list = []
+        with pytest.raises(RuntimeError):
+            g.post_page([(p, "x") for p in parents], path="inbox", done=done)
+        assert [(o.key.parent_id, o.status) for o in done] == [("y0", Status.POSTED)]
+        assert [store.get(g.key(f"y{i}")).state for i in range(4)] == [st.CLOSED, st.OPEN, st.CLOSED, st.CLOSED]
+        assert [plat.reply_count(p.id) for p in parents] == [1, 0, 1, 1]
     finally:
         g.close()
 

@@ -182,7 +182,7 @@ def test_refind_pages_rotate_past_rows_that_wait(store, clock) -> None:
     class CapOnAB(Policy):
         """A transient cap on parents a and b (it never lifts in this test)."""
 
-        def limit_reason(self, parent, *args):  # noqa: ANN001, ANN201
+        def limit_reason(self, parent, *args, **kwargs):  # noqa: ANN001, ANN003, ANN201
             """Skip a and b for a cap, let others through."""
             return "hourly_cap" if parent.id in ("a", "b") else None
 

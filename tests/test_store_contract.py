@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -370,6 +371,61 @@ def test_claim_new_is_all_or_nothing(store, store_url, clock):
     assert store.claim_new([(key("cx-0"), open_row(clock), {"kind": "claimed", "owner": "me"})]) == [True]
 
 
+def test_claim_page_inserts_new_keys_and_compares_and_sets_the_rows_that_stand(store, clock):
+    """claim_page, in one transaction: a new key inserted, a row as expected (state, attempt, lease holder)
+    compared-and-set with its event (state and attempt the written values'), a row that moved on or another
+    holder's left alone with no event; answers in order."""
+    now = clock.now()
+    freed = seed(store, "cp-freed", state=st.RELEASED, attempt=1)
+    judged = seed(store, "cp-judged", state=st.NOT_LANDED, attempt=1)
+    lapsed = seed(store, "cp-lapsed", state=st.COMPOSING, attempt=1, lease_owner="gone", lease_until=now - 1)
+    taken = seed(store, "cp-taken", state=st.COMPOSING, attempt=1, lease_owner="other", lease_until=now - 1)
+    moved = seed(store, "cp-moved", state=st.CLOSED, attempt=1, reply_id="r1")
+    ev = {"kind": "claimed", "owner": "me", "detail": {"path": "refind"}}
+    held = {"state": st.COMPOSING, "updated_at": now, "owner": "me", "lease_owner": "me", "lease_until": now + 5}
+    page = [
+        (key("cp-new"), {**open_row(clock), "provider_key": "pk"}, ev, None),
+        (freed, {**held, "attempt": 1}, ev, ([st.RELEASED], 1, None)),
+        (judged, {**held, "attempt": 2}, ev, ([st.NOT_LANDED], 1, None)),
+        (lapsed, {**held, "attempt": 1}, ev, ([st.COMPOSING], 1, "gone")),
+        (taken, {**held, "attempt": 1}, ev, ([st.COMPOSING], 1, "gone")),  # another holder took it meanwhile
+        (moved, {**held, "attempt": 1}, ev, ([st.RELEASED], 1, None)),  # closed since it was read
+    ]
+    assert store.claim_page(page) == [True, True, True, True, False, False]
+    assert (store.get(key("cp-new")).state, store.get(key("cp-new")).provider_key) == (st.OPEN, "pk")
+    for k, attempt in ((freed, 1), (judged, 2), (lapsed, 1)):
+        row, [e] = store.get(k), store.history(k)
+        assert (row.state, row.attempt, row.lease_owner, row.lease_until) == (st.COMPOSING, attempt, "me", now + 5)
+        assert (e.kind, e.state, e.attempt, e.owner, json.loads(e.detail)) == (
+            "claimed", st.COMPOSING, attempt, "me", {"path": "refind"})
+    assert store.get(taken).lease_owner == "other" and kinds(store, taken) == []
+    assert store.get(moved).state == st.CLOSED and kinds(store, moved) == []
+    assert store.claim_page([]) == []
+
+
+def test_claim_page_is_all_or_nothing(store, store_url, clock):
+    """A page claim whose last event cannot be written leaves every row as it was, new and reclaimed alike."""
+    now = clock.now()
+    freed = seed(store, "cq-0", state=st.RELEASED, attempt=1)
+    held = {"state": st.COMPOSING, "attempt": 1, "updated_at": now, "lease_owner": "me", "lease_until": now + 5}
+    with events_refused(store, store_url, parent_id="cq-2"):
+        with pytest.raises(StoreError, match="no events"):
+            store.claim_page([(freed, held, {"kind": "claimed", "owner": "me"}, ([st.RELEASED], 1, None))]
+                             + [(key(f"cq-{i}"), open_row(clock), {"kind": "claimed", "owner": "me"}, None)
+                                for i in (1, 2)])
+        assert store.get(freed).state == st.RELEASED and [store.get(key(f"cq-{i}")) for i in (1, 2)] == [None] * 2
+    assert kinds(store, freed) == []
+
+
+def test_rows_of_reads_a_page_in_order(store, clock):
+    """rows_of answers each key's row or None, in the order asked, repeated keys included."""
+    a, b = seed(store, "ro-a", state=st.CLOSED, reply_id="ra"), seed(store, "ro-b", state=st.RELEASED)
+    got = store.rows_of([b, key("ro-none"), a, b, Key("other-platform", S, "ro-a")])
+    assert [r and (r.parent_id, r.state) for r in got] == [("ro-b", st.RELEASED), None, ("ro-a", st.CLOSED),
+                                                           ("ro-b", st.RELEASED), None]
+    assert store.rows_of([]) == []
+
+
 def _close_item(pid: str, clock, attempt: int = 1) -> tuple:
     now = clock.now()
     values = {"state": st.CLOSED, "reply_id": f"r-{pid}", "closed_at": now, "updated_at": now, "error": None,
@@ -629,37 +685,49 @@ def test_sqlite_page_claim_is_one_full_commit(tmp_path, clock, face):
         store.dispose()
 
 
-COMMIT_MODES = """
-CREATE TABLE commit_modes (kind TEXT, state TEXT, mode TEXT);
-CREATE FUNCTION note_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$
+EVENT_NOTES = """
+CREATE TABLE event_notes ({columns});
+CREATE FUNCTION note_event() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  INSERT INTO commit_modes VALUES (NEW.kind, NEW.state, current_setting('synchronous_commit'));
+  INSERT INTO event_notes VALUES ({values});
   RETURN NULL;
 END $$;
-CREATE CONSTRAINT TRIGGER note_commit_mode AFTER INSERT ON events
-  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION note_commit_mode();
+CREATE CONSTRAINT TRIGGER note_event AFTER INSERT ON events
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION note_event();
 """
 
 
 @contextmanager
-def commit_modes(pg_url: str) -> Iterator[Callable[[], list[tuple[str, str | None, str]]]]:
-    """An emptied log whose events record their transaction's synchronous_commit; yields a reader of them."""
+def event_notes(pg_url: str, columns: str, values: str) -> Iterator[Callable[[], list[tuple[Any, ...]]]]:
+    """Every event inserted meanwhile noted as ``values`` (SQL over ``NEW`` and the transaction, evaluated as it
+    commits) in a table of ``columns``; yields a reader of the notes. The table and trigger are dropped after."""
+    eng = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.exec_driver_sql(EVENT_NOTES.format(columns=columns, values=values))
+
+    def notes() -> list[tuple[Any, ...]]:
+        with eng.connect() as c:
+            return [tuple(r) for r in c.exec_driver_sql("SELECT * FROM event_notes")]
+
+    try:
+        yield notes
+    finally:
+        with eng.connect() as c:
+            c.exec_driver_sql("DROP TRIGGER IF EXISTS note_event ON events; DROP FUNCTION IF EXISTS note_event(); "
+                              "DROP TABLE IF EXISTS event_notes")
+        eng.dispose()
+
+
+@contextmanager
+def commit_modes(pg_url: str) -> Iterator[Callable[[], list[tuple[Any, ...]]]]:
+    """An emptied log whose events record (kind, state, their transaction's synchronous_commit); yields a reader."""
     eng = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
     with eng.connect() as c:
         c.exec_driver_sql("TRUNCATE replies, events, cursors, answers")
-        c.exec_driver_sql(COMMIT_MODES)
-
-    def modes() -> list[tuple[str, str | None, str]]:
-        with eng.connect() as c:
-            return [tuple(r) for r in c.exec_driver_sql("SELECT kind, state, mode FROM commit_modes")]
-
-    try:
-        yield modes
-    finally:
-        with eng.connect() as c:
-            c.exec_driver_sql("DROP TRIGGER IF EXISTS note_commit_mode ON events; DROP FUNCTION IF EXISTS "
-                              "note_commit_mode(); DROP TABLE IF EXISTS commit_modes")
-        eng.dispose()
+    eng.dispose()
+    with event_notes(pg_url, "kind TEXT, state TEXT, mode TEXT",
+                     "NEW.kind, NEW.state, current_setting('synchronous_commit')") as notes:
+        yield notes
 
 
 @pytest.mark.postgres
@@ -692,6 +760,30 @@ def test_postgres_durability(pg_url, clock, durability, face):
             want_relaxed = default if durability == "durable" else "off"
             assert set(opened) == {want_open}, f"open rows committed {opened}, want {want_open}: {modes}"
             assert set(relaxed) == {want_relaxed}, f"closes committed {relaxed}, want {want_relaxed}: {modes}"
+        finally:
+            store.dispose()
+
+
+@pytest.mark.postgres
+def test_postgres_page_claim_of_composers_is_synchronous(pg_url, clock, face):
+    """PostgreSQL: a page claim of parents to compose (a new key and a released row among them) commits
+    synchronously, though a single composing claim is relaxed; each row's lease and close stay relaxed."""
+    with commit_modes(pg_url) as read_modes:
+        store = Store.open(pg_url, clock=clock)
+        try:
+            plat = MemoryPlatform(clock=clock)
+            g = face(store, plat, plat.whoami(), clock=clock, watch_interval_s=None)
+            parents = [plat.add_parent(f"cp{i}") for i in range(3)]
+            seed_values = {"state": st.RELEASED, "attempt": 1, "created_at": clock.now(), "updated_at": clock.now()}
+            with store.transaction() as tx:
+                tx.insert_new(g.key("cp1"), seed_values)
+            outs = g.post_page([(p, lambda parent: f"composed for {parent.id}") for p in parents])
+            assert [o.status for o in outs] == [Status.POSTED] * 3
+            g.close()
+            modes = read_modes()
+            claimed = [m for k, s, m in modes if k == "claimed"]
+            assert len(claimed) == 3 and "off" not in claimed, modes
+            assert {m for k, _, m in modes if k == "closed"} == {"off"}, modes
         finally:
             store.dispose()
 

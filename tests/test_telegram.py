@@ -132,6 +132,17 @@ class _Pipe:
         self.offered.append(parent.id)
         return None
 
+    def offer_page(self, parents: list[Parent], path: str) -> list[Any]:
+        """Each parent's offer in turn; a failure ends the page (its last entry), as ``Pipeline.offer_page``."""
+        got: list[Any] = []
+        for parent in parents:
+            try:
+                got.append(self.offer(parent, path))
+            except StoreError as exc:
+                got.append(exc)
+                break
+        return got
+
 
 def test_a_batch_interrupted_mid_offer_is_served_again(api, world, tmp_path) -> None:
     """The poller saves the offset only after every update was offered: one failing offer re-reads the batch."""

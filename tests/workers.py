@@ -100,3 +100,48 @@ def crash_in_page(url: str, journal: str, n: int, kill_at: int, where: str, face
         g.store.close_many = lambda *a, **kw: os.kill(os.getpid(), signal.SIGKILL)  # the store the face calls
     g.post_page([(p, "x") for p in parents], path="inbox")
     raise SystemExit(3)  # unreachable when the kill happened
+
+
+def crash_in_pipeline_page(url: str, journal: str, n: int, kill_at: int, where: str) -> None:
+    """The daemon's inbox poll of a page of ``n`` new parents (``g0``…) through the pipeline (group claim, a
+    responder); SIGKILL this process right after the page claim commits (``after_claim``), in the ``kill_at``-th
+    compose (``compose``), before/after the ``kill_at``-th send (``before_send`` / ``after_send``) or as the
+    ``kill_at``-th close starts (``before_close``; the last: every reply sent, none of the page left to close)."""
+    from replyd.clock import SystemClock
+    from replyd.config import PollerConfig
+    from replyd.pipeline import Pipeline
+    from replyd.policy import Policy
+    from replyd.pollers import Pollers
+
+    def die(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    sends = {"before_send": "crash_before", "after_send": "crash_after"}
+    g = _guard(url, journal, ["ok"] * kill_at + [sends[where]] if where in sends else [])
+    composed: list[str] = []
+
+    def respond(parent: Parent) -> str:
+        if where == "compose" and len(composed) == kill_at:
+            die()
+        composed.append(parent.id)
+        return f"answer to {parent.id}"
+
+    if where == "after_claim":
+        claim_page = g.store.claim_page
+        g.store.claim_page = lambda *a, **kw: (claim_page(*a, **kw), die())  # the page's claim commits, then death
+    if where == "before_close":
+        closes: list[object] = []
+        close = g._close
+
+        def dying_close(*a):  # noqa: ANN002, ANN202
+            if len(closes) == kill_at:
+                die()
+            closes.append(a)
+            return close(*a)
+
+        g._close = dying_close  # type: ignore[method-assign]
+    for i in range(n):
+        g.platform.add_parent(f"g{i}")
+    clock = SystemClock()
+    Pollers(g.store, g.platform, Pipeline(g, respond, Policy(), clock), PollerConfig(), clock).inbox()
+    raise SystemExit(3)  # unreachable when the kill happened

@@ -24,7 +24,7 @@ from replyd.clock import Clock, SystemClock
 from replyd.errors import SchemaError, StoreError
 from replyd.store.engine import default_url, is_sqlite_url, map_db_error, parse_url, redact_url
 from replyd.store.hotsql import HotSQL
-from replyd.store.model import CLAIM_COMMIT_LEVELS, DURABILITIES, Claim, Durability, Key, Row, lease_holder
+from replyd.store.model import CLAIM_COMMIT_LEVELS, DURABILITIES, Claim, Durability, Expect, Key, Row, lease_holder
 from replyd.store.queries import Reads
 from replyd.store.schema import REPLIES, REPLY_COLUMNS, REPLY_DEFAULTS, REPLY_SET
 from replyd.store.unit import Tx
@@ -356,6 +356,23 @@ class Store(Reads):
         """Return the row for ``key``, or None (the same read as ``peek``)."""
         return self.peek(key)
 
+    def rows_of(self, keys: Sequence[Key]) -> list[Row | None]:
+        """Return, in order, each key's row or None: one statement per bot among ``keys`` (a page has one), no
+        explicit transaction, as ``peek``."""
+        bots: dict[tuple[str, str], list[str]] = {}
+        for k in keys:
+            ids = bots.setdefault((k.platform, k.sender_id), [])
+            if k.parent_id not in ids:
+                ids.append(k.parent_id)
+        found: dict[Key, Row] = {}
+        with self._driver("reading a page's rows") as fairy:
+            for (platform, sender_id), ids in bots.items():
+                params = {"k_platform": platform, "k_sender_id": sender_id, **{f"p{i}": v for i, v in enumerate(ids)}}
+                for values in self._fetch(fairy, self._sql.rows_of(len(ids)), params):
+                    row = Row(**dict(zip(REPLY_COLUMNS, values, strict=True)))
+                    found[Key(row.platform, row.sender_id, row.parent_id)] = row
+        return [found.get(k) for k in keys]
+
     def claim(self, key: Key, new: Mapping[str, Any], reclaim: Callable[[Row], Mapping[str, Any] | None],
               event: Mapping[str, Any], *, relaxed: bool = False, doing: str = "claiming") -> Claim:
         """Take ``key``: insert the row ``new`` if the key has none, else compare-and-set the values
@@ -442,15 +459,31 @@ class Store(Reads):
 
     def claim_new(self, rows: Sequence[tuple[Key, Mapping[str, Any], Mapping[str, Any]]], *, relaxed: bool = False,
                   doing: str = "claiming a page") -> list[bool]:
-        """The group claim: insert each ``(key, new, event)`` row unless its key has one, each created row with
-        its event, all in ONE transaction (durable unless ``relaxed``); return, in order, whether each was created.
-        A key that already has a row is left untouched (its caller claims it alone, with ``claim``'s reclaim)."""
+        """The group claim of new keys: insert each ``(key, new, event)`` row unless its key has one, each created
+        row with its event, all in ONE transaction (durable unless ``relaxed``); return, in order, whether each was
+        created. A key that already has a row is left untouched (its caller claims it alone, with ``claim``'s
+        reclaim). ``claim_page`` with no row to compare-and-set."""
+        return self.claim_page([(key, new, event, None) for key, new, event in rows], relaxed=relaxed, doing=doing)
+
+    def claim_page(self, rows: Sequence[tuple[Key, Mapping[str, Any], Mapping[str, Any], Expect | None]], *,
+                   relaxed: bool = False, doing: str = "claiming a page") -> list[bool]:
+        """The group claim: per ``(key, values, event, expect)``, with ``expect`` None insert the row ``values``
+        unless the key has one; else compare-and-set ``values`` on the row that stands, only while it is as
+        ``expect = (states, attempt, lease holder)`` says (as ``claim``'s reclaim does). Each row written gets its
+        event (state and attempt default to the written values'); all in ONE transaction, durable unless
+        ``relaxed``. Return, in order, whether each was written."""
         made: list[bool] = []
         with self.transaction(relaxed=relaxed, doing=doing) as tx:
-            for key, values, event in rows:
-                created = tx.insert_new(key, values)
-                made.append(created)
-                if created:
-                    tx.append_event(key, event["kind"], state=values.get("state"), attempt=values.get("attempt"),
-                                    owner=event.get("owner"), detail=event.get("detail"))
+            for key, values, event, expect in rows:
+                ev = {"state": values.get("state"), "attempt": values.get("attempt"), **event}
+                if expect is None:
+                    done = tx.insert_new(key, values)
+                    if done:
+                        tx.append_event(key, ev["kind"], state=ev["state"], attempt=ev["attempt"],
+                                        owner=ev.get("owner"), detail=ev.get("detail"))
+                else:
+                    states, attempt, holder = expect
+                    done = tx.cas_event(key, states=states, attempt=attempt, values=values, lease_owner=holder,
+                                        event=ev)
+                made.append(done)
         return made

@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 from replyd.clock import Clock
-from replyd.store.model import Claim, Event, Key, ListingDelay, Row
+from replyd.store.model import Claim, Event, Expect, Key, ListingDelay, Row
 from replyd.store.unit import Tx
 
 
@@ -48,6 +48,8 @@ class AnsweredLog(Protocol):
     # the guard's hot path and the one write vocabulary
     def peek(self, key: Key) -> Row | None:
         """``key``'s row, or None."""
+    def rows_of(self, keys: Sequence[Key]) -> list[Row | None]:
+        """Each key's row or None, in order: one read for a page."""
     def get(self, key: Key) -> Row | None:
         """``key``'s row, or None."""
     def claim(self, key: Key, new: Mapping[str, Any], reclaim: Callable[[Row], Mapping[str, Any] | None],
@@ -66,6 +68,10 @@ class AnsweredLog(Protocol):
     def claim_new(self, rows: Sequence[tuple[Key, Mapping[str, Any], Mapping[str, Any]]], *, relaxed: bool = False,
                   doing: str = "claiming a page") -> list[bool]:
         """The group claim: each missing key's row with its own event, all in one transaction; which were made."""
+    def claim_page(self, rows: Sequence[tuple[Key, Mapping[str, Any], Mapping[str, Any], Expect | None]], *,
+                   relaxed: bool = False, doing: str = "claiming a page") -> list[bool]:
+        """The group claim: each new key's row inserted, each expected row compared-and-set, with its event, in
+        one transaction; which were written."""
     def transaction(self, *, relaxed: bool = False, doing: str = "writing") -> AbstractContextManager[Tx]:
         """Several compare-and-sets and events committed together."""
 

@@ -38,6 +38,7 @@ class HotSQL:
                       f"VALUES ({', '.join(self.p('e_' + c) for c in EVENT_COLUMNS)})")
         self.event_names = {"e_": tuple("e_" + c for c in EVENT_COLUMNS)}
         self._claim: dict[bool, str] = {}
+        self._rows_of: dict[int, str] = {}
         self._cas: dict[tuple[Any, ...], tuple[str, tuple[str, ...]]] = {}
 
     def p(self, name: str) -> str:
@@ -53,6 +54,16 @@ class HotSQL:
             return ", set_config('synchronous_commit', 'off', true)"
         # The level is one of CLAIM_COMMIT_LEVELS (checked by the config), never user text in SQL.
         return f", set_config('synchronous_commit', '{self.durable}', true)" if self.durable else ""
+
+    def rows_of(self, n: int) -> str:
+        """The rows of ``n`` parent ids of one bot (``k_platform``, ``k_sender_id``; ``p0`` … ``p{n-1}``)."""
+        sql = self._rows_of.get(n)
+        if sql is None:
+            ids = ", ".join(self.p(f"p{i}") for i in range(n))
+            sql = self._rows_of[n] = (f"SELECT {self.cols} FROM {self.R} WHERE {self.q('platform')} = "
+                                      f"{self.p('k_platform')} AND {self.q('sender_id')} = {self.p('k_sender_id')} "
+                                      f"AND {self.q('parent_id')} IN ({ids})")
+        return sql
 
     def claim(self, relaxed: bool) -> str:
         """PostgreSQL: insert the row unless the key has one, with its event, in one statement; return 1 if it did."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Literal, NamedTuple
@@ -101,6 +101,10 @@ class Claim(NamedTuple):
     won: bool
     row: Row | None
     values: Mapping[str, Any] | None
+
+
+# What a page claim compares on a row that stands (``Store.claim_page``): its states, attempt and lease holder.
+Expect = tuple[Sequence[str], int, "str | None"]
 
 
 def lease_holder(row: Any) -> str | None:

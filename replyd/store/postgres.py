@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 from replyd.errors import StoreError
 from replyd.store.base import Stmts, Store
 from replyd.store.hotsql import HotSQL
-from replyd.store.model import Claim, Key, Row
+from replyd.store.model import Claim, Expect, Key, Row
 
 
 def _pg_idle_dead(dbapi_conn: Any) -> str | None:
@@ -199,24 +199,31 @@ class PostgresStore(Store):
                          lease_owner: str | None = None, relaxed: bool = False) -> Stmts[bool]:
         return self._cas_steps(None, key, states, attempt, values, lease_owner, event, otherwise, relaxed)
 
-    def claim_new(self, rows: Sequence[tuple[Key, Mapping[str, Any], Mapping[str, Any]]], *, relaxed: bool = False,
-                  doing: str = "claiming a page") -> list[bool]:
-        """``Store.claim_new``: the claim statement once per row, pipelined (psycopg's ``executemany``) inside one
-        transaction block: one commit, one WAL flush, for the whole page."""
+    def claim_page(self, rows: Sequence[tuple[Key, Mapping[str, Any], Mapping[str, Any], Expect | None]], *,
+                   relaxed: bool = False, doing: str = "claiming a page") -> list[bool]:
+        """``Store.claim_page``: the claim statement once per new row and the compare-and-set statements (one
+        shape at a time), pipelined (psycopg's ``executemany``) inside one transaction block: one commit, one WAL
+        flush, for the whole page."""
         if not rows:
             return []
-        sql = self._sql.claim(self.commit_relaxed(relaxed))
-        params = [{**ins, **ev} for ins, ev in (self._claim_params(key, new, event) for key, new, event in rows)]
+        relaxed = self.commit_relaxed(relaxed)
+        news: list[tuple[int, dict[str, Any]]] = []
+        cas: list[tuple[int, Key, Sequence[str], int, str | None, Mapping[str, Any], Mapping[str, Any]]] = []
+        for i, (key, values, event, expect) in enumerate(rows):
+            if expect is None:
+                ins, ev = self._claim_params(key, values, event)
+                news.append((i, {**ins, **ev}))
+            else:
+                ev = {"state": values.get("state"), "attempt": values.get("attempt"), **event}
+                cas.append((i, key, expect[0], expect[1], expect[2], values, ev))
+        made = [False] * len(rows)
         with self._driver(doing) as fairy:
             conn = fairy.driver_connection
             with conn.transaction(), conn.cursor() as cur:
-                cur.executemany(sql, params, returning=True)
-                made = []
-                while True:
-                    made.append(cur.fetchone()[0] == 1)
-                    if not cur.nextset():
-                        break
-            return made
+                if news:
+                    self._pipelined(cur, self._sql.claim(relaxed), news, made)
+                self._cas_pipelined(cur, cas, relaxed, made)
+        return made
 
     def close_many(self, items: Sequence[tuple[Key, Sequence[str], int, Mapping[str, Any], Mapping[str, Any]]], *,
                    relaxed: bool = True, doing: str = "closing a page") -> list[bool]:
@@ -225,25 +232,37 @@ class PostgresStore(Store):
         if not items:
             return []
         relaxed = self.commit_relaxed(relaxed)
-        shapes: dict[tuple[Any, ...], list[tuple[int, dict[str, Any]]]] = {}
-        sqls: dict[tuple[Any, ...], str] = {}
-        for i, (key, states, attempt, values, event) in enumerate(items):
-            shape = (tuple(values), len(states))
-            sql, names = self._sql.cas(tuple(values), len(states), True, False, True, relaxed)
-            params = self._cas_params(key, states, attempt, None, names, values)
-            params.update(self._event_params(key, event, None, None))
-            sqls[shape] = sql
-            shapes.setdefault(shape, []).append((i, params))
         made = [False] * len(items)
         with self._driver(doing) as fairy:
             conn = fairy.driver_connection
             with conn.transaction(), conn.cursor() as cur:
-                for shape, rows in shapes.items():
-                    cur.executemany(sqls[shape], [p for _, p in rows], returning=True)
-                    for i, _ in rows:
-                        made[i] = cur.fetchone()[0] == 1
-                        cur.nextset()
+                self._cas_pipelined(cur, [(i, key, states, attempt, None, values, event)
+                                          for i, (key, states, attempt, values, event) in enumerate(items)],
+                                    relaxed, made)
         return made
+
+    @staticmethod
+    def _pipelined(cur: Any, sql: str, params: list[tuple[int, dict[str, Any]]], made: list[bool]) -> None:
+        """Run ``sql`` once per ``(index, params)`` in one pipelined ``executemany``; ``made[index]``: it wrote."""
+        cur.executemany(sql, [p for _, p in params], returning=True)
+        for i, _ in params:
+            made[i] = cur.fetchone()[0] == 1
+            cur.nextset()
+
+    def _cas_pipelined(self, cur: Any, items: Sequence[tuple[int, Key, Sequence[str], int, str | None,
+                                                             Mapping[str, Any], Mapping[str, Any]]],
+                       relaxed: bool, made: list[bool]) -> None:
+        """Compare-and-set each ``(index, key, states, attempt, lease holder, values, event)`` with its event: one
+        pipelined ``executemany`` per statement shape, inside the caller's transaction block."""
+        shapes: dict[tuple[Any, ...], tuple[str, list[tuple[int, dict[str, Any]]]]] = {}
+        for i, key, states, attempt, holder, values, event in items:
+            shape = (tuple(values), len(states), holder is not None)
+            sql, names = self._sql.cas(tuple(values), len(states), True, holder is not None, True, relaxed)
+            params = self._cas_params(key, states, attempt, holder, names, values)
+            params.update(self._event_params(key, event, None, None))
+            shapes.setdefault(shape, (sql, []))[1].append((i, params))
+        for sql, params in shapes.values():
+            self._pipelined(cur, sql, params, made)
 
     def _cas_with(self, fairy: Any, key: Key, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
                   lease_owner: str | None, event: Mapping[str, Any] | None, otherwise: Mapping[str, Any] | None,

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 from replyd.errors import StoreError
 from replyd.store.base import _INHERITED, Store
 from replyd.store.engine import map_db_error
-from replyd.store.model import Claim, Key, Row, lease_holder
+from replyd.store.model import Claim, Expect, Key, Row, lease_holder
 
 log = structlog.get_logger("replyd.store")
 
@@ -278,22 +278,28 @@ class SQLiteStore(Store):
             self._now_all.append(fairy)
         return fairy
 
-    def claim_new(self, rows: Sequence[tuple[Key, Mapping[str, Any], Mapping[str, Any]]], *, relaxed: bool = False,
-                  doing: str = "claiming a page") -> list[bool]:
-        """``Store.claim_new``: every insert and its event under one ``BEGIN IMMEDIATE`` … ``COMMIT`` (one fsync)."""
-        params = [self._claim_params(key, new, event) for key, new, event in rows]
+    def claim_page(self, rows: Sequence[tuple[Key, Mapping[str, Any], Mapping[str, Any], Expect | None]], *,
+                   relaxed: bool = False, doing: str = "claiming a page") -> list[bool]:
+        """``Store.claim_page``: every insert or compare-and-set and its event under one ``BEGIN IMMEDIATE`` …
+        ``COMMIT`` (one fsync)."""
 
-        def insert_all(dbc: Any) -> list[bool]:
+        def write_all(dbc: Any) -> list[bool]:
             made = []
-            for ins, ev in params:
-                created = dbc.execute(self._sql.insert, ins).rowcount == 1
-                if created:
-                    dbc.execute(self._sql.event, ev)
-                made.append(created)
+            for key, values, event, expect in rows:
+                ev = {"state": values.get("state"), "attempt": values.get("attempt"), **event}
+                if expect is None:
+                    ins, evp = self._claim_params(key, values, ev)
+                    done = dbc.execute(self._sql.insert, ins).rowcount == 1
+                    if done:
+                        dbc.execute(self._sql.event, evp)
+                else:
+                    states, attempt, holder = expect
+                    done = self._cas_in(dbc, key, states, attempt, values, holder, ev, None)
+                made.append(done)
             return made
 
         with self._driver(doing) as fairy:
-            return self._write(fairy, relaxed, insert_all)
+            return self._write(fairy, relaxed, write_all)
 
     def close_many(self, items: Sequence[tuple[Key, Sequence[str], int, Mapping[str, Any], Mapping[str, Any]]], *,
                    relaxed: bool = True, doing: str = "closing a page") -> list[bool]:
