@@ -51,8 +51,8 @@ from replyd.store.unit import Tx
 __all__ = [
     "CLAIM_COMMIT_LEVELS", "CLOSED", "COMPOSING", "DECLINED", "DURABILITIES", "EXPORT_TABLES", "GAVE_UP",
     "NOT_LANDED", "OPEN", "PART_PATH", "PARTS", "REJECTED", "RELEASED", "REOFFERED", "REPLY_ID_EVENTS", "SKIPPED",
-    "SQLITE_BUSY_TIMEOUT_MS", "STATES", "SWEPT", "TERMINAL", "UNCONFIRMED", "AnsweredLog", "Claim", "ClaimsInGroup", "Durability",
-    "Event", "Expect", "Key",
+    "SQLITE_BUSY_TIMEOUT_MS", "STATES", "SWEPT", "TERMINAL", "UNCONFIRMED", "AnsweredLog", "Claim", "ClaimsInGroup",
+    "Durability", "Event", "Expect", "Key",
     "ListingDelay", "PostgresStore", "Reply", "Row", "SQLiteStore", "Store", "Tx", "default_sqlite_path",
     "default_url", "hot_sql", "lease_holder", "make_owner", "record_fields", "redact_url", "sqlite_file",
 ]
