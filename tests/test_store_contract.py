@@ -403,6 +403,37 @@ def test_claim_page_inserts_new_keys_and_compares_and_sets_the_rows_that_stand(s
     assert store.claim_page([]) == []
 
 
+def test_claim_page_of_new_keys_inserts_the_free_ones_with_their_events(store, clock):
+    """A page of new keys (PostgreSQL: one set statement): each free key inserted with its one event; a key that
+    has a row meanwhile answers False and keeps its row and history; answers in order."""
+    stood = seed(store, "cn-stood", state=st.CLOSED, attempt=1, reply_id="r-stood")
+    ev = {"kind": "claimed", "owner": "me", "detail": {"path": "inbox"}}
+    pids = ["cn-0", "cn-1", "cn-stood", "cn-2", "cn-3"]
+    page = [(key(p), {**open_row(clock), "provider_key": f"pk-{p}"}, ev, None) for p in pids]
+    assert store.claim_page(page) == [True, True, False, True, True]
+    for p in ("cn-0", "cn-1", "cn-2", "cn-3"):
+        row, [e] = store.get(key(p)), store.history(key(p))
+        assert (row.state, row.provider_key, row.owner) == (st.OPEN, f"pk-{p}", "me")
+        assert (e.kind, e.state, e.attempt, e.owner, json.loads(e.detail)) == (
+            "claimed", st.OPEN, 1, "me", {"path": "inbox"})
+    assert store.get(stood).reply_id == "r-stood" and kinds(store, stood) == []
+
+
+def test_a_page_never_truncates_a_value_longer_than_its_column(store, clock):
+    """A parent id or owner longer than its column is stored whole or refused (StoreError), never cut: a cut
+    parent id would be another key."""
+    long_pid, long_owner = "cl-" + "x" * 1500, "o" * 300
+    ev = {"kind": "claimed", "owner": long_owner}
+    page = [(key(long_pid), open_row(clock, owner=long_owner), ev, None),
+            (key("cl-short"), open_row(clock), ev, None)]
+    try:
+        store.claim_page(page)
+    except StoreError:
+        assert store.get(key(long_pid)) is None and store.get(key("cl-short")) is None
+        return
+    assert store.get(key(long_pid)).owner == long_owner and store.history(key(long_pid))[0].owner == long_owner
+
+
 def test_claim_page_is_all_or_nothing(store, store_url, clock):
     """A page claim whose last event cannot be written leaves every row as it was, new and reclaimed alike."""
     now = clock.now()

@@ -10,6 +10,19 @@ from sqlalchemy.dialects import postgresql, sqlite
 from replyd.store.schema import EVENT_COLUMNS, EVENTS, KEY_COLUMNS, REPLIES, REPLY_COLUMNS, REPLY_SET
 
 
+def _cast(t: sa.types.TypeEngine[Any], dialect: sa.engine.Dialect) -> str:
+    """The SQL type a parameter of column type ``t`` is cast to: TEXT for any string (never truncated)."""
+    return "TEXT" if isinstance(getattr(t, "impl", t), sa.String) else t.compile(dialect=dialect)
+
+
+def _value_names(cols: tuple[str, ...]) -> tuple[str, ...]:
+    """The parameter names of a compare-and-set's new values; a name that is no column is refused."""
+    bad = set(cols) - REPLY_SET
+    if bad:
+        raise ValueError(f"not columns of {REPLIES.name}: {sorted(bad)}")
+    return tuple("v_" + c for c in cols)
+
+
 class HotSQL:
     """The hot path's statements for one dialect, written once from the table definitions and cached by shape.
 
@@ -27,8 +40,8 @@ class HotSQL:
         self.q = q
         self.R, self.E = q(REPLIES.name), q(EVENTS.name)
         # Strings cast to unbounded TEXT: an explicit CAST to VARCHAR(n) would truncate where the column errors.
-        self.cast = {c.name: "TEXT" if isinstance(c.type, sa.String) else c.type.compile(dialect=dialect)
-                     for c in EVENTS.columns}
+        # (sqlmodel's AutoString is a TypeDecorator over String: its ``impl`` is what says "a string".)
+        self.cast = {c.name: _cast(c.type, dialect) for c in EVENTS.columns}
         self.cols = ", ".join(q(c) for c in REPLY_COLUMNS)
         self.key = " AND ".join(f"{q(c)} = {self.p('k_' + c)}" for c in KEY_COLUMNS)
         self.peek = f"SELECT {self.cols} FROM {self.R} WHERE {self.key}"
@@ -37,7 +50,10 @@ class HotSQL:
         self.event = (f"INSERT INTO {self.E} ({', '.join(q(c) for c in EVENT_COLUMNS)}) "
                       f"VALUES ({', '.join(self.p('e_' + c) for c in EVENT_COLUMNS)})")
         self.event_names = {"e_": tuple("e_" + c for c in EVENT_COLUMNS)}
+        self.rcast = {c.name: _cast(c.type, dialect) for c in REPLIES.columns}
         self._claim: dict[bool, str] = {}
+        self._claim_set: dict[bool, str] = {}
+        self._close_set: dict[tuple[Any, ...], tuple[str, tuple[str, ...]]] = {}
         self._rows_of: dict[int, str] = {}
         self._cas: dict[tuple[Any, ...], tuple[str, tuple[str, ...]]] = {}
 
@@ -77,6 +93,53 @@ class HotSQL:
             )
         return sql
 
+    def _unnest(self, pre: str, cols: tuple[str, ...], cast: dict[str, str], alias: str) -> str:
+        """One row per array index: ``cols`` from the array parameters ``{pre}{col}`` (typed: never guessed)."""
+        arrays = ", ".join(f"CAST({self.p(pre + c)} AS {cast[c]}[])" for c in cols)
+        return f"SELECT * FROM unnest({arrays}) AS {alias}({', '.join(self.q(c) for c in cols)})"
+
+    def _events_of(self, relaxed: bool) -> str:
+        """The tail of a set statement: its events (``b_`` arrays) for the keys ``w`` wrote, and what it wrote."""
+        ev_cols = ", ".join(self.q(c) for c in EVENT_COLUMNS)
+        key = ", ".join(self.q(c) for c in KEY_COLUMNS)
+        return (f", ev AS ({self._unnest('b_', EVENT_COLUMNS, self.cast, 'ev')}), "
+                f"e AS (INSERT INTO {self.E} ({ev_cols}) SELECT {ev_cols} FROM ev JOIN w USING ({key}) RETURNING 1) "
+                f"SELECT w.{self.q('parent_id')}, (SELECT count(*) FROM e){self._tail(relaxed)} FROM w")
+
+    def claim_set(self, relaxed: bool) -> str:
+        """PostgreSQL: insert many new rows (``a_`` arrays, distinct keys) with their events in ONE statement; it
+        returns the parent ids it inserted (a key that has a row is left as it is)."""
+        sql = self._claim_set.get(relaxed)
+        if sql is None:
+            key = ", ".join(self.q(c) for c in KEY_COLUMNS)
+            sql = self._claim_set[relaxed] = (
+                f"WITH v AS ({self._unnest('a_', REPLY_COLUMNS, self.rcast, 'v')}), "
+                f"w AS (INSERT INTO {self.R} ({self.cols}) SELECT {self.cols} FROM v "
+                f"ON CONFLICT ({key}) DO NOTHING RETURNING {key})" + self._events_of(relaxed))
+        return sql
+
+    def close_set(self, cols: tuple[str, ...], n_states: int, relaxed: bool) -> tuple[str, tuple[str, ...]]:
+        """PostgreSQL: compare-and-set many rows of one bot (``a_parent_id``, ``a_attempt``, one array per value
+        column, the shared ``s{i}`` states) with their events in ONE statement; it returns the parent ids set."""
+        shape = (cols, n_states, relaxed)
+        hit = self._close_set.get(shape)
+        if hit is not None:
+            return hit
+        names = _value_names(cols)
+        q, R = self.q, self.R
+        vcols = ("parent_id", "attempt", *names)
+        vcast = {"parent_id": "TEXT", "attempt": self.rcast["attempt"],
+                 **{n: self.rcast[c] for c, n in zip(cols, names, strict=True)}}
+        sets = ", ".join(f"{q(c)} = v.{q(n)}" for c, n in zip(cols, names, strict=True))
+        states = ", ".join(self.p(f"s{i}") for i in range(n_states))
+        sql = (f"WITH v AS ({self._unnest('a_', vcols, vcast, 'v')}), "
+               f"w AS (UPDATE {R} SET {sets} FROM v WHERE {R}.{q('platform')} = {self.p('k_platform')} "
+               f"AND {R}.{q('sender_id')} = {self.p('k_sender_id')} AND {R}.{q('parent_id')} = v.{q('parent_id')} "
+               f"AND {R}.{q('state')} IN ({states}) AND {R}.{q('attempt')} = v.{q('attempt')} "
+               f"RETURNING {', '.join(f'{R}.{q(c)}' for c in KEY_COLUMNS)})" + self._events_of(relaxed))
+        self._close_set[shape] = (sql, names)
+        return sql, names
+
     def event_only(self, relaxed: bool) -> str:
         """PostgreSQL: one event on its own (a note of a write that did not happen), as one statement."""
         return (f"WITH e AS ({self.event} RETURNING 1) SELECT count(*){self._tail(relaxed)} FROM e")
@@ -88,10 +151,7 @@ class HotSQL:
         hit = self._cas.get(shape)
         if hit is not None:
             return hit
-        bad = set(cols) - REPLY_SET
-        if bad:
-            raise ValueError(f"not columns of {REPLIES.name}: {sorted(bad)}")
-        names = tuple("v_" + c for c in cols)
+        names = _value_names(cols)
         where = [self.key, f"{self.q('state')} IN ({', '.join(self.p(f's{i}') for i in range(n_states))})"]
         if attempt:
             where.append(f"{self.q('attempt')} = {self.p('k_attempt')}")
