@@ -13,6 +13,8 @@ import json
 import multiprocessing
 import random
 import re
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -493,6 +495,30 @@ def test_close_many_is_all_or_nothing(store, store_url, clock):
         with pytest.raises(StoreError, match="no events"):
             store.close_many([_close_item(f"cz-{i}", clock) for i in range(3)])
         assert [store.get(key(f"cz-{i}")).state for i in range(3)] == [st.OPEN] * 3
+
+
+def test_a_note_never_follows_a_transition_with_the_state_the_row_left(store, store_url, clock):
+    """A note written while a rival's transition of the row is uncommitted waits for it and carries the new state:
+    the history's last state is the row's (the model test found a ``late_landing`` note ending a ``composing``
+    row's history with ``released``)."""
+    k = seed(store, "nr", state=st.RELEASED, attempt=1)
+    eng = sa.create_engine(store_url, isolation_level="AUTOCOMMIT")
+    rival = eng.connect()
+    rival.exec_driver_sql("BEGIN IMMEDIATE" if store.is_sqlite else "BEGIN")
+    rival.exec_driver_sql("UPDATE replies SET state = 'composing' WHERE parent_id = 'nr'")
+    rival.exec_driver_sql("INSERT INTO events (at, platform, sender_id, parent_id, kind, state, attempt, owner, detail) "
+                          f"VALUES (1.0, '{k.platform}', '{k.sender_id}', 'nr', 'claimed', 'composing', 1, 'rival', '{{}}')")
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (store.record(k, "late_landing", owner="me"), done.set()))
+    t.start()
+    time.sleep(0.5)  # the note has read the row and (unheld) inserted its event by now
+    rival.exec_driver_sql("COMMIT")
+    t.join(30)
+    rival.close()
+    eng.dispose()
+    assert done.is_set()
+    *_, last = [e for e in store.history(k) if e.state is not None]
+    assert (last.state, store.get(k).state) == (st.COMPOSING, st.COMPOSING), [(e.kind, e.state) for e in store.history(k)]
 
 
 def test_record_notes_the_rows_state_and_attempt(store, clock):

@@ -446,7 +446,9 @@ class Store(Reads):
     def record(self, key: Key, kind: str, *, owner: str | None = None, detail: Mapping[str, Any] | None = None) -> None:
         """Append one event with the row's current state and attempt, in its own relaxed transaction (notes)."""
         with self.transaction(relaxed=True, doing="recording an event") as tx:
-            row = tx.get(key)
+            # Held until the note commits: a rival's transition committing between this read and the insert
+            # would leave the note after it in the history (ids are taken at insert), with a state the row left.
+            row = tx.get(key, hold=True)
             tx.append_event(key, kind, state=row.state if row else None, attempt=row.attempt if row else None,
                             owner=owner, detail=detail)
 

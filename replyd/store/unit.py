@@ -29,9 +29,13 @@ class Tx:
         self._store = store
         self._conn = conn
 
-    def get(self, key: Key) -> Row | None:
-        """Return ``key``'s row as this transaction sees it, or None."""
-        m = self._conn.execute(sa.select(REPLIES).where(key_where(key))).mappings().first()
+    def get(self, key: Key, *, hold: bool = False) -> Row | None:
+        """Return ``key``'s row as this transaction sees it, or None; ``hold``: no other transaction may change
+        it until this one ends (PostgreSQL ``FOR SHARE``; SQLite's write transaction already excludes writers)."""
+        q = sa.select(REPLIES).where(key_where(key))
+        if hold:
+            q = q.with_for_update(read=True)
+        m = self._conn.execute(q).mappings().first()
         return None if m is None else Row(**dict(m))
 
     def cas_event(self, key: Key, *, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
