@@ -313,6 +313,9 @@ class AsyncGuard(GuardCore):
         the page is cancelled) cancels the others and leaves the page's open rows to the sweep."""
         outs: list[Outcome] = [] if done is None else done
         for chunk in page_chunks(list(items), PAGE_MAX):
+            if len(chunk) == 1:  # nothing to share: the single path itself, with no page to set up
+                outs.append(await self.post(chunk[0][0], chunk[0][1], path=path))
+                continue
             rows = await self.claim_page(chunk, path=path)
             page = self.page_closes([self.key(p.id) for p, _ in chunk], rows)
             token = PAGE_CLOSES.set(page)  # the page's tasks copy this context: only they defer their closes

@@ -129,6 +129,9 @@ class Guard(GuardCore):
         catches the exception knows which items ended (the first ``len(done)``, in order)."""
         outs: list[Outcome] = [] if done is None else done
         for chunk in page_chunks(list(items), PAGE_MAX):
+            if len(chunk) == 1:  # nothing to share: the single path itself, with no page to set up
+                outs.append(self.post(chunk[0][0], chunk[0][1], path=path))
+                continue
             keys = [self.key(p.id) for p, _ in chunk]
             rows = self.claim_page(chunk, path=path)
             page = self.page_closes(keys, rows)
