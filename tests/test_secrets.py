@@ -480,3 +480,25 @@ def test_short_secrets_are_masked_too() -> None:
     rlog.add_secret("Zq5!x-and-more-LEAKCHECK")
     assert rlog.mask("pw=Zq5!x;") == "pw=***;"
     assert rlog.mask("key Zq5!x-and-more-LEAKCHECK end") == "key *** end"
+
+
+def test_mask_finds_every_secret_among_a_thousand_longest_first(monkeypatch):
+    """A thousand registered tokens (a daemon of a thousand bots): each is masked wherever it stands (start, end,
+    back to back, inside a word), the longest where two start at one place, short ones too; other text is kept."""
+    import random
+
+    from replyd import log as rlog
+
+    monkeypatch.setattr(rlog, "_SECRETS", set())
+    monkeypatch.setattr(rlog, "_index", None)
+    rng = random.Random(7)
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_"
+    tokens = ["".join(rng.choice(alphabet) for _ in range(rng.randint(8, 48))) for _ in range(1000)]
+    for t in tokens + ["pw1", "tok-abc", "tok-abcdef"]:
+        rlog.add_secret(t)
+    a, b = tokens[3], tokens[999]
+    assert rlog.mask(f"{a}{b} x{a}y Bearer {b}") == "****** x***y Bearer ***"
+    assert rlog.mask("tok-abcdefg tok-abc pw1!") == "***g *** ***!"
+    assert rlog.mask("nothing secret here, 12345") == "nothing secret here, 12345"
+    for t in rng.sample(tokens, 50):
+        assert t not in rlog.mask(f"GET /api?token={t}&x=1") and "***" in rlog.mask(t)
