@@ -14,7 +14,6 @@ import multiprocessing
 import random
 import re
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -506,19 +505,21 @@ def test_a_note_never_follows_a_transition_with_the_state_the_row_left(store, st
     rival = eng.connect()
     rival.exec_driver_sql("BEGIN IMMEDIATE" if store.is_sqlite else "BEGIN")
     rival.exec_driver_sql("UPDATE replies SET state = 'composing' WHERE parent_id = 'nr'")
-    rival.exec_driver_sql("INSERT INTO events (at, platform, sender_id, parent_id, kind, state, attempt, owner, detail) "
-                          f"VALUES (1.0, '{k.platform}', '{k.sender_id}', 'nr', 'claimed', 'composing', 1, 'rival', '{{}}')")
+    rival.exec_driver_sql(
+        "INSERT INTO events (at, platform, sender_id, parent_id, kind, state, attempt, owner, detail) "
+        f"VALUES (1.0, '{k.platform}', '{k.sender_id}', 'nr', 'claimed', 'composing', 1, 'rival', '{{}}')")
     done = threading.Event()
     t = threading.Thread(target=lambda: (store.record(k, "late_landing", owner="me"), done.set()))
     t.start()
-    time.sleep(0.5)  # the note has read the row and (unheld) inserted its event by now
+    done.wait(0.5)  # an unheld note ends at once (before the rival commits); a held one waits for the commit
     rival.exec_driver_sql("COMMIT")
     t.join(30)
     rival.close()
     eng.dispose()
     assert done.is_set()
     *_, last = [e for e in store.history(k) if e.state is not None]
-    assert (last.state, store.get(k).state) == (st.COMPOSING, st.COMPOSING), [(e.kind, e.state) for e in store.history(k)]
+    assert (last.state, store.get(k).state) == (st.COMPOSING, st.COMPOSING), \
+        [(e.kind, e.state) for e in store.history(k)]
 
 
 def test_record_notes_the_rows_state_and_attempt(store, clock):

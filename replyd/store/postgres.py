@@ -218,7 +218,8 @@ class PostgresStore(Store):
                 ev = {"state": values.get("state"), "attempt": values.get("attempt"), **event}
                 cas.append((i, key, expect[0], expect[1], expect[2], values, ev))
         made = [False] * len(rows)
-        one_set = len(news) > 1 and len({(p["platform"], p["sender_id"], p["parent_id"]) for _, p in news}) == len(news)
+        distinct = len({(p["platform"], p["sender_id"], p["parent_id"]) for _, p in news}) == len(news)
+        one_set = len(news) > 1 and distinct  # a repeated key takes the pipelined path: each decided in order
         with self._driver(doing) as fairy:
             conn = fairy.driver_connection
             if one_set and not cas:  # one statement is its own transaction (autocommit): no BEGIN/COMMIT trips
