@@ -50,6 +50,9 @@ level = "info"
 
 [guard]
 send_timeout_s = 1.0
+# A SIGKILL between a row's compose lease and its open leaves it composing for the whole lease: 120 s by default,
+# as long as the restart tests wait for every parent (CI failed once so under load).
+compose_lease_s = 10.0
 
 [sweep]
 interval_s = 0.5
