@@ -4,7 +4,8 @@
 ``--page`` parents each round (the send stubbed): ``Guard.post_page`` (the page's new keys claimed in one
 durable commit, each closed on its own), ``Guard.post`` per parent (today's single path), a one-parent
 ``post_page`` (pages of one: must cost what ``post`` does), and the raw floor of section 1 (one INSERT and
-one UPDATE per parent, each its own commit, no Python layers). Every round runs all variants in a freshly
+one UPDATE per parent, each its own commit, no Python layers), and a peer: AWS Lambda Powertools'
+``idempotent_function`` on Redis with ``appendfsync always`` per parent (it has no page). Every round runs all variants in a freshly
 shuffled order, so the machine's noise lands on all alike; each ratio is the median of per-round ratios.
 Section ``pageclaim`` of ``bench/run.py`` (``measure_all``/``tables``).
 """
@@ -12,6 +13,7 @@ Section ``pageclaim`` of ``bench/run.py`` (``measure_all``/``tables``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import statistics
@@ -22,7 +24,8 @@ from typing import Any
 
 from bench.common import (IDENTITY, REPLY_TEXT, StubPlatform, Table, fmt_ratio, fmt_us, make_parent, pg_available,
                           pg_databases, sqlite_url, tmpdir, verdict)
-from bench.overhead import _pg_floor, _sqlite_floor
+from bench.common import REDIS_PORT, redis_always, redis_version
+from bench.overhead import _pg_floor, _powertools, _sqlite_floor, powertools_missing
 from replyd import log
 from replyd.guard import Guard, Status
 from replyd.store import Store
@@ -65,8 +68,8 @@ def _floor(post: Callable[[int], None]) -> Callable[[int], None]:
 
 
 def measure(url: str, floor: tuple[Callable[[int], None], Callable[[], None]], page: int, rounds: int,
-            seed: int) -> dict[str, float]:
-    """Median µs per parent of each variant and the per-round ratios, on one database."""
+            seed: int, peer: Callable[[int], None] | None = None) -> dict[str, float]:
+    """Median µs per parent of each variant and the per-round ratios, on one database (``peer``: Powertools)."""
     store = Store.open(url)
     floor_post, floor_close = floor
     variants: dict[str, tuple[Callable[[int], None], int]] = {
@@ -78,6 +81,8 @@ def measure(url: str, floor: tuple[Callable[[int], None], Callable[[], None]], p
         "single_1": (_guarded(store, "single"), page),
         "floor": (_floor(floor_post), page),
     }
+    if peer is not None:  # measured in the same shuffled rounds, so its ratio is side by side
+        variants["powertools"] = (_floor(peer), page)
     rng = random.Random(seed)
     samples: dict[str, list[float]] = {k: [] for k in variants}
     try:
@@ -98,45 +103,71 @@ def measure(url: str, floor: tuple[Callable[[int], None], Callable[[], None]], p
         """The median of ``a``'s per-round cost over ``b``'s."""
         return statistics.median(x / y for x, y in zip(samples[a], samples[b], strict=True))
 
-    return {**{k: statistics.median(v) for k, v in samples.items()},
-            "page/floor": ratio("page", "floor"), "page/single": ratio("page", "single"),
-            "single/floor": ratio("single", "floor"), "page_of_1/single_1": ratio("page_of_1", "single_1")}
+    out = {**{k: statistics.median(v) for k, v in samples.items()},
+           "page/floor": ratio("page", "floor"), "page/single": ratio("page", "single"),
+           "single/floor": ratio("single", "floor"), "page_of_1/single_1": ratio("page_of_1", "single_1")}
+    if peer is not None:
+        out["page/powertools"] = ratio("page", "powertools")
+    return out
 
 
 # Issue 36's targets (docs/BENCHMARKS.md section 13).
 PAGE_FLOOR_MAX = 0.5
 PAGE_OF_1_MAX = 1.05
+PAGE_POWERTOOLS_MAX = 0.8
 
 
 def measure_all(page: int = 16, rounds: int = 40, seed: int = 1) -> dict[str, Any]:
     """``measure`` on SQLite and on PostgreSQL (when it answers): one row per database, the load around them."""
     load0 = os.getloadavg()
     rows: list[dict[str, Any]] = []
-    with tmpdir("pageclaim") as d:
-        url = sqlite_url(d / "r.sqlite3")
-        Store.open(url).dispose()  # migrated before the floor's raw connections open it
-        rows.append({"database": "SQLite (WAL, FULL claims)",
-                     **measure(url, _sqlite_floor(Path(d / "r.sqlite3"), "FULL", "NORMAL"), page, rounds, seed)})
-    if pg_available():
-        with pg_databases(1, "page") as (url,):
-            rows.append({"database": "PostgreSQL", **measure(url, _pg_floor(url, split=True), page, rounds, seed)})
-    return {"page": page, "rounds": rounds, "seed": seed, "load": [load0[0], os.getloadavg()[0]], "rows": rows}
+    peer_missing = powertools_missing() or (None if redis_version(REDIS_PORT) else "Redis unreachable on :6379")
+    with contextlib.ExitStack() as stack:
+        peer = None
+        if peer_missing is None:
+            try:
+                port = stack.enter_context(redis_always())
+            except RuntimeError as e:  # no redis-server binary to start the fsync-always one
+                peer_missing = str(e)
+            else:
+                call, close = _powertools(port, f"replyd-pageclaim-{os.getpid()}")
+                stack.callback(close)
+                peer = call
+        with tmpdir("pageclaim") as d:
+            url = sqlite_url(d / "r.sqlite3")
+            Store.open(url).dispose()  # migrated before the floor's raw connections open it
+            rows.append({"database": "SQLite (WAL, FULL claims)",
+                         **measure(url, _sqlite_floor(Path(d / "r.sqlite3"), "FULL", "NORMAL"), page, rounds, seed,
+                                   peer)})
+        if pg_available():
+            with pg_databases(1, "page") as (url,):
+                rows.append({"database": "PostgreSQL",
+                             **measure(url, _pg_floor(url, split=True), page, rounds, seed, peer)})
+    return {"page": page, "rounds": rounds, "seed": seed, "load": [load0[0], os.getloadavg()[0]], "rows": rows,
+            "powertools_missing": peer_missing}
 
 
 def tables(res: dict[str, Any], cmd: str) -> list[Table]:
     """Section 13: a page's guarded posts against single posts and the raw floor, per parent."""
     t = Table(f"13. The group claim: a {res['page']}-parent page against one claim per commit, {res['rounds']} rounds "
               "(issue 36)", ["database", "page, per parent", "single posts, per parent", "raw floor, per parent",
-                             "page / floor", "page / single", "single / floor", "a page of 1 / one post"])
+                             "Powertools (Redis appendfsync always), per parent", "page / floor", "page / Powertools",
+                             "page / single", "single / floor", "a page of 1 / one post"])
     for m in res["rows"]:
+        pt = "powertools" in m
         t.rows.append([m["database"], f"{fmt_us(m['page'])} µs", f"{fmt_us(m['single'])} µs",
-                       f"{fmt_us(m['floor'])} µs", fmt_ratio(m["page/floor"]), fmt_ratio(m["page/single"]),
-                       fmt_ratio(m["single/floor"]), fmt_ratio(m["page_of_1/single_1"])])
+                       f"{fmt_us(m['floor'])} µs", f"{fmt_us(m['powertools'])} µs" if pt else "—",
+                       fmt_ratio(m["page/floor"]), fmt_ratio(m["page/powertools"]) if pt else "—",
+                       fmt_ratio(m["page/single"]), fmt_ratio(m["single/floor"]), fmt_ratio(m["page_of_1/single_1"])])
     for m in res["rows"]:
         db = m["database"].split(" (")[0]
         t.verdicts.append(verdict(m["page/floor"] <= PAGE_FLOOR_MAX,
                                   f"{db}: a page's post {m['page/floor']:.2f}× the one-claim-per-commit floor "
                                   f"(goal ≤ {PAGE_FLOOR_MAX}×)"))
+        if "page/powertools" in m:
+            t.verdicts.append(verdict(m["page/powertools"] <= PAGE_POWERTOOLS_MAX,
+                                      f"{db}: a page's post {m['page/powertools']:.2f}× Powertools on Redis with "
+                                      f"appendfsync always (goal ≤ {PAGE_POWERTOOLS_MAX}×)"))
         t.verdicts.append(verdict(m["page_of_1/single_1"] <= PAGE_OF_1_MAX,
                                   f"{db}: a page of 1 {m['page_of_1/single_1']:.2f}× one post "
                                   f"(goal ≤ {PAGE_OF_1_MAX}×)"))
@@ -153,6 +184,15 @@ def tables(res: dict[str, Any], cmd: str) -> list[Table]:
         "per sample measured 1.07x against itself). PostgreSQL's page is ONE statement for its claims and one "
         "for its closes (the rows as binary `unnest` arrays). Alone: `PYTHONPATH=. python -m bench.pageclaim "
         "--rounds N`.")
+    if res.get("powertools_missing"):
+        t.notes.append(f"No Powertools column: {res['powertools_missing']} (the bench extra installs "
+                       "aws-lambda-powertools and redis; `redis-server` must be on PATH).")
+    else:
+        t.notes.append(
+            "Powertools: section 2's `idempotent_function` on `RedisCachePersistenceLayer`, against a second "
+            "`redis-server --appendonly yes --appendfsync always` started by the bench, one call per parent (it has "
+            "no group form), in the same shuffled rounds. Both its writes (in progress, completed) are fsynced; "
+            "replyd's page fsyncs one claim commit per page and closes in one relaxed commit.")
     return [t]
 
 
@@ -166,13 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     log.configure(level="warning")  # a log line per post would be most of what is measured
     res = measure_all(a.page, a.rounds, a.seed)
     print(f"page of {a.page}, {a.rounds} rounds; load average {res['load'][0]:.2f} before, {res['load'][1]:.2f} after")
-    print("| database | page, per parent | single posts, per parent | raw floor, per parent | page / floor | "
-          "page / single | single / floor | a page of 1 / one post |")
-    print("|---|---|---|---|---|---|---|---|")
-    for m in res["rows"]:
-        print(f"| {m['database']} | {m['page']:,.0f} µs | {m['single']:,.0f} µs | {m['floor']:,.0f} µs | "
-              f"{m['page/floor']:.2f}× | {m['page/single']:.2f}× | {m['single/floor']:.2f}× | "
-              f"{m['page_of_1/single_1']:.2f}× |")
+    for t in tables(res, "PYTHONPATH=. python -m bench.pageclaim"):
+        print(t.markdown())
     return 0
 
 

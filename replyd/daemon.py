@@ -41,7 +41,6 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor as Pool
 from dataclasses import dataclass
-from http.cookiejar import Cookie, CookieJar
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import httpx
@@ -94,18 +93,6 @@ class _JobPool(BasePoolExecutor):
 
     def __init__(self, pool: Pool) -> None:
         super().__init__(pool)
-
-
-class NoCookies(CookieJar):
-    """A cookie jar that keeps nothing: the daemon's one HTTP client serves every bot, so a cookie one bot's platform
-    set would ride along on another account's requests to that host (replyd authenticates by header, never by cookie;
-    and parsing each response's cookies is CPU an empty poll need not spend)."""
-
-    def extract_cookies(self, response: object, request: object) -> None:  # type: ignore[override]
-        """Keep no cookie from a response."""
-
-    def set_cookie(self, cookie: Cookie) -> None:
-        """Keep no cookie."""
 
 
 @dataclass
@@ -290,7 +277,7 @@ class Daemon:
         # Every send through this client ends within guard.send_timeout_s in total (replyd.deadline). One client
         # for every bot: its pool keeps a connection per host for each job thread that may be talking to it.
         threads = self.cfg.daemon.job_threads
-        self.http = make_client(self.cfg.guard.send_timeout_s, cookies=NoCookies(),
+        self.http = make_client(self.cfg.guard.send_timeout_s,
                                 limits=httpx.Limits(max_connections=4 * threads + 16, max_keepalive_connections=threads))
         # Every config error (settings, responder, push kind) before anything is served or contacted.
         prepared = [self._prepare(bc) for bc in self.cfg.bots]

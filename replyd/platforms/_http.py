@@ -203,6 +203,58 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
+class _Unshown(tuple[str, ...]):
+    """Secret values kept for masking, whose repr shows none of them."""
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} secrets>"
+
+
+class _UnshownURLs(dict[Any, httpx.URL]):
+    """Parsed request URLs kept for reuse, whose repr shows none (a Telegram token is part of its URLs)."""
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} URLs>"
+
+
+class _NoCookies(httpx.Cookies):
+    """Cookies that keep nothing and parse nothing: replyd authenticates by header, never by cookie.
+
+    A shared client serves every bot, so a cookie one account's platform set would ride along on another
+    account's requests to that host; and httpx builds a urllib request per response to parse its cookies,
+    which was a tenth of an idle 1,000-bot daemon's CPU (py-spy)."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        """Keep no cookie of ``response`` (without building the urllib objects to read them)."""
+
+    def set(self, name: str, value: str, domain: str = "", path: str = "/") -> None:
+        """Keep no cookie."""
+
+
+class _Cookieless:
+    """The ``cookies`` of replyd's clients: always the empty jar that keeps nothing (``_NoCookies``)."""
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        """An empty jar: nothing is sent, nothing kept."""
+        return _NO_COOKIES
+
+    @cookies.setter
+    def cookies(self, value: Any) -> None:
+        raise ValueError("replyd's HTTP clients keep no cookies (credentials go in headers)")
+
+
+_NO_COOKIES = _NoCookies()
+
+
+class _Client(_Cookieless, httpx.Client):
+    """``httpx.Client`` keeping no cookies (``_Cookieless``)."""
+
+
+class _AsyncClient(_Cookieless, httpx.AsyncClient):
+    """``httpx.AsyncClient`` keeping no cookies (``_Cookieless``)."""
+
+
 def make_client(timeout_s: float, *, connect_s: float = 10.0, **kwargs: Any) -> httpx.Client:
     """Return the shared ``httpx.Client`` for adapters: per-phase timeouts, and ``replyd.deadline`` honoured.
 
@@ -213,7 +265,7 @@ def make_client(timeout_s: float, *, connect_s: float = 10.0, **kwargs: Any) -> 
     transport = httpx.HTTPTransport(**{k: kwargs.pop(k) for k in ("verify", "retries", "limits") if k in kwargs})
     pool = transport._pool  # httpx has no public hook for the network backend; tests/test_deadline.py guards this
     pool._network_backend = _DeadlineBackend(pool._network_backend)
-    return httpx.Client(timeout=httpx.Timeout(timeout_s, connect=connect_s), transport=transport, **kwargs)
+    return _Client(timeout=httpx.Timeout(timeout_s, connect=connect_s), transport=transport, **kwargs)
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
@@ -238,7 +290,7 @@ class Fetch:
     ``max_bytes`` (decoded) and within the whole-send deadline."""
 
     method: str
-    url: str
+    url: httpx.URL | str
     kwargs: Mapping[str, Any]
     max_bytes: int
 
@@ -255,7 +307,7 @@ class _TooLarge(Exception):
         self.status = status
 
 
-def request_steps(method: str, url: str, *, what: str, acts: bool | None = None, secrets: Iterable[str] = (),
+def request_steps(method: str, url: httpx.URL | str, *, what: str, acts: bool | None = None, secrets: Iterable[str] = (),
                   max_bytes: int = MAX_RESPONSE_BYTES, **kwargs: Any) -> HttpSteps[httpx.Response]:
     """One request as steps: the response (any status) with its body read; transport errors mapped.
 
@@ -434,7 +486,7 @@ def _capped(timeout: Any, default: httpx.Timeout, left: float) -> httpx.Timeout:
 def make_async_client(timeout_s: float, *, connect_s: float = 10.0, **kwargs: Any) -> httpx.AsyncClient:
     """The ``httpx.AsyncClient`` for adapters' ``asend``: per-phase timeouts as :func:`make_client`'s; the
     whole-send deadline is the async driver's (``run_async``), so any ``AsyncClient`` honours it."""
-    return httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=connect_s), **kwargs)
+    return _AsyncClient(timeout=httpx.Timeout(timeout_s, connect=connect_s), **kwargs)
 
 
 def error_json(resp: httpx.Response) -> Any:
@@ -1113,6 +1165,7 @@ class HttpPlatform:
         self._aclient_mine: tuple[httpx.AsyncClient, asyncio.AbstractEventLoop] | None = None
         self._clock = clock
         self._timeout = httpx.Timeout(self.s.timeout_s)
+        self._urls: dict[Any, httpx.URL] = _UnshownURLs()  # ``_url``'s parsed URLs (a token may sit in a path)
         self._auth = SecretAuth(self._auth_headers)
         self._me: Identity | None = None
         self.limits = RateLimits(clock.now)
@@ -1153,7 +1206,12 @@ class HttpPlatform:
 
     def _secrets(self) -> tuple[str, ...]:
         """Every secret value that must not reach a detail: the settings' ``SecretStr`` fields."""
-        return tuple(v.get_secret_value() for v in dict(self.s).values() if isinstance(v, SecretStr))
+        # Read once: every request masks with these, and walking the settings cost ~4 % of an idle daemon's CPU.
+        got = self.__dict__.get("_settings_secrets")
+        if got is None:
+            got = self._settings_secrets = _Unshown(v.get_secret_value() for v in dict(self.s).values()
+                                                    if isinstance(v, SecretStr))
+        return got
 
     def _buckets(self, bucket: str) -> tuple[str, ...]:
         """The rate-limit budgets a request named ``bucket`` draws on: its own and the account-wide one."""
@@ -1192,14 +1250,35 @@ class HttpPlatform:
         bucket = bucket or self.BUCKET
         self.limits.check(self._buckets(bucket), what=what)
         kwargs["headers"] = {**self.HEADERS, **(kwargs.get("headers") or {})}
+        url = self._url(path, kwargs.pop("params", None))
         t0 = self._clock.now()
-        resp = yield from request_steps(method, self.root + path, what=what, acts=acts, secrets=self._secrets(),
+        resp = yield from request_steps(method, url, what=what, acts=acts, secrets=self._secrets(),
                                         auth=self._auth if auth is True else (auth or None), timeout=self._timeout,
                                         **kwargs)
         self.platform_clock.note_date(resp, t0, self._clock.now())
         # A platform that names the budget a response drew on is trusted over our guess.
         self.limits.note(resp.headers.get("x-ratelimit-resource") or bucket, resp)
         return resp
+
+    def _url(self, path: str, params: Any) -> httpx.URL:
+        """``root + path`` with ``params`` as a parsed URL, the same as httpx would build, kept for the next
+        request: a poll asks for the same URL until something new comes, and parsing it twice per request (the
+        URL, then the URL with its query) was a tenth of an empty poll's CPU."""
+        try:
+            key = (path, params if params is None or isinstance(params, str) else
+                   tuple(params.items() if isinstance(params, Mapping) else params))
+            got = self._urls.get(key)
+        except TypeError:  # an unhashable value (a list in a dict): built every time
+            key, got = None, None
+        if got is None:
+            got = httpx.URL(self.root + path)
+            if params:
+                got = got.copy_merge_params(params)
+            if key is not None:
+                if len(self._urls) >= 256:  # a bound, not an LRU: a cursor that moves fills it slowly
+                    self._urls.clear()
+                self._urls[key] = got
+        return got
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """``_request_steps`` driven in the calling thread."""

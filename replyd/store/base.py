@@ -10,6 +10,7 @@ the row open and the sweep closes it from the read-back. ``durability`` override
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import weakref
@@ -26,7 +27,7 @@ from replyd.store.engine import default_url, is_sqlite_url, map_db_error, parse_
 from replyd.store.hotsql import HotSQL
 from replyd.store.model import CLAIM_COMMIT_LEVELS, DURABILITIES, Claim, Durability, Expect, Key, Row, lease_holder
 from replyd.store.queries import Reads
-from replyd.store.schema import REPLIES, REPLY_COLUMNS, REPLY_DEFAULTS, REPLY_SET
+from replyd.store.schema import ANSWERS, REPLIES, REPLY_COLUMNS, REPLY_DEFAULTS, REPLY_SET
 from replyd.store.unit import Tx
 
 # An event's detail column: json.dumps(detail, sort_keys=True, default=str), one encoder made once.
@@ -218,6 +219,16 @@ class Store(Reads):
     def _insert(self, table: sa.Table) -> Any:
         """This dialect's INSERT (with ON CONFLICT)."""
         raise NotImplementedError
+
+    @functools.cached_property
+    def _answer_upsert(self) -> Any:
+        """``Tx.put_answer``'s upsert, built once with bound parameters: a statement rebuilt with its values on each
+        post cost SQLAlchemy a fresh cache key walk every time (a twentieth of a 1,000-bot burst's CPU)."""
+        ins = self._insert(ANSWERS)
+        a = ANSWERS.c
+        stmt = ins.values({c: sa.bindparam(c) for c in ("platform", "sender_id", "parent_id", "parts", "created_at")})
+        return stmt.on_conflict_do_update(index_elements=[a.platform, a.sender_id, a.parent_id],
+                                          set_={"parts": ins.excluded.parts, "created_at": ins.excluded.created_at})
 
     def _lock_due(self, q: sa.Select) -> sa.Select:
         """Backend hook: how the lease select skips rows other replicas hold."""

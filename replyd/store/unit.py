@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from replyd.store.model import OPEN, REPLY_ID_EVENTS, Key, Row
-from replyd.store.schema import ANSWERS, EVENTS, LISTING_LAG, REPLIES, REPLY_SET
+from replyd.store.schema import EVENTS, LISTING_LAG, REPLIES, REPLY_SET
 
 if TYPE_CHECKING:
     from replyd.store.base import Store
@@ -86,14 +86,9 @@ class Tx:
 
     def put_answer(self, key: Key, parts: Sequence[str], *, at: float) -> None:
         """Store the parts of ``key``'s composed answer (a new composition replaces an earlier one)."""
-        a = ANSWERS.c
-        doc = json.dumps(list(parts))
-        stmt = (self._store._insert(ANSWERS)
-                .values(platform=key.platform, sender_id=key.sender_id, parent_id=key.parent_id, parts=doc,
-                        created_at=at)
-                .on_conflict_do_update(index_elements=[a.platform, a.sender_id, a.parent_id],
-                                       set_={"parts": doc, "created_at": at}))
-        self._conn.execute(stmt)
+        self._conn.execute(self._store._answer_upsert, {
+            "platform": key.platform, "sender_id": key.sender_id, "parent_id": key.parent_id,
+            "parts": json.dumps(list(parts)), "created_at": at})
 
     def has_event(self, key: Key, kind: str, attempt: int) -> bool:
         """True if ``key`` has an event of ``kind`` at ``attempt`` (e.g. the breaker's ``outage_send`` mark)."""
