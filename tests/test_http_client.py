@@ -1,4 +1,5 @@
-"""replyd's HTTP clients keep no cookies: a platform's Set-Cookie never rides along on the next request."""
+"""replyd's HTTP clients keep no cookies (a platform's Set-Cookie never rides along on the next request), and an
+adapter's reused request URLs are exactly the ones asked for."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from replyd.platforms import _http
 
 SEEN: list[str | None] = []
+PATHS: list[str] = []
 
 
 class Setter(BaseHTTPRequestHandler):
@@ -23,7 +25,8 @@ class Setter(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         """Answer ``{}`` with a cookie a careless client would send back."""
         SEEN.append(self.headers.get("Cookie"))
-        body = b"{}"
+        PATHS.append(self.path)
+        body = b"[]" if self.path.startswith("/api/v1/notifications") else b"{}"
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Set-Cookie", "session=from-bot-a; Path=/")
@@ -36,6 +39,7 @@ class Setter(BaseHTTPRequestHandler):
 def server() -> Iterator[str]:
     """A real local HTTP server that sets cookies."""
     SEEN.clear()
+    PATHS.clear()
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Setter)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
@@ -67,3 +71,17 @@ def test_the_async_client_sends_back_no_cookie_it_was_given(server: str) -> None
 
     asyncio.run(go())
     assert SEEN == [None, None]
+
+
+def test_an_adapters_reused_urls_follow_the_cursor_and_the_params(server: str) -> None:
+    """Polls with a cursor that moves and comes back ask for exactly their own query each time (URLs are kept)."""
+    from replyd.clock import FakeClock
+    from replyd.platforms.mastodon import MastodonPlatform
+
+    with _http.make_client(5.0) as client:
+        plat = MastodonPlatform(MastodonPlatform.Settings.load("mastodon", {"base_url": server, "token": "t0ken"}),
+                                http=client, clock=FakeClock())
+        for cursor in ("100", "100", "205", "100", None):
+            plat.inbox(cursor)
+    assert PATHS == ["/api/v1/notifications?types%5B%5D=mention&limit=40" + (f"&min_id={c}" if c else "")
+                     for c in ("100", "100", "205", "100", None)]
