@@ -96,6 +96,38 @@ def test_open_guard_sends_through_the_async_client_on_the_loop(tmp_path, spy: Sp
     assert platform._aclient_mine is None  # closed with the session
 
 
+def test_the_adapters_async_client_is_built_off_the_loop(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new ``AsyncClient`` loads the CA bundle into an SSL context (~20 ms): the first sends of a loop build it on
+    a thread, never on the loop's, and eight first sends at once leave one client in use, the others closed."""
+    built: list[tuple[int, httpx.AsyncClient]] = []
+    make = _http.make_async_client
+
+    def spying(*a: Any, **kw: Any) -> httpx.AsyncClient:
+        time.sleep(0.05)  # widen the window in which the first sends race
+        client = make(*a, **kw)
+        built.append((threading.get_ident(), client))
+        return client
+
+    monkeypatch.setattr(_http, "make_async_client", spying)
+    world = World(listing_delay_s=0.0)
+    bot = world.add_account("replybot", bot=True)
+    world.add_account("alice")
+
+    async def main(base_url: str) -> tuple[int, Any, list[Any]]:
+        parents = [world.post("alice", f"@replybot question {i}") for i in range(8)]
+        settings = {"base_url": base_url, "token": bot.token, "listing_delay_s": 0.5}
+        async with aio.open_guard(f"sqlite:///{tmp_path}/r.sqlite3", "mastodon", settings) as g:
+            outs = await asyncio.gather(*(g.post(p.id, "hello") for p in parents))
+            assert all(o.status is Status.POSTED for o in outs), outs
+            open_now = [c for _t, c in built if not c.is_closed]
+            return threading.get_ident(), g.platform._aclient_mine[0], open_now  # type: ignore[attr-defined]
+
+    with SimServer(world) as sim:
+        loop_thread, in_use, open_now = asyncio.run(main(sim.base_url))
+    assert built and all(tid != loop_thread for tid, _c in built), built
+    assert open_now == [in_use]
+
+
 def test_concurrent_async_client_posts_with_lost_answers_one_reply_each(store_url: str, spy: Spy) -> None:
     """Mastodon on the sim losing 20 % of create answers (after creating), through the asyncio face on the
     adapter's AsyncClient: 300 parents, each posted once plus 3 rival posts from other tasks, then swept and

@@ -1432,15 +1432,23 @@ class HttpPlatform:
     def close(self) -> None:
         """Do nothing: the shared http client belongs to the caller."""
 
-    def _async_client(self) -> httpx.AsyncClient:
-        """The async client for this loop: the caller's, else one this adapter made on the running loop (an
+    async def _async_client(self) -> httpx.AsyncClient:
+        """The async client for this loop: the caller's, else one this adapter made for the running loop (an
         ``AsyncClient``'s connections belong to the loop that opened them: another loop gets its own)."""
         if self._aclient is not None:
             return self._aclient
         loop = asyncio.get_running_loop()
-        if self._aclient_mine is None or self._aclient_mine[1] is not loop:
-            self._aclient_mine = (make_async_client(self.s.timeout_s), loop)
-        return self._aclient_mine[0]
+        mine = self._aclient_mine
+        if mine is None or mine[1] is not loop:
+            # Built on a thread: a new client loads the CA bundle into an SSL context, ~20 ms that would stall
+            # every task on the loop (the first send's, found by the loop-lag run's slow-callback log).
+            client = await asyncio.to_thread(make_async_client, self.s.timeout_s)
+            mine = self._aclient_mine
+            if mine is not None and mine[1] is loop:  # another task's first send built one meanwhile
+                await client.aclose()
+            else:
+                self._aclient_mine = mine = (client, loop)
+        return mine[0]
 
     async def aclose(self) -> None:
         """Close the async client this adapter made (a caller's ``aclient`` stays the caller's)."""
@@ -1560,7 +1568,7 @@ class StepSend:
 
     async def asend(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
         """The same send on the event loop, through the adapter's ``httpx.AsyncClient`` (no worker thread)."""
-        return await run_async(self._async_client(),  # type: ignore[attr-defined]
+        return await run_async(await self._async_client(),  # type: ignore[attr-defined]
                                self._send_steps(parent, text, provider_key=provider_key))
 
 
