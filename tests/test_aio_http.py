@@ -98,7 +98,7 @@ def test_open_guard_sends_through_the_async_client_on_the_loop(tmp_path, spy: Sp
 
 def test_the_adapters_async_client_is_built_off_the_loop(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A new ``AsyncClient`` loads the CA bundle into an SSL context (~20 ms): the first sends of a loop build it on
-    a thread, never on the loop's, and eight first sends at once leave one client in use, the others closed."""
+    a thread, never on the loop's, and eight first sends at once build it once."""
     built: list[tuple[int, httpx.AsyncClient]] = []
     make = _http.make_async_client
 
@@ -120,12 +120,12 @@ def test_the_adapters_async_client_is_built_off_the_loop(tmp_path, monkeypatch: 
             outs = await asyncio.gather(*(g.post(p.id, "hello") for p in parents))
             assert all(o.status is Status.POSTED for o in outs), outs
             open_now = [c for _t, c in built if not c.is_closed]
-            return threading.get_ident(), g.platform._aclient_mine[0], open_now  # type: ignore[attr-defined]
+            return threading.get_ident(), g.platform._aclient_mine[0].result(), open_now  # type: ignore[attr-defined]
 
     with SimServer(world) as sim:
         loop_thread, in_use, open_now = asyncio.run(main(sim.base_url))
     assert built and all(tid != loop_thread for tid, _c in built), built
-    assert open_now == [in_use]
+    assert [c for _t, c in built] == open_now == [in_use]
 
 
 def test_concurrent_async_client_posts_with_lost_answers_one_reply_each(store_url: str, spy: Spy) -> None:

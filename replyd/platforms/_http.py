@@ -485,7 +485,14 @@ def _capped(timeout: Any, default: httpx.Timeout, left: float) -> httpx.Timeout:
 
 def make_async_client(timeout_s: float, *, connect_s: float = 10.0, **kwargs: Any) -> httpx.AsyncClient:
     """The ``httpx.AsyncClient`` for adapters' ``asend``: per-phase timeouts as :func:`make_client`'s; the
-    whole-send deadline is the async driver's (``run_async``), so any ``AsyncClient`` honours it."""
+    whole-send deadline is the async driver's (``run_async``), so any ``AsyncClient`` honours it.
+
+    Slow (~20 ms: the CA bundle, and the import below): the adapters call it on a thread, not on the loop."""
+    try:  # what a client's first request imports (anyio's asyncio backend, ~20 ms): here, not on the loop
+        import anyio._backends._asyncio  # noqa: F401
+        import anyio.streams.tls  # noqa: F401
+    except ImportError:  # another anyio layout: the first request imports what it needs, as before
+        pass
     return _AsyncClient(timeout=httpx.Timeout(timeout_s, connect=connect_s), **kwargs)
 
 
@@ -1162,7 +1169,7 @@ class HttpPlatform:
         self._http = http
         # The async client of ``StepSend.asend``: the caller's (``aclient``), else made on first use.
         self._aclient = aclient
-        self._aclient_mine: tuple[httpx.AsyncClient, asyncio.AbstractEventLoop] | None = None
+        self._aclient_mine: tuple[asyncio.Future[httpx.AsyncClient], asyncio.AbstractEventLoop] | None = None
         self._clock = clock
         self._timeout = httpx.Timeout(self.s.timeout_s)
         self._urls: dict[Any, httpx.URL] = _UnshownURLs()  # ``_url``'s parsed URLs (a token may sit in a path)
@@ -1440,21 +1447,22 @@ class HttpPlatform:
         loop = asyncio.get_running_loop()
         mine = self._aclient_mine
         if mine is None or mine[1] is not loop:
-            # Built on a thread: a new client loads the CA bundle into an SSL context, ~20 ms that would stall
-            # every task on the loop (the first send's, found by the loop-lag run's slow-callback log).
-            client = await asyncio.to_thread(make_async_client, self.s.timeout_s)
-            mine = self._aclient_mine
-            if mine is not None and mine[1] is loop:  # another task's first send built one meanwhile
-                await client.aclose()
-            else:
-                self._aclient_mine = mine = (client, loop)
-        return mine[0]
+            # Built once per loop, on a thread: a new client loads the CA bundle into an SSL context, ~20 ms that
+            # would stall every task on the loop (found by the loop-lag run's slow-callback log); the first sends
+            # of a burst all wait for that one build (one each stalled the loop 100 ms through the thread pool).
+            build = asyncio.ensure_future(asyncio.to_thread(make_async_client, self.s.timeout_s))
+            mine = self._aclient_mine = (build, loop)
+        return await mine[0]
 
     async def aclose(self) -> None:
         """Close the async client this adapter made (a caller's ``aclient`` stays the caller's)."""
         mine, self._aclient_mine = self._aclient_mine, None
         if mine is not None and mine[1] is asyncio.get_running_loop():
-            await mine[0].aclose()
+            try:
+                client = await mine[0]
+            except Exception:  # the build failed: there is no client to close (the send that awaited it said why)
+                return
+            await client.aclose()
 
     # --- read-back -------------------------------------------------------------------------
 
