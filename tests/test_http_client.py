@@ -85,3 +85,16 @@ def test_an_adapters_reused_urls_follow_the_cursor_and_the_params(server: str) -
             plat.inbox(cursor)
     assert PATHS == ["/api/v1/notifications?types%5B%5D=mention&limit=40" + (f"&min_id={c}" if c else "")
                      for c in ("100", "100", "205", "100", None)]
+
+
+def test_building_an_async_client_imports_what_its_first_request_would() -> None:
+    """``make_async_client`` (run on a thread by the adapters) imports anyio's asyncio backend, so a client's first
+    request does not import it on the loop (~20 ms there). A fresh interpreter, so nothing is imported yet."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from replyd.platforms._http import make_async_client; "
+            "assert 'anyio._backends._asyncio' not in sys.modules, 'imported before'; make_async_client(5.0); "
+            "print('anyio._backends._asyncio' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "True", (out.stdout, out.stderr[-500:])
