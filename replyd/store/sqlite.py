@@ -284,6 +284,10 @@ class SQLiteStore(Store):
         ``COMMIT`` (one fsync)."""
 
         def write_all(dbc: Any) -> list[bool]:
+            if len(rows) > 1 and all(expect is None for *_kve, expect in rows):
+                got = self._insert_all(dbc, rows)
+                if got is not None:
+                    return got
             made = []
             for key, values, event, expect in rows:
                 ev = {"state": values.get("state"), "attempt": values.get("attempt"), **event}
@@ -306,10 +310,53 @@ class SQLiteStore(Store):
         """``Store.close_many``: every compare-and-set and its event under one ``BEGIN IMMEDIATE`` … ``COMMIT``."""
         if not items:
             return []
+
+        def write_all(dbc: Any) -> list[bool]:
+            got = self._cas_all(dbc, items) if len(items) > 1 else None
+            if got is not None:
+                return got
+            return [self._cas_in(dbc, key, states, attempt, values, None, event, None)
+                    for key, states, attempt, values, event in items]
+
         with self._driver(doing) as fairy:
-            return self._write(fairy, relaxed, lambda dbc: [
-                self._cas_in(dbc, key, states, attempt, values, None, event, None)
-                for key, states, attempt, values, event in items])
+            return self._write(fairy, relaxed, write_all)
+
+    # A page's rows written by one ``executemany`` per statement, not two ``execute`` calls per row: a sixth of a
+    # 16-parent page's time on SQLite. Only when every row goes the same way (each key new; each compare-and-set
+    # of one shape holding): a savepoint takes back a batch in which some row did not, and the rows go one by one.
+
+    def _insert_all(self, dbc: Any, rows: Sequence[tuple[Key, Mapping[str, Any], Mapping[str, Any], Any]]
+                    ) -> list[bool] | None:
+        """Every row of a page of new keys inserted, then their events; None (nothing kept) if any key stood."""
+        params = [self._claim_params(key, values, {"state": values.get("state"), "attempt": values.get("attempt"),
+                                                   **event})
+                  for key, values, event, _expect in rows]
+        return self._all_or_none(dbc, self._sql.insert, [ins for ins, _ev in params], [ev for _ins, ev in params])
+
+    def _cas_all(self, dbc: Any, items: Sequence[tuple[Key, Sequence[str], int, Mapping[str, Any],
+                                                       Mapping[str, Any]]]) -> list[bool] | None:
+        """Every close of a page set, then their events, if all are of one shape and all hold; else None."""
+        _k, states0, _a, values0, _e = items[0]
+        shape = (tuple(values0), len(states0))
+        if any((tuple(v), len(s)) != shape or a is None for _k, s, a, v, _e in items):
+            return None
+        sql, names = self._sql.cas(shape[0], shape[1], True, False, False, False)
+        return self._all_or_none(
+            dbc, sql, [self._cas_params(key, states, attempt, None, names, values)
+                       for key, states, attempt, values, _e in items],
+            [self._event_params(key, event, None, None) for key, _s, _a, _v, event in items])
+
+    def _all_or_none(self, dbc: Any, sql: str, rows: list[dict[str, Any]], events: list[dict[str, Any]]
+                     ) -> list[bool] | None:
+        """``sql`` over ``rows`` and the events after it when every row took; else nothing kept and None."""
+        dbc.execute("SAVEPOINT replyd_page")
+        if dbc.executemany(sql, rows).rowcount != len(rows):
+            dbc.execute("ROLLBACK TO replyd_page")
+            dbc.execute("RELEASE replyd_page")
+            return None
+        dbc.executemany(self._sql.event, events)
+        dbc.execute("RELEASE replyd_page")
+        return [True] * len(rows)
 
     def _cas_with(self, fairy: Any, key: Key, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
                   lease_owner: str | None, event: Mapping[str, Any] | None, otherwise: Mapping[str, Any] | None,
