@@ -13,9 +13,10 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import stat
 import sys
-import time
+import threading
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -315,10 +316,14 @@ def log_cmd(
                 t.add_row(*_event_cells(e))
             out.print(t)
         return
-    # Follow: oldest first, one line (or one JSON object) per event, by increasing event id.
+    # Follow: oldest first, one line (or one JSON object) per event, by increasing event id. Ctrl-C only sets a
+    # flag the loop reads between looks: a KeyboardInterrupt raised inside a look could leave the store's
+    # connection pool holding its lock, and the exit then waited on it (CI once saw no exit in 15 s).
     last = max((e["id"] for e in evs), default=0)
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda _sig, _frame: stop.set())
     try:
-        while True:
+        while not stop.is_set():
             for e in sorted(evs, key=lambda e: e["id"]):
                 if as_json:
                     sys.stdout.write(json.dumps(e, default=str) + "\n")
@@ -326,10 +331,12 @@ def log_cmd(
                     sys.stdout.write(shown("  ".join(c for c in _event_cells(e) if c)) + "\n")
                 last = max(last, e["id"])
             sys.stdout.flush()
-            time.sleep(every_s)
+            if stop.wait(every_s):
+                break
             evs = [e for e in library.events(s, limit=1000, since=start, **filters) if e["id"] > last]
-    except KeyboardInterrupt:
-        raise typer.Exit(0) from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    raise typer.Exit(0)
 
 
 def _event_cells(e: dict[str, Any]) -> tuple[str, ...]:
