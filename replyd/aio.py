@@ -56,8 +56,8 @@ from replyd.sweep import Bot, Sweeper, SweepResult
 log = structlog.get_logger("replyd.aio")
 
 # The most claims one group commit takes (what waits beyond it forms the next group).
-SETTLE_PER_TURN = 4  # claims of a group settled per loop turn (``_settle_some``)
 GROUP_MAX = 64
+SETTLE_PER_TURN = 4  # claims of a group settled per loop turn (``_settle_some``)
 
 __all__ = ["AsyncGuard", "AsyncGuardSession", "Lease", "Outcome", "Status", "StoreThread", "open_guard"]
 

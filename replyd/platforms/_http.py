@@ -203,18 +203,20 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
-class _Unshown(tuple[str, ...]):
-    """Secret values kept for masking, whose repr shows none of them."""
+class _Unshown:
+    """A container whose repr shows how many items it holds and none of them: an adapter's secrets, kept for
+    masking, and its parsed request URLs (a Telegram token is part of its URLs)."""
 
     def __repr__(self) -> str:
-        return f"<{len(self)} secrets>"
+        return f"<{type(self).__name__}: {len(self)}>"  # type: ignore[arg-type]
 
 
-class _UnshownURLs(dict[Any, httpx.URL]):
-    """Parsed request URLs kept for reuse, whose repr shows none (a Telegram token is part of its URLs)."""
+class _Secrets(_Unshown, tuple[str, ...]):
+    """Secret values (``_Unshown``)."""
 
-    def __repr__(self) -> str:
-        return f"<{len(self)} URLs>"
+
+class _URLs(_Unshown, dict[Any, httpx.URL]):
+    """Parsed request URLs by (path, params) (``_Unshown``)."""
 
 
 class _NoCookies(httpx.Cookies):
@@ -1172,7 +1174,10 @@ class HttpPlatform:
         self._aclient_mine: tuple[asyncio.Future[httpx.AsyncClient], asyncio.AbstractEventLoop] | None = None
         self._clock = clock
         self._timeout = httpx.Timeout(self.s.timeout_s)
-        self._urls: dict[Any, httpx.URL] = _UnshownURLs()  # ``_url``'s parsed URLs (a token may sit in a path)
+        # Read once: every request masks with these, and walking the settings cost ~4 % of an idle daemon's CPU.
+        self._settings_secrets = _Secrets(v.get_secret_value() for v in dict(self.s).values()
+                                          if isinstance(v, SecretStr))
+        self._urls: dict[Any, httpx.URL] = _URLs()  # ``_url``'s parsed URLs
         self._auth = SecretAuth(self._auth_headers)
         self._me: Identity | None = None
         self.limits = RateLimits(clock.now)
@@ -1213,12 +1218,7 @@ class HttpPlatform:
 
     def _secrets(self) -> tuple[str, ...]:
         """Every secret value that must not reach a detail: the settings' ``SecretStr`` fields."""
-        # Read once: every request masks with these, and walking the settings cost ~4 % of an idle daemon's CPU.
-        got = self.__dict__.get("_settings_secrets")
-        if got is None:
-            got = self._settings_secrets = _Unshown(v.get_secret_value() for v in dict(self.s).values()
-                                                    if isinstance(v, SecretStr))
-        return got
+        return self._settings_secrets
 
     def _buckets(self, bucket: str) -> tuple[str, ...]:
         """The rate-limit budgets a request named ``bucket`` draws on: its own and the account-wide one."""

@@ -290,7 +290,7 @@ class SQLiteStore(Store):
                     return got
             made = []
             for key, values, event, expect in rows:
-                ev = {"state": values.get("state"), "attempt": values.get("attempt"), **event}
+                ev = _claim_event(values, event)
                 if expect is None:
                     ins, evp = self._claim_params(key, values, ev)
                     done = dbc.execute(self._sql.insert, ins).rowcount == 1
@@ -328,9 +328,7 @@ class SQLiteStore(Store):
     def _insert_all(self, dbc: Any, rows: Sequence[tuple[Key, Mapping[str, Any], Mapping[str, Any], Any]]
                     ) -> list[bool] | None:
         """Every row of a page of new keys inserted, then their events; None (nothing kept) if any key stood."""
-        params = [self._claim_params(key, values, {"state": values.get("state"), "attempt": values.get("attempt"),
-                                                   **event})
-                  for key, values, event, _expect in rows]
+        params = [self._claim_params(key, values, _claim_event(values, event)) for key, values, event, _x in rows]
         return self._all_or_none(dbc, self._sql.insert, [ins for ins, _ev in params], [ev for _ins, ev in params])
 
     def _cas_all(self, dbc: Any, items: Sequence[tuple[Key, Sequence[str], int, Mapping[str, Any],
@@ -375,3 +373,8 @@ class SQLiteStore(Store):
         if ev is not None:
             dbc.execute(self._sql.event, self._event_params(key, ev, None, None))
         return ok
+
+
+def _claim_event(values: Mapping[str, Any], event: Mapping[str, Any]) -> dict[str, Any]:
+    """A page claim's event: the state and attempt the row takes, unless the event names its own."""
+    return {"state": values.get("state"), "attempt": values.get("attempt"), **event}
