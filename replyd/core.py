@@ -259,6 +259,13 @@ def _json_default(obj: Any) -> Any:
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
+_LEASES = itertools.count(1)  # composing claims taken in this process (each its own lease holder)
+
+
+def _holder(row: Reply | st.Row) -> str:
+    """The lease holder a composer's compare-and-set must still find: the one its own claim wrote (a row
+    without one matches nothing)."""
+    return row.lease_owner or "?"
 
 
 def snapshot_json(parent: Parent) -> str:
@@ -445,6 +452,13 @@ class GuardCore:
     def _start_watch(self) -> None:
         """Start the face's send watch (a thread, or a task); the core only asks for it."""
 
+    _named_holder = False  # a library lease's holder is named by its caller (begin_reply): that name is the lease
+
+    def _lease_token(self) -> str:
+        """The holder a new composing claim writes: this guard and this claim, so a composer that outlived its
+        lease finds the key not its own once it was claimed again, even by this guard on another path."""
+        return self.owner if self._named_holder else f"{self.owner}/{next(_LEASES)}"
+
     def _as_holder(self, owner: str) -> Any:
         """The same guard acting as ``owner``, so claims and lease checks name the lease's holder.
 
@@ -455,6 +469,7 @@ class GuardCore:
             self._start_watch()
         holder = copy.copy(self)
         holder.owner = owner
+        holder._named_holder = True
         holder._watch_interval_s = None
         return holder
 
@@ -586,7 +601,7 @@ class GuardCore:
         def store_answer() -> bool:
             with self.store.transaction(doing="storing a composed answer") as tx:
                 if not tx.cas_event(key, states=[st.COMPOSING], attempt=row.attempt, values=values,
-                                    lease_owner=self.owner,
+                                    lease_owner=_holder(row),
                                     event={"kind": "composed", "state": st.PARTS, "attempt": row.attempt,
                                            "owner": self.owner, "detail": {"parts": len(pieces)}}):
                     return False
@@ -755,7 +770,7 @@ class GuardCore:
         wait_s = self.breaker.retry_in_s()
         detail = {"error": "breaker open: sends paused", "not_before": self.clock.now() + wait_s}
         if not (yield from self._transition_steps(key, [st.COMPOSING], row.attempt, st.RELEASED, "held", detail,
-                                                  relaxed=True, lease_owner=self.owner)):
+                                                  relaxed=True, lease_owner=_holder(row))):
             return (yield from self._lost_lease_steps(key))
         return Outcome(Status.NOT_SENT, key, st.RELEASED, row.attempt, detail=detail["error"], retry_after_s=wait_s)
 
@@ -807,7 +822,7 @@ class GuardCore:
             state, extra = st.OPEN, self._open_values(now, text)
         else:
             until = now + (self.compose_lease_s if lease_s is None else lease_s)
-            state, extra = st.COMPOSING, {"lease_owner": self.owner, "lease_until": until}
+            state, extra = st.COMPOSING, {"lease_owner": self._lease_token(), "lease_until": until}
         common = {
             "state": state,
             "updated_at": now,
@@ -890,7 +905,7 @@ class GuardCore:
         """Release a row the page claimed when the breaker refuses its send (or the page stopped before it):
         nothing was sent, no attempt used."""
         detail = {"error": refused.detail, "not_before": self.clock.now() + (refused.retry_after_s or 0.0)}
-        holder = self.owner if row.state == st.COMPOSING else None
+        holder = _holder(row) if row.state == st.COMPOSING else None
         return (yield from self._transition_steps(key, [row.state], row.attempt, st.RELEASED, kind, detail,
                                                   relaxed=True, lease_owner=holder))
 
@@ -999,14 +1014,14 @@ class GuardCore:
         if not (yield from self._transition_steps(key, [st.COMPOSING], row.attempt, st.RELEASED,
                                                   "responder_failed",
                                                   {"error": detail, "not_before": nb, "backoff_s": wait_s},
-                                                  relaxed=True, lease_owner=self.owner)):
+                                                  relaxed=True, lease_owner=_holder(row))):
             return (yield from self._lost_lease_steps(key))
         return Outcome(Status.NOT_SENT, key, st.RELEASED, row.attempt, detail=detail, retry_after_s=wait_s)
 
     def _declined_steps(self, key: Key, row: Reply | st.Row) -> Steps:
         """The responder wrote nothing: the row ends ``declined`` (only while our lease holds)."""
         if not (yield from self._transition_steps(key, [st.COMPOSING], row.attempt, st.DECLINED, "declined", {},
-                                                  relaxed=True, lease_owner=self.owner)):
+                                                  relaxed=True, lease_owner=_holder(row))):
             return (yield from self._lost_lease_steps(key))
         return Outcome(Status.DECLINED, key, st.DECLINED, row.attempt)
 
@@ -1103,7 +1118,7 @@ class GuardCore:
         now = self.clock.now()
         return (yield io(self.store.cas_event, key, states=[st.COMPOSING], attempt=row.attempt,
                          values={"lease_until": now + self.compose_lease_s, "updated_at": now},
-                         lease_owner=self.owner, relaxed=True, doing="renewing a compose lease"))
+                         lease_owner=_holder(row), relaxed=True, doing="renewing a compose lease"))
 
     def _show_steps(self, key: Key, parent: Parent, k: int, text: str, shown: dict[int, str | None],
                     targets: list[Parent], ticket: Ticket | None, *, final: bool) -> Steps:
@@ -1188,7 +1203,7 @@ class GuardCore:
         # commit's (the stall before the send is judged on it, tests/test_stall*.py and chaos's stall_open).
         ok = yield io(
             self.store.cas_event,
-            key, states=[st.COMPOSING], attempt=row.attempt, values=values, lease_owner=self.owner,
+            key, states=[st.COMPOSING], attempt=row.attempt, values=values, lease_owner=_holder(row),
             event={"kind": "opened", "state": st.OPEN, "attempt": row.attempt, "owner": self.owner}, doing="opening",
         )
         if not ok:

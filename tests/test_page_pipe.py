@@ -215,6 +215,32 @@ def test_a_composed_page_takes_each_lease_before_its_compose(store, clock):
     assert [w["plat"].reply_count(p.id) for p in parents] == [1, 1, 1]
 
 
+def test_a_page_row_claimed_again_by_the_same_guard_is_composed_once(store, clock):
+    """The page's hold on a composing row ran out and another path of the SAME guard (one owner) claimed it and
+    is composing: when the page reaches that row it finds the lease not its own and calls no responder (each
+    claim is its own lease holder; with the guard's owner as holder both composed, a second LLM call)."""
+    w = world(store, clock)
+    guard = w["guard"]
+    calls: list[str] = []
+    parents = [w["plat"].add_parent(f"r{i}") for i in range(2)]
+    rows = guard.claim_page([(p, lambda q: "page answer") for p in parents], path="inbox")
+    clock.advance(guard.page_hold_s() + 1)  # the page is slow to reach its rows: their hold has ended
+    page_out: dict[str, Outcome] = {}
+
+    def refind_answer(p: Parent) -> str:
+        calls.append(f"refind {p.id}")
+        # While this path composes under its own new lease, the page reaches the same row.
+        page_out[p.id] = guard.post_claimed(p, lambda q: (calls.append(f"page {q.id}"), "page answer")[1],
+                                            path="inbox", claimed=rows[1])
+        return "refind answer"
+
+    out = guard.post(parents[1], refind_answer, path="refind")
+    assert calls == ["refind r1"], calls
+    assert page_out["r1"].status is Status.IN_FLIGHT, page_out
+    assert out.status is Status.POSTED and w["plat"].reply_count("r1") == 1
+    assert [r["text"] for r in w["plat"].replies() if r["parent_id"] == "r1"] == ["refind answer"]
+
+
 class FailingOpen:
     """The store, its next open commit raising ``exc`` once ``fail_next`` is set (a busy or a broken store)."""
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -35,10 +36,11 @@ TOKENS = [f" token{i:02d}" for i in range(60)]  # 60 words, about 480 characters
 
 class StreamingLLM:
     """An OpenAI-compatible /v1/chat/completions streaming ``TOKENS`` one every ``pause_s`` (SSE); counts calls
-    and how many streams are running."""
+    (each question's too) and how many streams are running."""
 
     def __init__(self, pause_s: float = 0.04) -> None:
         self.pause_s, self.calls, self.running, self.sent = pause_s, 0, 0, 0
+        self.asked: Counter[str] = Counter()  # the last user message of each call
         self.lock = threading.Lock()
         self.server = ThreadedServer(Starlette(routes=[Route("/v1/chat/completions", self._completions,
                                                              methods=["POST"])]), name="llm")
@@ -46,8 +48,10 @@ class StreamingLLM:
     async def _completions(self, request: Request) -> StreamingResponse:
         body = json.loads(await request.body())
         assert body.get("stream") is True
+        question = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
         with self.lock:
             self.calls += 1
+            self.asked[question] += 1
 
         async def events():  # noqa: ANN202
             with self.lock:
@@ -133,9 +137,10 @@ def test_a_daemon_streaming_an_llm_survives_sigkill_mid_stream(tmp_path: Path) -
             try:
                 # Kill once a stream is well under way: some parts posted, the answer not finished.
                 assert _wait(lambda: llm.sent >= 25 and llm.running, 60), log.read_text()[-3000:]
-                cut = llm.running
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(10)
+                with llm.lock:
+                    asked_at_kill = Counter(llm.asked)
                 posted_at_kill = {p: len(_chain(world, bot.id, p)) for p in parents}
                 assert any(posted_at_kill.values())
                 proc = _start(cfg, log)
@@ -156,4 +161,11 @@ def test_a_daemon_streaming_an_llm_survives_sigkill_mid_stream(tmp_path: Path) -
     assert len(mine) == len(parents) * len(expected)  # one post per part, nothing else
     assert all(s.edits for s in mine)  # every part grew by edits
     assert world.report()["duplicates"] == 0
-    assert len(parents) + 1 <= llm.calls <= len(parents) + cut  # one call each, plus the streams the kill cut
+    # Each question asked once by each daemon at most: once before the kill, and once more after it only if the
+    # killed daemon had asked it (its stream cut, or its answer not stored before the kill).
+    events = [line for line in log.read_text().splitlines() if '"replyd.guard.' in line or "warning" in line]
+    seen = (dict(llm.asked), dict(asked_at_kill), events[-60:])
+    assert len(llm.asked) == len(parents), seen
+    assert all(n <= 1 for n in asked_at_kill.values()), seen
+    assert all(n - asked_at_kill[q] <= 1 for q, n in llm.asked.items()), seen
+    assert llm.calls > len(parents), seen  # the kill cut a stream: it was asked again
