@@ -16,11 +16,13 @@ stream or webhooks start and it answers its backlog. Each bot is swept on
 its own job, so one platform's read-back errors are never another bot's.
 
 Threads do not grow with the bots (issue 36): every scheduled run takes a
-thread of one pool of ``daemon.job_threads``. Per bot there are interval
-jobs for its polls (``max_instances=1``: a bot's run never overlaps itself;
-a run due while the last one still runs or waits for a thread is skipped,
-``replyd.poll.skipped``; the pool's queue is first in, first out, so one slow
-platform holds at most one thread per path and never starves the others).
+thread of one pool of ``daemon.job_threads``. Every bot's polls are slots
+of one timetable (``replyd.timetable``: one heap, one thread) that hands
+each due poll to the pool as a one-shot run: a bot's run never overlaps
+itself (a run due while the last one still runs or waits for a thread is
+skipped, ``replyd.poll.skipped``); the pool's queue is first in, first out,
+so one slow platform holds at most one thread per path and never starves
+the others.
 The sweep and the re-offer are one daemon-wide tick each: one store query
 names the bots with rows due, and only those get a one-shot run (never two
 of one bot at once); the others' sweep is recorded as a successful look. A
@@ -35,7 +37,7 @@ start, exit 0.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 import signal
 import threading
@@ -67,6 +69,7 @@ from replyd.pollers import Pollers
 from replyd.responders import Responder, make_responder, runner_bound_s
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
+from replyd.timetable import Timetable
 
 if TYPE_CHECKING:
     from replyd.api import ApiServer
@@ -236,6 +239,9 @@ class Daemon:
         self.bots: list[BotRuntime] = []
         self.sweepers: dict[str, Sweeper] = {}  # by bot name: each bot sweeps on its own job
         self.scheduler: BackgroundScheduler | None = None
+        # Every bot's polls: one heap and one thread (APScheduler's job per bot and path cost 0.25 ms a run).
+        self.timetable = Timetable(self._fire_poll)
+        self._polls: dict[str, Callable[[], None]] = {}  # "bot:path" -> its run
         self.guards: dict[str, Guard] = {}  # by bot name, for the API; filled as bots log in
         self.api: ApiServer | None = None
         self.hooks: Receiver | None = None
@@ -315,6 +321,7 @@ class Daemon:
                 self.scheduler.add_job(self.reoffer_tick, "interval", seconds=sc.interval_s, id="reoffer",
                                        next_run_time=_now_dt())
             self.scheduler.start()
+            self.timetable.start()
             first = self._first_logins(prepared)
             for p, got in zip(prepared, first):
                 # A refused login or a platform that answers "no" (not an outage) stops the daemon, in config order.
@@ -442,9 +449,10 @@ class Daemon:
                 ("refind", pc.refind_interval_s, bot.pollers.refind),
             ):
                 if every_s > 0:
-                    job = self._tracked(name, path, _with_context(fn, bot=name, platform=bot.platform.instance))
-                    self.scheduler.add_job(job, "interval", seconds=every_s, jitter=pc.jitter_s or None,
-                                           id=f"{name}:{path}", next_run_time=_now_dt())
+                    job_id = f"{name}:{path}"
+                    self._polls[job_id] = self._tracked(name, path, _with_context(fn, bot=name,
+                                                                                  platform=bot.platform.instance))
+                    self.timetable.add(job_id, every_s, jitter_s=pc.jitter_s or 0.0)
             # Its sweep (and, with re-find off, the re-offer of its waiting rows) runs from the daemon's ticks.
             self._keys[name] = (bot.platform.instance, bot.identity.sender_id)
             self._start_watch()
@@ -487,6 +495,11 @@ class Daemon:
                 self._busy.discard(job_id)
             return False
         return True
+
+    def _fire_poll(self, job_id: str) -> None:
+        """A poll is due (the timetable): run it on the pool, or skip it while its last run is queued or running."""
+        if not self.stopping.is_set():
+            self._once(job_id, self._polls[job_id])
 
     def sweep_tick(self) -> None:
         """Sweep the bots with due rows (one store query for all), each on a one-shot job; the others looked: ok."""
@@ -575,6 +588,7 @@ class Daemon:
     def _abort(self) -> None:
         """Undo a start that failed: no job, no server, no thread left behind."""
         self.stopping.set()
+        self.timetable.stop()
         if self.scheduler is not None and self.scheduler.running:
             self.scheduler.shutdown(wait=False)  # and the job pool under it
         elif self._jobs is not None:
@@ -713,6 +727,7 @@ class Daemon:
             self.api.stop()
         for runner in self.streams:
             runner.stop()  # no new offers; one under way finishes like a scheduled job's
+        self.timetable.stop()  # no poll submitted from here on; those on the pool finish below
         if self.scheduler is not None:
             t = threading.Thread(target=self.scheduler.shutdown, kwargs={"wait": True}, daemon=True)
             t.start()

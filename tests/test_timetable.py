@@ -1,0 +1,106 @@
+"""The daemon's timetable of polls (``replyd.timetable``): APScheduler's interval rules on one heap, driven by a
+fake monotonic clock (``due``), and its thread firing real runs."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+from replyd.timetable import Timetable
+
+
+class Mono:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_first_run_at_once_then_every_interval_on_a_fixed_grid() -> None:
+    """A job runs when added, then at each slot of its grid: a late look does not move the slots after it."""
+    now = Mono()
+    tt = Timetable(lambda j: None, now=now)
+    tt.add("a", 5.0)
+    assert tt.due(now.t) == ["a"]
+    assert tt.due(now.t + 4.9) == []
+    assert tt.due(now.t + 6.2) == ["a"]  # 1.2 s late
+    assert tt.next_in_s(now.t + 6.2) == pytest.approx(3.8)  # the next slot is 1010, not 1011.2: no drift
+    assert tt.due(now.t + 10.0) == ["a"]
+
+
+def test_missed_slots_are_one_run() -> None:
+    """A thread held for several intervals runs each job once, then goes on from the next slot (coalesced)."""
+    now = Mono()
+    tt = Timetable(lambda j: None, now=now)
+    tt.add("a", 1.0)
+    tt.add("b", 2.0)
+    assert sorted(tt.due(now.t)) == ["a", "b"]
+    assert sorted(tt.due(now.t + 7.5)) == ["a", "b"]  # 7 missed slots of a, 3 of b: one run each
+    assert tt.due(now.t + 7.9) == []
+    assert tt.due(now.t + 8.0) == ["a", "b"]
+
+
+def test_jitter_delays_each_slot_within_its_bound_and_never_drifts() -> None:
+    """Each slot is late by uniform(0, jitter_s); the grid under it stays put."""
+    now = Mono()
+    tt = Timetable(lambda j: None, now=now, rng=random.Random(7))
+    tt.add("a", 5.0, jitter_s=1.0)
+    assert tt.due(now.t) == ["a"]  # the first run is not jittered: a bot polls as it starts
+    lates = []
+    for k in range(1, 200):
+        at = now.t + tt.next_in_s(now.t)
+        lates.append(at - (1000.0 + 5.0 * k))
+        now.t = at
+        assert tt.due(now.t) == ["a"]
+    assert all(0.0 <= x <= 1.0 for x in lates) and max(lates) - min(lates) > 0.5
+
+
+def test_many_jobs_fire_in_due_order() -> None:
+    """Jobs added with their first run spread out come due in that order."""
+    now = Mono()
+    tt = Timetable(lambda j: None, now=now)
+    for i in range(100):
+        tt.add(f"j{i}", 5.0, first_in_s=5.0 * (99 - i) / 100)
+    got = []
+    for step in range(1, 500):  # to 4.99 s: each first slot, none of the second ones
+        got += tt.due(now.t + step * 0.01)
+    assert got == [f"j{i}" for i in range(99, -1, -1)]
+
+
+def test_bad_interval_is_refused() -> None:
+    """An interval of 0 or less is a ValueError naming the job."""
+    with pytest.raises(ValueError, match="j: every_s"):
+        Timetable(lambda j: None).add("j", 0)
+
+
+def test_the_thread_fires_runs_and_stops() -> None:
+    """On the real clock: a job every 20 ms fires several times; a run that raises does not stop the others;
+    after stop nothing fires."""
+    fired: list[str] = []
+    lock = threading.Lock()
+    enough = threading.Event()
+
+    def fire(job_id: str) -> None:
+        with lock:
+            fired.append(job_id)
+            if fired.count("ok") >= 5:
+                enough.set()
+        if job_id == "bad":
+            raise RuntimeError("boom")
+
+    tt = Timetable(fire)
+    tt.start()
+    tt.add("ok", 0.02)
+    tt.add("bad", 0.02)
+    assert enough.wait(5.0), fired
+    tt.stop()
+    with lock:
+        n = len(fired)
+    assert fired.count("bad") >= 2  # it kept firing after the first raised
+    enough.wait(0.1)  # the stopped thread fires nothing more
+    assert len(fired) == n
