@@ -7,9 +7,10 @@ a heap of monotonic due times: the thread sleeps until the earliest, hands every
 daemon's ``_once``: the job pool, or a skip when the last run of that job is still queued or running) and puts
 each back at its next slot. APScheduler keeps the daemon's few ticks (sweep, re-offer, clock).
 
-The schedule keeps APScheduler's interval rules: slots on a fixed grid from the first run (no drift), each
-delayed by up to ``jitter_s`` (uniform), runs missed while the thread was held coalesced into one, a late run
-still run (no misfire grace).
+The schedule keeps APScheduler's interval rules: slots on a fixed grid (no drift), each delayed by up to
+``jitter_s`` (uniform), runs missed while the thread was held coalesced into one, a late run still run (no
+misfire grace). One rule differs: the grid after a job's first run starts at a random phase of its interval,
+so bots started together do not poll in step.
 """
 
 from __future__ import annotations
@@ -53,13 +54,22 @@ class Timetable:
         self._stopped = False
         self._thread: threading.Thread | None = None
 
-    def add(self, job_id: str, every_s: float, *, jitter_s: float = 0.0, first_in_s: float = 0.0) -> None:
-        """Run ``job_id`` every ``every_s``, the first run ``first_in_s`` from now (each slot up to ``jitter_s`` late)."""
+    def add(self, job_id: str, every_s: float, *, jitter_s: float = 0.0, first_in_s: float = 0.0,
+            phase_s: float | None = None) -> None:
+        """Run ``job_id`` every ``every_s`` (each slot up to ``jitter_s`` late): the first run ``first_in_s`` from
+        now, the second ``phase_s`` after it (default: a random share of ``every_s``), then on that grid.
+
+        The random phase spreads jobs added together (a daemon's bots, all started at once) over the interval:
+        in step, 1,000 bots' polls came due within the jitter every interval, a queue on the pool each time.
+        """
         if every_s <= 0:
             raise ValueError(f"{job_id}: every_s must be > 0, got {every_s}")
-        base = self._now() + first_in_s
+        first = self._now() + first_in_s
+        phase = self._rng.uniform(0.0, every_s) if phase_s is None else phase_s
         with self._cond:
-            heapq.heappush(self._heap, _Slot(base, next(self._seq), job_id, base, every_s, max(0.0, jitter_s)))
+            # The grid's slot before the second run: the first run is taken at ``first`` whatever the grid says.
+            heapq.heappush(self._heap, _Slot(first, next(self._seq), job_id, first + phase - every_s, every_s,
+                                             max(0.0, jitter_s)))
             self._cond.notify()
 
     def due(self, now: float) -> list[str]:

@@ -25,7 +25,7 @@ def test_first_run_at_once_then_every_interval_on_a_fixed_grid() -> None:
     """A job runs when added, then at each slot of its grid: a late look does not move the slots after it."""
     now = Mono()
     tt = Timetable(lambda j: None, now=now)
-    tt.add("a", 5.0)
+    tt.add("a", 5.0, phase_s=5.0)
     assert tt.due(now.t) == ["a"]
     assert tt.due(now.t + 4.9) == []
     assert tt.due(now.t + 6.2) == ["a"]  # 1.2 s late
@@ -37,8 +37,8 @@ def test_missed_slots_are_one_run() -> None:
     """A thread held for several intervals runs each job once, then goes on from the next slot (coalesced)."""
     now = Mono()
     tt = Timetable(lambda j: None, now=now)
-    tt.add("a", 1.0)
-    tt.add("b", 2.0)
+    tt.add("a", 1.0, phase_s=1.0)
+    tt.add("b", 2.0, phase_s=2.0)
     assert sorted(tt.due(now.t)) == ["a", "b"]
     assert sorted(tt.due(now.t + 7.5)) == ["a", "b"]  # 7 missed slots of a, 3 of b: one run each
     assert tt.due(now.t + 7.9) == []
@@ -49,7 +49,7 @@ def test_jitter_delays_each_slot_within_its_bound_and_never_drifts() -> None:
     """Each slot is late by uniform(0, jitter_s); the grid under it stays put."""
     now = Mono()
     tt = Timetable(lambda j: None, now=now, rng=random.Random(7))
-    tt.add("a", 5.0, jitter_s=1.0)
+    tt.add("a", 5.0, jitter_s=1.0, phase_s=5.0)
     assert tt.due(now.t) == ["a"]  # the first run is not jittered: a bot polls as it starts
     lates = []
     for k in range(1, 200):
@@ -65,11 +65,26 @@ def test_many_jobs_fire_in_due_order() -> None:
     now = Mono()
     tt = Timetable(lambda j: None, now=now)
     for i in range(100):
-        tt.add(f"j{i}", 5.0, first_in_s=5.0 * (99 - i) / 100)
+        tt.add(f"j{i}", 5.0, first_in_s=5.0 * (99 - i) / 100, phase_s=5.0)
     got = []
     for step in range(1, 500):  # to 4.99 s: each first slot, none of the second ones
         got += tt.due(now.t + step * 0.01)
     assert got == [f"j{i}" for i in range(99, -1, -1)]
+
+
+def test_jobs_added_together_run_at_once_then_spread_over_their_interval() -> None:
+    """1,000 jobs added at one moment (a daemon's bots starting) all run at once, then no longer in step: their
+    next slots cover the interval (none of its tenths holds more than twice its share), each within one interval."""
+    now = Mono()
+    tt = Timetable(lambda j: None, now=now, rng=random.Random(36))
+    for i in range(1000):
+        tt.add(f"bot{i}:inbox", 5.0)
+    assert len(tt.due(now.t)) == 1000
+    tenths = [0] * 10
+    for step in range(1, 501):
+        got = tt.due(now.t + step * 0.01)
+        tenths[(step - 1) // 50] += len(got)
+    assert sum(tenths) == 1000 and max(tenths) <= 200, tenths
 
 
 def test_bad_interval_is_refused() -> None:
