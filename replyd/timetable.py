@@ -7,10 +7,11 @@ a heap of monotonic due times: the thread sleeps until the earliest, hands every
 daemon's ``_once``: the job pool, or a skip when the last run of that job is still queued or running) and puts
 each back at its next slot. APScheduler keeps the daemon's few ticks (sweep, re-offer, clock).
 
-The schedule keeps APScheduler's interval rules: slots on a fixed grid (no drift), each delayed by up to
-``jitter_s`` (uniform), runs missed while the thread was held coalesced into one, a late run still run (no
-misfire grace). One rule differs: the grid after a job's first run starts at a random phase of its interval,
-so bots started together do not poll in step.
+The schedule: each slot delayed by up to ``jitter_s`` (uniform), runs missed while the thread was held
+coalesced into one, a late run still run (no misfire grace), as APScheduler's interval jobs; but the slots
+stay on a fixed grid (APScheduler adds the next interval to the jittered time, so jitter piles up: with the
+default 2 s a 5 s inbox ran every 6 s on average), and the grid after a job's first run starts at a random
+phase of its interval, so bots started together do not poll in step.
 """
 
 from __future__ import annotations
