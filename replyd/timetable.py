@@ -1,8 +1,9 @@
 """The daemon's timetable of polls: every bot's interval paths (inbox, search, re-find) in one heap, one thread.
 
 APScheduler keeps an interval job per bot and path: each run walks its job store, computes the next fire time
-with time-zone aware datetimes, dispatches events and takes two locks. Measured with 1,000 jobs every 5 s (no-op
-jobs, 16 threads): 0.25 ms of CPU per run, a quarter of an empty poll (``bench/manybots.py``). Here the runs are
+with time-zone aware datetimes, dispatches events and takes two locks. Measured alone with 1,000 no-op jobs every
+5 s on 16 threads (a steering measurement, not in ``bench/``): 0.25 ms of CPU per run, a quarter of an empty
+poll in ``bench/manybots.py``. Here the runs are
 a heap of monotonic due times: the thread sleeps until the earliest, hands every due run to ``fire`` (the
 daemon's ``_once``: the job pool, or a skip when the last run of that job is still queued or running) and puts
 each back at its next slot. APScheduler keeps the daemon's few ticks (sweep, re-offer, clock).

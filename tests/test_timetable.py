@@ -95,7 +95,7 @@ def test_bad_interval_is_refused() -> None:
 
 def test_the_thread_fires_runs_and_stops() -> None:
     """On the real clock: a job every 20 ms fires several times; a run that raises does not stop the others;
-    after stop nothing fires."""
+    stop ends the thread."""
     fired: list[str] = []
     lock = threading.Lock()
     enough = threading.Event()
@@ -114,8 +114,5 @@ def test_the_thread_fires_runs_and_stops() -> None:
     tt.add("bad", 0.02)
     assert enough.wait(5.0), fired
     tt.stop()
-    with lock:
-        n = len(fired)
     assert fired.count("bad") >= 2  # it kept firing after the first raised
-    enough.wait(0.1)  # the stopped thread fires nothing more
-    assert len(fired) == n
+    assert tt._thread is not None and not tt._thread.is_alive()  # stopped: nothing left that could fire
