@@ -35,8 +35,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-import structlog
-
 from replyd import deadline, metrics
 from replyd.admission import Admission
 from replyd import store as st
@@ -44,6 +42,7 @@ from replyd.clock import Clock
 from replyd.core import (PAGE_CLOSES, PAGE_MAX, Call, Compose, Drive, Edit, Effect, GuardCore, Lease, Outcome, Pull, Respond, Send,
                          Status, Steps, page_chunks)
 from replyd.errors import BadResponse, MaybeSent, PlatformError
+from replyd.log import get_logger
 from replyd.platforms.base import AsyncSend, Identity, LoopBound, Parent, Platform, Sent
 from replyd import stream as streams
 from replyd.responders.base import Responder, _checked
@@ -53,7 +52,7 @@ from replyd.store.postgres import PostgresStore
 from replyd.store.sqlite import SQLiteStore
 from replyd.sweep import Bot, Sweeper, SweepResult
 
-log = structlog.get_logger("replyd.aio")
+log = get_logger("replyd.aio")
 
 # The most claims one group commit takes (what waits beyond it forms the next group).
 GROUP_MAX = 64

@@ -34,13 +34,12 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-import structlog
-
 from replyd import metrics
 from replyd.clock import Clock
 from replyd.config import BreakerConfig
+from replyd.log import get_logger
 
-log = structlog.get_logger("replyd.breaker")
+log = get_logger("replyd.breaker")
 
 _KEPT_SPELLS = 64  # open periods remembered for ``open_during`` (the sweep looks back one send's bound)
 

@@ -20,15 +20,15 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-import structlog
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator,
                       model_validator)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from replyd import log as rlog
 from replyd.errors import ConfigError
+from replyd.log import get_logger
 
-logger = structlog.get_logger("replyd.config")
+logger = get_logger("replyd.config")
 
 
 class _Strict(BaseModel):

@@ -46,8 +46,6 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
-import structlog
-
 from replyd import metrics
 from replyd import store as st
 from replyd.breaker import SEND, Admit, Breaker, Ticket
@@ -63,13 +61,14 @@ from replyd.errors import (
     StoreError,
 )
 from replyd.lag import ListingLag
+from replyd.log import get_logger
 from replyd.parts import MAX_PARTS, PART_PATH, Limit, head, length, part_id, split
 from replyd.platforms.base import (EditReply, Identity, Parent, Platform, PostLimit, ProviderKeys, Sent,
                                    default_provider_key)
 from replyd.stream import Stream
 from replyd.store import Key, Reply, Store
 
-log = structlog.get_logger("replyd.guard")  # the events keep their names (replyd.guard.<verb>) on both faces
+log = get_logger("replyd.guard")  # the events keep their names (replyd.guard.<verb>) on both faces
 
 # A send left with less than this fraction of ``send_timeout_s`` before its row's deadline does not leave: it
 # would most likely end timed out after leaving (ambiguous, an attempt spent), where not sending costs nothing.

@@ -61,6 +61,7 @@ from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, PlatformErr
 from replyd.guard import Guard
 from replyd.lag import ListingLag
 from replyd.liveness import SWEEP, Heartbeat, Liveness, error_words
+from replyd.log import get_logger
 from replyd.pipeline import Pipeline
 from replyd.platforms.base import Identity, MeasuresClock, Platform, StreamSource, WebhookSource, make_platform
 from replyd.platforms._http import make_client
@@ -76,7 +77,7 @@ if TYPE_CHECKING:
     from replyd.hooks import Receiver
     from replyd.streams import StreamRunner
 
-log = structlog.get_logger("replyd.daemon")
+log = get_logger("replyd.daemon")
 
 
 class _NoSkipWarning(logging.Filter):

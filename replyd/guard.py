@@ -11,8 +11,6 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import structlog
-
 from replyd import deadline, metrics
 from replyd.core import (  # noqa: F401  (the names callers have always imported from here)
     MIN_SEND_FRACTION,
@@ -39,13 +37,14 @@ from replyd.core import (  # noqa: F401  (the names callers have always imported
     snapshot_json,
     text_hash,
 )
+from replyd.log import get_logger
 from replyd.platforms.base import Parent
 from replyd.responders.base import settled
 from replyd import stream as streams
 from replyd.store import Key, Reply
 from replyd import store as st
 
-log = structlog.get_logger("replyd.guard")
+log = get_logger("replyd.guard")
 
 
 def _sync_compose(compose: Compose, effect: Respond, idle_s: float) -> Compose:

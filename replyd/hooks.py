@@ -74,19 +74,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from replyd import metrics
 from replyd import store as st
 from replyd.core import Status, snapshot_json
 from replyd.errors import ContentionError, ReplydError, StoreError
+from replyd.log import get_logger
 from replyd.platforms.base import Parent, Receipt, WebhookAnswer, WebhookChallenge, WebhookReceipts, WebhookSource
 from replyd.policy import FINAL_SKIPS
 
 if TYPE_CHECKING:
     from replyd.guard import Guard, Outcome
 
-log = structlog.get_logger("replyd.hooks")
+log = get_logger("replyd.hooks")
 
 
 # Checks a delivery's signature from its headers and body at epoch ``now`` (for kinds with a replay window).

@@ -37,15 +37,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
-
 from replyd import metrics
 from replyd.clock import Clock, SystemClock, monotonic_of, shared
 from replyd.config import SweepConfig
 from replyd.errors import ReplydError
+from replyd.log import get_logger
 from replyd.store import Store, Tx
 
-log = structlog.get_logger("replyd.lag")
+log = get_logger("replyd.lag")
 
 RETENTION_S = 7 * 86_400.0  # samples older than this are forgotten
 FAR_BELOW = 2.0  # a configured delay below observed / FAR_BELOW is a warning

@@ -21,7 +21,6 @@ from datetime import datetime, timezone
 from typing import Any, TextIO
 
 import httpx
-import structlog
 
 from replyd import metrics
 from replyd import store as st
@@ -29,12 +28,13 @@ from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import resolve_env
 from replyd.errors import BadResponse, ConfigError, PlatformError
 from replyd.guard import Compose, Guard, Lease, Outcome, Status, _classify
+from replyd.log import get_logger
 from replyd.platforms.base import Identity, Parent, Pending, Platform, ReadBack, make_platform
 from replyd.platforms._http import make_client
 from replyd.store import Event, Key, Reply, Store
 from replyd.sweep import Bot, Sweeper, SweepResult
 
-log = structlog.get_logger("replyd.library")
+log = get_logger("replyd.library")
 
 # Terminal states an operator may send back to claimable.
 REARMABLE = (st.REJECTED, st.GAVE_UP, st.DECLINED, st.SKIPPED, st.UNCONFIRMED)

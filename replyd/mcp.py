@@ -49,7 +49,6 @@ from typing import Annotated, Any
 
 import anyio
 import httpx
-import structlog
 import uvicorn
 from mcp import types
 from mcp.server import Server
@@ -77,11 +76,12 @@ from replyd.errors import (
     StoreError,
 )
 from replyd.guard import Guard, Outcome, Status
+from replyd.log import get_logger
 from replyd.platforms.base import Addressing, Parent, ReplyLinks
 from replyd.policy import Policy
 from replyd.store import Store
 
-log = structlog.get_logger("replyd.mcp")
+log = get_logger("replyd.mcp")
 
 PATH = "mcp"  # the discovery path recorded on rows claimed here
 NO_NUL = r"^[^\u0000]*$"  # PostgreSQL text cannot hold NUL

@@ -17,17 +17,16 @@ import json
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-import structlog
-
 from replyd import metrics
 from replyd.clock import Clock
 from replyd.errors import ContentionError, StoreError
 from replyd.guard import PAGE_MAX, Guard, Outcome, Status
+from replyd.log import get_logger
 from replyd.platforms.base import Parent
 from replyd.policy import CAP_SKIPS, Policy
 from replyd.responders import Responder, ResponderRunner
 
-log = structlog.get_logger("replyd.pipeline")
+log = get_logger("replyd.pipeline")
 
 # How many (parent, reason) skips one process remembers as already recorded.
 _SEEN_SKIPS = 50_000

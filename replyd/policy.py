@@ -19,17 +19,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from replyd.clock import Clock
 from replyd.errors import PlatformError
+from replyd.log import get_logger
 from replyd.platforms.base import Identity, Parent, Platform, ThreadDepth
 
 if TYPE_CHECKING:
     from replyd.config import PolicyConfig
     from replyd.store import Store
 
-log = structlog.get_logger("replyd.policy")
+log = get_logger("replyd.policy")
 
 HOUR_S = 3600.0
 

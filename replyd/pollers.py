@@ -14,20 +14,19 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 
-import structlog
-
 from replyd import metrics
 from replyd.clock import Clock
 from replyd.config import PollerConfig
 from replyd.errors import ContentionError, PlatformError, RateLimited, StoreError
 from replyd.guard import Outcome, Status
 from replyd.liveness import Heartbeat, error_words
+from replyd.log import get_logger
 from replyd.pipeline import Pipeline
 from replyd.platforms.base import Parent, Platform
 from replyd.policy import FINAL_SKIPS
 from replyd.store import Reply, Store
 
-log = structlog.get_logger("replyd.poller")
+log = get_logger("replyd.poller")
 
 
 class Pollers:

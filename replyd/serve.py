@@ -9,12 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-import structlog
 import uvicorn
 
 from replyd.errors import ConfigError
+from replyd.log import get_logger
 
-log = structlog.get_logger("replyd.serve")
+log = get_logger("replyd.serve")
 
 
 def bind(host: str, port: int, *, what: str) -> socket.socket:

@@ -16,15 +16,14 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import structlog
-
 from replyd.errors import PlatformError
+from replyd.log import get_logger
 from replyd.platforms.base import Parent, StreamSource
 
 if TYPE_CHECKING:
     from replyd.guard import Outcome
 
-log = structlog.get_logger("replyd.streams")
+log = get_logger("replyd.streams")
 
 
 class StreamRunner:

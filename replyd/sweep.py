@@ -29,18 +29,17 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-import structlog
-
 from replyd import metrics
 from replyd import store as st
 from replyd.breaker import Breaker
 from replyd.clock import Clock, SystemClock
 from replyd.config import GuardConfig, SweepConfig
 from replyd.lag import ListingLag
+from replyd.log import get_logger
 from replyd.platforms.base import Identity, OwnReply, Parent, ParentReplies, Pending, Platform, ReadBack, reads_back
 from replyd.store import Key, Reply, Store, Tx
 
-log = structlog.get_logger("replyd.sweep")
+log = get_logger("replyd.sweep")
 
 UNACCOUNTED_LOOKS = 10.0  # a close with an attempt's reply unaccounted for is looked at until this x the delay
 

@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import structlog
+from replyd.log import get_logger
 
-log = structlog.get_logger("replyd.timetable")
+log = get_logger("replyd.timetable")
 
 
 @dataclass(order=True)

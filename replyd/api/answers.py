@@ -6,7 +6,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import structlog
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -15,8 +14,9 @@ from starlette.responses import JSONResponse, Response
 from replyd.api.models import Error, PostOutcome, Row
 from replyd.errors import ContentionError, StoreError
 from replyd.guard import Outcome, Status
+from replyd.log import get_logger
 
-log = structlog.get_logger("replyd.api")
+log = get_logger("replyd.api")
 
 NOT_SENT_RETRY_S = 5  # Retry-After when the platform refused before acting without saying when
 STORE_BUSY_RETRY_S = 1  # another writer holds the key: it is done within a transaction

@@ -6,7 +6,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
@@ -27,12 +26,13 @@ from replyd.errors import PlatformError, RateLimited, Rejected, ReplydError
 from replyd.guard import Guard
 from replyd.hooks import BAD_SIGNATURE
 from replyd.liveness import Liveness
+from replyd.log import get_logger
 from replyd.store import Reply, Store
 
 if TYPE_CHECKING:
     from replyd.hooks import Receiver
 
-log = structlog.get_logger("replyd.api")
+log = get_logger("replyd.api")
 M = TypeVar("M", bound=BaseModel)
 
 

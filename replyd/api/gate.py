@@ -10,16 +10,16 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-import structlog
 from starlette.requests import Request
 from starlette.responses import Response
 
 from replyd import statuspage
 from replyd.api.answers import error
 from replyd.errors import ConfigError
+from replyd.log import get_logger
 from replyd.platforms._http import is_loopback
 
-log = structlog.get_logger("replyd.api")
+log = get_logger("replyd.api")
 
 MIN_PUBLIC_TOKEN = 32  # characters: a token guarding a non-loopback bind must not be guessable
 WILDCARD_BINDS = ("0.0.0.0", "::", "")

@@ -88,12 +88,12 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import httpcore
 import httpx
-import structlog
 from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, model_validator
 
 from replyd import deadline, metrics
 from replyd.clock import Clock
 from replyd.errors import BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
+from replyd.log import get_logger
 from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, PlatformSettings, ReadBack, Sent
 
 T = TypeVar("T")
@@ -1181,7 +1181,7 @@ class HttpPlatform:
         self._auth = SecretAuth(self._auth_headers)
         self._me: Identity | None = None
         self.limits = RateLimits(clock.now)
-        self.log = structlog.get_logger(f"replyd.{self.kind}")
+        self.log = get_logger(f"replyd.{self.kind}")
         self.listing_delay_s = float(self.s.listing_delay_s)
         self.instance = self.s.instance or f"{self.kind}:{self.root}"
         # Every window sent to or compared with the platform's times is computed on its clock, measured here.

@@ -25,15 +25,14 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-import structlog
-
 from replyd.errors import ConfigError, DefinitelyNotSent, PlatformError, Rejected
+from replyd.log import get_logger
 from replyd.platforms.base import Parent
 
 if TYPE_CHECKING:
     from replyd.platforms.bluesky import BlueskyPlatform
 
-log = structlog.get_logger("replyd.bluesky")
+log = get_logger("replyd.bluesky")
 
 SUBSCRIBE = "/xrpc/com.atproto.sync.subscribeRepos"
 POST_PREFIX = "app.bsky.feed.post/"

@@ -26,14 +26,14 @@ import typing
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Annotated, Any, ClassVar, Protocol, Self, runtime_checkable
 
-import structlog
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from replyd import log as rlog
 from replyd.errors import ConfigError, ResponderError
+from replyd.log import get_logger
 from replyd.platforms.base import Parent, plain_settings  # the kind modules take it from here: one import line to move with it
 
-log = structlog.get_logger("replyd.responder")
+log = get_logger("replyd.responder")
 
 
 @runtime_checkable

@@ -28,12 +28,12 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import httpx
-import structlog
 
+from replyd.log import get_logger
 from replyd.sim.render import notification_json
 from replyd.sim.world import Notification, World
 
-log = structlog.get_logger("replyd.sim.webhooks")
+log = get_logger("replyd.sim.webhooks")
 
 KINDS = ("github", "discourse")
 

@@ -20,15 +20,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, fields
 from typing import Any
 
-import structlog
-
 from replyd.clock import Clock, SystemClock
+from replyd.log import get_logger
 from replyd.sim.model import (  # noqa: F401  (re-exported: importers name them from the world)
     _MENTION_RE, _WORDS, CREATE_FAULTS, FIRST_ID, IDEMPOTENCY_TTL_S, READ_FAULTS, VISIBILITIES, Account,
     Knobs, Notification, SimError, Status, paginate,
 )
 
-log = structlog.get_logger("replyd.sim")
+log = get_logger("replyd.sim")
 
 
 class Traffic:

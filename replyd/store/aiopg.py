@@ -18,12 +18,12 @@ from typing import Any, Protocol, runtime_checkable
 
 import psycopg
 import sqlalchemy as sa
-import structlog
 
+from replyd.log import get_logger
 from replyd.store.base import Stmts
 from replyd.store.engine import map_db_error
 
-log = structlog.get_logger("replyd.store")
+log = get_logger("replyd.store")
 
 __all__ = ["AsyncHotPath", "HotSteps"]
 

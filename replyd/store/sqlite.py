@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-import structlog
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection, Engine
 
 from replyd.errors import StoreError
+from replyd.log import get_logger
 from replyd.store.base import _INHERITED, Store
 from replyd.store.engine import map_db_error
 from replyd.store.model import Claim, Expect, Key, Row, lease_holder
 
-log = structlog.get_logger("replyd.store")
+log = get_logger("replyd.store")
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
