@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -264,13 +265,19 @@ class Reads:
 
     def set_cursor(self, platform: str, sender_id: str, name: str, value: str) -> None:
         """Save a poller's position (insert or replace)."""
-        now = self.clock.now()
-        stmt = self._insert(CURSORS).values(platform=platform, sender_id=sender_id, name=name, value=value, updated_at=now)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["platform", "sender_id", "name"], set_={"value": value, "updated_at": now}
-        )
         with self._tx(relaxed=True, doing="saving a cursor") as conn:
-            conn.execute(stmt)
+            conn.execute(self._cursor_upsert, {"platform": platform, "sender_id": sender_id, "name": name,
+                                               "value": value, "updated_at": self.clock.now()})
+
+    @functools.cached_property
+    def _cursor_upsert(self) -> Any:
+        """``set_cursor``'s upsert, built once with bound parameters (as ``_answer_upsert``): built with its values
+        on every call, SQLAlchemy walked a fresh cache key each time (197 µs a save on SQLite, 107 µs for the
+        answer's prepared upsert in its own transaction)."""
+        ins = self._insert(CURSORS)
+        stmt = ins.values({c: sa.bindparam(c) for c in ("platform", "sender_id", "name", "value", "updated_at")})
+        return stmt.on_conflict_do_update(index_elements=["platform", "sender_id", "name"],
+                                          set_={"value": ins.excluded.value, "updated_at": ins.excluded.updated_at})
 
     # -- listing lag (replyd.lag) ----------------------------------------------------
 
