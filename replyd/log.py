@@ -202,9 +202,12 @@ class Logger:
         # which a bound logger sees by itself).
         if (not seen or seen[0] is not c.default_wrapper_class or seen[1] is not c.default_processors
                 or seen[2] is not c.logger_factory or seen[3] is not c.default_context_class):
+            # Read before the build: a configure() racing with it leaves ``_seen`` old, so the next call rebuilds
+            # (read after, it would pair the new configuration with a logger built on the old one, for good).
+            now = (c.default_wrapper_class, c.default_processors, c.logger_factory, c.default_context_class)
             bound = structlog.get_logger(self._name).bind()
             self._bound = bound  # before ``_seen``: a thread that sees the new ``_seen`` finds this logger
-            self._seen = (c.default_wrapper_class, c.default_processors, c.logger_factory, c.default_context_class)
+            self._seen = now
             return bound
         return self._bound
 

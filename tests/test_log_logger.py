@@ -57,3 +57,28 @@ def test_bind_keeps_its_values() -> None:
     with capture_logs() as got:
         log.get_logger("replyd.test").bind(bot="b2", platform="sim").error("replyd.test.bound")
     assert got == [{"event": "replyd.test.bound", "bot": "b2", "platform": "sim", "log_level": "error"}]
+
+
+def test_a_configure_racing_with_a_build_is_followed_on_the_next_call(monkeypatch) -> None:
+    """A configure() landing while a logger is being built (another thread's) is seen by the next call."""
+    log.configure(fmt="json", level="info", stream=io.StringIO())
+    real = structlog.get_logger
+
+    class Racing:
+        """structlog's proxy whose bind() builds on the old configuration, then another thread configures."""
+
+        def __init__(self, name: str) -> None:
+            self.proxy = real(name)
+
+        def bind(self):  # noqa: ANN201
+            built = self.proxy.bind()
+            monkeypatch.setattr(structlog, "get_logger", real)
+            log.configure(fmt="json", level="info", stream=io.StringIO())  # a new processor chain
+            return built
+
+    monkeypatch.setattr(structlog, "get_logger", Racing)
+    lg = log.get_logger("replyd.test")
+    lg.info("replyd.test.during_build")
+    with capture_logs() as got:  # captures through the chain configured last
+        lg.info("replyd.test.after")
+    assert [e["event"] for e in got] == ["replyd.test.after"]
