@@ -272,8 +272,8 @@ class Reads:
     @functools.cached_property
     def _cursor_upsert(self) -> Any:
         """``set_cursor``'s upsert, built once with bound parameters (as ``_answer_upsert``): built with its values
-        on every call, SQLAlchemy walked a fresh cache key each time (197 µs a save on SQLite, 107 µs for the
-        answer's prepared upsert in its own transaction)."""
+        on every call, SQLAlchemy walked a fresh cache key each time (side by side on SQLite, 1,800 saves each:
+        190 µs a save built per call, 93 µs prepared)."""
         ins = self._insert(CURSORS)
         stmt = ins.values({c: sa.bindparam(c) for c in ("platform", "sender_id", "name", "value", "updated_at")})
         return stmt.on_conflict_do_update(index_elements=["platform", "sender_id", "name"],
