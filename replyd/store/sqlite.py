@@ -188,8 +188,8 @@ class SQLiteStore(Store):
                       event: Mapping[str, Any]) -> Claim:
         """Inside the caller's write transaction: insert the new row and its event, or decide on the row that
         was inserted since the read (under the lock)."""
-        if dbc.execute(self._sql.insert, ins).rowcount == 1:
-            dbc.execute(self._sql.event, ev)
+        if self._exec(dbc, self._sql.insert, ins).rowcount == 1:
+            self._exec(dbc, self._sql.event, ev)
             return Claim(True, None, new)
         got = self._peek_with(fairy, key)
         vals = None if got is None else reclaim(got)
@@ -293,9 +293,9 @@ class SQLiteStore(Store):
                 ev = _claim_event(values, event)
                 if expect is None:
                     ins, evp = self._claim_params(key, values, ev)
-                    done = dbc.execute(self._sql.insert, ins).rowcount == 1
+                    done = self._exec(dbc, self._sql.insert, ins).rowcount == 1
                     if done:
-                        dbc.execute(self._sql.event, evp)
+                        self._exec(dbc, self._sql.event, evp)
                 else:
                     states, attempt, holder = expect
                     done = self._cas_in(dbc, key, states, attempt, values, holder, ev, None)
@@ -344,15 +344,22 @@ class SQLiteStore(Store):
                        for key, states, attempt, values, _e in items],
             [self._event_params(key, event, None, None) for key, _s, _a, _v, event in items])
 
+    def _exec(self, dbc: Any, sql: str, params: Mapping[str, Any]) -> Any:
+        """One hot-path write with its parameters bound by position (``HotSQL.positional``)."""
+        q, get = self._sql.positional(sql)
+        return dbc.execute(q, get(params))
+
     def _all_or_none(self, dbc: Any, sql: str, rows: list[dict[str, Any]], events: list[dict[str, Any]]
                      ) -> list[bool] | None:
         """``sql`` over ``rows`` and the events after it when every row took; else nothing kept and None."""
         dbc.execute("SAVEPOINT replyd_page")
-        if dbc.executemany(sql, rows).rowcount != len(rows):
+        q, get = self._sql.positional(sql)
+        if dbc.executemany(q, map(get, rows)).rowcount != len(rows):
             dbc.execute("ROLLBACK TO replyd_page")
             dbc.execute("RELEASE replyd_page")
             return None
-        dbc.executemany(self._sql.event, events)
+        q, get = self._sql.positional(self._sql.event)
+        dbc.executemany(q, map(get, events))
         dbc.execute("RELEASE replyd_page")
         return [True] * len(rows)
 
@@ -368,10 +375,10 @@ class SQLiteStore(Store):
         """The compare-and-set and its event (or the ``otherwise`` note) inside the caller's transaction."""
         sql, names = self._sql.cas(tuple(values), len(states), attempt is not None, lease_owner is not None,
                                    False, False)
-        ok = dbc.execute(sql, self._cas_params(key, states, attempt, lease_owner, names, values)).rowcount == 1
+        ok = self._exec(dbc, sql, self._cas_params(key, states, attempt, lease_owner, names, values)).rowcount == 1
         ev = event if ok else otherwise
         if ev is not None:
-            dbc.execute(self._sql.event, self._event_params(key, ev, None, None))
+            self._exec(dbc, self._sql.event, self._event_params(key, ev, None, None))
         return ok
 
 
