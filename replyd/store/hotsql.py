@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from operator import itemgetter
 from collections.abc import Callable, Mapping
+from operator import itemgetter
 from typing import Any
 
 import sqlalchemy as sa
@@ -31,10 +31,10 @@ class HotSQL:
 
     They run straight through the driver (sqlite3 / psycopg) with named parameters (SQLite's writes bound by
     position, ``positional``): no statement is built, no compiled-cache key computed and no result object
-    made per call. Column lists come from ``REPLIES`` /
-    ``EVENTS``, so a column added to the models is in every statement. On PostgreSQL a write and its
-    event are ONE statement (a data-modifying CTE) run in autocommit: one round trip, one transaction;
-    a relaxed one sets ``synchronous_commit`` off for its own transaction with ``set_config(…, true)``.
+    made per call. Column lists come from ``REPLIES`` / ``EVENTS``, so a column added to the models is in
+    every statement. On PostgreSQL a write and its event are ONE statement (a data-modifying CTE) run in
+    autocommit: one round trip, one transaction; a relaxed one sets ``synchronous_commit`` off for its own
+    transaction with ``set_config(…, true)``.
     """
 
     def __init__(self, dialect: sa.engine.Dialect, durable: str | None = None) -> None:
