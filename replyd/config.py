@@ -99,7 +99,9 @@ class SweepConfig(_Strict):
 
     interval_s: float = Field(15.0, gt=0)
     batch: int = Field(1000, ge=1, le=5000)
-    lease_s: float = Field(120.0, gt=0)
+    # How long a replica that dies mid-pass keeps its leased rows from the others; a longer pass renews its leases
+    # every third of it (sweep.LeaseKeeper), so it need not cover the slowest read-back.
+    lease_s: float = Field(30.0, gt=0)
     retry_s: float = Field(60.0, gt=0)
     on_duplicate: Literal["report", "delete_newer"] = "report"
     # The listing delay in use per platform instance (replyd.lag): max(configured, factor x the observed lag's

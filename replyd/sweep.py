@@ -25,8 +25,13 @@ written only when it succeeded. A failed read-back is never "not found".
 
 from __future__ import annotations
 
+import itertools
 import json
+import threading
+import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from replyd import metrics
@@ -74,6 +79,87 @@ class SweepResult:
 
 
 @dataclass
+class _Hold:
+    """One pass's leased keys, renewed until the pass ends."""
+
+    store: Store
+    keys: list[Key]
+    owner: str
+    lease_s: float
+    clock: Clock
+    renew_at: float  # time.monotonic(): when the keeper renews next
+
+
+class LeaseKeeper:
+    """Keeps running sweep passes' leases alive: one thread for every sweeper of a process, only while a pass holds
+    rows (it ends when none does).
+
+    ``sweep.lease_s`` bounds how long a replica that dies mid-pass keeps its leased rows from the others, so it
+    is short; a pass that runs longer (a slow read-back, a long page of rows) renews its leases every third of
+    it instead. A renewal only keeps a live lease alive: a row decided meanwhile, or leased by another sweeper
+    after this one's ran out (a renewal that failed for a whole lease), is left as it is; every verdict is a
+    compare-and-set under the lease all the same.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._holds: dict[int, _Hold] = {}
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self.renewed = 0  # renewals that kept at least one lease (for tests)
+
+    @contextmanager
+    def holding(self, store: Store, keys: list[Key], *, owner: str, lease_s: float, clock: Clock) -> Iterator[None]:
+        """Renew ``owner``'s leases on ``keys`` every third of ``lease_s`` until the block ends."""
+        hold = _Hold(store, keys, owner, lease_s, clock, renew_at=time.monotonic() + lease_s / 3)
+        with self._cond:
+            hid = next(self._ids)
+            self._holds[hid] = hold
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="replyd-sweep-leases", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        try:
+            yield
+        finally:
+            with self._cond:
+                del self._holds[hid]
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._holds:
+                    self._thread = None  # under the lock: the next hold starts a new thread
+                    return
+                wait_s = min(h.renew_at for h in self._holds.values()) - time.monotonic()
+                if wait_s > 0:
+                    self._cond.wait(None if wait_s == float("inf") else wait_s)
+                    continue
+                mono = time.monotonic()
+                due = [h for h in self._holds.values() if h.renew_at <= mono]
+            for h in due:  # outside the lock: a pass that ends meanwhile is not kept waiting on the store
+                self._renew(h)
+
+    def _renew(self, h: _Hold) -> None:
+        now = h.clock.now()
+        try:
+            held = h.store.renew_leases(h.keys, owner=h.owner, now=now, until=now + h.lease_s)
+        except Exception as exc:  # the store is down: try again soon, the lease may still be saved
+            log.warning("replyd.sweep.renew_failed", platform=h.keys[0].platform, owner=h.owner, rows=len(h.keys),
+                        error=str(exc)[:300])
+            h.renew_at = time.monotonic() + h.lease_s / 10
+            return
+        if held:
+            self.renewed += 1
+        # Nothing held any more (every row decided): nothing to renew until the pass ends.
+        h.renew_at = time.monotonic() + (h.lease_s / 3 if held else float("inf"))
+
+
+KEEPER = LeaseKeeper()  # the process's one keeper; a Sweeper may be given its own
+
+
+@dataclass
 class Bot:
     """One swept account: an adapter and the identity it posts as."""
 
@@ -95,12 +181,13 @@ class Sweeper:
         clock: Clock | None = None,
         owner: str | None = None,
         batch: int = 1000,
-        lease_s: float = 120.0,
+        lease_s: float = 30.0,
         retry_s: float = 60.0,
         max_attempts: int = 2,
         on_duplicate: str = "report",
         config: SweepConfig | None = None,
         guard_config: GuardConfig | None = None,
+        keeper: LeaseKeeper | None = None,
     ) -> None:
         if on_duplicate not in ("report", "delete_newer"):
             raise ValueError(f"on_duplicate must be 'report' or 'delete_newer', not {on_duplicate!r}")
@@ -110,6 +197,7 @@ class Sweeper:
         self.owner = owner or st.make_owner()
         self.batch = batch
         self.lease_s = lease_s
+        self.keeper = keeper or KEEPER  # renews this sweeper's leases while a pass runs
         self.retry_s = retry_s
         self.max_attempts = max_attempts
         self.on_duplicate = on_duplicate
@@ -141,6 +229,13 @@ class Sweeper:
         res.leased = len(rows)
         if not rows:
             return res
+        # Held while the pass runs: a replica that dies here leaves its rows to the others after one short lease.
+        with self.keeper.holding(self.store, [Key(r.platform, r.sender_id, r.parent_id) for r in rows],
+                                 owner=self.owner, lease_s=self.lease_s, clock=self.clock):
+            return self._judge(bot, rows, now, res)
+
+    def _judge(self, bot: Bot, rows: list[Reply], now: float, res: SweepResult) -> SweepResult:
+        """Read back and decide the rows this pass leased."""
         if not reads_back(bot.platform):
             return self._no_read_back(bot, rows, now, res)
         pending = [

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from replyd import store as st
@@ -10,7 +13,7 @@ from replyd.errors import StoreError
 from replyd.guard import Guard, Status
 from replyd.platforms.memory import MemoryPlatform
 from replyd.store import Store
-from replyd.sweep import Bot, Sweeper
+from replyd.sweep import Bot, LeaseKeeper, Sweeper
 from tests.aio_harness import face  # noqa: F401  (the face fixture: every guard test on both faces)
 
 
@@ -107,6 +110,45 @@ def test_lost_response_is_closed_by_the_sweep(guard, plat, sweeper, clock, store
     assert row.state == st.CLOSED and row.reply_id == plat.replies()[0]["reply_id"]
     assert guard.post(plat.parents["p1"], "x").status is Status.ALREADY_ANSWERED
     assert plat.reply_count("p1") == 1
+
+
+def test_a_pass_longer_than_its_lease_keeps_its_rows(guard, plat, store, clock):
+    """A pass whose read-back outlives sweep.lease_s renews its leases: another sweeper leases nothing meanwhile,
+    and the pass decides its row when the read-back returns (the lease stays short for a replica that dies)."""
+    plat.script = ["lost"]
+    assert guard.post(plat.add_parent("p1"), "x").status is Status.UNCERTAIN
+    clock.advance(16)
+    keeper = LeaseKeeper()
+    slow = Sweeper(store, [Bot(plat, plat.whoami())], clock=clock, owner="slow", lease_s=0.3, keeper=keeper)
+    other = Sweeper(store, [Bot(plat, plat.whoami())], clock=clock, owner="other", lease_s=0.3)
+    entered, go_on = threading.Event(), threading.Event()
+    read_back = plat.read_back
+
+    def held_read_back(*args, **kwargs):
+        entered.set()
+        assert go_on.wait(30)
+        return read_back(*args, **kwargs)
+
+    plat.read_back = held_read_back
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(slow.run_once()))
+    t.start()
+    try:
+        assert entered.wait(30)
+        for _ in range(5):  # 1 s of the shared clock in steps shorter than the lease, each seen renewed
+            before = keeper.renewed
+            clock.advance(0.2)
+            deadline = time.monotonic() + 30
+            while keeper.renewed == before and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert keeper.renewed > before, "the running pass's lease was not renewed"
+        plat.read_back = read_back  # the other sweeper's own read-back, if it leased anything, runs at once
+        assert other.run_once().leased == 0
+    finally:
+        go_on.set()
+        t.join(30)
+    assert got and got[0].closed == 1
+    assert store.get(guard.key("p1")).state == st.CLOSED and plat.reply_count("p1") == 1
 
 
 def test_not_landed_allows_exactly_one_retry_then_gives_up(guard, plat, store, clock):

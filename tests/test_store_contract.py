@@ -632,6 +632,26 @@ def test_lease_due_takes_due_rows_no_live_lease_holds(store, clock):
     assert [r.parent_id for r in store.lease_due(P, S, now=250.0, limit=1, lease_s=30.0, owner="s2")] == ["held"]
 
 
+def test_renew_leases_keeps_only_live_leases_of_their_owner(store, clock):
+    """A renewal moves the owner's live leases on; a lease that ran out, another owner's, or a decided row's is left."""
+    seed(store, "a", deadline_at=1.0)
+    seed(store, "b", deadline_at=1.0)
+    seed(store, "theirs", deadline_at=1.0, lease_owner="s2", lease_until=200.0)
+    assert len(store.lease_due(P, S, now=100.0, limit=10, lease_s=30.0, owner="s1")) == 2
+    with store.transaction() as tx:  # "b" decided: its lease dropped
+        assert tx.cas_event(key("b"), states=[st.OPEN], attempt=1, lease_owner="s1",
+                            values={"deadline_at": None, "lease_owner": None, "lease_until": None})
+    keys = [key(f"absent-{i}") for i in range(1200)] + [key("b"), key("theirs"), key("a")]  # past one statement's
+    assert store.renew_leases(keys, owner="s1", now=120.0, until=150.0) == 1
+    assert (store.get(key("a")).lease_owner, store.get(key("a")).lease_until) == ("s1", 150.0)
+    assert (store.get(key("b")).lease_owner, store.get(key("b")).lease_until) == (None, None)
+    assert (store.get(key("theirs")).lease_owner, store.get(key("theirs")).lease_until) == ("s2", 200.0)
+    assert store.lease_due(P, S, now=140.0, limit=10, lease_s=30.0, owner="s3") == []  # "a" still held (past 130)
+    # Ran out before the renewal came: not taken back, whoever leases it next has it.
+    assert store.renew_leases([key("a")], owner="s1", now=151.0, until=181.0) == 0
+    assert [r.parent_id for r in store.lease_due(P, S, now=151.0, limit=10, lease_s=30.0, owner="s3")] == ["a"]
+
+
 def test_senders_due_and_waiting_name_every_bot_with_rows_due(store, clock):
     """One query for all bots: the (platform, sender) of every bot whose lease_due / reoffer_due would return rows."""
     seed(store, "o1", deadline_at=10.0)

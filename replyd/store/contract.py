@@ -125,6 +125,8 @@ class AnsweredLog(Protocol):
     def lease_due(self, platform: str, sender_id: str, *, now: float, limit: int, lease_s: float,
                   owner: str) -> list[Row]:
         """Lease up to ``limit`` due rows no live lease holds."""
+    def renew_leases(self, keys: Sequence[Key], *, owner: str, now: float, until: float) -> int:
+        """Move to ``until`` the sweep leases on ``keys`` that ``owner`` still holds at ``now``; how many it held."""
     def get_cursor(self, platform: str, sender_id: str, name: str) -> str | None:
         """A poller's saved position."""
     def set_cursor(self, platform: str, sender_id: str, name: str, value: str) -> None:

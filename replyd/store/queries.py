@@ -253,6 +253,27 @@ class Reads:
                     leased.append(r)
             return leased
 
+    def renew_leases(self, keys: Sequence[Key], *, owner: str, now: float, until: float) -> int:
+        """Move to ``until`` the sweep leases on ``keys`` that ``owner`` still holds at ``now``; how many it held.
+
+        A row decided since (its lease dropped), or leased by another sweeper after this one's ran out, is left
+        as it is: the renewal never takes a lease back, it only keeps a live one alive through a long pass.
+        """
+        by_bot: dict[tuple[str, str], list[str]] = {}
+        for k in keys:  # one statement per bot (a pass's rows are one bot's)
+            by_bot.setdefault((k.platform, k.sender_id), []).append(k.parent_id)
+        held = 0
+        with self._tx(relaxed=True, doing="renewing sweep leases") as conn:
+            for (platform, sender_id), parents in by_bot.items():
+                for i in range(0, len(parents), 500):  # SQLite's bound-parameter limit, with room to spare
+                    stmt = (sa.update(REPLIES)
+                            .where(REPLIES.c.platform == platform, REPLIES.c.sender_id == sender_id,
+                                   REPLIES.c.parent_id.in_(parents[i:i + 500]), REPLIES.c.lease_owner == owner,
+                                   REPLIES.c.lease_until >= now)
+                            .values(lease_until=until))
+                    held += conn.execute(stmt).rowcount
+        return held
+
     # -- cursors -------------------------------------------------------------------
 
     def get_cursor(self, platform: str, sender_id: str, name: str) -> str | None:
