@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 import signal
 import threading
-from concurrent.futures import ThreadPoolExecutor as Pool
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -59,6 +59,7 @@ from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import BotConfig, Config
 from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, PlatformError, ReplydError
 from replyd.guard import Guard
+from replyd.jobs import JobPool
 from replyd.lag import ListingLag
 from replyd.liveness import SWEEP, Heartbeat, Liveness, error_words
 from replyd.log import get_logger
@@ -95,7 +96,7 @@ class _JobPool(BasePoolExecutor):
     """APScheduler's thread-pool executor over the daemon's one job pool, which one-shot runs are submitted to too
     (not as APScheduler date jobs: a date job's removal after it ran races the scheduler's shutdown)."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: JobPool) -> None:
         super().__init__(pool)
 
 
@@ -252,7 +253,7 @@ class Daemon:
         self._starting: set[str] = set()  # bots whose login is retried (a one-shot job per attempt)
         self._busy: set[str] = set()  # one-shot jobs (sweep, re-offer, start) queued or running, by job id
         self._busy_lock = threading.Lock()
-        self._jobs: Pool | None = None  # the one job pool: the scheduler's runs and the one-shot runs
+        self._jobs: JobPool | None = None  # the one job pool: polls first, then the scheduler's and one-shot runs
         self._keys: dict[str, tuple[str, str]] = {}  # started bot -> (platform instance, sender id)
         self._watcher: threading.Thread | None = None  # the one send watch over every bot's guard
         self._secrets: dict[str, str] = {}  # webhook secrets by push bot name
@@ -299,7 +300,8 @@ class Daemon:
                       max_body_bytes=ac.max_body_bytes, liveness=self.liveness, hooks=self.hooks,
                       webhook_bots=list(push))
             self.api = ApiServer(api.app, host=ac.host, port=ac.port, grace_s=self.cfg.guard.send_timeout_s).start()
-        self._jobs = Pool(max_workers=threads, thread_name_prefix="replyd-job")
+        # Upkeep (a sweep pass, a re-offer) waits for the polls at most one sweep interval (replyd.jobs).
+        self._jobs = JobPool(threads, patience_s=self.cfg.sweep.interval_s)
         try:
             self.scheduler = BackgroundScheduler(
                 # A fixed pool, whatever the number of bots: a run that finds every thread busy waits in the pool's
@@ -360,7 +362,8 @@ class Daemon:
 
         if not prepared:
             return []
-        with Pool(max_workers=min(self.cfg.daemon.job_threads, len(prepared)), thread_name_prefix="replyd-login") as pool:
+        with ThreadPoolExecutor(max_workers=min(self.cfg.daemon.job_threads, len(prepared)),
+                                thread_name_prefix="replyd-login") as pool:
             return list(pool.map(attempt, prepared))
 
     def _retry_start(self, p: Prepared, exc: BaseException) -> None:
@@ -464,8 +467,9 @@ class Daemon:
             self.liveness.started(name)
         log.info("replyd.bot.started", bot=name, platform=bot.platform.instance)
 
-    def _once(self, job_id: str, fn, *args: object) -> bool:  # noqa: ANN001
-        """Run ``fn(*args)`` once on the pool, unless the run of ``job_id`` before is still queued or running.
+    def _once(self, job_id: str, fn, *args: object, urgent: bool = False) -> bool:  # noqa: ANN001
+        """Run ``fn(*args)`` once on the pool (``urgent``: a poll, on the pool's first lane), unless the run of
+        ``job_id`` before is still queued or running.
 
         Return whether it was submitted; a run refused for that is reported as skipped, like an interval job's.
         """
@@ -490,7 +494,7 @@ class Daemon:
                     self._busy.discard(job_id)
 
         try:
-            self._jobs.submit(run)
+            self._jobs.run_soon(run, urgent=urgent)
         except RuntimeError:  # the pool is shut down: the daemon is stopping, nothing will run it
             with self._busy_lock:
                 self._busy.discard(job_id)
@@ -500,7 +504,7 @@ class Daemon:
     def _fire_poll(self, job_id: str) -> None:
         """A poll is due (the timetable): run it on the pool, or skip it while its last run is queued or running."""
         if not self.stopping.is_set():
-            self._once(job_id, self._polls[job_id])
+            self._once(job_id, self._polls[job_id], urgent=True)
 
     def sweep_tick(self) -> None:
         """Sweep the bots with due rows (one store query for all), each on a one-shot job; the others looked: ok."""

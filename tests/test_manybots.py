@@ -149,10 +149,10 @@ def test_empty_polls_touch_no_store(many: _World) -> None:
 
 def test_one_shot_runs_of_one_bot_never_overlap() -> None:
     """A bot's sweep (or re-offer) is not submitted again while its last run is queued or running; it is once done."""
-    from concurrent.futures import ThreadPoolExecutor
+    from replyd.jobs import JobPool
 
     d = Daemon(Config())
-    d._jobs = ThreadPoolExecutor(max_workers=2)
+    d._jobs = JobPool(2)
     release, ran = threading.Event(), Counter()
 
     def slow(name: str) -> None:

@@ -1,0 +1,149 @@
+"""The daemon's job pool (replyd/jobs.py): polls first, upkeep within its patience, a fixed set of threads."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from replyd.jobs import JobPool
+
+
+class Ticks:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _blocked(pool: JobPool) -> threading.Event:
+    """Hold the pool's one thread until the returned event is set (the next runs queue behind it)."""
+    release, started = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        release.wait(10)
+
+    pool.run_soon(hold, urgent=True)
+    assert started.wait(10)
+    return release
+
+
+def _recorder(order: list[str], done: threading.Event, last: str):  # noqa: ANN202
+    """A run factory: each run appends its name; the one named ``last`` sets ``done``."""
+    def make(name: str):  # noqa: ANN202
+        def run() -> None:
+            order.append(name)
+            if name == last:
+                done.set()
+        return run
+    return make
+
+
+def test_polls_run_before_upkeep_queued_earlier() -> None:
+    """With the thread busy, upkeep queued first and polls after: the polls run first, then the upkeep in order."""
+    ticks = Ticks()
+    pool = JobPool(1, patience_s=10.0, monotonic=ticks)
+    order: list[str] = []
+    done = threading.Event()
+    run = _recorder(order, done, "sweep-2")
+    try:
+        release = _blocked(pool)
+        pool.run_soon(run("sweep-1"))
+        pool.run_soon(run("sweep-2"))
+        pool.run_soon(run("poll-1"), urgent=True)
+        pool.run_soon(run("poll-2"), urgent=True)
+        release.set()
+        assert done.wait(10)
+        assert order == ["poll-1", "poll-2", "sweep-1", "sweep-2"]
+    finally:
+        pool.shutdown()
+
+
+def test_upkeep_past_its_patience_goes_before_polls() -> None:
+    """Upkeep that waited ``patience_s`` is taken before the polls queued behind it: late, never starved."""
+    ticks = Ticks()
+    pool = JobPool(1, patience_s=10.0, monotonic=ticks)
+    order: list[str] = []
+    done = threading.Event()
+    run = _recorder(order, done, "poll-2")
+    try:
+        release = _blocked(pool)
+        pool.run_soon(run("sweep-old"))
+        ticks.t = 9.0
+        pool.run_soon(run("sweep-young"))
+        pool.run_soon(run("poll-1"), urgent=True)
+        pool.run_soon(run("poll-2"), urgent=True)
+        ticks.t = 10.0  # the first sweep has waited its patience, the second 1 s
+        release.set()
+        assert done.wait(10)
+        assert order == ["sweep-old", "poll-1", "poll-2", "sweep-young"]
+    finally:
+        pool.shutdown()
+
+
+def test_threads_start_as_runs_arrive_up_to_the_bound() -> None:
+    """Never more than ``threads`` threads, whatever is queued; every queued run runs."""
+    pool = JobPool(3)
+    gate = threading.Event()
+    ran = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        gate.wait(10)
+        with lock:
+            ran.append(1)
+
+    try:
+        for i in range(20):
+            pool.run_soon(run, urgent=i % 2 == 0)
+        assert len(pool._threads) == 3
+        gate.set()
+    finally:
+        pool.shutdown(wait=True)
+    assert len(ran) == 20
+
+
+def test_submit_gives_a_future_of_the_result_or_the_exception() -> None:
+    """APScheduler's executor submits through ``submit``: the future carries the result, or what was raised."""
+    pool = JobPool(2)
+    try:
+        assert pool.submit(lambda a, b=0: a + b, 2, b=3).result(10) == 5
+        with pytest.raises(ZeroDivisionError):
+            pool.submit(lambda: 1 / 0).result(10)
+    finally:
+        pool.shutdown()
+
+
+def test_shutdown_runs_what_is_queued_and_refuses_the_rest() -> None:
+    """Runs queued before the shutdown still run; a run after it is refused with RuntimeError."""
+    pool = JobPool(1)
+    order: list[str] = []
+    done = threading.Event()
+    run = _recorder(order, done, "b")
+    release = _blocked(pool)
+    pool.run_soon(run("a"))
+    pool.run_soon(run("b"), urgent=True)
+    t = threading.Thread(target=pool.shutdown, kwargs={"wait": True})
+    t.start()
+    with pytest.raises(RuntimeError):
+        pool.run_soon(run("late"))
+    release.set()
+    t.join(10)
+    assert not t.is_alive() and done.is_set() and order == ["b", "a"]
+
+
+def test_a_run_that_raises_does_not_end_its_thread() -> None:
+    """An exception escaping a run is logged; the thread goes on with the next run."""
+    pool = JobPool(1)
+    done = threading.Event()
+    try:
+        pool.run_soon(lambda: 1 / 0)
+        pool.run_soon(done.set)
+        assert done.wait(10)
+        assert len(pool._threads) == 1
+    finally:
+        pool.shutdown()
