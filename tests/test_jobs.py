@@ -43,46 +43,44 @@ def _recorder(order: list[str], done: threading.Event, last: str):  # noqa: ANN2
     return make
 
 
-def test_polls_run_before_upkeep_queued_earlier() -> None:
-    """With the thread busy, upkeep queued first and polls after: the polls run first, then the upkeep in order."""
+def _order(queue, last: str) -> list[str]:  # noqa: ANN001
+    """The order the runs ``queue(pool, ticks, run)`` queued behind a busy thread ran in (``last`` ends it)."""
     ticks = Ticks()
     pool = JobPool(1, patience_s=10.0, monotonic=ticks)
     order: list[str] = []
     done = threading.Event()
-    run = _recorder(order, done, "sweep-2")
     try:
         release = _blocked(pool)
+        queue(pool, ticks, _recorder(order, done, last))
+        release.set()
+        assert done.wait(10)
+    finally:
+        pool.shutdown()
+    return order
+
+
+def test_polls_run_before_upkeep_queued_earlier() -> None:
+    """With the thread busy, upkeep queued first and polls after: the polls run first, then the upkeep in order."""
+    def queue(pool: JobPool, ticks: Ticks, run) -> None:  # noqa: ANN001
         pool.run_soon(run("sweep-1"))
         pool.run_soon(run("sweep-2"))
         pool.run_soon(run("poll-1"), urgent=True)
         pool.run_soon(run("poll-2"), urgent=True)
-        release.set()
-        assert done.wait(10)
-        assert order == ["poll-1", "poll-2", "sweep-1", "sweep-2"]
-    finally:
-        pool.shutdown()
+
+    assert _order(queue, "sweep-2") == ["poll-1", "poll-2", "sweep-1", "sweep-2"]
 
 
 def test_upkeep_past_its_patience_goes_before_polls() -> None:
     """Upkeep that waited ``patience_s`` is taken before the polls queued behind it: late, never starved."""
-    ticks = Ticks()
-    pool = JobPool(1, patience_s=10.0, monotonic=ticks)
-    order: list[str] = []
-    done = threading.Event()
-    run = _recorder(order, done, "poll-2")
-    try:
-        release = _blocked(pool)
+    def queue(pool: JobPool, ticks: Ticks, run) -> None:  # noqa: ANN001
         pool.run_soon(run("sweep-old"))
         ticks.t = 9.0
         pool.run_soon(run("sweep-young"))
         pool.run_soon(run("poll-1"), urgent=True)
         pool.run_soon(run("poll-2"), urgent=True)
         ticks.t = 10.0  # the first sweep has waited its patience, the second 1 s
-        release.set()
-        assert done.wait(10)
-        assert order == ["sweep-old", "poll-1", "poll-2", "sweep-young"]
-    finally:
-        pool.shutdown()
+
+    assert _order(queue, "sweep-young") == ["sweep-old", "poll-1", "poll-2", "sweep-young"]
 
 
 def test_threads_start_as_runs_arrive_up_to_the_bound() -> None:
