@@ -30,7 +30,7 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -87,7 +87,7 @@ class _Hold:
     owner: str
     lease_s: float
     clock: Clock
-    renew_at: float  # time.monotonic(): when the keeper renews next
+    renew_at: float  # on the keeper's monotonic clock: when it renews next
 
 
 class LeaseKeeper:
@@ -101,7 +101,8 @@ class LeaseKeeper:
     compare-and-set under the lease all the same.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic  # injected: tests make a renewal due without waiting for it
         self._cond = threading.Condition()
         self._holds: dict[int, _Hold] = {}
         self._ids = itertools.count()
@@ -111,7 +112,7 @@ class LeaseKeeper:
     @contextmanager
     def holding(self, store: Store, keys: list[Key], *, owner: str, lease_s: float, clock: Clock) -> Iterator[None]:
         """Renew ``owner``'s leases on ``keys`` every third of ``lease_s`` until the block ends."""
-        hold = _Hold(store, keys, owner, lease_s, clock, renew_at=time.monotonic() + lease_s / 3)
+        hold = _Hold(store, keys, owner, lease_s, clock, renew_at=self._monotonic() + lease_s / 3)
         with self._cond:
             hid = next(self._ids)
             self._holds[hid] = hold
@@ -132,14 +133,19 @@ class LeaseKeeper:
                 if not self._holds:
                     self._thread = None  # under the lock: the next hold starts a new thread
                     return
-                wait_s = min(h.renew_at for h in self._holds.values()) - time.monotonic()
+                wait_s = min(h.renew_at for h in self._holds.values()) - self._monotonic()
                 if wait_s > 0:
                     self._cond.wait(None if wait_s == float("inf") else wait_s)
                     continue
-                mono = time.monotonic()
-                due = [h for h in self._holds.values() if h.renew_at <= mono]
-            for h in due:  # outside the lock: a pass that ends meanwhile is not kept waiting on the store
-                self._renew(h)
+            self.renew_due()
+
+    def renew_due(self) -> None:
+        """Renew every hold whose renewal is due (the keeper's thread does this; a test may call it)."""
+        with self._cond:
+            mono = self._monotonic()
+            due = [h for h in self._holds.values() if h.renew_at <= mono]
+        for h in due:  # outside the lock: a pass that ends meanwhile is not kept waiting on the store
+            self._renew(h)
 
     def _renew(self, h: _Hold) -> None:
         now = h.clock.now()
@@ -148,12 +154,12 @@ class LeaseKeeper:
         except Exception as exc:  # the store is down: try again soon, the lease may still be saved
             log.warning("replyd.sweep.renew_failed", platform=h.keys[0].platform, owner=h.owner, rows=len(h.keys),
                         error=str(exc)[:300])
-            h.renew_at = time.monotonic() + h.lease_s / 10
+            h.renew_at = self._monotonic() + h.lease_s / 10
             return
         if held:
             self.renewed += 1
         # Nothing held any more (every row decided): nothing to renew until the pass ends.
-        h.renew_at = time.monotonic() + (h.lease_s / 3 if held else float("inf"))
+        h.renew_at = self._monotonic() + (h.lease_s / 3 if held else float("inf"))
 
 
 KEEPER = LeaseKeeper()  # the process's one keeper; a Sweeper may be given its own

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -118,7 +117,8 @@ def test_a_pass_longer_than_its_lease_keeps_its_rows(guard, plat, store, clock):
     plat.script = ["lost"]
     assert guard.post(plat.add_parent("p1"), "x").status is Status.UNCERTAIN
     clock.advance(16)
-    keeper = LeaseKeeper()
+    ticks = [0.0]
+    keeper = LeaseKeeper(monotonic=lambda: ticks[0])  # its thread never finds a renewal due: the test makes them
     slow = Sweeper(store, [Bot(plat, plat.whoami())], clock=clock, owner="slow", lease_s=0.3, keeper=keeper)
     other = Sweeper(store, [Bot(plat, plat.whoami())], clock=clock, owner="other", lease_s=0.3)
     entered, go_on = threading.Event(), threading.Event()
@@ -135,12 +135,11 @@ def test_a_pass_longer_than_its_lease_keeps_its_rows(guard, plat, store, clock):
     t.start()
     try:
         assert entered.wait(30)
-        for _ in range(5):  # 1 s of the shared clock in steps shorter than the lease, each seen renewed
+        for _ in range(5):  # 1 s of the shared clock in steps shorter than the lease, each renewed
             before = keeper.renewed
             clock.advance(0.2)
-            deadline = time.monotonic() + 30
-            while keeper.renewed == before and time.monotonic() < deadline:
-                time.sleep(0.01)
+            ticks[0] += 0.1  # a third of the lease: the renewal is due
+            keeper.renew_due()
             assert keeper.renewed > before, "the running pass's lease was not renewed"
         plat.read_back = read_back  # the other sweeper's own read-back, if it leased anything, runs at once
         assert other.run_once().leased == 0
@@ -149,6 +148,32 @@ def test_a_pass_longer_than_its_lease_keeps_its_rows(guard, plat, store, clock):
         t.join(30)
     assert got and got[0].closed == 1
     assert store.get(guard.key("p1")).state == st.CLOSED and plat.reply_count("p1") == 1
+
+
+def test_the_keepers_thread_renews_a_held_lease_on_its_own(store, clock):
+    """With nobody calling it, the keeper's thread renews a hold once a third of its lease has passed (real time,
+    a 30 ms lease): the row's lease moves on with the shared clock."""
+    key = st.Key("memory:keeper", "bot", "p1")
+    with store.transaction() as tx:
+        assert tx.insert_new(key, {"state": st.OPEN, "attempt": 1, "created_at": 0.0, "updated_at": 0.0,
+                                   "deadline_at": 1.0})
+    now = clock.now()
+    assert len(store.lease_due(key.platform, key.sender_id, now=now, limit=5, lease_s=0.03, owner="me")) == 1
+    renewed = threading.Event()
+
+    class Signalling:
+        """The store, telling the test when a renewal committed."""
+
+        def renew_leases(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+            held = store.renew_leases(*args, **kwargs)
+            renewed.set()
+            return held
+
+    keeper = LeaseKeeper()
+    clock.advance(0.01)  # inside the lease: a renewal moves its end from now + 0.03 to now + 0.04
+    with keeper.holding(Signalling(), [key], owner="me", lease_s=0.03, clock=clock):
+        assert renewed.wait(10)
+    assert store.get(key).lease_until == pytest.approx(now + 0.04)
 
 
 def test_not_landed_allows_exactly_one_retry_then_gives_up(guard, plat, store, clock):
