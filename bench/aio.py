@@ -14,7 +14,8 @@ guard called inside the loop (the naive side: its stall measured the same way).
 ``await g.post`` on each plus 3 rival posts per parent from other tasks (4N posts in flight together, started
 50 per loop turn), through a bot's own ``httpx.AsyncClient`` (``OwnPlatform``); the probe runs from the first
 post to the last outcome; then the daemon's way on (sweep once due, offer again) until every row is closed, and
-the replies counted on the sim. Before the run ``gc.freeze()`` moves the start-up heap (the imported modules)
+the replies counted on the sim. ``--lag-url URL``: one run on that store only (section 12 runs each so, in a
+fresh interpreter: ``_lag_alone``). Before the run ``gc.freeze()`` moves the start-up heap (the imported modules)
 out of the collector's way, as docs/LIBRARY.md advises: without it one full collection stalled the loop 78-93
 ms here.
 """

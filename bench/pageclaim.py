@@ -3,7 +3,8 @@
 ``PYTHONPATH=. python -m bench.pageclaim --rounds 40``. Per database, four variants post a fresh page of
 ``--page`` parents each round (the send stubbed): ``Guard.post_page`` (the page's new keys claimed in one
 durable commit, each closed on its own), ``Guard.post`` per parent (today's single path), a one-parent
-``post_page`` (pages of one: must cost what ``post`` does), and the raw floor of section 1 (one INSERT and
+``post_page`` against ``post`` (pages of one: must cost what ``post`` does; the two alternate post by post),
+and the raw floor of section 1 (one INSERT and
 one UPDATE per parent, each its own commit, no Python layers), and a peer: AWS Lambda Powertools'
 ``idempotent_function`` on Redis with ``appendfsync always`` per parent (it has no page). Every round runs all variants in a freshly
 shuffled order, so the machine's noise lands on all alike; each ratio is the median of per-round ratios.
