@@ -26,7 +26,8 @@ from typing import Any
 from bench.common import (IDENTITY, REPLY_TEXT, StubPlatform, Table, fmt_ratio, fmt_us, make_parent, pg_available,
                           pg_databases, sqlite_url, tmpdir, verdict)
 from bench.common import REDIS_PORT, redis_always, redis_version
-from bench.overhead import _pg_floor, _powertools, _sqlite_floor, powertools_missing
+from bench.overhead import (_CLOSE_COLS, _hot, _parent, _pg_floor, _powertools, _same_sql_params, _sqlite_conn,
+                            _sqlite_floor, powertools_missing)
 from replyd import log
 from replyd.guard import Guard, Status
 from replyd.store import Store
@@ -68,9 +69,39 @@ def _floor(post: Callable[[int], None]) -> Callable[[int], None]:
     return run
 
 
+def _sqlite_raw_page(path: Path) -> tuple[Callable[[int], None], Callable[[], None]]:
+    """Raw sqlite3 issuing a page's statements as ``Guard.post_page`` does, replyd's own SQL text, without its Python
+    layers: the rows read, then every row and its event in one FULL commit (``executemany``), then every close and
+    its event in one NORMAL commit. What a page costs the database alone."""
+    h = _hot("sqlite")
+    cas = h.cas(_CLOSE_COLS, 2, True, False, False, False)[0]
+    c = _sqlite_conn(path, "FULL")
+
+    def run(n: int) -> None:
+        """Claim, then close, ``n`` new parents as one page."""
+        now = time.time()
+        params = [_same_sql_params(h, _parent(i), i, now) for i in (next(_next) for _ in range(n))]
+        c.execute(h.rows_of(n), {"k_platform": params[0][0]["k_platform"], "k_sender_id": params[0][0]["k_sender_id"],
+                               **{f"p{j}": k["k_parent_id"] for j, (k, *_r) in enumerate(params)}}).fetchall()
+        c.execute("PRAGMA synchronous=FULL")
+        c.execute("BEGIN IMMEDIATE")
+        c.executemany(h.insert, [row for _k, row, *_r in params])
+        c.executemany(h.event, [claimed for _k, _row, claimed, *_r in params])
+        c.execute("COMMIT")
+        c.execute("PRAGMA synchronous=NORMAL")
+        c.execute("BEGIN IMMEDIATE")
+        c.executemany(cas, [close for *_r, close, _closed in params])
+        c.executemany(h.event, [closed for *_r, closed in params])
+        c.execute("COMMIT")
+
+    return run, c.close
+
+
 def measure(url: str, floor: tuple[Callable[[int], None], Callable[[], None]], page: int, rounds: int,
-            seed: int, peer: Callable[[int], None] | None = None) -> dict[str, float]:
-    """Median µs per parent of each variant and the per-round ratios, on one database (``peer``: Powertools)."""
+            seed: int, peer: Callable[[int], None] | None = None,
+            raw_page: tuple[Callable[[int], None], Callable[[], None]] | None = None) -> dict[str, float]:
+    """Median µs per parent of each variant and the per-round ratios, on one database (``peer``: Powertools;
+    ``raw_page``: the page's statements without replyd's Python)."""
     store = Store.open(url)
     floor_post, floor_close = floor
     variants: dict[str, tuple[Callable[[int], None], int]] = {
@@ -78,6 +109,8 @@ def measure(url: str, floor: tuple[Callable[[int], None], Callable[[], None]], p
         "single": (_guarded(store, "single"), page),
         "floor": (_floor(floor_post), page),
     }
+    if raw_page is not None:
+        variants["raw_page"] = (raw_page[0], page)
     # A page of one against one post: the same call underneath (``post_page`` with one item takes ``post``), so
     # the ratio is 1 plus the page's wrapper, far under one fsync's noise (two runs of ``page`` posts each, one
     # after the other, measured 1.07x against themselves). So the two alternate post by post, the first of each
@@ -113,6 +146,8 @@ def measure(url: str, floor: tuple[Callable[[int], None], Callable[[], None]], p
                     samples[name].append((time.perf_counter() - t0) / n * 1e6)
     finally:
         floor_close()
+        if raw_page is not None:
+            raw_page[1]()
         store.dispose()
 
     def ratio(a: str, b: str) -> float:
@@ -124,6 +159,9 @@ def measure(url: str, floor: tuple[Callable[[int], None], Callable[[], None]], p
            "single/floor": ratio("single", "floor"), "page_of_1/single_1": statistics.median(pair_ratios)}
     if peer is not None:
         out["page/powertools"] = ratio("page", "powertools")
+    if raw_page is not None:
+        out["raw_page/floor"] = ratio("raw_page", "floor")
+        out["page/raw_page"] = ratio("page", "raw_page")
     return out
 
 
@@ -154,7 +192,7 @@ def measure_all(page: int = 16, rounds: int = 40, seed: int = 1) -> dict[str, An
             Store.open(url).dispose()  # migrated before the floor's raw connections open it
             rows.append({"database": "SQLite (WAL, FULL claims)",
                          **measure(url, _sqlite_floor(Path(d / "r.sqlite3"), "FULL", "NORMAL"), page, rounds, seed,
-                                   peer)})
+                                   peer, _sqlite_raw_page(Path(d / "r.sqlite3")))})
         if pg_available():
             with pg_databases(1, "page") as (url,):
                 rows.append({"database": "PostgreSQL",
@@ -168,13 +206,17 @@ def tables(res: dict[str, Any], cmd: str) -> list[Table]:
     t = Table(f"13. The group claim: a {res['page']}-parent page against one claim per commit, {res['rounds']} rounds "
               "(issue 36)", ["database", "page, per parent", "single posts, per parent", "raw floor, per parent",
                              "Powertools (Redis appendfsync always), per parent", "page / floor", "page / Powertools",
-                             "page / single", "single / floor", "a page of 1 / one post"])
+                             "page / single", "single / floor", "a page of 1 / one post",
+                             "raw page (its statements, no Python), per parent", "raw page / floor",
+                             "page / raw page"])
     for m in res["rows"]:
-        pt = "powertools" in m
+        pt, raw = "powertools" in m, "raw_page" in m
         t.rows.append([m["database"], f"{fmt_us(m['page'])} µs", f"{fmt_us(m['single'])} µs",
                        f"{fmt_us(m['floor'])} µs", f"{fmt_us(m['powertools'])} µs" if pt else "—",
                        fmt_ratio(m["page/floor"]), fmt_ratio(m["page/powertools"]) if pt else "—",
-                       fmt_ratio(m["page/single"]), fmt_ratio(m["single/floor"]), fmt_ratio(m["page_of_1/single_1"])])
+                       fmt_ratio(m["page/single"]), fmt_ratio(m["single/floor"]), fmt_ratio(m["page_of_1/single_1"]),
+                       f"{fmt_us(m['raw_page'])} µs" if raw else "—", fmt_ratio(m["raw_page/floor"]) if raw else "—",
+                       fmt_ratio(m["page/raw_page"]) if raw else "—"])
     for m in res["rows"]:
         db = m["database"].split(" (")[0]
         t.verdicts.append(verdict(m["page/floor"] <= PAGE_FLOOR_MAX,
@@ -201,6 +243,14 @@ def tables(res: dict[str, Any], cmd: str) -> list[Table]:
         "1.07x against itself, one fsync's noise, more than the 1.05x it is judged by. PostgreSQL's page is ONE statement for its claims and one "
         "for its closes (the rows as binary `unnest` arrays). Alone: `PYTHONPATH=. python -m bench.pageclaim "
         "--rounds N`.")
+    if any("raw_page" in m for m in res["rows"]):
+        t.notes.append(
+            "\"Raw page\" (SQLite): the statements `Guard.post_page` issues for a page, replyd's own SQL text, "
+            "from raw `sqlite3` with none of replyd's Python: the rows read, every row and its event by `executemany` in one "
+            "FULL commit, every close and its event in one NORMAL commit; in the same shuffled rounds. It is what the "
+            "page costs the database alone, so \"raw page / floor\" is the least \"page / floor\" can be with the "
+            "audit events kept, and \"page / raw page\" is replyd's Python on top. Where fsync is cheap the floor is "
+            "mostly statements, and the raw page's share of it rises.")
     if res.get("powertools_missing"):
         t.notes.append(f"No Powertools column: {res['powertools_missing']} (the bench extra installs "
                        "aws-lambda-powertools and redis; `redis-server` must be on PATH).")

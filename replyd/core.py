@@ -1200,25 +1200,18 @@ class GuardCore:
 
         # Durable (the send follows), and only while our composing lease holds: one statement, its answer the
         # commit's (the stall before the send is judged on it, tests/test_stall*.py and chaos's stall_open).
+        # The composed text is kept in the same commit, for this key's retry (not landed: the same text, no
+        # responder call): only the open row's holder writes it, and no transaction of its own (one fewer per
+        # composed post: a relaxed commit on SQLite, a round trip on PostgreSQL).
         ok = yield io(
             self.store.cas_event,
             key, states=[st.COMPOSING], attempt=row.attempt, values=values, lease_owner=_holder(row),
-            event={"kind": "opened", "state": st.OPEN, "attempt": row.attempt, "owner": self.owner}, doing="opening",
+            event={"kind": "opened", "state": st.OPEN, "attempt": row.attempt, "owner": self.owner},
+            answer=([text], now), doing="opening",
         )
         if not ok:
             current = yield io(self.store.peek, key)
             return _classify(current, key, now) if current else Outcome(Status.IN_FLIGHT, key)
-
-        def keep_answer() -> None:
-            # The composed text kept for this key's retry (not landed: the same text, no responder call); only
-            # the holder of the open row writes it. Relaxed: lost in a crash, a retry composes again, no more.
-            with self.store.transaction(relaxed=True, doing="keeping the composed answer") as tx:
-                tx.put_answer(key, [text], at=now)
-
-        try:
-            yield io(keep_answer)
-        except StoreError as exc:
-            log.warning("replyd.guard.answer_not_kept", parent_id=key.parent_id, error=str(exc)[:300])
         return st.Row(**{**row.model_dump(), **values})
 
     # -- the send ------------------------------------------------------------------------------

@@ -207,6 +207,25 @@ def test_retry_after_not_landed_posts_once(guard, plat, sweeper, clock):
     assert (r.verified, r.duplicates) == (1, 0)
 
 
+def test_retry_after_not_landed_sends_the_answer_composed_before(guard, plat, sweeper, clock, store):
+    """A composed answer is kept with its open commit: the retry after not_landed sends that same text, and the
+    responder is not called again."""
+    calls = []
+
+    def responder(parent):
+        calls.append(parent.id)
+        return f"answer {len(calls)}"
+
+    plat.script = ["error_before"]
+    assert guard.post(plat.add_parent("p1"), responder).status is Status.UNCERTAIN
+    assert store.answer(guard.key("p1")) == ["answer 1"]
+    clock.advance(16)
+    assert sweeper.run_once().not_landed == 1
+    out = guard.post(plat.parents["p1"], responder)
+    assert out.status is Status.POSTED and out.attempt == 2
+    assert calls == ["p1"] and [r["text"] for r in plat.replies()] == ["answer 1"]
+
+
 def test_failed_readback_leaves_row_open(guard, plat, sweeper, clock, store):
     """A read-back error is never 'not found': the row stays open and is swept again later."""
     plat.script = ["lost"]

@@ -318,6 +318,29 @@ def test_a_composed_answer_is_stored_with_its_row_and_replaced_by_a_new_one(stor
     assert store.answer(k) == ["again"]
 
 
+@pytest.mark.parametrize("shape", ["hot", "due_by"])
+def test_cas_event_keeps_an_answer_only_with_the_write_it_rides_on(store, clock, shape):
+    """``cas_event(answer=(parts, at))``: stored in the compare-and-set's transaction when the row was set (it
+    replaces an earlier answer), and not at all when the compare-and-set lost; on the hot statement and on the
+    transaction a ``due_by`` takes alike."""
+    extra = {} if shape == "hot" else {"due_by": clock.now() + 1.0}
+    k = seed(store, "keep", state=st.COMPOSING, lease_owner="me", deadline_at=clock.now())
+    opened = {"kind": "opened", "state": st.OPEN, "attempt": 1}
+    assert not store.cas_event(k, states=[st.COMPOSING], attempt=1, values={"state": st.OPEN}, event=opened,
+                               lease_owner="someone else", answer=(["lost"], clock.now()), **extra)
+    assert store.answer(k) is None and store.get(k).state == st.COMPOSING
+    assert store.cas_event(k, states=[st.COMPOSING], attempt=1, values={"state": st.OPEN}, event=opened,
+                           lease_owner="me", answer=(["kept, with 'quotes' é👍🏽"], clock.now()), **extra)
+    assert store.answer(k) == ["kept, with 'quotes' é👍🏽"] and store.get(k).state == st.OPEN
+    assert kinds(store, k) == ["opened"]
+    assert not store.cas_event(k, states=[st.COMPOSING], attempt=1, values={"state": st.OPEN},
+                               answer=(["late"], clock.now()), **extra)
+    assert store.answer(k) == ["kept, with 'quotes' é👍🏽"]  # a lost compare-and-set replaces nothing
+    assert store.cas_event(k, states=[st.OPEN], attempt=1, values={"updated_at": 5.0},
+                           answer=(["one", "two"], clock.now()), **extra)
+    assert store.answer(k) == ["one", "two"]
+
+
 def test_reoffer_due_offers_an_answer_in_parts_never_a_part_row(store, clock):
     """A parent's row in ``parts`` waits to be offered again; a part's own row (path ``part``) never is."""
     seed(store, "whole", state=st.PARTS, updated_at=1.0)

@@ -265,7 +265,7 @@ def make_client(timeout_s: float, *, connect_s: float = 10.0, **kwargs: Any) -> 
     """
     # The transport is given, so httpx.Client would ignore its limits: they go to the transport.
     transport = httpx.HTTPTransport(**{k: kwargs.pop(k) for k in ("verify", "retries", "limits") if k in kwargs})
-    pool = transport._pool  # httpx has no public hook for the network backend; tests/test_deadline.py guards this
+    pool = transport._pool  # httpx has no public hook for the network backend; tests/test_state_holes.py guards this
     pool._network_backend = _DeadlineBackend(pool._network_backend)
     return _Client(timeout=httpx.Timeout(timeout_s, connect=connect_s), transport=transport, **kwargs)
 

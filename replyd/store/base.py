@@ -421,32 +421,44 @@ class Store(Reads):
 
     def _cas_steps(self, fairy: Any, key: Key, states: Sequence[str], attempt: int | None,
                    values: Mapping[str, Any], lease_owner: str | None, event: Mapping[str, Any] | None,
-                   otherwise: Mapping[str, Any] | None, relaxed: bool) -> Stmts[bool]:
+                   otherwise: Mapping[str, Any] | None, relaxed: bool,
+                   answer: tuple[Sequence[str], float] | None = None) -> Stmts[bool]:
         """The compare-and-set as statements; by default one call of ``_cas_with`` on ``fairy`` (SQLite's
         transaction is not a statement list; only PostgreSQL's hot path is run by the async face)."""
-        return self._cas_with(fairy, key, states, attempt, values, lease_owner, event, otherwise, relaxed)
+        return self._cas_with(fairy, key, states, attempt, values, lease_owner, event, otherwise, relaxed, answer)
         yield  # a generator all the same  # noqa: unreachable
 
     def cas_event(self, key: Key, *, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
                   event: Mapping[str, Any] | None = None, otherwise: Mapping[str, Any] | None = None,
                   lease_owner: str | None = None, due_by: float | None = None,
-                  deadline_at_least: float | None = None, relaxed: bool = False, doing: str = "writing") -> bool:
+                  deadline_at_least: float | None = None, answer: tuple[Sequence[str], float] | None = None,
+                  relaxed: bool = False, doing: str = "writing") -> bool:
         """Compare-and-set in its own transaction: update the row only if its state is in ``states`` (and its
         attempt and lease owner match, when given), with ``event`` in the same transaction if it did, else
         the ``otherwise`` note. ``values`` are plain values; ``due_by`` / ``deadline_at_least`` as in
-        ``Tx.cas_event``. True if the row was updated."""
+        ``Tx.cas_event``; ``answer`` ``(parts, at)``: the key's composed answer stored (as ``Tx.put_answer``) in
+        the same transaction when the row was updated. True if the row was updated."""
         if due_by is not None or deadline_at_least is not None:  # not a hot-path shape: one SQL text for both
             with self.transaction(relaxed=relaxed, doing=doing) as tx:
-                return tx.cas_event(key, states=states, attempt=attempt, values=values, event=event,
-                                    otherwise=otherwise, lease_owner=lease_owner, due_by=due_by,
-                                    deadline_at_least=deadline_at_least)
+                ok = tx.cas_event(key, states=states, attempt=attempt, values=values, event=event,
+                                  otherwise=otherwise, lease_owner=lease_owner, due_by=due_by,
+                                  deadline_at_least=deadline_at_least)
+                if ok and answer is not None:
+                    tx.put_answer(key, answer[0], at=answer[1])
+                return ok
         with self._driver(doing) as fairy:
-            return self._cas_with(fairy, key, states, attempt, values, lease_owner, event, otherwise, relaxed)
+            return self._cas_with(fairy, key, states, attempt, values, lease_owner, event, otherwise, relaxed, answer)
 
     def _cas_with(self, fairy: Any, key: Key, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
                   lease_owner: str | None, event: Mapping[str, Any] | None, otherwise: Mapping[str, Any] | None,
-                  relaxed: bool) -> bool:
+                  relaxed: bool, answer: tuple[Sequence[str], float] | None = None) -> bool:
         raise NotImplementedError
+
+    def _answer_params(self, key: Key, answer: tuple[Sequence[str], float]) -> dict[str, Any]:
+        """``HotSQL.answer``'s parameters: ``Tx.put_answer``'s row for ``(parts, at)``."""
+        parts, at = answer
+        return {"a_platform": key.platform, "a_sender_id": key.sender_id, "a_parent_id": key.parent_id,
+                "a_parts": json.dumps(list(parts)), "a_created_at": at}
 
     def close_many(self, items: Sequence[tuple[Key, Sequence[str], int, Mapping[str, Any], Mapping[str, Any]]], *,
                    relaxed: bool = True, doing: str = "closing a page") -> list[bool]:

@@ -58,8 +58,10 @@ class AnsweredLog(Protocol):
     def cas_event(self, key: Key, *, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
                   event: Mapping[str, Any] | None = None, otherwise: Mapping[str, Any] | None = None,
                   lease_owner: str | None = None, due_by: float | None = None,
-                  deadline_at_least: float | None = None, relaxed: bool = False, doing: str = "writing") -> bool:
-        """Compare-and-set on (state, attempt[, lease]) with its event, in one transaction."""
+                  deadline_at_least: float | None = None, answer: tuple[Sequence[str], float] | None = None,
+                  relaxed: bool = False, doing: str = "writing") -> bool:
+        """Compare-and-set on (state, attempt[, lease]) with its event, in one transaction (with ``answer``,
+        ``(parts, at)``, stored for the key when the row was set)."""
     def record(self, key: Key, kind: str, *, owner: str | None = None, detail: Mapping[str, Any] | None = None) -> None:
         """Append one note event carrying the row's state and attempt."""
     def insert_absent(self, rows: Sequence[tuple[Key, Mapping[str, Any]]], event: Mapping[str, Any], *,

@@ -10,7 +10,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from replyd.store.schema import EVENT_COLUMNS, EVENTS, KEY_COLUMNS, REPLIES, REPLY_COLUMNS, REPLY_SET
+from replyd.store.schema import ANSWERS, EVENT_COLUMNS, EVENTS, KEY_COLUMNS, REPLIES, REPLY_COLUMNS, REPLY_SET
+
+ANSWER_COLUMNS = tuple(c.name for c in ANSWERS.columns)
 
 
 def _cast(t: sa.types.TypeEngine[Any], dialect: sa.engine.Dialect) -> str:
@@ -54,6 +56,18 @@ class HotSQL:
         self.event = (f"INSERT INTO {self.E} ({', '.join(q(c) for c in EVENT_COLUMNS)}) "
                       f"VALUES ({', '.join(self.p('e_' + c) for c in EVENT_COLUMNS)})")
         self.event_names = {"e_": tuple("e_" + c for c in EVENT_COLUMNS)}
+        # A composed answer kept with the write that opens its row (``Store.cas_event(answer=…)``): a new
+        # composition replaces an earlier one, as ``Tx.put_answer``.
+        acast = {c.name: _cast(c.type, dialect) for c in ANSWERS.columns}
+        akey = ", ".join(q(c) for c in KEY_COLUMNS)
+        aset = ", ".join(f"{q(c)} = excluded.{q(c)}" for c in ANSWER_COLUMNS if c not in KEY_COLUMNS)
+        acols = ", ".join(q(c) for c in ANSWER_COLUMNS)
+        self.answer = (f"INSERT INTO {q(ANSWERS.name)} ({acols}) "
+                       f"VALUES ({', '.join(self.p('a_' + c) for c in ANSWER_COLUMNS)}) "
+                       f"ON CONFLICT ({akey}) DO UPDATE SET {aset}")
+        typed = ", ".join(f"CAST({self.p('a_' + c)} AS {acast[c]})" for c in ANSWER_COLUMNS)
+        self._answer_after_w = (f", a AS (INSERT INTO {q(ANSWERS.name)} ({acols}) SELECT {typed} FROM w "
+                                f"ON CONFLICT ({akey}) DO UPDATE SET {aset} RETURNING 1)")
         self.rcast = {c.name: _cast(c.type, dialect) for c in REPLIES.columns}
         self._claim: dict[bool, str] = {}
         self._claim_set: dict[bool, str] = {}
@@ -166,9 +180,10 @@ class HotSQL:
         return (f"WITH e AS ({self.event} RETURNING 1) SELECT count(*){self._tail(relaxed)} FROM e")
 
     def cas(self, cols: tuple[str, ...], n_states: int, attempt: bool, lease: bool, event: bool,
-            relaxed: bool) -> tuple[str, tuple[str, ...]]:
-        """The compare-and-set UPDATE (on PostgreSQL with its event in the same statement) and its value names."""
-        shape = (cols, n_states, attempt, lease, event, relaxed)
+            relaxed: bool, answer: bool = False) -> tuple[str, tuple[str, ...]]:
+        """The compare-and-set UPDATE (on PostgreSQL with its event, and ``answer``'s upsert when the row was
+        set, in the same statement) and its value names."""
+        shape = (cols, n_states, attempt, lease, event, relaxed, answer)
         hit = self._cas.get(shape)
         if hit is not None:
             return hit
@@ -183,7 +198,8 @@ class HotSQL:
         if self.pg:
             ev = (f", e AS (INSERT INTO {self.E} ({', '.join(self.q(c) for c in EVENT_COLUMNS)}) "
                   f"{self._event_select('e_')} FROM w RETURNING 1)") if event else ""
-            sql = f"WITH w AS ({sql} RETURNING 1){ev} SELECT count(*){self._tail(relaxed)} FROM w"
+            ans = self._answer_after_w if answer else ""
+            sql = f"WITH w AS ({sql} RETURNING 1){ev}{ans} SELECT count(*){self._tail(relaxed)} FROM w"
         self._cas[shape] = (sql, names)
         return sql, names
 

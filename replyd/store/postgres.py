@@ -197,8 +197,9 @@ class PostgresStore(Store):
 
     def _cas_event_steps(self, key: Key, *, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
                          event: Mapping[str, Any] | None = None, otherwise: Mapping[str, Any] | None = None,
-                         lease_owner: str | None = None, relaxed: bool = False) -> Stmts[bool]:
-        return self._cas_steps(None, key, states, attempt, values, lease_owner, event, otherwise, relaxed)
+                         lease_owner: str | None = None, answer: tuple[Sequence[str], float] | None = None,
+                         relaxed: bool = False) -> Stmts[bool]:
+        return self._cas_steps(None, key, states, attempt, values, lease_owner, event, otherwise, relaxed, answer)
 
     def claim_page(self, rows: Sequence[tuple[Key, Mapping[str, Any], Mapping[str, Any], Expect | None]], *,
                    relaxed: bool = False, doing: str = "claiming a page") -> list[bool]:
@@ -309,19 +310,22 @@ class PostgresStore(Store):
 
     def _cas_with(self, fairy: Any, key: Key, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
                   lease_owner: str | None, event: Mapping[str, Any] | None, otherwise: Mapping[str, Any] | None,
-                  relaxed: bool) -> bool:
+                  relaxed: bool, answer: tuple[Sequence[str], float] | None = None) -> bool:
         return self._drive(fairy, self._cas_steps(fairy, key, states, attempt, values, lease_owner, event,
-                                                  otherwise, relaxed))
+                                                  otherwise, relaxed, answer))
 
     def _cas_steps(self, fairy: Any, key: Key, states: Sequence[str], attempt: int | None,
                    values: Mapping[str, Any], lease_owner: str | None, event: Mapping[str, Any] | None,
-                   otherwise: Mapping[str, Any] | None, relaxed: bool) -> Stmts[bool]:
+                   otherwise: Mapping[str, Any] | None, relaxed: bool,
+                   answer: tuple[Sequence[str], float] | None = None) -> Stmts[bool]:
         relaxed = self.commit_relaxed(relaxed)
         sql, names = self._sql.cas(tuple(values), len(states), attempt is not None, lease_owner is not None,
-                                   event is not None, relaxed)
+                                   event is not None, relaxed, answer is not None)
         params = self._cas_params(key, states, attempt, lease_owner, names, values)
         if event is not None:
             params.update(self._event_params(key, event, None, None))
+        if answer is not None:  # stored by the same statement, only if it set the row
+            params.update(self._answer_params(key, answer))
         ok = (yield sql, params)[0][0] == 1
         if not ok and otherwise is not None:
             # Nothing was changed, so there is nothing to be atomic with: the note is a statement of its own.

@@ -365,20 +365,23 @@ class SQLiteStore(Store):
 
     def _cas_with(self, fairy: Any, key: Key, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
                   lease_owner: str | None, event: Mapping[str, Any] | None, otherwise: Mapping[str, Any] | None,
-                  relaxed: bool) -> bool:
+                  relaxed: bool, answer: tuple[Sequence[str], float] | None = None) -> bool:
         return self._write(fairy, relaxed, lambda dbc: self._cas_in(
-            dbc, key, states, attempt, values, lease_owner, event, otherwise))
+            dbc, key, states, attempt, values, lease_owner, event, otherwise, answer))
 
     def _cas_in(self, dbc: Any, key: Key, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
                 lease_owner: str | None, event: Mapping[str, Any] | None,
-                otherwise: Mapping[str, Any] | None) -> bool:
-        """The compare-and-set and its event (or the ``otherwise`` note) inside the caller's transaction."""
+                otherwise: Mapping[str, Any] | None, answer: tuple[Sequence[str], float] | None = None) -> bool:
+        """The compare-and-set and its event (or the ``otherwise`` note), and ``answer`` when it set the row,
+        inside the caller's transaction."""
         sql, names = self._sql.cas(tuple(values), len(states), attempt is not None, lease_owner is not None,
                                    False, False)
         ok = self._exec(dbc, sql, self._cas_params(key, states, attempt, lease_owner, names, values)).rowcount == 1
         ev = event if ok else otherwise
         if ev is not None:
             self._exec(dbc, self._sql.event, self._event_params(key, ev, None, None))
+        if ok and answer is not None:
+            self._exec(dbc, self._sql.answer, self._answer_params(key, answer))
         return ok
 
 
