@@ -458,6 +458,47 @@ def test_a_page_never_truncates_a_value_longer_than_its_column(store, clock):
     assert store.get(key(long_pid)).owner == long_owner and store.history(key(long_pid))[0].owner == long_owner
 
 
+ODD_TEXTS = ["quote ' double \" backslash \\ tab\t newline\n", "é👍🏽 中文 \u202e rtl", "null", "", "[1, 2]",
+             "x" * 5000]
+ODD_FLOATS = [1733370000.1234567, 0.1 + 0.2, 1e-300, 5e-324, 2.0 ** 53 + 2, 1.7976931348623157e308]
+
+
+@pytest.mark.parametrize("poison", [None, float("nan"), float("inf")], ids=["plain", "nan", "inf"])
+def test_a_page_writes_every_value_as_given(store, clock, poison):
+    """A page claimed and closed (PostgreSQL: one statement each, the rows as arrays) stores each text and float
+    exactly as given, None as NULL, with its event's; NaN and infinity do not stop it."""
+    pids = [f"odd-{i}" for i in range(len(ODD_TEXTS))]
+    page = []
+    for i, p in enumerate(pids):
+        values = {**open_row(clock, owner=ODD_TEXTS[i][:255]), "created_at": ODD_FLOATS[i], "provider_key": None,
+                  "snapshot": ODD_TEXTS[i], "text_hash": ODD_TEXTS[-1 - i][:64], "error": ODD_TEXTS[i],
+                  "not_before": poison if i == 2 else None}
+        page.append((key(p), values, {"kind": "claimed", "owner": ODD_TEXTS[i][:255],
+                                      "detail": {"text": ODD_TEXTS[i]}}, None))
+    assert store.claim_page(page) == [True] * len(pids)
+    for i, p in enumerate(pids):
+        row, [e] = store.get(key(p)), store.history(key(p))
+        assert (row.snapshot, row.text_hash, row.error, row.owner, row.provider_key) == (
+            ODD_TEXTS[i], ODD_TEXTS[-1 - i][:64], ODD_TEXTS[i], ODD_TEXTS[i][:255], None)
+        assert repr(row.created_at) == repr(ODD_FLOATS[i])  # the same double
+        assert (e.owner, json.loads(e.detail)) == (ODD_TEXTS[i][:255], {"text": ODD_TEXTS[i]})
+    nb = store.get(key(pids[2])).not_before
+    if poison is None or poison == poison:  # NaN is the backend's to keep (SQLite stores it as NULL)
+        assert nb == poison
+    items = []
+    for i, p in enumerate(pids):
+        values = {"state": st.CLOSED, "reply_id": ODD_TEXTS[i][:1024], "closed_at": ODD_FLOATS[-1 - i],
+                  "updated_at": ODD_FLOATS[i], "error": None, "deadline_at": poison if i == 0 else ODD_FLOATS[i]}
+        items.append((key(p), (st.OPEN,), 1, values, {"kind": "closed", "state": st.CLOSED, "attempt": 1,
+                                                       "detail": {"reply_id": ODD_TEXTS[i]}}))
+    assert store.close_many(items) == [True] * len(pids)
+    for i, p in enumerate(pids):
+        row = store.get(key(p))
+        assert (row.state, row.reply_id, row.error) == (st.CLOSED, ODD_TEXTS[i][:1024], None)
+        assert repr(row.closed_at) == repr(ODD_FLOATS[-1 - i])
+        assert json.loads(store.history(key(p))[-1].detail) == {"reply_id": ODD_TEXTS[i]}
+
+
 def test_claim_page_is_all_or_nothing(store, store_url, clock):
     """A page claim whose last event cannot be written leaves every row as it was, new and reclaimed alike."""
     now = clock.now()
