@@ -70,12 +70,15 @@ def _floor(post: Callable[[int], None]) -> Callable[[int], None]:
 
 
 def _sqlite_raw_page(path: Path) -> tuple[Callable[[int], None], Callable[[], None]]:
-    """Raw sqlite3 issuing a page's statements as ``Guard.post_page`` does, replyd's own SQL text, without its Python
-    layers: the rows read, then every row and its event in one FULL commit (``executemany``), then every close and
-    its event in one NORMAL commit. What a page costs the database alone."""
+    """Raw sqlite3 issuing a page's statements as ``Guard.post_page`` does, replyd's own SQL text bound by position,
+    without its Python layers: the rows read, then the rows and their events (one multi-row INSERT each) in one FULL
+    commit, then every close (``executemany``) and their events in one NORMAL commit. What a page costs the
+    database alone."""
     h = _hot("sqlite")
     cas = h.cas(_CLOSE_COLS, 2, True, False, False, False)[0]
     c = _sqlite_conn(path, "FULL")
+    row_of, event_of = h.positional(h.insert)[1], h.positional(h.event)[1]
+    cas_q, cas_of = h.positional(cas)
 
     def run(n: int) -> None:
         """Claim, then close, ``n`` new parents as one page."""
@@ -85,13 +88,13 @@ def _sqlite_raw_page(path: Path) -> tuple[Callable[[int], None], Callable[[], No
                                **{f"p{j}": k["k_parent_id"] for j, (k, *_r) in enumerate(params)}}).fetchall()
         c.execute("PRAGMA synchronous=FULL")
         c.execute("BEGIN IMMEDIATE")
-        c.executemany(h.insert, [row for _k, row, *_r in params])
-        c.executemany(h.event, [claimed for _k, _row, claimed, *_r in params])
+        c.execute(h.values_rows(h.insert, n), [v for _k, row, *_r in params for v in row_of(row)])
+        c.execute(h.values_rows(h.event, n), [v for _k, _row, claimed, *_r in params for v in event_of(claimed)])
         c.execute("COMMIT")
         c.execute("PRAGMA synchronous=NORMAL")
         c.execute("BEGIN IMMEDIATE")
-        c.executemany(cas, [close for *_r, close, _closed in params])
-        c.executemany(h.event, [closed for *_r, closed in params])
+        c.executemany(cas_q, [cas_of(close) for *_r, close, _closed in params])
+        c.execute(h.values_rows(h.event, n), [v for *_r, closed in params for v in event_of(closed)])
         c.execute("COMMIT")
 
     return run, c.close
@@ -246,8 +249,9 @@ def tables(res: dict[str, Any], cmd: str) -> list[Table]:
     if any("raw_page" in m for m in res["rows"]):
         t.notes.append(
             "\"Raw page\" (SQLite): the statements `Guard.post_page` issues for a page, replyd's own SQL text, "
-            "from raw `sqlite3` with none of replyd's Python: the rows read, every row and its event by `executemany` in one "
-            "FULL commit, every close and its event in one NORMAL commit; in the same shuffled rounds. It is what the "
+            "from raw `sqlite3` with none of replyd's Python: the rows read, the rows and their events (one multi-row INSERT "
+            "each) in one FULL commit, every close (`executemany`) and their events in one NORMAL commit; in the same "
+            "shuffled rounds. It is what the "
             "page costs the database alone, so \"raw page / floor\" is the least \"page / floor\" can be with the "
             "audit events kept, and \"page / raw page\" is replyd's Python on top. Where fsync is cheap the floor is "
             "mostly statements, and the raw page's share of it rises.")

@@ -113,6 +113,7 @@ class ListingLag:
         self._lock = threading.Lock()
         # This process's sends: reply id -> monotonic time of the send's response (oldest first).
         self._sent: OrderedDict[str, float] = OrderedDict()
+        self._prune_at = float("-inf")  # the monotonic time from which the next send prunes ``_sent``
         self._sent_lock = threading.Lock()
         # Warm-up: reply id -> (monotonic sent, longest proven lag) of this process's looks; _samples: lower_s.
         self._proven: dict[str, tuple[float, float]] = {}
@@ -205,11 +206,15 @@ class ListingLag:
         """Note that this process's send just made ``reply_id`` (the guard, as it closes the row): its looks
         measure the reply's age on the monotonic clock from now."""
         mono = self._monotonic()
-        horizon = mono - 2 * self.cfg.listing_delay_max_s  # a reply is looked at until listing_delay_max_s
         with self._sent_lock:
             self._sent[reply_id] = mono
-            while self._sent and (len(self._sent) > MAX_SENT or next(iter(self._sent.values())) < horizon):
-                self._sent.popitem(last=False)
+            # Pruned at most once per listing_delay_max_s (or past MAX_SENT), not on every send: a reply is
+            # looked at until listing_delay_max_s, so keeping one up to 3x that long costs memory only.
+            if mono >= self._prune_at or len(self._sent) > MAX_SENT:
+                horizon = mono - 2 * self.cfg.listing_delay_max_s
+                while self._sent and (len(self._sent) > MAX_SENT or next(iter(self._sent.values())) < horizon):
+                    self._sent.popitem(last=False)
+                self._prune_at = mono + self.cfg.listing_delay_max_s
 
     def age_s(self, reply_id: str, sent_at: float, now: float) -> float | None:
         """An own reply's age at a look now, on one step-free clock; None when no such clock measured it."""

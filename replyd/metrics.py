@@ -145,6 +145,7 @@ def name_platform(instance: str, label: str) -> None:
     # list(): one atomic copy; bots already started add children from job threads while another bot starts.
     for k in [k for k in list(_CHILDREN) if k[1] and k[1][0] == instance]:
         _CHILDREN.pop(k, None)  # rebuilt with the new label on next use
+    _SEND_CHILDREN.pop(instance, None)
 
 
 def platform_label(instance: str) -> str:
@@ -223,21 +224,30 @@ def platform_error(platform: str, op: str, exc: BaseException) -> None:
     _child(PLATFORM_ERRORS, platform, op, error_kind(exc)).inc()
 
 
+# Per platform, the two children every send touches, found with one lookup (``_child`` builds a key per call).
+_SEND_CHILDREN: dict[str, tuple[Any, Any]] = {}
+
+
+def _send_children(platform: str) -> tuple[Any, Any]:
+    return _SEND_CHILDREN.setdefault(platform, (_child(SENDS, platform), _child(SEND_SECONDS, platform)))
+
+
 class watching_send:  # noqa: N801  (used as ``with metrics.watching_send(...)``, like a function)
     """Context manager around one platform send: counts it, times it, and counts its error kind."""
 
-    __slots__ = ("platform", "t0")
+    __slots__ = ("platform", "seconds", "t0")
 
     def __init__(self, platform: str) -> None:
         self.platform = platform
         self.t0 = 0.0
 
     def __enter__(self) -> None:
-        _child(SENDS, self.platform).inc()
+        sends, self.seconds = _SEND_CHILDREN.get(self.platform) or _send_children(self.platform)
+        sends.inc()
         self.t0 = time.perf_counter()
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, _tb: Any) -> bool:
-        _child(SEND_SECONDS, self.platform).observe(time.perf_counter() - self.t0)
+        self.seconds.observe(time.perf_counter() - self.t0)
         if exc is not None:
             platform_error(self.platform, "send", exc)
         return False  # never swallow: the guard maps the error

@@ -145,21 +145,24 @@ class LeaseKeeper:
             mono = self._monotonic()
             due = [h for h in self._holds.values() if h.renew_at <= mono]
         for h in due:  # outside the lock: a pass that ends meanwhile is not kept waiting on the store
-            self._renew(h)
+            self._renew(h, mono)
 
-    def _renew(self, h: _Hold) -> None:
+    def _renew(self, h: _Hold, due_at: float) -> None:
+        # The next renewal counts from when this one was found due, not from when its write returned: a slow
+        # store does not stretch the period, and two callers (the thread, a test) never push each other's next
+        # renewal past the time they found due.
         now = h.clock.now()
         try:
             held = h.store.renew_leases(h.keys, owner=h.owner, now=now, until=now + h.lease_s)
         except Exception as exc:  # the store is down: try again soon, the lease may still be saved
             log.warning("replyd.sweep.renew_failed", platform=h.keys[0].platform, owner=h.owner, rows=len(h.keys),
                         error=str(exc)[:300])
-            h.renew_at = self._monotonic() + h.lease_s / 10
+            h.renew_at = self._monotonic() + h.lease_s / 10  # a pause after the failure, not a busy retry
             return
+        # Nothing held any more (every row decided): nothing to renew until the pass ends.
+        h.renew_at = due_at + (h.lease_s / 3 if held else float("inf"))
         if held:
             self.renewed += 1
-        # Nothing held any more (every row decided): nothing to renew until the pass ends.
-        h.renew_at = self._monotonic() + (h.lease_s / 3 if held else float("inf"))
 
 
 KEEPER = LeaseKeeper()  # the process's one keeper; a Sweeper may be given its own

@@ -118,3 +118,25 @@ def test_readback_errors_are_counted(h):
     m = scrape(h)
     assert value(m, "replyd_sweep_rows_total", platform="sim", result="left_open") == before + 1
     assert value(m, "replyd_open_rows", platform="sim") == 1
+
+
+def test_a_send_after_the_bot_is_named_counts_under_the_new_label():
+    """A platform's send series follow ``name_platform``: sends before it count under the old label, sends after
+    it under the bot's name, none under the old one (the children kept for the send path are dropped too)."""
+    from replyd import metrics
+
+    inst = "memory:relabel-test"
+
+    def sends(label: str) -> float:
+        return metrics.registry().get_sample_value("replyd_sends_total", {"platform": label}) or 0.0
+
+    old = metrics.platform_label(inst)
+    before = sends(old)
+    with metrics.watching_send(inst):
+        pass
+    metrics.name_platform(inst, "relabelled")
+    with metrics.watching_send(inst):
+        pass
+    with metrics.watching_send(inst):
+        pass
+    assert (sends(old) - before, sends("relabelled")) == (1.0, 2.0)

@@ -67,8 +67,9 @@ def claim_transactions(store: Store, store_url: str) -> Iterator[Callable[[], di
             if u.upper().startswith("BEGIN"):
                 tx[conn] = n
             elif u.upper().startswith("INSERT INTO EVENTS") and "'claimed'" in u:
-                pid = u.split("'claimed'")[0].rstrip(", ").rsplit("'", 2)[-2]  # (…, parent_id, kind, …)
-                seen[pid] = tx[conn]
+                # One statement may hold a page's events, a (…, parent_id, kind, …) row each.
+                for before in u.split("'claimed'")[:-1]:
+                    seen[before.rstrip(", ").rsplit("'", 2)[-2]] = tx[conn]
         return seen
 
     try:

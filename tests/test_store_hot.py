@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import given, settings
+from hypothesis import strategies as st_
 
 from replyd.errors import StoreError
 from replyd.guard import Guard, Status
@@ -185,3 +187,40 @@ def test_parent_snapshot_text_is_unchanged():
     p = Parent(id="1", author_id="a", text="hé", created_at=1.5,
                extra={"root": {"uri": "at://x", "cid": "c"}, "tags": ("a", "b"), "n": None, "when": object})
     assert snapshot_json(p) == json.dumps(p.snapshot(), default=str)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st_.dictionaries(st_.text(max_size=12), st_.one_of(st_.text(), st_.integers(), st_.floats(), st_.none(),
+                                                            st_.booleans(), st_.lists(st_.text(max_size=3))),
+                        max_size=3))
+def test_event_detail_text_is_what_json_dumps_gives(detail):
+    """An event's detail column is the text json.dumps(detail, sort_keys=True, default=str) gives, whatever the
+    shape (the one-string shortcut included: odd characters, surrogates, empty strings)."""
+    import json
+
+    from replyd.store.base import detail_json
+
+    assert detail_json(detail) == json.dumps(detail, sort_keys=True, default=str)
+    assert detail_json(None) == "{}"
+
+
+def test_a_page_statement_of_n_rows_is_the_row_repeated(tmp_path):
+    """``HotSQL.values_rows``: the positional INSERT with its VALUES row n times, its ON CONFLICT kept; a page of
+    rows and events through it lands every row and event once, in order."""
+    import sqlite3
+
+    h = hot_sql("sqlite")
+    one = h.positional(h.insert)[0]
+    three = h.values_rows(h.insert, 3)
+    row = one.partition(" VALUES ")[2].partition(" ON CONFLICT")[0]
+    assert three == one.replace(f"VALUES {row}", f"VALUES {row}, {row}, {row}")
+    assert three.endswith(one[one.index(" ON CONFLICT"):])
+    db = tmp_path / "r.sqlite3"
+    Store.open(f"sqlite:///{db}").dispose()
+    get = h.positional(h.event)[1]
+    events = [dict(zip(h.event_names["e_"], (float(i), "p", "s", f"id{i}", "claimed", "open", 1, "o", "{}"),
+                       strict=True)) for i in range(3)]
+    with sqlite3.connect(db) as c:
+        c.execute(h.values_rows(h.event, 3), [v for e in events for v in get(e)])
+        assert c.execute("SELECT parent_id, at FROM events ORDER BY id").fetchall() == [
+            ("id0", 0.0), ("id1", 1.0), ("id2", 2.0)]

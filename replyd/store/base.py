@@ -30,8 +30,22 @@ from replyd.store.queries import Reads
 from replyd.store.schema import ANSWERS, REPLIES, REPLY_COLUMNS, REPLY_DEFAULTS, REPLY_SET
 from replyd.store.unit import Tx
 
-# An event's detail column: json.dumps(detail, sort_keys=True, default=str), one encoder made once.
-detail_json = json.JSONEncoder(sort_keys=True, default=str).encode
+_detail_encode = json.JSONEncoder(sort_keys=True, default=str).encode  # json.dumps' settings, made once
+_quote = json.encoder.encode_basestring_ascii  # how that encoder writes a str (ensure_ascii)
+
+
+def detail_json(detail: Mapping[str, Any] | None) -> str:
+    """An event's detail column: ``json.dumps(detail, sort_keys=True, default=str)``, the same text.
+
+    Most events carry one string (a reply id, a path), two per parent on a page: that shape is quoted
+    directly, a third of the encoder's cost."""
+    if not detail:
+        return "{}"
+    if len(detail) == 1:
+        ((k, v),) = detail.items()
+        if type(k) is str and type(v) is str:
+            return "{" + _quote(k) + ": " + _quote(v) + "}"
+    return _detail_encode(dict(detail))
 _IDLE_MAX = 2  # connections a Store's hot path keeps checked out between calls
 
 T = TypeVar("T")
@@ -330,14 +344,16 @@ class Store(Reads):
     def _key_params(self, key: Key) -> dict[str, Any]:
         return {"k_platform": key.platform, "k_sender_id": key.sender_id, "k_parent_id": key.parent_id}
 
+    def _event_row(self, key: Key, event: Mapping[str, Any], state: str | None, attempt: int | None) -> tuple[Any, ...]:
+        """An event's values in ``EVENT_COLUMNS`` order: how SQLite's positional event statement binds them."""
+        at = event.get("at")
+        return (self.clock.now() if at is None else at, key.platform, key.sender_id, key.parent_id, event["kind"],
+                event.get("state", state), event.get("attempt", attempt), event.get("owner"),
+                detail_json(event.get("detail")))
+
     def _event_params(self, key: Key, event: Mapping[str, Any], state: str | None,
                       attempt: int | None) -> dict[str, Any]:
-        at = event.get("at")
-        return dict(zip(self._sql.event_names["e_"], (
-            self.clock.now() if at is None else at, key.platform, key.sender_id, key.parent_id, event["kind"],
-            event.get("state", state), event.get("attempt", attempt), event.get("owner"),
-            detail_json(dict(event.get("detail") or {})),
-        ), strict=True))
+        return dict(zip(self._sql.event_names["e_"], self._event_row(key, event, state, attempt), strict=True))
 
     def _cas_params(self, key: Key, states: Sequence[str], attempt: int | None, lease_owner: str | None,
                     names: tuple[str, ...], values: Mapping[str, Any]) -> dict[str, Any]:
@@ -395,12 +411,16 @@ class Store(Reads):
     def _claim_params(self, key: Key, new: Mapping[str, Any],
                       event: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """The new row's values (every column) and its event's, named as the hot-path statements name them."""
-        bad = set(new) - REPLY_SET
-        if bad:
-            raise ValueError(f"not columns of {REPLIES.name}: {sorted(bad)}")
-        ins = {**REPLY_DEFAULTS, **new, "platform": key.platform, "sender_id": key.sender_id,
-               "parent_id": key.parent_id}
+        ins = self._claim_row(key, new)
         return ins, self._event_params(key, event, ins["state"], ins["attempt"])
+
+    @staticmethod
+    def _claim_row(key: Key, new: Mapping[str, Any]) -> dict[str, Any]:
+        """The new row's values, every column (the defaults where ``new`` is silent); only columns accepted."""
+        if not REPLY_SET.issuperset(new):
+            raise ValueError(f"not columns of {REPLIES.name}: {sorted(set(new) - REPLY_SET)}")
+        return {**REPLY_DEFAULTS, **new, "platform": key.platform, "sender_id": key.sender_id,
+                "parent_id": key.parent_id}
 
     def _reclaim(self, fairy: Any, key: Key, row: Row, reclaim: Callable[[Row], Mapping[str, Any] | None],
                  event: Mapping[str, Any], relaxed: bool) -> Claim:

@@ -75,6 +75,7 @@ class HotSQL:
         self._rows_of: dict[int, str] = {}
         self._cas: dict[tuple[Any, ...], tuple[str, tuple[str, ...]]] = {}
         self._positional: dict[str, tuple[str, Any]] = {}
+        self._values_rows: dict[tuple[str, int], str] = {}
 
     def p(self, name: str) -> str:
         """A named placeholder in the driver's style."""
@@ -92,6 +93,20 @@ class HotSQL:
             names = tuple(re.findall(r":(\w+)", sql))
             get = itemgetter(*names) if len(names) > 1 else (lambda d: tuple(d[n] for n in names))
             hit = self._positional[sql] = (re.sub(r":\w+", "?", sql), get)
+        return hit
+
+    def values_rows(self, sql: str, n: int) -> str:
+        """SQLite: ``positional(sql)`` of an ``INSERT … VALUES (…)`` with its VALUES row written ``n`` times: ONE
+        statement for ``n`` rows, bound with the ``n`` rows' tuples (``positional``'s getter) laid end to end.
+
+        ``executemany`` resets and steps the statement once per row: 16 event rows cost 3.7 µs each that way
+        against 2.2 µs as one statement (steering measurement, raw sqlite3)."""
+        hit = self._values_rows.get((sql, n))
+        if hit is None:
+            q = self.positional(sql)[0]
+            head, _values, rest = q.partition(" VALUES (")
+            row, _close, tail = rest.partition(")")  # the row is placeholders only; the tail its ON CONFLICT
+            hit = self._values_rows[(sql, n)] = f"{head} VALUES {', '.join([f'({row})'] * n)}{tail}"
         return hit
 
     def _event_select(self, pre: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+from itertools import chain
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -328,8 +329,10 @@ class SQLiteStore(Store):
     def _insert_all(self, dbc: Any, rows: Sequence[tuple[Key, Mapping[str, Any], Mapping[str, Any], Any]]
                     ) -> list[bool] | None:
         """Every row of a page of new keys inserted, then their events; None (nothing kept) if any key stood."""
-        params = [self._claim_params(key, values, _claim_event(values, event)) for key, values, event, _x in rows]
-        return self._all_or_none(dbc, self._sql.insert, [ins for ins, _ev in params], [ev for _ins, ev in params])
+        return self._all_or_none(
+            dbc, self._sql.insert, [self._claim_row(key, values) for key, values, _e, _x in rows],
+            [self._event_row(key, _claim_event(values, event), None, None) for key, values, event, _x in rows],
+            one_statement=True)
 
     def _cas_all(self, dbc: Any, items: Sequence[tuple[Key, Sequence[str], int, Mapping[str, Any],
                                                        Mapping[str, Any]]]) -> list[bool] | None:
@@ -342,24 +345,30 @@ class SQLiteStore(Store):
         return self._all_or_none(
             dbc, sql, [self._cas_params(key, states, attempt, None, names, values)
                        for key, states, attempt, values, _e in items],
-            [self._event_params(key, event, None, None) for key, _s, _a, _v, event in items])
+            [self._event_row(key, event, None, None) for key, _s, _a, _v, event in items])
 
     def _exec(self, dbc: Any, sql: str, params: Mapping[str, Any]) -> Any:
         """One hot-path write with its parameters bound by position (``HotSQL.positional``)."""
         q, get = self._sql.positional(sql)
         return dbc.execute(q, get(params))
 
-    def _all_or_none(self, dbc: Any, sql: str, rows: list[dict[str, Any]], events: list[dict[str, Any]]
-                     ) -> list[bool] | None:
-        """``sql`` over ``rows`` and the events after it when every row took; else nothing kept and None."""
+    def _all_or_none(self, dbc: Any, sql: str, rows: list[dict[str, Any]], events: list[tuple[Any, ...]], *,
+                     one_statement: bool = False) -> list[bool] | None:
+        """``sql`` over ``rows`` and the events after it (each ``_event_row``) when every row took; else nothing
+        kept and None. ``one_statement`` (an INSERT): the rows as one multi-row statement
+        (``HotSQL.values_rows``), as the events always are; an UPDATE runs once per row."""
         dbc.execute("SAVEPOINT replyd_page")
-        q, get = self._sql.positional(sql)
-        if dbc.executemany(q, map(get, rows)).rowcount != len(rows):
+        if one_statement:
+            get = self._sql.positional(sql)[1]
+            done = dbc.execute(self._sql.values_rows(sql, len(rows)), list(chain.from_iterable(map(get, rows))))
+        else:
+            q, get = self._sql.positional(sql)
+            done = dbc.executemany(q, map(get, rows))
+        if done.rowcount != len(rows):  # an INSERT … DO NOTHING counts only the rows it inserted
             dbc.execute("ROLLBACK TO replyd_page")
             dbc.execute("RELEASE replyd_page")
             return None
-        q, get = self._sql.positional(self._sql.event)
-        dbc.executemany(q, map(get, events))
+        dbc.execute(self._sql.values_rows(self._sql.event, len(events)), list(chain.from_iterable(events)))
         dbc.execute("RELEASE replyd_page")
         return [True] * len(rows)
 
