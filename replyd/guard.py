@@ -73,16 +73,23 @@ class Guard(GuardCore):
     # -- the driver: each effect the core yields, run here, in the calling thread --------------------
 
     def _run(self, steps: Steps) -> Any:
-        """Drive ``steps`` to its end in this thread; return the decision's value."""
-        run = Drive(steps)
-        while not run.done:
-            try:
-                result = self._do(run.effect)  # type: ignore[arg-type]
-            except BaseException as exc:
-                run.fail(exc)
-                continue
-            run.ok(result)
-        return run.value
+        """Drive ``steps`` to its end in this thread; return the decision's value.
+
+        ``Drive``'s protocol written out as one loop (no object, no method call per effect: a sixth of a page's
+        post loop): each effect's result is sent in, its exception thrown in where it arose; an exception the
+        decision does not catch goes on to the caller."""
+        do, send, throw = self._do, steps.send, steps.throw
+        try:
+            effect = next(steps)
+            while True:
+                try:
+                    result = do(effect)
+                except BaseException as exc:
+                    effect = throw(exc)
+                    continue
+                effect = send(result)
+        except StopIteration as stop:
+            return stop.value
 
     def _do(self, effect: Effect) -> Any:
         if type(effect) is Call:
