@@ -251,8 +251,7 @@ def tables(res: dict[str, Any], cmd: str) -> list[Table]:
             "\"Raw page\" (SQLite): the statements `Guard.post_page` issues for a page, replyd's own SQL text, "
             "from raw `sqlite3` with none of replyd's Python: the rows read, the rows and their events (one multi-row INSERT "
             "each) in one FULL commit, every close (`executemany`) and their events in one NORMAL commit; in the same "
-            "shuffled rounds. It is what the "
-            "page costs the database alone, so \"raw page / floor\" is the least \"page / floor\" can be with the "
+            "shuffled rounds. It is what the page costs the database alone, so \"raw page / floor\" is the least \"page / floor\" can be with the "
             "audit events kept, and \"page / raw page\" is replyd's Python on top. Where fsync is cheap the floor is "
             "mostly statements, and the raw page's share of it rises.")
     if res.get("powertools_missing"):

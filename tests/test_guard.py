@@ -176,6 +176,33 @@ def test_the_keepers_thread_renews_a_held_lease_on_its_own(store, clock):
     assert store.get(key).lease_until == pytest.approx(now + 0.04)
 
 
+def test_a_slow_renewal_does_not_push_the_next_one_back(store, clock):
+    """The next renewal is due a third of the lease after this one was found due, however long its store write
+    took: a write that ends 0.09 s (of a 0.3 s lease) after it was due leaves the next due at 0.1 s + 0.1 s."""
+    key = st.Key("memory:keeper", "bot", "p2")
+    with store.transaction() as tx:
+        assert tx.insert_new(key, {"state": st.OPEN, "attempt": 1, "created_at": 0.0, "updated_at": 0.0,
+                                   "deadline_at": 1.0})
+    assert len(store.lease_due(key.platform, key.sender_id, now=clock.now(), limit=5, lease_s=0.3, owner="me")) == 1
+    ticks = [0.0]
+
+    class Slow:
+        """The store, its renewal write taking 0.09 s of the keeper's clock."""
+
+        def renew_leases(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+            ticks[0] += 0.09
+            return store.renew_leases(*args, **kwargs)
+
+    keeper = LeaseKeeper(monotonic=lambda: ticks[0])
+    with keeper.holding(Slow(), [key], owner="me", lease_s=0.3, clock=clock), keeper._cond:
+        # Held: the keeper's own thread cannot look for due holds meanwhile, so only the test renews.
+        ticks[0] = 0.1
+        keeper.renew_due()  # due at 0.1, its write ends at 0.19
+        ticks[0] = 0.2
+        keeper.renew_due()  # due at 0.1 + 0.1, not 0.19 + 0.1
+    assert keeper.renewed == 2
+
+
 def test_not_landed_allows_exactly_one_retry_then_gives_up(guard, plat, store, clock):
     """An ambiguous failure that did not land gets one more attempt; a second miss gives up (proven retries not
     excused, max_proven_retries 0: max_attempts alone bounds them)."""

@@ -251,3 +251,16 @@ def test_only_the_database_clock_is_shared_between_replicas():
 
     assert not shared(SystemClock()) and not shared(FakeClock())
     assert shared(DatabaseClock(lambda: 1_800_000_000.0))
+
+
+def test_the_send_log_forgets_a_reply_once_no_look_can_want_it(store, clock):
+    """This process's send log keeps a reply's monotonic send time while a look may still come (up to
+    listing_delay_max_s), and drops it once twice that has passed, pruned by a later send."""
+    lag = ListingLag(store, "memory:sendlog", 1.0, cfg(listing_delay_max_s=10.0), clock=clock)
+    lag.sent("r1")
+    clock.advance(9.0)
+    lag.sent("r2")
+    assert lag.age_s("r1", 0.0, clock.now()) == pytest.approx(9.0)  # still looked at: kept
+    clock.advance(25.0)  # r1 is 34 s old, past 2 x 10 s; the next send prunes
+    lag.sent("r3")
+    assert "r1" not in lag._sent and "r3" in lag._sent

@@ -205,8 +205,8 @@ def test_event_detail_text_is_what_json_dumps_gives(detail):
 
 
 def test_a_page_statement_of_n_rows_is_the_row_repeated(tmp_path):
-    """``HotSQL.values_rows``: the positional INSERT with its VALUES row n times, its ON CONFLICT kept; a page of
-    rows and events through it lands every row and event once, in order."""
+    """``HotSQL.values_rows``: the positional INSERT with its VALUES row n times, its ON CONFLICT kept; three
+    events through it land once each, in order."""
     import sqlite3
 
     h = hot_sql("sqlite")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import threading
-from itertools import chain
 from collections.abc import Callable, Mapping, Sequence
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -358,12 +358,9 @@ class SQLiteStore(Store):
         kept and None. ``one_statement`` (an INSERT): the rows as one multi-row statement
         (``HotSQL.values_rows``), as the events always are; an UPDATE runs once per row."""
         dbc.execute("SAVEPOINT replyd_page")
-        if one_statement:
-            get = self._sql.positional(sql)[1]
-            done = dbc.execute(self._sql.values_rows(sql, len(rows)), list(chain.from_iterable(map(get, rows))))
-        else:
-            q, get = self._sql.positional(sql)
-            done = dbc.executemany(q, map(get, rows))
+        q, get = self._sql.positional(sql)
+        done = (dbc.execute(self._sql.values_rows(sql, len(rows)), list(chain.from_iterable(map(get, rows))))
+                if one_statement else dbc.executemany(q, map(get, rows)))
         if done.rowcount != len(rows):  # an INSERT … DO NOTHING counts only the rows it inserted
             dbc.execute("ROLLBACK TO replyd_page")
             dbc.execute("RELEASE replyd_page")
