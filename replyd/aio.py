@@ -27,6 +27,7 @@ How each effect of the core runs here (the sync face, ``replyd.guard.Guard``, ru
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import queue
 import threading
@@ -204,6 +205,8 @@ class AsyncGuard(GuardCore):
         # SQLite: a close (relaxed: no fsync) is written on the loop when it needs no wait (see write_now).
         self._now: SQLiteStore | None = store if isinstance(store, SQLiteStore) else None
         self._watcher: asyncio.Task[None] | None = None
+        self._late: set[asyncio.Task[Outcome]] = set()  # closes of sends that returned after their budget
+        self._closing = False
         # Once, not per send: a runtime Protocol check walks the Protocol's members (~18 µs a post).
         self._awaits_send = isinstance(platform, AsyncSend)
 
@@ -247,17 +250,51 @@ class AsyncGuard(GuardCore):
     async def _send_once(self, effect: Send) -> Sent:
         """The adapter's send within the effect's budget, on the loop (``asend``) or on a worker thread."""
         platform = self.platform
-        with metrics.watching_send(platform.instance), deadline.within(effect.budget_s):
+        with metrics.watching_send(platform.instance), deadline.within(effect.budget_s), \
+                deadline.outliving() as left:
             try:
-                async with asyncio.timeout(effect.budget_s):
+                async with asyncio.timeout(effect.budget_s) as cut:
                     if self._awaits_send:
                         return await platform.asend(effect.parent, effect.text, provider_key=effect.provider_key)
-                    # to_thread carries the context: the thread's HTTP client sees the same deadline.
-                    return await asyncio.to_thread(platform.send, effect.parent, effect.text,
-                                                   provider_key=effect.provider_key)
+                    # The copied context carries the deadline: the thread's HTTP client (replyd's) ends by it.
+                    return await deadline.to_thread(platform.send, effect.parent, effect.text,
+                                                    provider_key=effect.provider_key)
             except TimeoutError:
+                if not cut.expired():
+                    raise  # the adapter's own TimeoutError: an unmapped error after the request may have left
+                if left:
+                    # A thread cannot be stopped (an SDK's own timeout, a DNS lookup): the send stays watched
+                    # until it returns, so the sweep never judges a request still running (a retry would land
+                    # beside it), and a reply it makes closes the row.
+                    self.sends.outlive(effect.token)
+                    asyncio.gather(*left, return_exceptions=True).add_done_callback(
+                        functools.partial(self._send_returned, effect))
                 # Cut at the budget: the request may have acted (never "not sent"); the sweep reads back.
                 raise MaybeSent(f"send: the whole deadline ({effect.budget_s:.1f} s) passed (outcome unknown)") from None
+
+    def _send_returned(self, effect: Send, returned: asyncio.Future[list[Any]]) -> None:
+        """A send cut at its budget returned at last (on the loop): unwatch it; a reply it made closes the row."""
+        self.sends.ended(effect.token)
+        results = [] if returned.cancelled() else returned.result()
+        sent = next((r for r in results if isinstance(r, Sent)), None)
+        if sent is None:  # the row stays open: the sweep reads back (or marks it unconfirmed)
+            errors = [f"{type(r).__name__}: {r}"[:300] for r in results if isinstance(r, BaseException)]
+            log.warning("replyd.guard.late_send_failed", platform=self.platform.instance,
+                        parent_id=effect.key.parent_id, attempt=effect.attempt, error="; ".join(errors) or None)
+            return
+        log.warning("replyd.guard.late_send", platform=self.platform.instance, parent_id=effect.key.parent_id,
+                    attempt=effect.attempt, reply_id=sent.reply_id)
+        if self._closing:
+            return  # the guard is closing: the row stays open for the sweep, which reads the reply back
+        task = asyncio.get_running_loop().create_task(self._close(effect.key, effect.attempt, sent.reply_id, "closed"))
+        self._late.add(task)
+        task.add_done_callback(self._late_closed)
+
+    def _late_closed(self, task: asyncio.Task[Outcome]) -> None:
+        self._late.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:  # a lost close is the sweep's
+            log.error("replyd.guard.late_close_failed", platform=self.platform.instance,
+                      error=f"{type(exc).__name__}: {exc}"[:300])
 
     async def _edit(self, effect: Edit) -> None:
         """The adapter's edit within the effect's budget, on a worker thread (a cut edit's outcome is unknown)."""
@@ -419,6 +456,9 @@ class AsyncGuard(GuardCore):
     async def aclose(self) -> None:
         """Stop the send watch (and the store thread this guard started)."""
         self._slots.close()
+        self._closing = True
+        if self._late:  # a late close under way ends first (one store write each)
+            await asyncio.gather(*self._late, return_exceptions=True)
         task, self._watcher = self._watcher, None
         if task is not None:
             task.cancel()

@@ -116,6 +116,9 @@ class Send:
     text: str
     provider_key: str
     budget_s: float
+    key: Key  # the row the send is for, at ``attempt``: a face whose send outlives its caller closes it late
+    attempt: int
+    token: int  # the send's entry in ``GuardCore.sends``
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +316,7 @@ class SendWatch:
         self._seq = itertools.count()
         self._running: dict[int, tuple[Key, int, float]] = {}
         self._noted: set[int] = set()  # tokens whose overrun is already in the audit log
+        self._outliving: set[int] = set()  # sends whose caller stopped waiting while the request still runs
 
     def started(self, key: Key, attempt: int, at: float) -> int:
         """Note a send about to leave; return its token."""
@@ -322,10 +326,31 @@ class SendWatch:
         return token
 
     def finished(self, token: int) -> None:
-        """Note that the send with ``token`` returned (or raised)."""
+        """Note that the send with ``token`` returned (or raised) to its caller; one that outlives it stays."""
         with self._lock:
+            if token in self._outliving:
+                return
             self._running.pop(token, None)
             self._noted.discard(token)
+
+    def outlive(self, token: int) -> None:
+        """Keep the send with ``token`` watched after its caller stops waiting: its request still runs (the async
+        face cuts a worker thread's send at its budget, but cannot stop the thread) until ``ended``."""
+        with self._lock:
+            if token in self._running:
+                self._outliving.add(token)
+
+    def ended(self, token: int) -> None:
+        """Note that the request of an outliving send returned: it is no longer watched."""
+        with self._lock:
+            self._outliving.discard(token)
+            self._running.pop(token, None)
+            self._noted.discard(token)
+
+    def running(self) -> int:
+        """How many sends are watched now (those outliving their caller included)."""
+        with self._lock:
+            return len(self._running)
 
     def first_note(self, token: int) -> bool:
         """True the first time it is asked for a running send: its overrun goes in the audit log once."""
@@ -1227,7 +1252,8 @@ class GuardCore:
         token = self.sends.started(key, attempt, self.clock.now())
         try:
             # The whole send, every request in it, ends by the row's send deadline: the sweep's judgement counts on it.
-            sent: Sent = yield Send(parent, text, row.provider_key or self.provider_key(parent.id), budget_s)
+            sent: Sent = yield Send(parent, text, row.provider_key or self.provider_key(parent.id), budget_s, key,
+                                    attempt, token)
         except AlreadyLanded as exc:
             if exc.reply_id:
                 # This call created nothing: the caller learns the reply was already there.

@@ -14,8 +14,14 @@ shorten it).
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import functools
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("replyd_deadline", default=None)
 
@@ -46,3 +52,46 @@ def remaining() -> float | None:
     """Return the seconds left in the current budget (may be <= 0), or None when there is none."""
     at = _DEADLINE.get()
     return None if at is None else at - time.monotonic()
+
+
+# The worker threads a cut left running (``to_thread``), for the ``outliving`` block around the cut call.
+_LEFT: contextvars.ContextVar[list[asyncio.Future[Any]] | None] = contextvars.ContextVar("replyd_left", default=None)
+
+
+class outliving:  # noqa: N801  (used as ``with deadline.outliving() as left:``)
+    """Collect, in ``left``, the ``to_thread`` calls cut (cancelled) inside the block while their thread still ran.
+
+    A thread cannot be stopped: a send cut at its budget on the loop may still act from its thread (an SDK whose
+    own timeout is longer than replyd's budget, a DNS lookup). The caller keeps watching what is left."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> list[asyncio.Future[Any]]:
+        left: list[asyncio.Future[Any]] = []
+        self._token = _LEFT.set(left)
+        return left
+
+    def __exit__(self, *_exc: object) -> None:
+        _LEFT.reset(self._token)
+
+
+async def to_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` on a worker thread, the budget carried (as ``asyncio.to_thread``); cut while the
+    thread runs, its future goes to the enclosing ``outliving`` block (or is only left to finish)."""
+    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+    running = asyncio.get_running_loop().run_in_executor(None, call)
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        if not running.done():
+            left = _LEFT.get()
+            if left is not None:
+                left.append(running)
+            else:  # nobody watches it: its error must not be reported as never retrieved
+                running.add_done_callback(_retrieve)
+        raise
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()

@@ -77,6 +77,20 @@ class BlockingAsyncGuard:
             value = _Seam(value)
         setattr(self._g, name, value)
 
+    def settle(self) -> None:
+        """Wait until every send cut at its real-time budget has returned on its thread, and its late close is
+        written: a test's steps are sequential, so such a send must not act inside the next one."""
+        asyncio.run_coroutine_threadsafe(self._settled(), loop()).result()
+
+    async def _settled(self) -> None:
+        g = self._g
+        while g.sends.running() or g._late:
+            if g._late:
+                await asyncio.gather(*list(g._late), return_exceptions=True)
+            else:
+                await asyncio.sleep(0.005)
+        await g.store_thread.run(int)  # the store thread runs its calls in order: those queued before have ended
+
     def close(self) -> None:
         """Stop the async guard's watch task and its store thread."""
         asyncio.run_coroutine_threadsafe(self._g.aclose(), loop()).result()

@@ -22,3 +22,36 @@ def test_a_nested_budget_only_shortens_and_each_block_restores_the_one_around_it
             raise RuntimeError("the send failed")
         assert deadline.remaining() == pytest.approx(10.0, abs=0.5)
     assert deadline.remaining() is None
+
+
+def test_a_thread_cut_while_it_runs_is_handed_to_the_outliving_block_with_the_budget_it_ran_under():
+    """``deadline.to_thread`` cut (cancelled) while its thread runs puts the thread's future in the enclosing
+    ``outliving`` block's list, and the future ends with the thread's own result; the thread saw the budget; a
+    call that ends in time leaves nothing; a block is gone once left."""
+    import asyncio
+    import threading
+
+    release = threading.Event()
+    seen: list[float | None] = []
+
+    def blocked() -> str:
+        seen.append(deadline.remaining())
+        release.wait(10.0)
+        return "landed late"
+
+    async def main() -> tuple[list[str], list[str], str]:
+        with deadline.within(5.0), deadline.outliving() as quick:
+            assert await deadline.to_thread(lambda: "in time") == "in time"
+        with deadline.within(5.0), deadline.outliving() as left:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.05):
+                    await deadline.to_thread(blocked)
+        assert deadline._LEFT.get() is None
+        n_left = len(left)
+        release.set()
+        late = await left[0]
+        return [str(len(quick))], [str(n_left)], late
+
+    quick, left, late = asyncio.run(main())
+    assert quick == ["0"] and left == ["1"] and late == "landed late"
+    assert seen and seen[0] is not None and 0 < seen[0] <= 5.0

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -80,9 +81,43 @@ class ModelPlatform(MemoryPlatform):
     def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
         super().__init__(*args, **kwargs)
         self.during_send = None  # called once the request has reached the platform (a slow send)
+        # A page's step per parent: the async face sends a page's parents at once, in no set order.
+        self.by_parent: dict[str, str] = {}
+        self._one = threading.RLock()  # one request at a time: each meets its own step
+        self._idle = threading.Condition()
+        self.in_flight = 0  # requests under way, on whichever thread (the async face cuts a slow one's wait)
+
+    def wait_idle(self) -> None:
+        """Wait until no request is under way (a send cut at its budget on the async face runs on, on its thread)."""
+        with self._idle:
+            assert self._idle.wait_for(lambda: self.in_flight == 0, timeout=60.0), "a request never returned"
+
+    @contextmanager
+    def _request(self):  # noqa: ANN202
+        with self._idle:
+            self.in_flight += 1
+        try:
+            with self._one:
+                yield
+        finally:
+            with self._idle:
+                self.in_flight -= 1
+                self._idle.notify_all()
+
+    def edit(self, parent, reply_id, text):  # noqa: ANN001, ANN201
+        """Follow the edit script, counted as a request under way."""
+        with self._request():
+            return super().edit(parent, reply_id, text)
 
     def send(self, parent, text, *, provider_key):  # noqa: ANN001, ANN201
-        """Follow the script; ``crash_*`` kill the caller before or after the platform acted."""
+        """Follow the script (a page's per-parent step first); ``crash_*`` kill the caller before or after the
+        platform acted."""
+        with self._request():
+            if parent.id in self.by_parent:
+                self.script.insert(0, self.by_parent.pop(parent.id))
+            return self._scripted(parent, text, provider_key)
+
+    def _scripted(self, parent, text, provider_key):  # noqa: ANN001, ANN202
         step = self.script[0] if self.script else "ok"
         if step == "crash_before":
             self.script.pop(0)
@@ -115,6 +150,9 @@ class DyingStore:
         self.after = False
         self.writes = 0
         self.on_open = None  # called once after the write that opens a row commits: its answer is held up
+        # Set once the replica died: a dead process starts no write (the async face's other tasks of a page
+        # would still reach the store thread after the death otherwise).
+        self.dead = False
 
     def __getattr__(self, name: str):  # noqa: ANN204
         attr = getattr(self._inner, name)
@@ -133,12 +171,16 @@ class DyingStore:
         return attr
 
     def _before(self) -> None:
+        if self.dead:
+            raise Crash()
         self.writes += 1
         if self.die_at == self.writes and not self.after:
+            self.dead = True
             raise Crash()
 
     def _after(self) -> None:
         if self.die_at == self.writes and self.after:
+            self.dead = True
             raise Crash()
 
     @contextmanager
@@ -303,6 +345,7 @@ class GuardModel(RuleBasedStateMachine):
             out = guard.post(parent, "a reply" if mode == "text" else compose)
         except Crash:
             # The process died: a restarted replica has nothing in memory, and the page may be skipped now.
+            store.dead = True
             self.guards[g] = self._guard(g)
             self.touched.add(pid)
             self.touched_dead[pid] = True
@@ -312,6 +355,7 @@ class GuardModel(RuleBasedStateMachine):
         finally:
             store.die_at = None
             store.on_open = None
+            self._settle(guard)
         sent = self.plat.send_calls - calls
         self.plat.script = []
         self.plat.during_send = None
@@ -321,6 +365,14 @@ class GuardModel(RuleBasedStateMachine):
         if mode != "stolen" and sent == 0:
             assert out.status is not Status.POSTED and out.status is not Status.UNCERTAIN, out
         assert sent <= (2 if mode == "stolen" or stall else len(STREAM_WORDS) if mode == "stream" else 1)
+
+    def _settle(self, guard: Guard) -> None:
+        """The async face cuts a send at its budget in real time (a loaded machine's slow step) or cancels a dying
+        page's other posts, while their requests and store calls run on, on their threads: wait until they
+        returned and a late close is written, so all a step started acts within it."""
+        self.plat.wait_idle()
+        if isinstance(guard, BlockingAsyncGuard):
+            guard.settle()
 
     def _stalled_open(self, g: int, pid: str) -> None:
         """The database's answer to replica ``g``'s open is held past send timeout + listing delay: meanwhile the
@@ -418,7 +470,7 @@ class GuardModel(RuleBasedStateMachine):
         """Replica ``g`` runs a page of ``pids`` (``run(guard)`` returns the outcomes), the platform answering
         ``steps``, the replica dying before/after its n-th write (``die``), or wherever ``run`` raises ``Crash``."""
         guard = self.guards[g]
-        self.plat.script = steps[:len(pids)]
+        self.plat.by_parent = dict(zip(pids, steps))
         calls = self.plat.send_calls
         store: DyingStore = guard.store  # type: ignore[assignment]
         store.writes, store.die_at, store.after = 0, None, False
@@ -427,6 +479,7 @@ class GuardModel(RuleBasedStateMachine):
         try:
             outs = run(guard)
         except Crash:
+            store.dead = True
             self.guards[g] = self._guard(g)
             for p in pids:
                 self.touched.add(p)
@@ -434,7 +487,8 @@ class GuardModel(RuleBasedStateMachine):
             return
         finally:
             store.die_at = None
-            self.plat.script = []
+            self._settle(guard)
+            self.plat.by_parent = {}
         self.touched.update(pids)
         for out in outs:
             if out.status is Status.POSTED:
@@ -481,6 +535,7 @@ class GuardModel(RuleBasedStateMachine):
                 if self.row(pid) is None:  # never claimed: its cursor was not saved, the path finds it again
                     self.guards[0].post(self.parents[pid], "a reply")
             refind.reoffer()  # only the daemon's jobs move rows on: no discovery path offers them again
+            self._settle(self.guards[0])
             rows = [self.row(pid) for pid in self.touched]
             if all(r is not None and r.state in st.TERMINAL for r in rows):
                 break
@@ -533,7 +588,7 @@ class GuardModel(RuleBasedStateMachine):
                     assert state == st.NOT_LANDED and e.kind == "claimed", f"{pid}: attempt rose on {e.kind} from {state}"
                 assert e.attempt >= attempt, f"{pid}: attempt went down on {e.kind}"
                 state, attempt = e.state, e.attempt
-            assert state == r.state and attempt == r.attempt, (pid, state, attempt, r.state, r.attempt)
+            assert state == r.state and attempt == r.attempt, (pid, state, attempt, r.state, r.attempt, [(e.id, e.kind, e.state, e.attempt, e.owner, e.detail) for e in events], self.row(pid), r)
             assert 1 <= r.attempt <= MAX_ATTEMPTS
             mine = {x["reply_id"] for x in self.replies(pid)}
             if r.state in NOTHING_LANDED:

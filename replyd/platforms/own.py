@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 
 import httpx
 
+from replyd import deadline
 from replyd.clock import SystemClock
 from replyd.errors import ConfigError, PlatformError, Rejected
 from replyd.platforms._http import raise_for_status, transport_error
@@ -150,6 +151,9 @@ class OwnPlatform:
 
     def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
         """Post through the user's ``send`` (awaited when it is async); map httpx errors by the shared table."""
+        return self._post_mapped(parent, text, provider_key)
+
+    def _post_mapped(self, parent: Parent, text: str, provider_key: str) -> Sent:
         try:
             return self._sent(_settle(self._post(parent, text, provider_key), self._home))
         except Exception as exc:
@@ -161,14 +165,11 @@ class OwnPlatform:
             self._home = asyncio.get_running_loop()
         try:
             if inspect.iscoroutinefunction(self._post):
-                value = await self._post(parent, text, provider_key)
-            else:
-                value = await asyncio.to_thread(self._post, parent, text, provider_key)
-                if inspect.isawaitable(value):
-                    value = await value
-            return self._sent(value)
+                return self._sent(await self._post(parent, text, provider_key))
         except Exception as exc:
             raise from_httpx(exc, what="send", acting=True) from None
+        # A sync send on a worker thread, through replyd's: cut at its budget, the face keeps watching the thread.
+        return await deadline.to_thread(self._post_mapped, parent, text, provider_key)
 
     # -- the sweep's read-back and duplicates ------------------------------------------------------
 

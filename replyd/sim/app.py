@@ -110,6 +110,18 @@ async def _params(request: Request) -> dict[str, Any]:
 Handler = Callable[[Request, World, Account], Response]
 
 
+def _held(world: World, endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """Hold a create ``create_hold_s`` before it is done (the client may have given up meanwhile)."""
+
+    async def held(request: Request) -> Response:
+        """Wait the knob's hold, then run the create."""
+        if world.knobs.create_hold_s > 0:
+            await asyncio.sleep(world.knobs.create_hold_s)
+        return await endpoint(request)
+
+    return held
+
+
 def _api(world: World, fn: Handler) -> Callable[[Request], Awaitable[Response]]:
     """Wrap a handler with bearer auth and Mastodon-style JSON errors."""
 
@@ -510,7 +522,7 @@ def build_app(world: World) -> ASGIApp:
         Route("/api/v2/instance", _api(world, instance)),
         Route("/api/v1/streaming/user/notification", _stream_endpoint(world)),
         Route("/api/v2/search", _api(world, search)),
-        Route("/api/v1/statuses", _api(world, create_status), methods=["POST"]),
+        Route("/api/v1/statuses", _held(world, _api(world, create_status)), methods=["POST"]),
         Route("/api/v1/statuses/{id}", _api(world, get_status), methods=["GET"]),
         Route("/api/v1/statuses/{id}", _api(world, delete_status), methods=["DELETE"]),
         Route("/api/v1/statuses/{id}", _api(world, edit_status), methods=["PUT"]),

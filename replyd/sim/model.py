@@ -51,6 +51,9 @@ class Knobs:
     rate_limit_rate: float = 0.0
     readback_error_rate: float = 0.0
     lost_edit_rate: float = 0.0  # edits (PUT /api/v1/statuses/:id) done whose answer is dropped
+    # Each create (POST /api/v1/statuses) waits this long in front of the app before it is done, as behind a
+    # loaded proxy or queue: a client may give up first and the post still lands. Reads are not held.
+    create_hold_s: float = 0.0
     retry_after_s: int = 1
     # X-RateLimit-* headers only; no request is refused for it. Real Mastodon allows 300
     # per 5 minutes; the default is higher so fast tests never see "remaining 0".
