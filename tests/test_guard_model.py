@@ -588,7 +588,11 @@ class GuardModel(RuleBasedStateMachine):
                     assert state == st.NOT_LANDED and e.kind == "claimed", f"{pid}: attempt rose on {e.kind} from {state}"
                 assert e.attempt >= attempt, f"{pid}: attempt went down on {e.kind}"
                 state, attempt = e.state, e.attempt
-            assert state == r.state and attempt == r.attempt, (pid, state, attempt, r.state, r.attempt, [(e.id, e.kind, e.state, e.attempt, e.owner, e.detail) for e in events], self.row(pid), r)
+            # On failure: the history, and the row read again (a change between the two reads: a write this step
+            # started that went on after it).
+            assert state == r.state and attempt == r.attempt, (
+                pid, state, attempt, r.state, r.attempt, [(e.kind, e.state, e.attempt, e.owner) for e in events],
+                self.row(pid))
             assert 1 <= r.attempt <= MAX_ATTEMPTS
             mine = {x["reply_id"] for x in self.replies(pid)}
             if r.state in NOTHING_LANDED:
