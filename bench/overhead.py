@@ -33,6 +33,7 @@ from bench.common import (
     make_parent,
     med,
     pct,
+    pg_analyze,
     pg_available,
     pg_databases,
     psycopg_dsn,
@@ -333,6 +334,9 @@ def measure(n: int, rounds: int, *, warmup: int = 50, seed: int = 1, budget_s: f
         for i in range(warmup):
             for v in variants:
                 v.post(10_000_000 + i)
+        if have_pg:
+            for url in urls:
+                pg_analyze(url)
         round_of: list[int] = []
         t0 = time.monotonic()
         done_rounds = 0
@@ -354,6 +358,7 @@ def measure(n: int, rounds: int, *, warmup: int = 50, seed: int = 1, budget_s: f
         "round_of": round_of,
         "rounds": done_rounds,
         "rounds_planned": rounds,
+        "warmup": warmup,
         "n": n,
         "seconds": elapsed,
         "have_pg": have_pg,
@@ -575,7 +580,10 @@ def tables(res: dict[str, Any], scen: dict[str, Any], cmd: str) -> list[Table]:
         f"{n_total:,} posts per variant ({res['rounds']} rounds{cut} × {res['n']:,}), all variants interleaved in one loop in a "
         "freshly shuffled order each iteration; a ratio is the median over iterations of (variant µs / floor µs) of the "
         "same iteration, with the range of the per-round medians in brackets. Each variant writes its own database "
-        "(SQLite file in WAL mode / PostgreSQL database), schema made by replyd's migration; every post is a new parent."
+        "(SQLite file in WAL mode / PostgreSQL database), schema made by replyd's migration; every post is a new parent. "
+        f"After the warm-up ({res.get('warmup', 50)} posts per variant) each PostgreSQL database is ANALYZEd, as "
+        "autovacuum does a live table: on a fresh table's statistics the planner reads a key through an index that "
+        "shares only (platform, sender) with it, and every statement by key walks all of the bot's rows."
     )
     t1.notes.append(
         "Durability: replyd commits the claim (the open row, the only write that must survive a crash before the send) "
