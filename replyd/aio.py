@@ -262,15 +262,17 @@ class AsyncGuard(GuardCore):
             except TimeoutError:
                 if not cut.expired():
                     raise  # the adapter's own TimeoutError: an unmapped error after the request may have left
+                # Cut at the budget: the request may have acted (never "not sent"); the sweep reads back.
+                raise MaybeSent(f"send: the whole deadline ({effect.budget_s:.1f} s) passed (outcome unknown)") from None
+            finally:
                 if left:
-                    # A thread cannot be stopped (an SDK's own timeout, a DNS lookup): the send stays watched
-                    # until it returns, so the sweep never judges a request still running (a retry would land
-                    # beside it), and a reply it makes closes the row.
+                    # Cut at the budget or cancelled by the caller (``wait_for`` around a post) while its thread
+                    # runs: a thread cannot be stopped (an SDK's own timeout, a DNS lookup), so the send stays
+                    # watched until it returns, the sweep never judges a request still running (a retry would
+                    # land beside it), and a reply it makes closes the row.
                     self.sends.outlive(effect.token)
                     asyncio.gather(*left, return_exceptions=True).add_done_callback(
                         functools.partial(self._send_returned, effect))
-                # Cut at the budget: the request may have acted (never "not sent"); the sweep reads back.
-                raise MaybeSent(f"send: the whole deadline ({effect.budget_s:.1f} s) passed (outcome unknown)") from None
 
     def _send_returned(self, effect: Send, returned: asyncio.Future[list[Any]]) -> None:
         """A send cut at its budget returned at last (on the loop): unwatch it; a reply it made closes the row."""

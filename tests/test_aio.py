@@ -329,15 +329,18 @@ def test_own_platform_lost_answer(tmp_path, face, reads, sdk):
     assert counts == {parent.id: 1}
 
 
-def test_a_sync_sdk_send_cut_at_its_budget_stays_watched_until_its_thread_returns(tmp_path):
+@pytest.mark.parametrize("cut", ["budget", "caller"])
+def test_a_sync_sdk_send_cut_while_its_thread_runs_stays_watched_until_it_returns(tmp_path, cut):
     """Async face, Mastodon.py (its own 30 s timeout: blind to replyd's deadline) on a worker thread, the sim
-    holding the create 3 s against a 1 s budget: the caller hears "uncertain" at the budget, but while the SDK's
-    request still runs the row is not judged (the sweep past deadline and listing delay leaves it open, a second
-    post waits), and the late answer closes the row with its reply: one reply on the sim."""
+    holding the create 3 s; the wait cut at 1 s, by the send budget ("uncertain") or by the caller's own
+    ``wait_for`` around the post: while the SDK's request still runs the row is not judged (the sweep past
+    deadline and listing delay leaves it open, a second post waits), and the late answer closes the row with
+    its reply: one reply on the sim."""
     from replyd.clock import FakeClock
 
     url = f"sqlite:///{tmp_path / 'held.sqlite3'}"
     clock = FakeClock()
+    budget_s = 1.0 if cut == "budget" else 5.0
     with start_sim() as sim:
         parent = parents_on(sim, 1)[0]
         sim.configure(create_hold_s=3.0)
@@ -345,11 +348,16 @@ def test_a_sync_sdk_send_cut_at_its_budget_stays_watched_until_its_thread_return
                            **mastodon_py_calls(sim.base_url))
 
         async def run() -> dict[str, Any]:
-            async with aio.open_guard(url, plat, send_timeout_s=1.0, clock=clock) as g:
+            async with aio.open_guard(url, plat, send_timeout_s=budget_s, clock=clock) as g:
                 key = g.guard.key(parent.id)
                 row = lambda: g.guard.store_thread.run(g.store.get, key)  # noqa: E731
-                first = await g.post(parent, "hello")
-                clock.advance(5.0)  # past the row's deadline and listing delay; the SDK's request still held
+                if cut == "budget":
+                    first = (await g.post(parent, "hello")).status
+                else:
+                    with pytest.raises(TimeoutError):
+                        await asyncio.wait_for(g.post(parent, "hello"), 1.0)
+                    first = None
+                clock.advance(budget_s + 4.0)  # past the row's deadline and listing delay; the request still held
                 moved = await g.guard.watch_sends()
                 await g.sweep()
                 judged = (await row()).state
@@ -360,13 +368,13 @@ def test_a_sync_sdk_send_cut_at_its_budget_stays_watched_until_its_thread_return
                     await asyncio.sleep(0.05)
                 end = await row()
                 later = await g.post(parent, "hello at last", path="inbox")
-                return {"first": first.status, "moved": moved, "judged": judged, "again": again.status,
+                return {"first": first, "moved": moved, "judged": judged, "again": again.status,
                         "end": (end.state, end.attempt, end.reply_id), "later": later.status}
 
         got = asyncio.run(run())
         counts = bot_replies(sim)
         listed = mastodon_py_calls(sim.base_url)["read_back"]([parent.id])[parent.id]
-    assert got["first"] is Status.UNCERTAIN
+    assert got["first"] is (Status.UNCERTAIN if cut == "budget" else None)
     assert got["moved"] == 1 and got["judged"] == st.OPEN, got  # the running send kept its row from the sweep
     assert got["again"] is Status.IN_FLIGHT, got
     assert got["end"][:2] == (st.CLOSED, 1) and got["end"][2], got
