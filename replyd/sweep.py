@@ -157,12 +157,15 @@ class LeaseKeeper:
         except Exception as exc:  # the store is down: try again soon, the lease may still be saved
             log.warning("replyd.sweep.renew_failed", platform=h.keys[0].platform, owner=h.owner, rows=len(h.keys),
                         error=str(exc)[:300])
-            h.renew_at = self._monotonic() + h.lease_s / 10  # a pause after the failure, not a busy retry
+            with self._cond:
+                h.renew_at = self._monotonic() + h.lease_s / 10  # a pause after the failure, not a busy retry
             return
-        # Nothing held any more (every row decided): nothing to renew until the pass ends.
-        h.renew_at = due_at + (h.lease_s / 3 if held else float("inf"))
-        if held:
-            self.renewed += 1
+        # Nothing held any more (every row decided): nothing to renew until the pass ends. Both under the lock
+        # ``renew_due`` reads them under: a caller that finds this renewal done finds it counted.
+        with self._cond:
+            h.renew_at = due_at + (h.lease_s / 3 if held else float("inf"))
+            if held:
+                self.renewed += 1
 
 
 KEEPER = LeaseKeeper()  # the process's one keeper; a Sweeper may be given its own
