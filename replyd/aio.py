@@ -275,20 +275,24 @@ class AsyncGuard(GuardCore):
                         functools.partial(self._send_returned, effect))
 
     def _send_returned(self, effect: Send, returned: asyncio.Future[list[Any]]) -> None:
-        """A send cut at its budget returned at last (on the loop): unwatch it; a reply it made closes the row."""
-        self.sends.ended(effect.token)
+        """A send its caller stopped waiting for returned at last (on the loop): unwatch it; a reply it made
+        closes the row."""
+        watched = self.sends.ended(effect.token)
+        if watched is None:
+            return
+        key, attempt = watched
         results = [] if returned.cancelled() else returned.result()
         sent = next((r for r in results if isinstance(r, Sent)), None)
         if sent is None:  # the row stays open: the sweep reads back (or marks it unconfirmed)
             errors = [f"{type(r).__name__}: {r}"[:300] for r in results if isinstance(r, BaseException)]
-            log.warning("replyd.guard.late_send_failed", platform=self.platform.instance,
-                        parent_id=effect.key.parent_id, attempt=effect.attempt, error="; ".join(errors) or None)
+            log.warning("replyd.guard.late_send_failed", platform=self.platform.instance, parent_id=key.parent_id,
+                        attempt=attempt, error="; ".join(errors) or None)
             return
-        log.warning("replyd.guard.late_send", platform=self.platform.instance, parent_id=effect.key.parent_id,
-                    attempt=effect.attempt, reply_id=sent.reply_id)
+        log.warning("replyd.guard.late_send", platform=self.platform.instance, parent_id=key.parent_id,
+                    attempt=attempt, reply_id=sent.reply_id)
         if self._closing:
             return  # the guard is closing: the row stays open for the sweep, which reads the reply back
-        task = asyncio.get_running_loop().create_task(self._close(effect.key, effect.attempt, sent.reply_id, "closed"))
+        task = asyncio.get_running_loop().create_task(self._close(key, attempt, sent.reply_id, "closed"))
         self._late.add(task)
         task.add_done_callback(self._late_closed)
 

@@ -116,9 +116,7 @@ class Send:
     text: str
     provider_key: str
     budget_s: float
-    key: Key  # the row the send is for, at ``attempt``: a face whose send outlives its caller closes it late
-    attempt: int
-    token: int  # the send's entry in ``GuardCore.sends``
+    token: int  # the send's entry in ``GuardCore.sends`` (its key and attempt): a face's late close finds it there
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,12 +338,14 @@ class SendWatch:
             if token in self._running:
                 self._outliving.add(token)
 
-    def ended(self, token: int) -> None:
-        """Note that the request of an outliving send returned: it is no longer watched."""
+    def ended(self, token: int) -> tuple[Key, int] | None:
+        """Note that the request of an outliving send returned: it is no longer watched; return its key and
+        attempt (None if it was not watched)."""
         with self._lock:
             self._outliving.discard(token)
-            self._running.pop(token, None)
             self._noted.discard(token)
+            entry = self._running.pop(token, None)
+        return None if entry is None else (entry[0], entry[1])
 
     def running(self) -> int:
         """How many sends are watched now (those outliving their caller included)."""
@@ -1252,8 +1252,7 @@ class GuardCore:
         token = self.sends.started(key, attempt, self.clock.now())
         try:
             # The whole send, every request in it, ends by the row's send deadline: the sweep's judgement counts on it.
-            sent: Sent = yield Send(parent, text, row.provider_key or self.provider_key(parent.id), budget_s, key,
-                                    attempt, token)
+            sent: Sent = yield Send(parent, text, row.provider_key or self.provider_key(parent.id), budget_s, token)
         except AlreadyLanded as exc:
             if exc.reply_id:
                 # This call created nothing: the caller learns the reply was already there.
