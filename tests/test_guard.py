@@ -118,7 +118,9 @@ def test_a_pass_longer_than_its_lease_keeps_its_rows(guard, plat, store, clock):
     assert guard.post(plat.add_parent("p1"), "x").status is Status.UNCERTAIN
     clock.advance(16)
     ticks = [0.0]
-    keeper = LeaseKeeper(monotonic=lambda: ticks[0])  # its thread never finds a renewal due: the test makes them
+    # The test makes the renewals; the keeper's own thread may find one due too when it wakes (and, on a loaded
+    # machine, write it a step late): a renewal never shortens a lease, so the two never undo each other.
+    keeper = LeaseKeeper(monotonic=lambda: ticks[0])
     slow = Sweeper(store, [Bot(plat, plat.whoami())], clock=clock, owner="slow", lease_s=0.3, keeper=keeper)
     other = Sweeper(store, [Bot(plat, plat.whoami())], clock=clock, owner="other", lease_s=0.3)
     entered, go_on = threading.Event(), threading.Event()

@@ -716,6 +716,17 @@ def test_renew_leases_keeps_only_live_leases_of_their_owner(store, clock):
     assert [r.parent_id for r in store.lease_due(P, S, now=151.0, limit=10, lease_s=30.0, owner="s3")] == ["a"]
 
 
+def test_a_delayed_renewal_never_shortens_a_lease(store, clock):
+    """A renewal whose write lands after a later one (a stalled keeper thread) still counts the lease held but
+    leaves the later end: the row never looks free to another sweeper while its pass runs."""
+    seed(store, "a", deadline_at=1.0)
+    assert len(store.lease_due(P, S, now=100.0, limit=10, lease_s=30.0, owner="s1")) == 1
+    assert store.renew_leases([key("a")], owner="s1", now=120.0, until=150.0) == 1  # the later renewal, first
+    assert store.renew_leases([key("a")], owner="s1", now=110.0, until=140.0) == 1  # the stalled one, after it
+    assert store.get(key("a")).lease_until == 150.0
+    assert store.lease_due(P, S, now=145.0, limit=10, lease_s=30.0, owner="s2") == []
+
+
 def test_senders_due_and_waiting_name_every_bot_with_rows_due(store, clock):
     """One query for all bots: the (platform, sender) of every bot whose lease_due / reoffer_due would return rows."""
     seed(store, "o1", deadline_at=10.0)

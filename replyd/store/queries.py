@@ -257,8 +257,12 @@ class Reads:
         """Move to ``until`` the sweep leases on ``keys`` that ``owner`` still holds at ``now``; how many it held.
 
         A row decided since (its lease dropped), or leased by another sweeper after this one's ran out, is left
-        as it is: the renewal never takes a lease back, it only keeps a live one alive through a long pass.
+        as it is: the renewal never takes a lease back, it only keeps a live one alive through a long pass. Nor
+        does it shorten one: a renewal whose write was delayed past a later one (a stalled thread) leaves the
+        later end, so a live pass's row never looks free to another sweeper.
         """
+        # case rather than max()/GREATEST(): one expression both dialects take.
+        later = sa.case((REPLIES.c.lease_until > until, REPLIES.c.lease_until), else_=until)
         by_bot: dict[tuple[str, str], list[str]] = {}
         for k in keys:  # one statement per bot (a pass's rows are one bot's)
             by_bot.setdefault((k.platform, k.sender_id), []).append(k.parent_id)
@@ -270,7 +274,7 @@ class Reads:
                             .where(REPLIES.c.platform == platform, REPLIES.c.sender_id == sender_id,
                                    REPLIES.c.parent_id.in_(parents[i:i + 500]), REPLIES.c.lease_owner == owner,
                                    REPLIES.c.lease_until >= now)
-                            .values(lease_until=until))
+                            .values(lease_until=later))
                     held += conn.execute(stmt).rowcount
         return held
 
