@@ -485,7 +485,8 @@ class Run:
         # Faults end; the system must converge on its own.
         traffic.join(30)
         world.configure(**{k: 0.0 for k in plan.rates}, rate_limit_rate=0.0, latency_s=0.0)
-        host.kill_on_create = False
+        with host.lock:
+            host.faults_over, host.kill_on_create = True, False
         host.create_delay_s = 0.0
         for p in self.proxies:
             p.restore()

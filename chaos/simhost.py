@@ -134,6 +134,11 @@ class _Counting:
                         os.kill(pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
+                else:
+                    # The sender is gone already (its send timed out and closed the socket, as on a loaded
+                    # machine): the kill waits for the next create rather than being spent on nobody.
+                    with host.lock:
+                        host.kill_on_create = not host.faults_over
             await send(message)
 
         await self.app(scope, replay, guarded_send)
@@ -149,6 +154,7 @@ class SimHost:
         self.lock = threading.Lock()
         self.posts_per_parent: Counter[str] = Counter()
         self.kill_on_create = False
+        self.faults_over = False  # set when the run's faults end: nothing re-arms a kill after it
         self.create_delay_s = 0.0
         self.base_url = ""
         self._server: ThreadedServer | None = None

@@ -16,6 +16,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -192,3 +194,41 @@ def test_timeshim_stall_pauses_the_thread_after_an_open_commit(tmp_path, monkeyp
         assert slept == [4.5]  # taken once
     finally:
         store.dispose()
+
+
+@pytest.mark.parametrize("over", [False, True], ids=["during", "after"])
+def test_a_kill_on_create_whose_sender_is_gone_waits_for_the_next_create(over):
+    """A create whose sender closed its socket before the answer (its send timed out on a loaded machine) spends
+    no armed kill: the next create's sender is the victim; once the run's faults are over nothing re-arms."""
+    import asyncio
+
+    from chaos.simhost import SimHost, _Counting
+
+    host = SimHost.__new__(SimHost)  # no server: the middleware alone, in front of an app that answers 200
+    host.lock, host.posts_per_parent = threading.Lock(), Counter()
+    host.kill_on_create, host.faults_over, host.create_delay_s = True, over, 0.0
+    host.daemon_pids, host.on_kill = lambda: [os.getpid()], lambda pid: pytest.fail(f"killed {pid}")
+
+    async def app(scope, receive, send):  # noqa: ANN001, ANN202
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def create() -> None:
+        sent: list = []
+        body = iter([{"type": "http.request", "body": b"in_reply_to_id=p1", "more_body": False}])
+
+        async def receive():  # noqa: ANN202
+            return next(body)
+
+        async def send(message):  # noqa: ANN001, ANN202
+            sent.append(message)
+
+        # Port 1 is nobody's socket: the sender is gone.
+        scope = {"type": "http", "method": "POST", "path": "/api/v1/statuses", "client": ("127.0.0.1", 1)}
+        await _Counting(app, host)(scope, receive, send)
+        assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+
+    asyncio.run(create())
+    assert host.posts_per_parent["p1"] == 1
+    assert host.kill_on_create is (not over)
