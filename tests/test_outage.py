@@ -97,6 +97,16 @@ def events_in(log: Path, name: str) -> int:
     return sum(1 for line in log.read_text(errors="replace").splitlines() if f'"{name}"' in line)
 
 
+def open_rows(url: str, platform: str, sender_id: str) -> list[str]:
+    """The parents whose rows are not closed yet."""
+    s = Store.open(url)
+    try:
+        return [r.parent_id for r in s.rows_in(platform, sender_id, list(st.STATES), limit=5000)
+                if r.state != st.CLOSED]
+    finally:
+        s.dispose()
+
+
 LONG = os.environ.get("REPLYD_LONG_OUTAGE") == "1"  # the 30-minute case: 35 minutes of wall time, on request
 
 
@@ -136,6 +146,10 @@ def test_outage_pauses_sends_and_spends_no_attempt(outage_s, rate_per_s, fresh_p
                 parents = [s for s in world.statuses.values() if s.account_id != bot.id and not s.in_reply_to_id]
             answered = lambda: all(world.replies_by(bot.id).get(p.id) for p in parents)  # noqa: E731
             assert wait_until(answered, 120), logs["a"].read_text()[-3000:]
+            # Every row closed while the replicas still run: on a loaded machine a reply can land after its
+            # send's timeout, and its row closes only when a sweep has read it back (after the listing delay).
+            # A row that never closes fails below, with its history.
+            wait_until(lambda: not open_rows(url, f"mastodon:{srv.base_url}", bot.id), 60, every_s=1.0)
             time.sleep(3.0)  # a few more rounds of every path: a duplicate would show now
         finally:
             for p in procs.values():
