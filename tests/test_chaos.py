@@ -16,8 +16,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -203,11 +201,11 @@ def test_a_kill_on_create_whose_sender_is_gone_waits_for_the_next_create(over):
     import asyncio
 
     from chaos.simhost import SimHost, _Counting
+    from replyd.sim import World
 
-    host = SimHost.__new__(SimHost)  # no server: the middleware alone, in front of an app that answers 200
-    host.lock, host.posts_per_parent = threading.Lock(), Counter()
-    host.kill_on_create, host.faults_over, host.create_delay_s = True, over, 0.0
-    host.daemon_pids, host.on_kill = lambda: [os.getpid()], lambda pid: pytest.fail(f"killed {pid}")
+    # Not started: the host's middleware alone, in front of an app that answers 200.
+    host = SimHost(World(), daemon_pids=lambda: [os.getpid()], on_kill=lambda pid: pytest.fail(f"killed {pid}"))
+    host.kill_on_create, host.faults_over = True, over
 
     async def app(scope, receive, send):  # noqa: ANN001, ANN202
         await receive()

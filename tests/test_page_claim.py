@@ -204,13 +204,15 @@ def test_a_page_s_statements_are_planned_once_not_on_every_page(pg_url):
     few: neither is planned again on each page. The close once was (a custom plan through the state index,
     cheaper on paper than its by-key generic one, on every page): a third of the close's server time."""
     import psycopg
+
+    from replyd.store.aiopg import conninfo
     from tests.conftest import _truncate
 
     _truncate(pg_url)
     store = Store.open(pg_url)
+    plat = MemoryPlatform(listing_delay_s=5.0)
+    g = Guard(store, plat, plat.whoami(), watch_interval_s=None)
     try:
-        plat = MemoryPlatform(listing_delay_s=5.0)
-        g = Guard(store, plat, plat.whoami(), watch_interval_s=None)
         n = iter(range(1_000_000))
 
         def page() -> None:
@@ -226,7 +228,7 @@ def test_a_page_s_statements_are_planned_once_not_on_every_page(pg_url):
 
         for _ in range(40):  # closed rows, as a live table has: the planner's statistics then see few open ones
             page()
-        with psycopg.connect(str(pg_url).replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as c:
+        with psycopg.connect(conninfo(store.engine.url), autocommit=True) as c:
             c.execute("ANALYZE replies")  # as autovacuum does; it also drops every cached plan
         for _ in range(8):
             page()
@@ -239,6 +241,6 @@ def test_a_page_s_statements_are_planned_once_not_on_every_page(pg_url):
         sets = {("claim" if "INSERT INTO replies" in s else "close"): d for s, d in runs.items()
                 if "unnest" in s and ("INSERT INTO replies" in s or "UPDATE replies" in s)}
         assert sets == {"claim": (12, 0), "close": (12, 0)}, sets
-        g.close()
     finally:
+        g.close()
         store.dispose()
