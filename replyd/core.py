@@ -46,6 +46,8 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
+from pydantic_core import PydanticSerializationError, to_json
+
 from replyd import metrics
 from replyd import store as st
 from replyd.breaker import SEND, Admit, Breaker, Ticket
@@ -269,12 +271,18 @@ def _holder(row: Reply | st.Row) -> str:
 
 
 def snapshot_json(parent: Parent) -> str:
-    """The row's ``snapshot`` column: ``json.dumps(parent.snapshot(), default=str)``, the same text without
-    ``asdict``'s deep copy of the parent (it is serialised at once, never kept or changed)."""
+    """The row's ``snapshot`` column: the parent's fields as JSON, read back with ``json.loads`` (the sweep, re-find,
+    the API). pydantic-core's encoder writes it (a fifth of ``json.dumps``' time, the largest piece of a page's
+    claim in Python: 2.0 against 9.6 µs, timeit); what it cannot write (a lone surrogate, bytes that are not UTF-8)
+    goes through ``json.dumps(parent.snapshot(), default=str)``'s settings as before."""
     names = _FIELDS.get(type(parent))
     if names is None:
         names = _FIELDS[type(parent)] = tuple(f.name for f in fields(parent))
-    return _snapshot_encode({n: getattr(parent, n) for n in names})
+    doc = {n: getattr(parent, n) for n in names}  # no asdict deep copy: serialised at once, never kept
+    try:
+        return to_json(doc, fallback=str).decode()
+    except PydanticSerializationError:
+        return _snapshot_encode(doc)
 
 
 _snapshot_encode = json.JSONEncoder(default=_json_default).encode  # json.dumps' settings, made once

@@ -12,6 +12,10 @@ from typing import Any
 import structlog
 from structlog._config import _CONFIG as _structlog_config  # read, never written: see Logger
 
+# The method structlog's filtering loggers have for a level they filter out (those below critical filter
+# out info); see ``Logger``.
+_NOP = vars(structlog.make_filtering_bound_logger(logging.CRITICAL))["info"]
+
 _SECRETS: set[str] = set()
 _lock = threading.Lock()
 MASK = "***"
@@ -188,12 +192,15 @@ class Logger:
     ``replyd -v`` and the tests' ``capture_logs`` change it later; this one follows every change.
     """
 
-    __slots__ = ("_name", "_bound", "_seen")
+    __slots__ = ("_name", "_bound", "_seen", "_quiet_debug", "_quiet_info")
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._bound: Any = None
         self._seen: tuple[Any, ...] = ()
+        # Whether the level filters these out (structlog's filtering logger makes them a no-op): then the call
+        # returns before passing its keywords on, 0.6 µs instead of 2.4 (timeit), two per post on a page.
+        self._quiet_debug = self._quiet_info = False
 
     def _get(self) -> Any:
         c = _structlog_config
@@ -206,6 +213,8 @@ class Logger:
             # (read after, it would pair the new configuration with a logger built on the old one, for good).
             now = (c.default_wrapper_class, c.default_processors, c.logger_factory, c.default_context_class)
             bound = structlog.get_logger(self._name).bind()
+            methods = vars(type(bound))
+            self._quiet_debug, self._quiet_info = methods.get("debug") is _NOP, methods.get("info") is _NOP
             self._bound = bound  # before ``_seen``: a thread that sees the new ``_seen`` finds this logger
             self._seen = now
             return bound
@@ -213,11 +222,13 @@ class Logger:
 
     def debug(self, event: str, *args: Any, **kw: Any) -> Any:
         """Log ``event`` at debug level."""
-        return self._get().debug(event, *args, **kw)
+        bound = self._get()
+        return None if self._quiet_debug else bound.debug(event, *args, **kw)
 
     def info(self, event: str, *args: Any, **kw: Any) -> Any:
         """Log ``event`` at info level."""
-        return self._get().info(event, *args, **kw)
+        bound = self._get()
+        return None if self._quiet_info else bound.info(event, *args, **kw)
 
     def warning(self, event: str, *args: Any, **kw: Any) -> Any:
         """Log ``event`` at warning level."""

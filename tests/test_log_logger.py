@@ -82,3 +82,26 @@ def test_a_configure_racing_with_a_build_is_followed_on_the_next_call(monkeypatc
     with capture_logs() as got:  # captures through the chain configured last
         lg.info("replyd.test.after")
     assert [e["event"] for e in got] == ["replyd.test.after"]
+
+
+def test_a_level_that_filtered_debug_and_info_stops_filtering_them_when_it_changes() -> None:
+    """The filtered-level shortcut follows the configuration: quiet at warning, debug and info written at debug,
+    and written by a wrapper class that filters nothing (structlog's generic ``BoundLogger``)."""
+    lg = log.get_logger("replyd.test")
+    quiet, loud = io.StringIO(), io.StringIO()
+    log.configure(fmt="json", level="warning", stream=quiet)
+    lg.debug("replyd.test.d0")
+    lg.info("replyd.test.i0")
+    log.configure(fmt="json", level="debug", stream=loud)
+    lg.debug("replyd.test.d1")
+    lg.info("replyd.test.i1")
+    assert _lines(quiet) == []
+    assert [e["event"] for e in _lines(loud)] == ["replyd.test.d1", "replyd.test.i1"]
+    log.configure(fmt="json", level="warning", stream=io.StringIO())
+    lg.info("replyd.test.i2")  # quiet again, and built so
+    seen: list[str] = []
+    structlog.configure(processors=[lambda _l, _m, ev: seen.append(ev["event"]) or ev["event"]],
+                        logger_factory=structlog.ReturnLoggerFactory(), wrapper_class=structlog.BoundLogger)
+    lg.debug("replyd.test.d3")
+    lg.info("replyd.test.i3")
+    assert seen == ["replyd.test.d3", "replyd.test.i3"]

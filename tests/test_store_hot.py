@@ -178,15 +178,20 @@ def test_sqlite_hot_path_writes_again_once_the_file_is_writable(tmp_path, clock)
         store.dispose()
 
 
-def test_parent_snapshot_text_is_unchanged():
-    """The snapshot column is the text json.dumps(parent.snapshot(), default=str) always gave."""
+def test_parent_snapshot_reads_back_as_json_dumps_gave_it():
+    """The snapshot column reads back (json.loads) as json.dumps(parent.snapshot(), default=str) did; what
+    pydantic-core cannot write (a lone surrogate, bytes not UTF-8) still gets json.dumps' very text."""
     import json
 
     from replyd.guard import snapshot_json
 
     p = Parent(id="1", author_id="a", text="hé", created_at=1.5,
-               extra={"root": {"uri": "at://x", "cid": "c"}, "tags": ("a", "b"), "n": None, "when": object})
-    assert snapshot_json(p) == json.dumps(p.snapshot(), default=str)
+               extra={"root": {"uri": "at://x", "cid": "c"}, "tags": ("a", "b"), "n": None, "when": object,
+                      "big": 2**70, "inf": float("inf"), "ids": {"1": [1.25, True]}})
+    assert json.loads(snapshot_json(p)) == json.loads(json.dumps(p.snapshot(), default=str))
+    for odd in ("\ud800 lone", b"\xff not utf-8"):
+        q = Parent(id="2", author_id="a", text="t", extra={"odd": odd})
+        assert snapshot_json(q) == json.dumps(q.snapshot(), default=str)
 
 
 @settings(max_examples=400, deadline=None)

