@@ -275,6 +275,26 @@ def tmpdir(prefix: str) -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def fdatasync_us(directory: Path, n: int = 200) -> float:
+    """Median µs of one 8 KiB write + ``fdatasync`` in ``directory`` (as ``pg_test_fsync`` measures): what a durable
+    commit waits for on this disk. A ratio to a floor made of commits moves with it: where it is cheap, the floor
+    is mostly statements and CPU, and batching commits saves little."""
+    path = directory / f".fdatasync-probe-{os.getpid()}"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    block = os.urandom(8192)
+    times = []
+    try:
+        for _ in range(n):
+            os.pwrite(fd, block, 0)
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            times.append((time.perf_counter() - t0) * 1e6)
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    return statistics.median(times)
+
+
 def sqlite_url(path: Path) -> str:
     """SQLAlchemy URL of a SQLite file."""
     return f"sqlite:///{path}"
