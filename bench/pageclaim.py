@@ -23,12 +23,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import (IDENTITY, REPLY_TEXT, StubPlatform, Table, fdatasync_us, fmt_ratio, fmt_us, make_parent,
-                          pg_available, pg_databases, sqlite_url, tmpdir, verdict)
-from bench.common import REDIS_PORT, pg_analyze, redis_always, redis_version
+from bench.common import (FIRST_PARENT, IDENTITY, INSTANCE, REPLY_TEXT, SENDER_ID, StubPlatform, Table, fdatasync_us,
+                          fmt_ratio, fmt_us, make_parent, pg_available, pg_databases, snapshot_json, sqlite_url, tmpdir,
+                          verdict)
+from bench.common import REDIS_PORT, pg_analyze, psycopg_dsn, redis_always, redis_version
 from bench.overhead import (_CLOSE_COLS, _hot, _parent, _pg_floor, _powertools, _same_sql_params, _sqlite_conn,
                             _sqlite_floor, powertools_missing)
 from replyd import log
+from replyd.core import text_hash
 from replyd.guard import Guard, Status
 from replyd.store import Store
 
@@ -38,6 +40,42 @@ _next = iter(range(10_000_000, 100_000_000))
 def _page(n: int) -> list:
     """``n`` parents never posted before."""
     return [make_parent(next(_next)) for _ in range(n)]
+
+
+HISTORY = 10_000  # answered parents already in the bot's table before the first round
+
+
+def _history(url: str, n: int = HISTORY) -> None:
+    """``n`` answered parents (a closed row and its two events each) of the bench's bot, older than every parent the
+    rounds post, then ANALYZE on PostgreSQL: a live bot's table, whose statistics stay true as the rounds add to it.
+    On a fresh table PostgreSQL's statistics (taken when it had a few hundred rows) go stale as the rounds grow it
+    tenfold, and the page's cached close plan (a read of all the bot's rows, right for a few hundred) is kept."""
+    import sqlalchemy as sa
+
+    now = time.time()
+    p = make_parent(0)
+    first = "WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < :n) "
+    key = ":platform, :sender, CAST(:base + i * 7 AS TEXT)"
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as c:
+            c.execute(sa.text(
+                first + "INSERT INTO replies (platform, sender_id, parent_id, state, attempt, created_at, updated_at, "
+                "opened_at, closed_at, reply_id, provider_key, text_hash, path, snapshot, owner, author_id, excused) "
+                f"SELECT {key}, 'closed', 1, :now, :now, :now, :now, CAST(:base + 1 + i * 7 AS TEXT), "
+                "'history-' || CAST(i AS TEXT), :hash, 'api', :snapshot, 'bench:0:history', :author, 0 FROM g"),
+                {"n": n, "platform": INSTANCE, "sender": SENDER_ID, "base": FIRST_PARENT, "now": now - 86_400,
+                 "hash": text_hash(REPLY_TEXT), "snapshot": snapshot_json(p), "author": p.author_id})
+            c.execute(sa.text(
+                first + "INSERT INTO events (at, platform, sender_id, parent_id, kind, state, attempt, owner, detail) "
+                f"SELECT :now, {key}, k.kind, k.state, 1, 'bench:0:history', '{{}}' FROM g, "
+                "(SELECT 'claimed' AS kind, 'open' AS state UNION ALL SELECT 'closed', 'closed') AS k"),
+                {"n": n, "platform": INSTANCE, "sender": SENDER_ID, "base": FIRST_PARENT, "now": now - 86_400})
+        if engine.dialect.name == "postgresql":
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+                c.exec_driver_sql("ANALYZE")
+    finally:
+        engine.dispose()
 
 
 def _guarded(store: Store, mode: str) -> Callable[[int], None]:
@@ -96,6 +134,42 @@ def _sqlite_raw_page(path: Path) -> tuple[Callable[[int], None], Callable[[], No
         c.executemany(cas_q, [cas_of(close) for *_r, close, _closed in params])
         c.execute(h.values_rows(h.event, n), [v for *_r, closed in params for v in event_of(closed)])
         c.execute("COMMIT")
+
+    return run, c.close
+
+
+def _pg_raw_page(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
+    """Raw psycopg issuing a page's statements as ``Guard.post_page`` does on PostgreSQL, replyd's own SQL text and
+    parameter names (the rows as binary ``unnest`` arrays), without its Python layers: the rows read, the rows and
+    their events as ONE durable autocommit statement (``HotSQL.claim_set``), every close and its event as ONE
+    relaxed one (``HotSQL.close_set``). What a page costs the database and the driver alone."""
+    import psycopg
+
+    from replyd.store.schema import EVENT_COLUMNS, REPLY_COLUMNS
+
+    h = _hot("postgresql")
+    claim_sql = h.claim_set(False)
+    close_sql, names = h.close_set(_CLOSE_COLS, 2, True)
+    c = psycopg.connect(psycopg_dsn(url), autocommit=True)
+
+    def run(n: int) -> None:
+        """Claim, then close, ``n`` new parents as one page."""
+        now = time.time()
+        params = [_same_sql_params(h, _parent(i), i, now) for i in (next(_next) for _ in range(n))]
+        k0 = params[0][0]
+        c.execute(h.rows_of(n), {"k_platform": k0["k_platform"], "k_sender_id": k0["k_sender_id"],
+                                 **{f"p{j}": k["k_parent_id"] for j, (k, *_r) in enumerate(params)}}).fetchall()
+        claim = {"a_" + col: [row[col] for _k, row, *_r in params] for col in REPLY_COLUMNS}
+        claim.update({"b_" + col: [ev["e_" + col] for _k, _row, ev, *_r in params] for col in EVENT_COLUMNS})
+        if len(c.execute(claim_sql, claim).fetchall()) != n:
+            raise RuntimeError("raw page: a new key was not inserted")
+        close = {"k_platform": k0["k_platform"], "k_sender_id": k0["k_sender_id"], "s0": params[0][3]["s0"],
+                 "s1": params[0][3]["s1"], "a_parent_id": [k["k_parent_id"] for k, *_r in params],
+                 "a_attempt": [cl["k_attempt"] for *_r, cl, _ev in params]}
+        close.update({"a_" + name: [cl[name] for *_r, cl, _ev in params] for name in names})
+        close.update({"b_" + col: [ev["e_" + col] for *_r, ev in params] for col in EVENT_COLUMNS})
+        if len(c.execute(close_sql, close).fetchall()) != n:
+            raise RuntimeError("raw page: a close did not take")
 
     return run, c.close
 
@@ -197,18 +271,20 @@ def measure_all(page: int = 16, rounds: int = 40, seed: int = 1) -> dict[str, An
             sync0 = fdatasync_us(d)
             url = sqlite_url(d / "r.sqlite3")
             Store.open(url).dispose()  # migrated before the floor's raw connections open it
+            _history(url)
             rows.append({"database": "SQLite (WAL, FULL claims)",
                          **measure(url, _sqlite_floor(Path(d / "r.sqlite3"), "FULL", "NORMAL"), page, rounds, seed,
                                    peer, _sqlite_raw_page(Path(d / "r.sqlite3")))})
         if pg_available():
             with pg_databases(1, "page") as (url,):
+                _history(url)
                 rows.append({"database": "PostgreSQL",
                              **measure(url, _pg_floor(url, split=True), page, rounds, seed, peer,
-                                       warmed=lambda: pg_analyze(url))})
+                                       _pg_raw_page(url), warmed=lambda: pg_analyze(url))})
         with tmpdir("pageclaim") as d:
             sync1 = fdatasync_us(d)
     return {"page": page, "rounds": rounds, "seed": seed, "load": [load0[0], os.getloadavg()[0]], "rows": rows,
-            "powertools_missing": peer_missing, "fdatasync_us": [sync0, sync1]}
+            "powertools_missing": peer_missing, "fdatasync_us": [sync0, sync1], "history": HISTORY}
 
 
 def tables(res: dict[str, Any], cmd: str) -> list[Table]:
@@ -245,11 +321,14 @@ def tables(res: dict[str, Any], cmd: str) -> list[Table]:
         "rows in one durable commit, each sent, the plain replies' closes in one relaxed commit at the end of the "
         "page), `Guard.post` per parent (the single path), a page of one against one `post`, and section 1's raw "
         "floor (an INSERT and an UPDATE per parent, each its own commit, no Python layers). Ratios are medians of "
-        "per-round ratios; the first 3 rounds warm caches and connections and are not counted. On PostgreSQL the "
-        "database is then ANALYZEd, as autovacuum does a live table: on a fresh table's statistics the planner "
-        "reads a key through an index that shares only (platform, sender) with it, and every statement by key (a "
-        "page's read and closes, the floor's UPDATE) walks all of the bot's rows, more each round; before this "
-        "the floor measured 690-850 µs per parent against about 400 after, which flattered every ratio to it.")
+        "per-round ratios; the first 3 rounds warm caches and connections and are not counted. Before the first "
+        f"round the bot's table holds {res.get('history', 0):,} answered parents (a closed row and its two events "
+        "each), as a live bot's does, and PostgreSQL's database is ANALYZEd, then again after the warm-up rounds, "
+        "as autovacuum does a live table. On a fresh table's statistics the planner read a key through an index "
+        "that shares only (platform, sender) with it, and every statement by key (a page's read and closes, the "
+        "floor's UPDATE) walked all of the bot's rows, more each round (the floor measured 690-850 µs per parent "
+        "against about 400 after); and statistics taken on a few hundred rows kept the page's close on a cached "
+        "plan that reads all the bot's rows while the rounds grew the table tenfold.")
     t.notes.append(
         f"\"A page of 1\": {res['page']} pages of one parent per round (`post_page` with one item takes `post` "
         f"itself) against {res['page']} `post` calls, alternating post by post (which of a pair goes first drawn "
@@ -267,12 +346,15 @@ def tables(res: dict[str, Any], cmd: str) -> list[Table]:
             "events are more statements than the floor's), and \"raw page / floor\" rises towards 0.5×.")
     if any("raw_page" in m for m in res["rows"]):
         t.notes.append(
-            "\"Raw page\" (SQLite): the statements `Guard.post_page` issues for a page, replyd's own SQL text, "
-            "from raw `sqlite3` with none of replyd's Python: the rows read, the rows and their events (one multi-row INSERT "
-            "each) in one FULL commit, every close (`executemany`) and their events in one NORMAL commit; in the same "
-            "shuffled rounds. It is what the page costs the database alone, so \"raw page / floor\" is the least \"page / floor\" can be with the "
-            "audit events kept, and \"page / raw page\" is replyd's Python on top. Where fsync is cheap the floor is "
-            "mostly statements, and the raw page's share of it rises.")
+            "\"Raw page\": the statements `Guard.post_page` issues for a page, replyd's own SQL text, with none of "
+            "replyd's Python (the parameters built as the floor's are). SQLite, from raw `sqlite3`: the rows read, "
+            "the rows and their events (one multi-row INSERT each) in one FULL commit, every close (`executemany`) and "
+            "their events in one NORMAL commit. PostgreSQL, from raw psycopg: the rows read, the rows and their "
+            "events as ONE durable autocommit statement, every close and its event as ONE relaxed one (binary "
+            "`unnest` arrays). In the same shuffled rounds. It is what the page costs the database and its driver "
+            "alone, so \"raw page / floor\" is the least \"page / floor\" can be with the audit events kept, and "
+            "\"page / raw page\" is replyd's Python on top. Where fsync is cheap the floor is mostly statements, and "
+            "the raw page's share of it rises.")
     if res.get("powertools_missing"):
         t.notes.append(f"No Powertools column: {res['powertools_missing']} (the bench extra installs "
                        "aws-lambda-powertools and redis; `redis-server` must be on PATH).")
