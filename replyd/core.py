@@ -273,7 +273,7 @@ def _holder(row: Reply | st.Row) -> str:
 def snapshot_json(parent: Parent) -> str:
     """The row's ``snapshot`` column: the parent's fields as JSON, read back with ``json.loads`` (the sweep, re-find,
     the API). pydantic-core's encoder writes it (a fifth of ``json.dumps``' time, the largest piece of a page's
-    claim in Python: 2.0 against 9.6 µs, timeit); what it cannot write (a lone surrogate, bytes that are not UTF-8)
+    claim in Python: 2.9 against 9.6 µs, timeit); what it cannot write (a lone surrogate, bytes that are not UTF-8)
     goes through ``json.dumps(parent.snapshot(), default=str)``'s settings as before."""
     names = _FIELDS.get(type(parent))
     if names is None:

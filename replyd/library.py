@@ -27,7 +27,7 @@ from replyd import store as st
 from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import resolve_env
 from replyd.errors import BadResponse, ConfigError, PlatformError
-from replyd.guard import Compose, Guard, Lease, Outcome, Status, _classify
+from replyd.guard import Compose, Guard, Lease, Outcome, Status, _classify, snapshot_json
 from replyd.log import get_logger
 from replyd.platforms.base import Identity, Parent, Pending, Platform, ReadBack, make_platform
 from replyd.platforms._http import make_client
@@ -400,7 +400,7 @@ def adopt(
         values = {
             "state": st.CLOSED, "attempt": 1, "created_at": now, "updated_at": now, "closed_at": now,
             "reply_id": first.reply_id, "path": "adopt", "owner": owner,
-            "snapshot": json.dumps(parent.snapshot(), default=str),
+            "snapshot": snapshot_json(parent),
         }
         with store.transaction(doing="adopting") as tx:
             won = tx.insert_new(key, values)
