@@ -97,6 +97,10 @@ def _guarded(store: Store, mode: str) -> Callable[[int], None]:
     return run
 
 
+def _no_lap(_step: str) -> None:
+    """A raw page's step recorder when nothing times the steps."""
+
+
 def _floor(post: Callable[[int], None]) -> Callable[[int], None]:
     """The raw floor over a page: one claim commit and one close commit per parent."""
     def run(n: int) -> None:
@@ -107,11 +111,12 @@ def _floor(post: Callable[[int], None]) -> Callable[[int], None]:
     return run
 
 
-def _sqlite_raw_page(path: Path) -> tuple[Callable[[int], None], Callable[[], None]]:
+def _sqlite_raw_page(path: Path, lap: Callable[[str], None] | None = None
+                     ) -> tuple[Callable[[int], None], Callable[[], None]]:
     """Raw sqlite3 issuing a page's statements as ``Guard.post_page`` does, replyd's own SQL text bound by position,
     without its Python layers: the rows read, then the rows and their events (one multi-row INSERT each) in one FULL
     commit, then every close (``executemany``) and their events in one NORMAL commit. What a page costs the
-    database alone."""
+    database alone. ``lap(step)``, when given, is called as each step ends (``bench.pagesplit`` times them)."""
     h = _hot("sqlite")
     cas = h.cas(_CLOSE_COLS, 2, True, False, False, False)[0]
     c = _sqlite_conn(path, "FULL")
@@ -120,29 +125,44 @@ def _sqlite_raw_page(path: Path) -> tuple[Callable[[int], None], Callable[[], No
 
     def run(n: int) -> None:
         """Claim, then close, ``n`` new parents as one page."""
+        mark = lap or _no_lap
         now = time.time()
         params = [_same_sql_params(h, _parent(i), i, now) for i in (next(_next) for _ in range(n))]
+        rows = [v for _k, row, *_r in params for v in row_of(row)]
+        claimed = [v for _k, _row, ev, *_r in params for v in event_of(ev)]
+        closes = [cas_of(close) for *_r, close, _closed in params]
+        closed = [v for *_r, ev in params for v in event_of(ev)]
+        mark("params")
         c.execute(h.rows_of(n), {"k_platform": params[0][0]["k_platform"], "k_sender_id": params[0][0]["k_sender_id"],
                                **{f"p{j}": k["k_parent_id"] for j, (k, *_r) in enumerate(params)}}).fetchall()
+        mark("read")
         c.execute("PRAGMA synchronous=FULL")
         c.execute("BEGIN IMMEDIATE")
-        c.execute(h.values_rows(h.insert, n), [v for _k, row, *_r in params for v in row_of(row)])
-        c.execute(h.values_rows(h.event, n), [v for _k, _row, claimed, *_r in params for v in event_of(claimed)])
+        c.execute(h.values_rows(h.insert, n), rows)
+        mark("claim rows")
+        c.execute(h.values_rows(h.event, n), claimed)
+        mark("claim events")
         c.execute("COMMIT")
+        mark("claim commit (FULL)")
         c.execute("PRAGMA synchronous=NORMAL")
         c.execute("BEGIN IMMEDIATE")
-        c.executemany(cas_q, [cas_of(close) for *_r, close, _closed in params])
-        c.execute(h.values_rows(h.event, n), [v for *_r, closed in params for v in event_of(closed)])
+        c.executemany(cas_q, closes)
+        mark("closes")
+        c.execute(h.values_rows(h.event, n), closed)
+        mark("close events")
         c.execute("COMMIT")
+        mark("close commit (NORMAL)")
 
     return run, c.close
 
 
-def _pg_raw_page(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
+def _pg_raw_page(url: str, lap: Callable[[str], None] | None = None
+                 ) -> tuple[Callable[[int], None], Callable[[], None]]:
     """Raw psycopg issuing a page's statements as ``Guard.post_page`` does on PostgreSQL, replyd's own SQL text and
     parameter names (the rows as binary ``unnest`` arrays), without its Python layers: the rows read, the rows and
     their events as ONE durable autocommit statement (``HotSQL.claim_set``), every close and its event as ONE
-    relaxed one (``HotSQL.close_set``). What a page costs the database and the driver alone."""
+    relaxed one (``HotSQL.close_set``). What a page costs the database and the driver alone. ``lap(step)``, when
+    given, is called as each step ends (``bench.pagesplit`` times them)."""
     import psycopg
 
     from replyd.store.schema import EVENT_COLUMNS, REPLY_COLUMNS
@@ -154,22 +174,27 @@ def _pg_raw_page(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
 
     def run(n: int) -> None:
         """Claim, then close, ``n`` new parents as one page."""
+        mark = lap or _no_lap
         now = time.time()
         params = [_same_sql_params(h, _parent(i), i, now) for i in (next(_next) for _ in range(n))]
         k0 = params[0][0]
-        c.execute(h.rows_of(n), {"k_platform": k0["k_platform"], "k_sender_id": k0["k_sender_id"],
-                                 **{f"p{j}": k["k_parent_id"] for j, (k, *_r) in enumerate(params)}}).fetchall()
         claim = {"a_" + col: [row[col] for _k, row, *_r in params] for col in REPLY_COLUMNS}
         claim.update({"b_" + col: [ev["e_" + col] for _k, _row, ev, *_r in params] for col in EVENT_COLUMNS})
-        if len(c.execute(claim_sql, claim).fetchall()) != n:
-            raise RuntimeError("raw page: a new key was not inserted")
         close = {"k_platform": k0["k_platform"], "k_sender_id": k0["k_sender_id"], "s0": params[0][3]["s0"],
                  "s1": params[0][3]["s1"], "a_parent_id": [k["k_parent_id"] for k, *_r in params],
                  "a_attempt": [cl["k_attempt"] for *_r, cl, _ev in params]}
         close.update({"a_" + name: [cl[name] for *_r, cl, _ev in params] for name in names})
         close.update({"b_" + col: [ev["e_" + col] for *_r, ev in params] for col in EVENT_COLUMNS})
+        mark("params")
+        c.execute(h.rows_of(n), {"k_platform": k0["k_platform"], "k_sender_id": k0["k_sender_id"],
+                                 **{f"p{j}": k["k_parent_id"] for j, (k, *_r) in enumerate(params)}}).fetchall()
+        mark("read")
+        if len(c.execute(claim_sql, claim).fetchall()) != n:
+            raise RuntimeError("raw page: a new key was not inserted")
+        mark("claim (rows and events, durable)")
         if len(c.execute(close_sql, close).fetchall()) != n:
             raise RuntimeError("raw page: a close did not take")
+        mark("close (rows and events, relaxed)")
 
     return run, c.close
 
@@ -355,6 +380,9 @@ def tables(res: dict[str, Any], cmd: str) -> list[Table]:
             "alone, so \"raw page / floor\" is the least \"page / floor\" can be with the audit events kept, and "
             "\"page / raw page\" is replyd's Python on top. Where fsync is cheap the floor is mostly statements, and "
             "the raw page's share of it rises.")
+        t.notes.append(
+            "Where a page's time goes, statement by statement, against the floor and the budget 0.5× the floor "
+            "leaves replyd's Python: `PYTHONPATH=. python -m bench.pagesplit` (prints; writes nothing here).")
     if res.get("powertools_missing"):
         t.notes.append(f"No Powertools column: {res['powertools_missing']} (the bench extra installs "
                        "aws-lambda-powertools and redis; `redis-server` must be on PATH).")
@@ -367,14 +395,20 @@ def tables(res: dict[str, Any], cmd: str) -> list[Table]:
     return [t]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the section's table (markdown)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def page_args(doc: str, argv: list[str] | None, rounds: int) -> argparse.Namespace:
+    """``--page``, ``--rounds``, ``--seed`` of a page bench (this one, ``bench.pagesplit``); logs quieted."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--page", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args(argv)
     log.configure(level="warning")  # a log line per post would be most of what is measured
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the section's table (markdown)."""
+    a = page_args(__doc__, argv, 40)
     res = measure_all(a.page, a.rounds, a.seed)
     print(f"page of {a.page}, {a.rounds} rounds; load average {res['load'][0]:.2f} before, {res['load'][1]:.2f} after; "
           f"fdatasync {res['fdatasync_us'][0]:.0f} µs before, {res['fdatasync_us'][1]:.0f} µs after")
