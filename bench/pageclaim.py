@@ -111,12 +111,12 @@ def _floor(post: Callable[[int], None]) -> Callable[[int], None]:
     return run
 
 
-def _sqlite_raw_page(path: Path, lap: Callable[[str], None] | None = None
+def _sqlite_raw_page(path: Path, lap: Callable[[str], None] = _no_lap
                      ) -> tuple[Callable[[int], None], Callable[[], None]]:
     """Raw sqlite3 issuing a page's statements as ``Guard.post_page`` does, replyd's own SQL text bound by position,
     without its Python layers: the rows read, then the rows and their events (one multi-row INSERT each) in one FULL
     commit, then every close (``executemany``) and their events in one NORMAL commit. What a page costs the
-    database alone. ``lap(step)``, when given, is called as each step ends (``bench.pagesplit`` times them)."""
+    database alone. ``lap(step)`` is called as each step ends (``bench.pagesplit`` times them)."""
     h = _hot("sqlite")
     cas = h.cas(_CLOSE_COLS, 2, True, False, False, False)[0]
     c = _sqlite_conn(path, "FULL")
@@ -125,44 +125,43 @@ def _sqlite_raw_page(path: Path, lap: Callable[[str], None] | None = None
 
     def run(n: int) -> None:
         """Claim, then close, ``n`` new parents as one page."""
-        mark = lap or _no_lap
         now = time.time()
         params = [_same_sql_params(h, _parent(i), i, now) for i in (next(_next) for _ in range(n))]
         rows = [v for _k, row, *_r in params for v in row_of(row)]
         claimed = [v for _k, _row, ev, *_r in params for v in event_of(ev)]
         closes = [cas_of(close) for *_r, close, _closed in params]
         closed = [v for *_r, ev in params for v in event_of(ev)]
-        mark("params")
+        lap("params")
         c.execute(h.rows_of(n), {"k_platform": params[0][0]["k_platform"], "k_sender_id": params[0][0]["k_sender_id"],
                                **{f"p{j}": k["k_parent_id"] for j, (k, *_r) in enumerate(params)}}).fetchall()
-        mark("read")
+        lap("read")
         c.execute("PRAGMA synchronous=FULL")
         c.execute("BEGIN IMMEDIATE")
         c.execute(h.values_rows(h.insert, n), rows)
-        mark("claim rows")
+        lap("claim rows")
         c.execute(h.values_rows(h.event, n), claimed)
-        mark("claim events")
+        lap("claim events")
         c.execute("COMMIT")
-        mark("claim commit (FULL)")
+        lap("claim commit (FULL)")
         c.execute("PRAGMA synchronous=NORMAL")
         c.execute("BEGIN IMMEDIATE")
         c.executemany(cas_q, closes)
-        mark("closes")
+        lap("closes")
         c.execute(h.values_rows(h.event, n), closed)
-        mark("close events")
+        lap("close events")
         c.execute("COMMIT")
-        mark("close commit (NORMAL)")
+        lap("close commit (NORMAL)")
 
     return run, c.close
 
 
-def _pg_raw_page(url: str, lap: Callable[[str], None] | None = None
+def _pg_raw_page(url: str, lap: Callable[[str], None] = _no_lap
                  ) -> tuple[Callable[[int], None], Callable[[], None]]:
     """Raw psycopg issuing a page's statements as ``Guard.post_page`` does on PostgreSQL, replyd's own SQL text and
     parameter names (the rows as binary ``unnest`` arrays), without its Python layers: the rows read, the rows and
     their events as ONE durable autocommit statement (``HotSQL.claim_set``), every close and its event as ONE
-    relaxed one (``HotSQL.close_set``). What a page costs the database and the driver alone. ``lap(step)``, when
-    given, is called as each step ends (``bench.pagesplit`` times them)."""
+    relaxed one (``HotSQL.close_set``). What a page costs the database and the driver alone. ``lap(step)`` is
+    called as each step ends (``bench.pagesplit`` times them)."""
     import psycopg
 
     from replyd.store.schema import EVENT_COLUMNS, REPLY_COLUMNS
@@ -174,7 +173,6 @@ def _pg_raw_page(url: str, lap: Callable[[str], None] | None = None
 
     def run(n: int) -> None:
         """Claim, then close, ``n`` new parents as one page."""
-        mark = lap or _no_lap
         now = time.time()
         params = [_same_sql_params(h, _parent(i), i, now) for i in (next(_next) for _ in range(n))]
         k0 = params[0][0]
@@ -185,16 +183,16 @@ def _pg_raw_page(url: str, lap: Callable[[str], None] | None = None
                  "a_attempt": [cl["k_attempt"] for *_r, cl, _ev in params]}
         close.update({"a_" + name: [cl[name] for *_r, cl, _ev in params] for name in names})
         close.update({"b_" + col: [ev["e_" + col] for *_r, ev in params] for col in EVENT_COLUMNS})
-        mark("params")
+        lap("params")
         c.execute(h.rows_of(n), {"k_platform": k0["k_platform"], "k_sender_id": k0["k_sender_id"],
                                  **{f"p{j}": k["k_parent_id"] for j, (k, *_r) in enumerate(params)}}).fetchall()
-        mark("read")
+        lap("read")
         if len(c.execute(claim_sql, claim).fetchall()) != n:
             raise RuntimeError("raw page: a new key was not inserted")
-        mark("claim (rows and events, durable)")
+        lap("claim (rows and events, durable)")
         if len(c.execute(close_sql, close).fetchall()) != n:
             raise RuntimeError("raw page: a close did not take")
-        mark("close (rows and events, relaxed)")
+        lap("close (rows and events, relaxed)")
 
     return run, c.close
 
