@@ -25,10 +25,14 @@ from replyd.clock import Clock, SystemClock
 from replyd.errors import SchemaError, StoreError
 from replyd.store.engine import default_url, is_sqlite_url, map_db_error, parse_url, redact_url
 from replyd.store.hotsql import HotSQL
-from replyd.store.model import CLAIM_COMMIT_LEVELS, DURABILITIES, Claim, Durability, Expect, Key, Row, lease_holder
+from replyd.store.model import (CLAIM_COMMIT_LEVELS, DURABILITIES, SCHEMA_HEAD, Claim, Durability, Expect, Key, Row,
+                                lease_holder)
+from replyd.store.fleet import FleetLeases
 from replyd.store.queries import Reads
+from replyd.store.retention import Retention
 from replyd.store.schema import ANSWERS, REPLIES, REPLY_COLUMNS, REPLY_DEFAULTS, REPLY_SET
 from replyd.store.unit import Tx
+from replyd.transitions import NEW, allowed
 
 _detail_encode = json.JSONEncoder(sort_keys=True, default=str).encode  # json.dumps' settings, made once
 _quote = json.encoder.encode_basestring_ascii  # how that encoder writes a str (ensure_ascii)
@@ -56,6 +60,7 @@ T = TypeVar("T")
 Stmts = Generator[tuple[str, Mapping[str, Any]], list[Any], T]
 
 _STORES: weakref.WeakSet[Store] = weakref.WeakSet()
+_BACKENDS: dict[str, type[Store]] = {}  # by Store.backend: each backend module registers its class
 _INHERITED: list[Any] = []  # a forked child's copies of its parent's kept connections: never used, never closed
 
 
@@ -76,11 +81,16 @@ class ClaimsInGroup(Protocol):
         """Per call (its args and kwargs) its ``Claim``, or None for a call to be run alone."""
 
 
-class Store(Reads):
+class Store(Reads, Retention, FleetLeases):
     """The answered-log over one database; safe to share between threads. ``Store.open`` picks the backend."""
 
     backend = ""  # "sqlite" / "postgresql", set by each backend
     is_sqlite = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.backend:  # the first class of a backend is the one ``open`` builds (a subclass does not replace it)
+            _BACKENDS.setdefault(cls.backend, cls)
 
     def __init__(self, engine: Engine, *, clock: Clock | None = None, durability: Durability = "as_asked") -> None:
         if durability not in DURABILITIES:
@@ -102,11 +112,9 @@ class Store(Reads):
 
         ``migrate``: True upgrades the schema, False requires it current, None leaves it alone (``replyd db``).
         """
-        from replyd.store.postgres import PostgresStore
-        from replyd.store.sqlite import SQLiteStore
-
         parsed = parse_url(url or default_url())
-        backend: type[Store] = SQLiteStore if is_sqlite_url(parsed) else PostgresStore
+        # The backends register themselves (``__init_subclass__``): the package imports both before any use.
+        backend = _BACKENDS["sqlite" if is_sqlite_url(parsed) else "postgresql"]
         store = backend(backend.make_engine(parsed), clock=clock, durability=durability)
         store.claim_commit = claim_commit
         try:
@@ -183,9 +191,19 @@ class Store(Reads):
 
     def require_schema(self) -> None:
         """Raise SchemaError unless the schema is at the newest revision."""
+        if self._recorded_revision() == SCHEMA_HEAD:  # one plain SELECT: the read commands skip alembic's import
+            return
         current, head = self.schema_revision()
         if current != head:
             raise SchemaError(f"store schema is at {current or 'nothing'}, replyd needs {head}: run `replyd db upgrade`")
+
+    def _recorded_revision(self) -> str | None:
+        """The revision in alembic's version table, or None (no table, no row, or it cannot be read)."""
+        try:
+            with self.engine.connect() as conn:
+                return conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
+        except sa.exc.DBAPIError:
+            return None
 
     def ping(self) -> None:
         """Ask the store one real query (a row of ``replies``); StoreError when it cannot answer."""
@@ -357,6 +375,7 @@ class Store(Reads):
 
     def _cas_params(self, key: Key, states: Sequence[str], attempt: int | None, lease_owner: str | None,
                     names: tuple[str, ...], values: Mapping[str, Any]) -> dict[str, Any]:
+        allowed(states, values.get("state"))
         params = self._key_params(key)
         params.update(zip(names, values.values(), strict=True))
         for i, s in enumerate(states):
@@ -419,6 +438,7 @@ class Store(Reads):
         """The new row's values, every column (the defaults where ``new`` is silent); only columns accepted."""
         if not REPLY_SET.issuperset(new):
             raise ValueError(f"not columns of {REPLIES.name}: {sorted(set(new) - REPLY_SET)}")
+        allowed((NEW,), new.get("state"))
         return {**REPLY_DEFAULTS, **new, "platform": key.platform, "sender_id": key.sender_id,
                 "parent_id": key.parent_id}
 

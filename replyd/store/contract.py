@@ -92,16 +92,29 @@ class AnsweredLog(Protocol):
         """Events of ``parent_id`` under any sender, oldest first."""
     def recent_events(self, limit: int = 50) -> list[Event]:
         """The newest events, newest first."""
+    def event_kinds(self) -> list[str]:
+        """Every event kind recorded, sorted."""
     def events_with_path(self, *, limit: int = 50, kind: str | None = None, state: str | None = None,
                          platform: str | None = None, path: str | None = None, parent_id: str | None = None,
                          since: float | None = None) -> list[dict[str, Any]]:
         """The newest events with their row's discovery path, filtered."""
     def counts(self) -> dict[tuple[str, str], int]:
         """Row counts by (platform, state)."""
+    def duplicate_counts(self) -> dict[tuple[str, str], int]:
+        """Own replies beyond the first found for one parent, by (platform, sender)."""
+    def event_key_counts(self, kind: str) -> dict[tuple[str, str], int]:
+        """How many keys have an event of ``kind``, by (platform, sender)."""
     def path_counts(self) -> list[tuple[str, str, str, int, float | None]]:
         """(platform, sender, path, rows, newest find) per discovery path."""
+    def answers_since(self, since: float, limit: int = 20_000) -> list[tuple[float, float | None]]:
+        """(close time, row created_at) of each answer closed since ``since``."""
+    def decidable(self, states: Sequence[str], limit: int = 20) -> list[Row]:
+        """Rows waiting for an operator's decision, the most recently changed first."""
     def count_opened_since(self, platform: str, sender_id: str, since: float, author_id: str | None = None) -> int:
         """A bot's rows opened since ``since`` (per author)."""
+    def oldest_opened_since(self, platform: str, sender_id: str, since: float,
+                            author_id: str | None = None) -> float | None:
+        """The earliest open time of the rows ``count_opened_since`` counts."""
     def oldest_open(self, limit: int = 10) -> list[Row]:
         """The oldest open rows."""
     def in_parts(self, limit: int = 10) -> list[Row]:
@@ -118,6 +131,8 @@ class AnsweredLog(Protocol):
         """(platform, sender id) of every bot with a row ``reoffer_due`` would return."""
     def senders_due(self, now: float) -> set[tuple[str, str]]:
         """(platform, sender id) of every bot with a row ``lease_due`` would lease."""
+    def waiting_reasons(self) -> dict[tuple[str, str], int]:
+        """Waiting rows by (platform, the policy's reason or the row's state)."""
     def overdue(self, now: float, grace_s: float, limit: int = 50) -> list[tuple[Row, float]]:
         """Non-terminal rows past their bound by more than ``grace_s``, with seconds over."""
     def export_rows(self, table: str, *, since: float | None = None) -> Iterator[dict[str, Any]]:

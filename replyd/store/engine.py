@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
 from replyd.errors import ContentionError, SchemaError, StoreError
-
-
-def default_sqlite_path() -> Path:
-    """Return ``$XDG_STATE_HOME/replyd/replyd.sqlite3`` (else under ``~/.local/state``)."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "replyd" / "replyd.sqlite3"
-
-
-def default_url() -> str:
-    """Return the SQLAlchemy URL of the embedded default store."""
-    return f"sqlite:///{default_sqlite_path()}"
+from replyd.store.location import default_sqlite_path, default_url  # noqa: F401  (their light home)
 
 
 def sqlite_file(url: str) -> Path | None:

@@ -38,11 +38,19 @@ SWEPT = (OPEN, CLOSED, NOT_LANDED, GAVE_UP)
 # that may have landed without one (maybe_sent), and verifications done: what the sweep's verification reads.
 REPLY_ID_EVENTS = ("closed", "already_landed", "late_landing", "swept_found", "reconciled", "duplicate_detected",
                    "duplicate_deleted", "maybe_sent", "late_maybe_sent", "verified")
+# Events that close a row because its answer is on the platform: one per answer (the status page's chart).
+ANSWERED_EVENTS = ("closed", "already_landed", "swept_found", "reconciled", "confirmed")
+# Rows that wait for an operator's decision: rearm any, confirm an unconfirmed one (the page's actions).
+DECIDABLE = (UNCONFIRMED, GAVE_UP, REJECTED, DECLINED, SKIPPED)
 
 # PostgreSQL ``synchronous_commit`` levels a durable write (the claim, the open) may ask for: "local" waits for
 # the primary's disk, "on" / "remote_write" / "remote_apply" also for a synchronous standby (when
 # ``synchronous_standby_names`` names one), so a claim survives a failover. Closes stay relaxed.
 CLAIM_COMMIT_LEVELS = ("local", "on", "remote_write", "remote_apply")
+
+# The newest migration (replyd/migrations/versions). A read command compares the store's revision with it
+# without importing alembic or SQLAlchemy; a test keeps it equal to alembic's head.
+SCHEMA_HEAD = "0008"
 
 # How commits wait for the disk. "as_asked": the claim and the open durable, closes and notes relaxed (a lost
 # close leaves the row open for the sweep). "durable" / "relaxed": every commit so (the benchmarks' variants).

@@ -21,6 +21,7 @@ from replyd.store.base import Stmts, Store
 from replyd.store.hotsql import HotSQL
 from replyd.store.model import Claim, Expect, Key, Row
 from replyd.store.schema import EVENT_COLUMNS, REPLY_COLUMNS
+from replyd.transitions import allowed
 
 
 def _pg_idle_dead(dbapi_conn: Any) -> str | None:
@@ -129,6 +130,10 @@ class PostgresStore(Store):
 
     def _insert(self, table: sa.Table) -> Any:
         return pg_dialect.insert(table)
+
+    def _lock_rows(self, q: sa.Select) -> sa.Select:
+        """``q`` locking its rows until the transaction ends: two replicas' heartbeats settle leases in turn."""
+        return q.with_for_update()
 
     def _lock_due(self, q: sa.Select) -> sa.Select:
         # Replicas sweeping at once each take rows the others have not locked.
@@ -271,6 +276,7 @@ class PostgresStore(Store):
                                                          Mapping[str, Any]]], relaxed: bool, made: list[bool]) -> None:
         """A page's closes (one bot, one shape, distinct parents) set with their events by ONE statement."""
         key0, states, _, values0, _ = items[0]
+        allowed(states, values0.get("state"))  # one shape: every item writes the same state
         sql, names = self._sql.close_set(tuple(values0), len(states), relaxed)
         params: dict[str, Any] = {"k_platform": key0.platform, "k_sender_id": key0.sender_id,
                                   "a_parent_id": [k.parent_id for k, *_ in items],

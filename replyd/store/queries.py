@@ -3,28 +3,40 @@
 from __future__ import annotations
 
 import functools
-import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from replyd.store.model import COMPOSING, NOT_LANDED, OPEN, PART_PATH, PARTS, RELEASED, SWEPT, CLOSED, Event, Key, ListingDelay, Row
+from replyd.store.model import ANSWERED_EVENTS, CLOSED, COMPOSING, NOT_LANDED, OPEN, PART_PATH, PARTS, RELEASED, SWEPT, Event, Key, Row
+from replyd.store.reader import Reader, for_driver
 from replyd.store.unit import key_where
-from replyd.store.schema import ANSWERS, CURSORS, EVENTS, LISTING_DELAY, LISTING_LAG, REPLIES
+from replyd.store.schema import CURSORS, EVENTS, LISTING_DELAY, LISTING_LAG, REPLIES
 
 
 def _waiting(now: float) -> Any:
-    """Rows that wait for a path to offer them again (see ``Reads.reoffer_due``)."""
+    """Rows that wait for a path to offer them again (see ``Reads.reoffer_due``); a released or not_landed row
+    once its ``not_before`` has passed (before it, the guard would refuse it: a held or backing-off row)."""
     c = REPLIES.c
-    return sa.and_(sa.or_(c.state.in_([NOT_LANDED, RELEASED, PARTS]), sa.and_(c.state == COMPOSING, c.lease_until < now)),
+    due = sa.and_(c.state.in_([NOT_LANDED, RELEASED]), sa.or_(c.not_before.is_(None), c.not_before <= now))
+    return sa.and_(sa.or_(due, c.state == PARTS, sa.and_(c.state == COMPOSING, c.lease_until < now)),
                    c.path != PART_PATH)
 
 
-class Reads:
-    """The part of the shared base that needs no backend of its own (mixed into ``Store``)."""
+def _opened_since(platform: str, sender_id: str, since: float, author_id: str | None) -> list[Any]:
+    """A bot's rows opened (sent or being sent) at or after ``since``, optionally for one author: what caps count."""
+    c = REPLIES.c
+    cond = [c.platform == platform, c.sender_id == sender_id, c.opened_at >= since, c.state.in_((OPEN, CLOSED))]
+    return cond if author_id is None else [*cond, c.author_id == author_id]
+
+
+class Reads(Reader):
+    """The part of the shared base that needs no backend of its own (mixed into ``Store``).
+
+    The reads for people (``Reader``) run their named SQL through ``_read_sql``, on a read transaction.
+    """
 
     clock: Any
 
@@ -41,18 +53,24 @@ class Reads:
         """How the lease select skips rows other replicas hold (``Store._lock_due``)."""
         raise NotImplementedError
 
+    def _read_sql(self, sql: str, params: Mapping[str, Any], doing: str) -> list[dict[str, Any]]:
+        """Run one of ``Reader``'s texts in a read transaction; the rows as dicts."""
+        with self._tx(write=False, doing=doing) as conn:
+            style = "named" if conn.dialect.name == "sqlite" else "pyformat"
+            return [dict(m) for m in conn.exec_driver_sql(for_driver(sql, style), dict(params)).mappings()]
+
     def count_opened_since(self, platform: str, sender_id: str, since: float, author_id: str | None = None) -> int:
         """Count this bot's rows opened (sent or being sent) at or after ``since``, optionally for one author."""
-        q = sa.select(sa.func.count()).select_from(REPLIES).where(
-            REPLIES.c.platform == platform,
-            REPLIES.c.sender_id == sender_id,
-            REPLIES.c.opened_at >= since,
-            REPLIES.c.state.in_((OPEN, CLOSED)),
-        )
-        if author_id is not None:
-            q = q.where(REPLIES.c.author_id == author_id)
+        q = sa.select(sa.func.count()).select_from(REPLIES).where(*_opened_since(platform, sender_id, since, author_id))
         with self._tx(write=False, doing="counting recent replies") as conn:
             return int(conn.execute(q).scalar_one())
+
+    def oldest_opened_since(self, platform: str, sender_id: str, since: float,
+                            author_id: str | None = None) -> float | None:
+        """The earliest ``opened_at`` of the rows ``count_opened_since`` counts, or None (when a cap has room)."""
+        q = sa.select(sa.func.min(REPLIES.c.opened_at)).where(*_opened_since(platform, sender_id, since, author_id))
+        with self._tx(write=False, doing="reading the oldest recent reply") as conn:
+            return conn.execute(q).scalar()
 
     def last_event(self, key: Key, kinds: Sequence[str] | None = None) -> Event | None:
         """Return the newest event of ``key`` (of one of ``kinds`` when given), or None."""
@@ -79,76 +97,17 @@ class Reads:
         with self._tx(write=False, doing="counting events") as conn:
             return int(conn.execute(q).scalar_one())
 
-    def answer(self, key: Key) -> list[str] | None:
-        """The parts of ``key``'s composed answer, in order (``replyd.parts``), or None if it has none stored."""
-        a = ANSWERS.c
-        q = sa.select(a.parts).where(a.platform == key.platform, a.sender_id == key.sender_id,
-                                     a.parent_id == key.parent_id)
-        with self._tx(write=False, doing="reading a composed answer") as conn:
-            doc = conn.execute(q).scalar()
-        return None if doc is None else list(json.loads(doc))
-
-    def find_events(self, parent_id: str, platform: str | None = None) -> list[Event]:
-        """Return every event for ``parent_id`` (any sender), oldest first: skips leave events but no row."""
-        q = sa.select(EVENTS).where(EVENTS.c.parent_id == parent_id)
-        if platform:
-            q = q.where(EVENTS.c.platform == platform)
-        with self._tx(write=False, doing="finding events") as conn:
-            return [Event(**dict(m)) for m in conn.execute(q.order_by(EVENTS.c.id)).mappings()]
-
-    def history(self, key: Key) -> list[Event]:
-        """Return every event of ``key`` in order."""
-        q = (
-            sa.select(EVENTS)
-            .where(
-                EVENTS.c.platform == key.platform,
-                EVENTS.c.sender_id == key.sender_id,
-                EVENTS.c.parent_id == key.parent_id,
-            )
-            .order_by(EVENTS.c.id)
-        )
-        with self._tx(write=False, doing="reading history") as conn:
-            return [Event(**dict(m)) for m in conn.execute(q).mappings()]
-
-    def find(self, parent_id: str, platform: str | None = None) -> list[Row]:
-        """Return every row whose parent id is exactly ``parent_id`` (any sender)."""
-        q = sa.select(REPLIES).where(REPLIES.c.parent_id == parent_id)
-        if platform:
-            q = q.where(REPLIES.c.platform == platform)
-        with self._tx(write=False, doing="finding a parent") as conn:
-            return [Row(**dict(m)) for m in conn.execute(q).mappings()]
-
     def recent_events(self, limit: int = 50) -> list[Event]:
         """Return the newest events, newest first."""
         q = sa.select(EVENTS).order_by(EVENTS.c.id.desc()).limit(limit)
         with self._tx(write=False, doing="reading events") as conn:
             return [Event(**dict(m)) for m in conn.execute(q).mappings()]
 
-    def counts(self) -> dict[tuple[str, str], int]:
-        """Return row counts by (platform, state)."""
-        q = sa.select(REPLIES.c.platform, REPLIES.c.state, sa.func.count()).group_by(
-            REPLIES.c.platform, REPLIES.c.state
-        )
-        with self._tx(write=False, doing="counting rows") as conn:
-            return {(p, s): n for p, s, n in conn.execute(q)}
-
-    def oldest_open(self, limit: int = 10) -> list[Row]:
-        """Return the oldest open rows."""
-        q = sa.select(REPLIES).where(REPLIES.c.state == OPEN).order_by(REPLIES.c.opened_at).limit(limit)
-        with self._tx(write=False, doing="reading open rows") as conn:
-            return [Row(**dict(m)) for m in conn.execute(q).mappings()]
-
-    def in_parts(self, limit: int = 10) -> list[Row]:
-        """Return the answers being sent in parts (state ``parts``), the longest waiting first."""
-        q = sa.select(REPLIES).where(REPLIES.c.state == PARTS).order_by(REPLIES.c.updated_at).limit(limit)
-        with self._tx(write=False, doing="reading answers in parts") as conn:
-            return [Row(**dict(m)) for m in conn.execute(q).mappings()]
-
     def reoffer_due(self, platform: str, sender_id: str, *, now: float, after: tuple[float, str] | None,
                     limit: int) -> list[Row]:
         """Return one page of a bot's rows that wait to be offered again, in (updated_at, parent_id) order.
 
-        ``not_landed`` and ``released`` rows, ``composing`` rows whose lease has expired (their composer
+        ``not_landed`` and ``released`` rows past their ``not_before``, ``composing`` rows whose lease has expired (their composer
         died: nothing was sent), and answers in ``parts`` (a post resumes them at their first part not closed).
         A part's own row is never offered: its answer's row is (``replyd.parts.PART_PATH``). ``after`` is the last row of the previous page; re-find walks the whole set
         page by page across its runs, so rows that stay where they are cannot hide the ones behind them.
@@ -175,31 +134,6 @@ class Reads:
              .distinct())
         with self._tx(write=False, doing="finding bots with due rows") as conn:
             return {(p, s) for p, s in conn.execute(q)}
-
-    def overdue(self, now: float, grace_s: float, limit: int = 50) -> list[tuple[Row, float]]:
-        """Return non-terminal rows past their bound by more than ``grace_s``, most overdue first, with seconds over.
-
-        The bound: a composing row's lease, an open row's sweep deadline, a released or not_landed row's
-        back-off (or its last change). Each has a job that moves it on within ``grace_s``
-        (sweep, re-find); a row listed here is one they did not move.
-        """
-        c = REPLIES.c
-        bound = sa.case(
-            (c.state == COMPOSING, sa.func.coalesce(c.lease_until, c.updated_at)),
-            (c.state == OPEN, sa.func.coalesce(c.deadline_at, c.updated_at)),
-            (c.state.in_([RELEASED, NOT_LANDED]), sa.func.coalesce(c.not_before, c.updated_at)),
-            else_=c.updated_at,
-        )
-        q = (sa.select(REPLIES, bound.label("bound_at"))
-             .where(c.state.in_([COMPOSING, OPEN, RELEASED, NOT_LANDED]), bound < now - grace_s)
-             .order_by(bound).limit(limit))
-        with self._tx(write=False, doing="reading overdue rows") as conn:
-            out = []
-            for m in conn.execute(q).mappings():
-                d = dict(m)
-                at = d.pop("bound_at")
-                out.append((Row(**d), now - at))
-            return out
 
     def rows_in(self, platform: str, sender_id: str, states: Sequence[str], limit: int = 500, *,
                 since: float | None = None) -> list[Row]:
@@ -307,14 +241,6 @@ class Reads:
     # -- listing lag (replyd.lag) ----------------------------------------------------
 
 
-    def lag_samples(self, platform: str, limit: int) -> list[tuple[float, float]]:
-        """Return the newest ``limit`` complete samples of ``platform`` as (lower_s, upper_s), newest first."""
-        c = LISTING_LAG.c
-        q = (sa.select(c.lower_s, c.upper_s).where(c.platform == platform, c.upper_s.is_not(None))
-             .order_by(c.seen_at.desc()).limit(limit))
-        with self._tx(write=False, doing="reading listing lag") as conn:
-            return [(float(lo), float(hi)) for lo, hi in conn.execute(q)]
-
     def lag_prune(self, platform: str, before: float) -> None:
         """Forget ``platform``'s samples sent before ``before`` (complete or not)."""
         c = LISTING_LAG.c
@@ -330,54 +256,27 @@ class Reads:
         with self._tx(relaxed=True, doing="saving the listing delay") as conn:
             conn.execute(stmt)
 
-    def listing_delays(self) -> dict[str, ListingDelay]:
-        """Return the recorded listing delay of every platform instance."""
-        with self._tx(write=False, doing="reading listing delays") as conn:
-            return {m["platform"]: ListingDelay(**dict(m)) for m in conn.execute(sa.select(LISTING_DELAY)).mappings()}
-
-    def lag_platforms(self) -> list[str]:
-        """Return the platform instances with lag samples."""
-        with self._tx(write=False, doing="reading listing lag") as conn:
-            return [p for (p,) in conn.execute(sa.select(LISTING_LAG.c.platform).distinct())]
-
-
     # -- reading the log (library, API, liveness) --------------------------------------
 
-    def events_with_path(self, *, limit: int = 50, kind: str | None = None, state: str | None = None,
-                         platform: str | None = None, path: str | None = None, parent_id: str | None = None,
-                         since: float | None = None) -> list[dict[str, Any]]:
-        """Return the newest events, newest first, each with the ``path`` of its key's row (None without one).
+    def answers_since(self, since: float, limit: int = 20_000) -> list[tuple[float, float | None]]:
+        """Each answer closed at or after ``since`` (``ANSWERED_EVENTS``): (close time, its row's created_at).
 
-        ``platform`` matches any instance containing it; ``state`` is the state the event recorded; ``path`` is
-        the discovery path stored on the key's row. ``detail`` stays the stored JSON text.
+        One range of ``ix_events_kind_at``, each event joined to its row by primary key; at most ``limit``.
         """
         e, r = EVENTS, REPLIES
         join = e.outerjoin(r, sa.and_(e.c.platform == r.c.platform, e.c.sender_id == r.c.sender_id,
                                       e.c.parent_id == r.c.parent_id))
-        q = sa.select(*e.c, r.c.path.label("path")).select_from(join)
-        if kind:
-            q = q.where(e.c.kind == kind)
-        if state:
-            q = q.where(e.c.state == state)
-        if platform:
-            q = q.where(e.c.platform.contains(platform, autoescape=True))
-        if path:
-            q = q.where(r.c.path == path)
-        if parent_id is not None:
-            q = q.where(e.c.parent_id == parent_id)
-        if since is not None:
-            q = q.where(e.c.at >= since)
-        q = q.order_by(e.c.id.desc()).limit(limit)
-        with self._tx(write=False, doing="reading events") as conn:
-            return [dict(m) for m in conn.execute(q).mappings()]
+        q = (sa.select(e.c.at, r.c.created_at).select_from(join)
+             .where(e.c.kind.in_(ANSWERED_EVENTS), e.c.at >= since, e.c.state == CLOSED).limit(limit))
+        with self._tx(write=False, doing="reading recent answers") as conn:
+            return [(float(at), created) for at, created in conn.execute(q)]
 
-    def path_counts(self) -> list[tuple[str, str, str, int, float | None]]:
-        """Per bot and discovery path: (platform, sender_id, path, rows, newest created_at), in that order."""
-        r = REPLIES.c
-        q = (sa.select(r.platform, r.sender_id, r.path, sa.func.count(), sa.func.max(r.created_at))
-             .group_by(r.platform, r.sender_id, r.path).order_by(r.platform, r.sender_id, r.path))
-        with self._tx(write=False, doing="reading paths") as conn:
-            return [(p, s, path, int(n), last) for p, s, path, n, last in conn.execute(q)]
+    def decidable(self, states: Sequence[str], limit: int = 20) -> list[Row]:
+        """Rows in ``states`` (those an operator decides on), the most recently changed first."""
+        q = (sa.select(REPLIES).where(REPLIES.c.state.in_(list(states)), REPLIES.c.path != PART_PATH)
+             .order_by(REPLIES.c.updated_at.desc(), REPLIES.c.parent_id).limit(limit))
+        with self._tx(write=False, doing="reading rows waiting for a decision") as conn:
+            return [Row(**dict(m)) for m in conn.execute(q).mappings()]
 
     def export_rows(self, table: str, *, since: float | None = None) -> Iterator[dict[str, Any]]:
         """Yield every row of ``replies`` (by creation) or ``events`` (by id) as a dict, changed at or after ``since``."""

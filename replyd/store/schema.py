@@ -50,7 +50,8 @@ class EventTable(SQLModel, table=True):
     """An append-only record of one transition (or skip) of one key."""
 
     __tablename__ = "events"
-    __table_args__ = (sa.Index("ix_events_key", "platform", "sender_id", "parent_id"),)
+    __table_args__ = (sa.Index("ix_events_key", "platform", "sender_id", "parent_id"),
+                      sa.Index("ix_events_kind_at", "kind", "at"))
 
     id: int | None = Field(default=None, primary_key=True)
     at: float = Field(index=True)
@@ -118,6 +119,32 @@ class ListingDelayTable(SQLModel, table=True):
     updated_at: float
 
 
+class ReplicaTable(SQLModel, table=True):
+    """One replica of the fleet (PostgreSQL only) and its last heartbeat (``replyd.fleet``)."""
+
+    __tablename__ = "replicas"
+
+    owner: str = Field(primary_key=True, max_length=255)  # the replica id: its rows' owner and lease holder
+    heartbeat_at: float
+    started_at: float
+
+
+class BotLeaseTable(SQLModel, table=True):
+    """Which replica runs one bot's discovery (polls, stream) until when (``replyd.fleet``).
+
+    A row with no holder is free from ``until`` on: a handover waits out the last holder's poll in flight.
+    A holder hands over only a bot its target asked for (``wanted_by``): a target that does not serve the bot
+    (configs that differ) never asks, and the bot stays where it runs.
+    """
+
+    __tablename__ = "bot_leases"
+
+    bot: str = Field(primary_key=True, max_length=255)  # the configured bot name
+    holder: str | None = Field(default=None, max_length=255)
+    until: float
+    wanted_by: str | None = Field(default=None, max_length=255)  # the target, asking the holder to hand over
+
+
 METADATA = SQLModel.metadata
 REPLIES = ReplyTable.__table__
 EVENTS = EventTable.__table__
@@ -125,6 +152,8 @@ CURSORS = CursorTable.__table__
 ANSWERS = AnswerTable.__table__
 LISTING_LAG = ListingLagTable.__table__
 LISTING_DELAY = ListingDelayTable.__table__
+REPLICAS = ReplicaTable.__table__
+BOT_LEASES = BotLeaseTable.__table__
 
 # The hot path's prebuilt statements are derived from these, never from hand-typed column lists.
 REPLY_COLUMNS = tuple(c.name for c in REPLIES.columns)
@@ -137,6 +166,7 @@ REPLY_SET = frozenset(REPLY_COLUMNS)
 # The tables an export may name, and their columns in order.
 EXPORT_COLUMNS: dict[str, tuple[str, ...]] = {"replies": REPLY_COLUMNS,
                                               "events": tuple(c.name for c in EVENTS.columns)}
+EXPORT_TABLES = EXPORT_COLUMNS  # the name ``replyd.store`` exports it by
 
 
 def record_fields(table: str) -> dict[str, tuple[Any, Any]]:

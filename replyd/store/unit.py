@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from replyd.store.model import OPEN, REPLY_ID_EVENTS, Key, Row
+from replyd.clock import Clock
 from replyd.store.schema import EVENTS, LISTING_LAG, REPLIES, REPLY_SET
+from replyd.transitions import NEW, allowed
 
-if TYPE_CHECKING:
-    from replyd.store.base import Store
+
+class Dialect(Protocol):
+    """What a transaction needs of its store: the dialect's statements and the clock (``Store`` has them)."""
+
+    clock: Clock
+
+    def _greatest(self, column: sa.ColumnElement[Any], value: float) -> sa.ColumnElement[Any]: ...
+
+    def _insert(self, table: sa.Table) -> Any: ...
+
+    def _answer_upsert(self) -> Any: ...
 
 
 def key_where(key: Key) -> sa.ColumnElement[bool]:
@@ -25,7 +36,7 @@ def key_where(key: Key) -> sa.ColumnElement[bool]:
 class Tx:
     """The steps of one ``Store.transaction()``: nothing is visible to others until all of them commit."""
 
-    def __init__(self, store: Store, conn: Connection) -> None:
+    def __init__(self, store: Dialect, conn: Connection) -> None:
         self._store = store
         self._conn = conn
 
@@ -47,6 +58,7 @@ class Tx:
         bad = set(values) - REPLY_SET
         if bad:
             raise ValueError(f"not columns of {REPLIES.name}: {sorted(bad)}")
+        allowed(states, values.get("state"))
         c = REPLIES.c
         cond = [key_where(key), c.state.in_(list(states))]
         if attempt is not None:
@@ -69,6 +81,7 @@ class Tx:
 
     def insert_new(self, key: Key, values: Mapping[str, Any]) -> bool:
         """Insert the key's row unless it exists; True when this call created it."""
+        allowed((NEW,), values.get("state"))
         stmt = (self._store._insert(REPLIES)
                 .values(platform=key.platform, sender_id=key.sender_id, parent_id=key.parent_id, **values)
                 .on_conflict_do_nothing(index_elements=["platform", "sender_id", "parent_id"])
