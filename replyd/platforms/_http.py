@@ -94,7 +94,9 @@ from replyd import deadline, metrics
 from replyd.clock import Clock
 from replyd.errors import BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
 from replyd.log import get_logger
+from replyd.platforms import mentions
 from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, PlatformSettings, ReadBack, Sent
+from replyd.platforms import unreadable
 
 T = TypeVar("T")
 
@@ -1137,6 +1139,8 @@ class HttpSettings(PlatformSettings):
 
     allow_insecure_http: bool = False  # let credentials travel over http:// to a non-loopback host
     timeout_s: float = Field(15.0, gt=0)  # per request
+    # Let a reply's broadcast and third-party mentions ping (replyd.platforms.mentions); off: only the author.
+    allow_mentions: bool = False
 
     @model_validator(mode="after")
     def _https(self, info: ValidationInfo) -> Self:
@@ -1188,6 +1192,10 @@ class HttpPlatform:
         self.platform_clock = PlatformClock(clock.now, platform=self.instance, log=self.log,
                                             on_change=lambda offset: metrics.platform_clock_offset(self.instance, offset))
         self._setup()
+
+    def _at_names(self, parent: Parent, text: str) -> str:
+        """``text`` as sent where a mention is ``@name``: all but the author's defused unless ``allow_mentions``."""
+        return text if self.s.allow_mentions else mentions.at_names(text, keep=(parent.author_handle,))
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], *, http: httpx.Client, clock: Clock,
@@ -1350,13 +1358,10 @@ class HttpPlatform:
         """Return the bot's stable identity (each adapter reads it its own way)."""
         raise NotImplementedError
 
-    def _skipped(self, what: str, problem: BadResponse | str, item: Any) -> None:
-        """Log an unreadable listing item that a poll skips (the others are still offered)."""
-        item_id = item.get(self.ITEM_ID) if isinstance(item, dict) else None
-        if isinstance(item_id, bool) or not isinstance(item_id, (int, str)):
-            item_id = None
-        self.log.warning(f"replyd.{self.kind}.skipped", what=what, item_id=None if item_id is None else str(item_id),
-                         problem=problem.detail if isinstance(problem, BadResponse) else problem)
+    def _skipped(self, what: str, problem: BaseException | str, item: Any, ident: str | None = None) -> None:
+        """Report an unreadable listing item that a poll skips (``unreadable.report``: the others are still
+        offered), named ``ident`` or else by its ``ITEM_ID`` field."""
+        unreadable.report(self.instance, what, ident or unreadable.item_id(item, self.ITEM_ID), problem)
 
     def _created_steps(self, method: str, path: str, parent: Parent, *, what: str,
                        read: Callable[[dict[str, Any]], T], **kwargs: Any) -> HttpSteps[T]:
@@ -1412,14 +1417,15 @@ class HttpPlatform:
         self.log.info(f"replyd.{self.kind}.edited", platform=self.instance, parent_id=parent.id, reply_id=reply_id,
                       chars=len(text))
 
-    def _read(self, what: str, item: Any, read: Callable[[dict[str, Any]], T]) -> T | None:
-        """``read(item)``; ``None`` (logged as skipped) when the item is no object or ``read`` finds it unreadable."""
+    def _read(self, what: str, item: Any, read: Callable[[dict[str, Any]], T], ident: str | None = None) -> T | None:
+        """``read(item)``; ``None`` (reported by ``_skipped``) when the item is no object or ``read`` raises one
+        of ``unreadable.ERRORS``: one item's failure, never the page's."""
         try:
             if not isinstance(item, dict):
                 raise BadResponse(f"{what}: item is not an object")
             return read(item)
-        except BadResponse as exc:
-            self._skipped(what, exc, item)
+        except unreadable.ERRORS as exc:
+            self._skipped(what, exc, item, ident)
             return None
 
     def _gap_refused(self, what: str, gap: GapCursor | None, page_no: int, exc: PlatformError) -> Page | None:

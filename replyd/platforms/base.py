@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import importlib
 import pkgutil
+from pathlib import Path
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -327,6 +328,19 @@ class StreamSource(Protocol):
 
 
 @runtime_checkable
+class ResumableStream(Protocol):
+    """Optional: a stream whose events are gone once dispatched unless its session is resumed (Discord's Gateway).
+
+    The runner records every parent the stream yields as a waiting row before it asks for the next one, so
+    the adapter may count all it yielded as recorded. ``hold_session`` lends it the store: ``load`` and
+    ``save`` read and write one text (the session, never a secret); ``holder`` names this process."""
+
+    def hold_session(self, load: Callable[[], str | None], save: Callable[[str], None], holder: str) -> None:
+        """Load the stored session on the next connect and save it as recorded events move it on."""
+        ...
+
+
+@runtime_checkable
 class MeasuresClock(Protocol):
     """Optional: an adapter that measures its platform's clock against replyd's (every HTTP adapter does)."""
 
@@ -448,11 +462,10 @@ def register_platform(kind: str) -> Callable[[type], type]:
 
 def _load_builtin() -> None:
     """Import every adapter module of this package (each registers itself): a new platform is one module."""
-    import replyd.platforms as package
-
-    for mod in pkgutil.iter_modules(package.__path__):
+    here = Path(__file__).resolve().parent  # this package's folder: base.py never imports its package
+    for mod in pkgutil.iter_modules([str(here)]):
         if not mod.name.startswith("_") and mod.name != "base":
-            importlib.import_module(f"{package.__name__}.{mod.name}")
+            importlib.import_module(f"{__package__}.{mod.name}")
 
 
 def make_platform(

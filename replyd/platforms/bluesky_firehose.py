@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from replyd.errors import ConfigError, DefinitelyNotSent, PlatformError, Rejected
 from replyd.log import get_logger
-from replyd.platforms.base import Parent
-
-if TYPE_CHECKING:
-    from replyd.platforms.bluesky import BlueskyPlatform
+from replyd.platforms import unreadable
+from replyd.platforms.base import Parent, Platform
 
 log = get_logger("replyd.bluesky")
 
@@ -94,7 +92,7 @@ def commit_posts(body: Any) -> Iterator[tuple[str, Any]]:
 class Firehose:
     """Reads one server's repo firehose and yields the bot's mentions and replies as the poller's parents."""
 
-    def __init__(self, platform: BlueskyPlatform, url: str, *, hydrate_timeout_s: float = 5.0,
+    def __init__(self, platform: Platform, url: str, *, hydrate_timeout_s: float = 5.0,
                  open_timeout_s: float = 10.0, ping_s: float = 20.0) -> None:
         self.platform = platform
         self.url = firehose_url(url)
@@ -140,28 +138,24 @@ class Firehose:
             raise DefinitelyNotSent(f"firehose: {type(exc).__name__}: {exc}"[:300]) from None
 
     def _frame(self, libipld: Any, frame: bytes, bot_did: str, stop: threading.Event) -> Iterator[Parent]:
-        try:
-            header, body = libipld.decode_dag_cbor_multi(frame)
-        except (ValueError, TypeError) as exc:
-            log.warning("replyd.bluesky.firehose_unreadable", platform=self.instance, error=str(exc)[:200])
-            return
+        ok, got = unreadable.read_one(self.instance, "stream", None, lambda _: libipld.decode_dag_cbor_multi(frame))
+        if not ok:
+            return  # a frame that cannot be decoded: reported, and the stream goes on
+        header, body = got
         self.frames += 1
         if not isinstance(header, dict) or not isinstance(body, dict):
             return
         if header.get("op") == -1:  # an error frame: the server closes after it (e.g. FutureCursor)
             raise DefinitelyNotSent(f"firehose: {body.get('error')}: {body.get('message')}"[:300])
         if header.get("t") == "#commit":
-            try:
-                posts = list(commit_posts(body))
-            except (ValueError, TypeError, KeyError) as exc:
-                log.warning("replyd.bluesky.firehose_unreadable", platform=self.instance, seq=body.get("seq"),
-                            error=str(exc)[:200])
-                posts = []
-            for uri, record in posts:
-                if _did_of(uri) != bot_did and about(record, bot_did):
-                    parent = self._hydrate(uri, stop)
-                    if parent is not None:
-                        yield parent
+            # A commit or a post record that cannot be read is reported; the frame's other posts go on.
+            _, posts = unreadable.read_one(self.instance, "stream", body, lambda b: list(commit_posts(b)), id_field="seq")
+            for uri, record in posts or ():
+                _, wanted = unreadable.read_one(self.instance, "stream", record,
+                                                lambda r: _did_of(uri) != bot_did and about(r, bot_did), ident=uri)
+                parent = self._hydrate(uri, stop) if wanted else None
+                if parent is not None:
+                    yield parent
         seq = body.get("seq")
         if isinstance(seq, int):
             self.cursor = seq  # after the frame's parents were handed on: a reconnect replays an unfinished one

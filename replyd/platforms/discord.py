@@ -25,8 +25,9 @@ Ids: the sender id is the bot user's id from ``GET /users/@me``; a parent id is
 ``"<channel id>:<message id>"``, both snowflakes exactly as served (strings, never ints).
 
 Send: ``POST /channels/{channel}/messages`` with ``message_reference`` (the parent, ``fail_if_not_exists:
-true``), ``allowed_mentions`` ``{"parse": ["users"], "replied_user": true}`` (no ``@everyone``, ``@here`` or
-role ping whatever the text says) and the guard's provider key as ``nonce`` with ``enforce_nonce: true``.
+true``), ``allowed_mentions`` ``{"parse": [], "replied_user": true}`` (only the replied-to author is pinged: no
+``@everyone``, ``@here``, role or user ping whatever the text says, unless ``allow_mentions``) and the
+guard's provider key as ``nonce`` with ``enforce_nonce: true``.
 The key (``provider_key``) is 25 characters, Discord's maximum, derived from (instance, sender, parent): the
 same on every attempt, so a retry after a lost answer inside Discord's window ("the past few minutes",
 discord-api-docs#6647) gets the earlier message back and no new one. Past the window the read-back closes
@@ -51,13 +52,19 @@ the parent's message id; never on text. A channel's parents are ``checked`` only
 within ``max_pages``.
 
 Discovery: the Gateway (``stream``): HELLO → IDENTIFY (intents ``GUILD_MESSAGES | DIRECT_MESSAGES``, plus
-``MESSAGE_CONTENT`` when set) or RESUME (session id + the last sequence seen) on a reconnect, heartbeats at
+``MESSAGE_CONTENT`` when set) or RESUME (session id + the last sequence recorded) on a reconnect, heartbeats at
 the HELLO's interval (a missing ACK is a zombied connection: closed and resumed), ``RECONNECT`` and
 ``INVALID_SESSION`` (``d: false``: identify afresh). A RESUME replays what was dispatched after the sequence
 (and, as observed, sometimes events already seen): every ``MESSAGE_CREATE`` becomes the same ``Parent`` the
 poll builds, so a replay is ``already_answered`` at the guard. The backstop (``inbox``) reads each listed
 channel's messages after its cursor. Addressed: a message mentioning the bot, replying to one of its
 messages, or in a DM.
+
+A DM at a crash (``ResumableStream``): no poll can list DMs. The daemon's runner records each parent the
+stream yields as a ``released`` row before reading on; a frame's seq counts as recorded only then. The
+session (id, resume URL, that seq; never the token) is stored in the cursor ``gateway``, so a restarted
+process RESUMEs it and Discord replays the rest. The connection closes with 4000, never 1000/1001 (which end
+the session). A RESUME refused logs ``replyd.discord.resume_failed`` with the seq after which events are lost.
 
 Interactions (slash commands, ``[bots.push] kind = "discord"``: the HTTP interactions endpoint through
 ``replyd.hooks``, the Ed25519 check there with the application's public key as ``secret_env``): PING is
@@ -103,7 +110,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 from urllib.parse import urlencode, urlsplit
 
@@ -113,7 +120,7 @@ from pydantic import Field, SecretStr, field_validator
 from replyd.clock import Clock
 from replyd.errors import BadResponse, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
 from replyd.parts import Limit
-from replyd.platforms import _http
+from replyd.platforms import _http, mentions
 from replyd.platforms._http import Found, id_order
 from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Token, register_platform
 
@@ -136,6 +143,7 @@ _FATAL_CLOSE = {4004: "authentication failed (the bot token)", 4010: "invalid sh
                 4012: "invalid API version", 4013: "invalid intents",
                 4014: "disallowed intents (enable MESSAGE_CONTENT in the developer portal, or message_content = false)"}
 _SESSION_GONE = frozenset({4007, 4009})  # invalid seq, session timed out: identify afresh
+SESSION_SAVE_S = 1.0  # at most one session save a second between heartbeats (a resume replays the rest)
 INTERACTION_TOKEN_LIFE_S = 900.0  # "Interaction tokens are valid for 15 minutes"
 FLAG_LOADING = 1 << 7  # a deferred response not yet edited ("thinking…")
 _TOKEN = re.compile(r"^[A-Za-z0-9_.-]{20,500}$")
@@ -152,6 +160,13 @@ def snowflake_at(epoch_s: float) -> str:
     return str(ms << 22)
 
 
+def _message_id(data: dict[str, Any]) -> str | None:
+    """The served id (``<channel>:<message>``) of a message object, for the report of one that cannot be read."""
+    channel, message = data.get("channel_id"), data.get("id")
+    ok = all(isinstance(x, str) and _SNOWFLAKE.match(x) for x in (channel, message))
+    return f"{channel}:{message}" if ok else None
+
+
 def split_id(parent_id: str) -> tuple[str, str]:
     """``"<channel>:<message>"`` → (channel, message); ``Rejected`` when it is not that form."""
     channel, _, message = parent_id.partition(":")
@@ -164,6 +179,14 @@ def discord_nonce(instance: str, sender_id: str, parent_id: str) -> str:
     """The create's nonce for (instance, sender, parent): 25 hex characters, the same on every attempt."""
     raw = f"replyd\x1f{instance}\x1f{sender_id}\x1f{parent_id}".encode()
     return hashlib.sha256(raw).hexdigest()[:NONCE_LEN]
+
+
+def _resume_url(url: Any) -> str | None:
+    """A resume URL the token may travel to: ``wss://``, or ``ws://`` to loopback only; else None."""
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if parts is None or not parts.hostname:
+        return None
+    return url if parts.scheme == "wss" or (parts.scheme == "ws" and _http.is_loopback(parts.hostname)) else None
 
 
 def _link(guild: str | None, channel: str, message: str) -> str:
@@ -243,7 +266,15 @@ class DiscordPlatform(_http.HttpPlatform):
         self.instance = self.s.instance or "discord"
         self._route_bucket: dict[str, str] = {}  # route -> X-RateLimit-Bucket learned
         self._channel_kind: dict[str, tuple[bool, str | None]] = {}  # channel -> (is a DM, guild id)
-        self._session: dict[str, Any] = {}  # Gateway: session_id, resume_gateway_url, seq
+        self._session: dict[str, Any] = {}  # Gateway: session_id, resume_gateway_url, seq (the last seen)
+        self._kept: int | None = None  # the last seq whose events are all recorded: what RESUME sends
+        self._slot: tuple[Callable[[], str | None], Callable[[str], None], str] | None = None  # hold_session's
+        self._saved: tuple[str, int] | None = None  # (session id, seq) last stored
+        self._saved_at = 0.0  # monotonic
+        self._every_s = 60.0  # the heartbeat interval HELLO gave
+        self._resuming = False  # a RESUME sent and not yet answered RESUMED
+        self._loaded_at: float | None = None  # when the stored session was last saved (injected clock)
+        self._refused: str | None = None  # a session refused to a RESUME, or taken by another process
         # Interactions: id -> (application id, token, expiry on the injected clock). In memory only: the token
         # lets anyone answer as the app for 15 minutes, so it never rides in the stored parent snapshot.
         self._interactions: dict[str, tuple[str, str, float]] = {}
@@ -260,8 +291,16 @@ class DiscordPlatform(_http.HttpPlatform):
     def _secrets(self) -> tuple[str, ...]:
         """The settings' secrets and every interaction token held (they sit in webhook URLs)."""
         with self._lock:
+            self._drop_expired()
             held = tuple(t for _app, t, _exp in self._interactions.values())
         return super()._secrets() + held
+
+    def _drop_expired(self) -> None:
+        """Forget tokens past their 15 minutes (under ``_lock``): nothing uses them, so nothing logs them. A request
+        sent just before the end ends within ``timeout_s``: its error text is still masked."""
+        gone = self._clock.now() - self.s.timeout_s - 60.0
+        for iid in [i for i, (_app, _t, exp) in self._interactions.items() if exp < gone]:
+            del self._interactions[iid]
 
     # --- transport: buckets, 429s, error bodies -----------------------------------------
 
@@ -426,8 +465,12 @@ class DiscordPlatform(_http.HttpPlatform):
             params = {"after": after, "limit": self.s.page_limit}
             resp = self._api("GET", "/channels/{id}/messages", f"/channels/{channel}/messages?{urlencode(params)}",
                              what="channel messages", major=channel)
-            items = [m for m in _http.json_body(resp, "channel messages", list)
-                     if isinstance(m, dict) and isinstance(m.get("id"), str) and _SNOWFLAKE.match(m["id"])]
+            items = []
+            for m in _http.json_body(resp, "channel messages", list):
+                if isinstance(m, dict) and isinstance(m.get("id"), str) and _SNOWFLAKE.match(m["id"]):
+                    items.append(m)
+                else:  # no id to page by: reported, and the page goes on
+                    self._skipped("channel messages", "a message without a snowflake id", m)
             items.sort(key=lambda m: id_order(m["id"]))  # Discord serves newest first
             last = len(items) < self.s.page_limit
             yield items, last
@@ -443,8 +486,9 @@ class DiscordPlatform(_http.HttpPlatform):
         for items, last in self._pages_after(channel, after):
             complete = last
             for msg in items:
-                newest = max(newest, msg["id"], key=id_order)
-                p = self._parent(msg, dm=dm, guild=guild, mention=mention)
+                newest = max(newest, msg["id"], key=id_order)  # past an unreadable one too: it will not read later
+                p = self._read("inbox", msg, lambda m: self._parent(m, dm=dm, guild=guild, mention=mention),
+                               f"{channel}:{msg['id']}")
                 if isinstance(p, Parent):
                     found.append(p)
         if not complete:
@@ -531,79 +575,180 @@ class DiscordPlatform(_http.HttpPlatform):
     def _intents(self) -> int:
         return INTENT_GUILD_MESSAGES | INTENT_DIRECT_MESSAGES | (INTENT_MESSAGE_CONTENT if self.s.message_content else 0)
 
+    def hold_session(self, load: Callable[[], str | None], save: Callable[[str], None], holder: str) -> None:
+        """``ResumableStream``: the Gateway session is stored (id, resume URL, the last seq recorded; never the
+        token) and a restarted process resumes it, so Discord replays what it dispatched after that seq."""
+        self._slot = (load, save, holder)
+
+    def _stored(self) -> dict[str, Any] | None:
+        """The stored session (None: none, unreadable, or no store lent)."""
+        if self._slot is None:
+            return None
+        try:
+            data = json.loads(self._slot[0]() or "null")
+        except Exception as exc:  # a store that cannot answer: identify, as a first start does
+            self.log.warning("replyd.discord.session_unreadable", platform=self.instance,
+                             error=f"{type(exc).__name__}: {exc}"[:200])
+            return None
+        ok = (isinstance(data, dict) and isinstance(data.get("session_id"), str) and isinstance(data.get("seq"), int)
+              and _resume_url(data.get("resume_gateway_url")) is not None)
+        return data if ok else None
+
+    def _to_resume(self) -> dict[str, Any]:
+        """The session this connect resumes: this process's, else the stored one; {} to identify afresh."""
+        stored = self._stored()
+        mine = self._session.get("session_id")
+        if mine and stored and stored["session_id"] == mine and stored.get("holder") != self._holder():
+            # Another process resumed this session after a restart: it is that process's now.
+            self.log.info("replyd.discord.session_taken", platform=self.instance)
+            mine, self._refused = None, mine  # never loaded again here: this process identifies afresh
+            self._session, self._kept = {}, None
+        if mine:
+            return self._session
+        if stored and stored["session_id"] != self._refused:
+            self._session = {k: stored[k] for k in ("session_id", "resume_gateway_url")} | {"seq": stored["seq"]}
+            self._kept = stored["seq"]
+            self._loaded_at = stored["at"] if isinstance(stored.get("at"), (int, float)) else None
+            self.log.info("replyd.discord.session_loaded", platform=self.instance, seq=stored["seq"])
+            self._save_session(take=True)  # this process holds it now (its last holder is gone, or lets go)
+        return self._session
+
+    def _holder(self) -> str | None:
+        return self._slot[2] if self._slot else None
+
+    def _save_session(self, *, refresh: bool = False, take: bool = False) -> None:
+        """Store the session with the last seq whose events are all recorded (throttled; ``refresh``: the
+        heartbeat's, which also proves the holder alive). Never over another live holder, unless ``take``."""
+        sid, kept = self._session.get("session_id"), self._kept
+        if self._slot is None or not sid or kept is None or not self._session.get("resume_gateway_url"):
+            return
+        now = time.monotonic()
+        if not (refresh or take) and ((sid, kept) == self._saved or now - self._saved_at < SESSION_SAVE_S):
+            return
+        _load, save, holder = self._slot
+        stored = None if take else self._stored()
+        at = self._clock.now()
+        if stored and stored.get("holder") != holder:
+            every = stored.get("every_s") if isinstance(stored.get("every_s"), (int, float)) else 60.0
+            stale = not isinstance(stored.get("at"), (int, float)) or at - stored["at"] > 3 * every
+            if not stale:  # another live process holds the slot (this session, taken; or its own)
+                return
+        try:
+            save(json.dumps({"session_id": sid, "resume_gateway_url": self._session["resume_gateway_url"],
+                             "seq": kept, "holder": holder, "at": at, "every_s": self._every_s}))
+        except Exception as exc:  # the stored seq stays older: a resume then replays more, never less
+            self.log.warning("replyd.discord.session_save_failed", platform=self.instance,
+                             error=f"{type(exc).__name__}: {exc}"[:200])
+            return
+        self._saved, self._saved_at = (sid, kept), now
+
+    def _resume_failed(self, why: str) -> None:
+        """A RESUME refused: what Discord dispatched after the last recorded seq is not replayed."""
+        age = None if self._loaded_at is None else round(self._clock.now() - self._loaded_at, 1)
+        self.log.error("replyd.discord.resume_failed", platform=self.instance, why=why, after_seq=self._kept,
+                       stored_age_s=age, missed="messages dispatched after after_seq and before the new session; "
+                       "listed guild channels are read again by the poll, DMs are not")
+        self._refused = self._session.get("session_id")  # never loaded again: the next connect identifies
+        self._session, self._kept, self._loaded_at = {}, None, None
+
     def stream(self, stop: threading.Event) -> Iterator[Parent]:
-        """The Gateway: identify (or resume the last session), heartbeat, yield each addressed MESSAGE_CREATE."""
+        """The Gateway: identify (or resume the last session), heartbeat, yield each addressed MESSAGE_CREATE.
+
+        Whoever reads this generator must have recorded a parent before it asks for the next one: a frame's
+        seq counts as recorded (``_kept``, what RESUME sends and the store keeps) only then."""
         from websockets.exceptions import ConnectionClosed, WebSocketException
         from websockets.sync.client import connect
 
         self._identity()  # parsing needs the bot's id before the first dispatch
-        session = dict(self._session)
+        session = dict(self._to_resume())
         base = session.get("resume_gateway_url") if session.get("session_id") else None
         url = (base or self._gateway_url()).rstrip("/")
         url += ("&" if "?" in url else "?") + "v=10&encoding=json"
         token = self.s.token.get_secret_value()
+        resuming = bool(session.get("session_id"))
         try:
             with connect(url, open_timeout=self.s.timeout_s, close_timeout=2, max_size=_http.MAX_RESPONSE_BYTES) as ws:
-                hello = json.loads(ws.recv(timeout=self.s.timeout_s))
-                if not isinstance(hello, dict) or hello.get("op") != 10:
-                    raise BadResponse("gateway: the first frame is not HELLO")
-                interval_s = _http.field(hello, "d.heartbeat_interval", "gateway HELLO", (int, float)) / 1000.0
-                if not 0 < interval_s < 3600:
-                    raise BadResponse("gateway HELLO: heartbeat_interval out of range")
-                if session.get("session_id"):
-                    ws.send(json.dumps({"op": 6, "d": {"token": token, "session_id": session["session_id"],
-                                                       "seq": session.get("seq")}}))
-                    self.log.info("replyd.discord.resuming", platform=self.instance, seq=session.get("seq"))
-                else:
-                    ws.send(json.dumps({"op": 2, "d": {"token": token, "intents": self._intents(),
-                                                       "properties": {"os": "linux", "browser": "replyd",
-                                                                      "device": "replyd"}}}))
-                beat_at = time.monotonic() + interval_s * random.random()  # the docs' jitter before the first beat
-                acked = True
-                while not stop.is_set():
-                    now = time.monotonic()
-                    if now >= beat_at:
-                        if not acked:  # no ACK since the last beat: a zombied connection, resumed anew
-                            self.log.warning("replyd.discord.zombie", platform=self.instance)
-                            return
-                        ws.send(json.dumps({"op": 1, "d": self._session.get("seq")}))
-                        acked, beat_at = False, now + interval_s
-                    try:
-                        raw = ws.recv(timeout=max(0.05, min(1.0, beat_at - now)))
-                    except TimeoutError:
-                        continue
-                    try:
-                        frame = json.loads(raw)
-                    except (ValueError, RecursionError):
-                        self.log.warning("replyd.discord.gateway_unreadable", platform=self.instance)
-                        continue
-                    if not isinstance(frame, dict):
-                        continue
-                    op = frame.get("op")
-                    if op == 11:
-                        acked = True
-                    elif op == 1:  # the server asks for a beat now
-                        ws.send(json.dumps({"op": 1, "d": self._session.get("seq")}))
-                    elif op == 7:
-                        self.log.info("replyd.discord.reconnect_asked", platform=self.instance)
-                        return
-                    elif op == 9:
-                        if frame.get("d") is not True:
-                            self._session = {}
-                        self.log.info("replyd.discord.invalid_session", platform=self.instance,
-                                      resumable=frame.get("d") is True)
-                        return
-                    elif op == 0:
-                        yield from self._dispatch(frame)
+                try:
+                    yield from self._frames(ws, stop, token, resuming)
+                finally:
+                    # Not 1000/1001, which end the session: it stays resumable a few minutes, after a restart too.
+                    ws.close(4000, "resuming later")
+                    self._save_session(refresh=True)
         except ConnectionClosed as exc:
             code = exc.rcvd.code if exc.rcvd is not None else None
             if code in _SESSION_GONE:
-                self._session = {}
+                if self._resuming:
+                    self._resume_failed(f"gateway closed {code}")
+                self._session, self._kept = {}, None
             if code in _FATAL_CLOSE:
                 raise DefinitelyNotSent(f"gateway closed {code}: {_FATAL_CLOSE[code]}") from None
             raise DefinitelyNotSent(f"gateway closed ({code})") from None
         except (WebSocketException, OSError, ValueError) as exc:
             raise DefinitelyNotSent(_http.redact(f"gateway: {type(exc).__name__}: {exc}", self._secrets())) from None
+
+    def _frames(self, ws: Any, stop: threading.Event, token: str, resuming: bool) -> Iterator[Parent]:
+        """One connection: HELLO, IDENTIFY or RESUME, heartbeats, the dispatches' parents (each then counted kept)."""
+        hello = json.loads(ws.recv(timeout=self.s.timeout_s))
+        if not isinstance(hello, dict) or hello.get("op") != 10:
+            raise BadResponse("gateway: the first frame is not HELLO")
+        interval_s = _http.field(hello, "d.heartbeat_interval", "gateway HELLO", (int, float)) / 1000.0
+        if not 0 < interval_s < 3600:
+            raise BadResponse("gateway HELLO: heartbeat_interval out of range")
+        self._every_s = interval_s
+        self._resuming = resuming
+        if resuming:
+            ws.send(json.dumps({"op": 6, "d": {"token": token, "session_id": self._session["session_id"],
+                                               "seq": self._kept}}))
+            self.log.info("replyd.discord.resuming", platform=self.instance, seq=self._kept)
+        else:
+            self._kept = None
+            ws.send(json.dumps({"op": 2, "d": {"token": token, "intents": self._intents(),
+                                               "properties": {"os": "linux", "browser": "replyd", "device": "replyd"}}}))
+        beat_at = time.monotonic() + interval_s * random.random()  # the docs' jitter before the first beat
+        acked = True
+        while not stop.is_set():
+            now = time.monotonic()
+            if now >= beat_at:
+                if not acked:  # no ACK since the last beat: a zombied connection, resumed anew
+                    self.log.warning("replyd.discord.zombie", platform=self.instance)
+                    return
+                ws.send(json.dumps({"op": 1, "d": self._session.get("seq")}))
+                acked, beat_at = False, now + interval_s
+                self._save_session(refresh=True)
+            try:
+                raw = ws.recv(timeout=max(0.05, min(1.0, beat_at - now)))
+            except TimeoutError:
+                continue
+            try:
+                frame = json.loads(raw)
+            except (ValueError, RecursionError):
+                self.log.warning("replyd.discord.gateway_unreadable", platform=self.instance)
+                continue
+            if not isinstance(frame, dict):
+                continue
+            op = frame.get("op")
+            if op == 11:
+                acked = True
+            elif op == 1:  # the server asks for a beat now
+                ws.send(json.dumps({"op": 1, "d": self._session.get("seq")}))
+            elif op == 7:
+                self.log.info("replyd.discord.reconnect_asked", platform=self.instance)
+                return
+            elif op == 9:
+                if frame.get("d") is not True:
+                    if self._resuming:
+                        self._resume_failed("invalid session")
+                    self._session, self._kept = {}, None
+                self.log.info("replyd.discord.invalid_session", platform=self.instance,
+                              resumable=frame.get("d") is True)
+                return
+            elif op == 0:
+                seq = frame.get("s")
+                yield from self._dispatch(frame)
+                # Every parent of this frame was recorded before the reader came back for more.
+                if isinstance(seq, int) and not isinstance(seq, bool) and self._session.get("session_id"):
+                    self._kept = max(seq, self._kept or 0)
+                    self._save_session()
 
     def _dispatch(self, frame: dict[str, Any]) -> Iterator[Parent]:
         """One dispatch: the sequence noted, READY's session kept, a MESSAGE_CREATE for the bot yielded."""
@@ -616,19 +761,24 @@ class DiscordPlatform(_http.HttpPlatform):
         if kind == "READY":
             sid, resume = data.get("session_id"), data.get("resume_gateway_url")
             self._session = {"session_id": sid if isinstance(sid, str) else None,
-                             "resume_gateway_url": resume if isinstance(resume, str) and
-                             urlsplit(resume).scheme in ("wss", "ws") else None,
+                             "resume_gateway_url": _resume_url(resume),
                              "seq": self._session.get("seq")}
+            self._saved, self._saved_at, self._resuming = None, 0.0, False  # the new session is saved at once
             self.log.info("replyd.discord.ready", platform=self.instance)
         elif kind == "RESUMED":
+            self._resuming = False
             self.log.info("replyd.discord.resumed", platform=self.instance, seq=self._session.get("seq"))
         elif kind == "MESSAGE_CREATE":
-            channel = data.get("channel_id")
-            if self.s.channels and data.get("guild_id") and channel not in self.s.channels:
-                return  # the same scope as the poll's: a guild channel outside ``channels`` is not offered
-            p = self._parent(data, dm=None)
+            p = self._read("stream", data, self._created_parent, _message_id(data))
             if isinstance(p, Parent):
                 yield p
+
+    def _created_parent(self, data: dict[str, Any]) -> Parent | str | None:
+        """A MESSAGE_CREATE's parent inside the poll's scope (a guild channel outside ``channels`` is not offered)."""
+        channel = data.get("channel_id")
+        if self.s.channels and data.get("guild_id") and channel not in self.s.channels:
+            return None
+        return self._parent(data, dm=None)
 
     # --- interactions (the HTTP interactions endpoint, through replyd.hooks kind "discord") ----------
 
@@ -674,6 +824,7 @@ class DiscordPlatform(_http.HttpPlatform):
             # Expiry on the injected clock from the moment replyd first held the token (never later than Discord's).
             known = self._interactions.get(iid)
             self._interactions[iid] = (app, token, known[2] if known else self._clock.now() + INTERACTION_TOKEN_LIFE_S)
+            self._drop_expired()
         return [Parent(id=iid, author_id=uid, author_handle=str(user.get("username") or uid),
                        author_is_bot=bool(user.get("bot")), text=" ".join(words), url="", created_at=made,
                        extra={"interaction": True, "channel": channel, "guild": guild, "dm": guild is None,
@@ -744,9 +895,9 @@ class DiscordPlatform(_http.HttpPlatform):
         channel, message = split_id(parent.id)
         if len(provider_key) > NONCE_LEN:
             raise Rejected(f"discord nonce longer than {NONCE_LEN} characters (not sent)")
-        body = {"content": text, "nonce": provider_key, "enforce_nonce": True,
+        body = {"content": self._outgoing(text), "nonce": provider_key, "enforce_nonce": True,
                 "message_reference": {"message_id": message, "channel_id": channel, "fail_if_not_exists": True},
-                "allowed_mentions": {"parse": ["users"], "replied_user": True}}
+                "allowed_mentions": self._allowed_mentions()}
 
         def read(data: dict[str, Any]) -> Sent:
             mid = _http.served_id(data, "id", "create message")
@@ -793,10 +944,20 @@ class DiscordPlatform(_http.HttpPlatform):
             self._edited(parent, reply_id, text, lambda: self._patch_original(parent, text, doing="edited"))
             return
         channel, message = split_id(reply_id)
-        body = {"content": text, "allowed_mentions": {"parse": ["users"], "replied_user": True}}
+        body = {"content": self._outgoing(text), "allowed_mentions": self._allowed_mentions()}
         self._edited(parent, reply_id, text, lambda: self._api(
             "PATCH", "/channels/{id}/messages/{id} PATCH", f"/channels/{channel}/messages/{message}",
             what="edit message", major=channel, acts=True, json=body))
+
+    def _allowed_mentions(self) -> dict[str, Any]:
+        """Whom a reply may ping: the replied-to author only, unless ``allow_mentions`` (then users, roles, all)."""
+        if self.s.allow_mentions:
+            return {"parse": ["users", "roles", "everyone"], "replied_user": True}
+        return {"parse": [], "replied_user": True}
+
+    def _outgoing(self, text: str) -> str:
+        """``text`` as sent: ``@everyone`` and ``@here`` defused unless ``allow_mentions``."""
+        return text if self.s.allow_mentions else mentions.discord(text)
 
     def _patch_original(self, parent: Parent, text: str, *, doing: str) -> httpx.Response:
         """``PATCH …/messages/@original`` (the interaction's answer set to ``text``) by the token this process holds,
@@ -811,7 +972,8 @@ class DiscordPlatform(_http.HttpPlatform):
             raise Rejected(f"interaction token past its 15 minutes (or too close to it): not {doing}")
         return self._api("PATCH", "/webhooks/{id}/{token}/messages/@original",
                          f"/webhooks/{app}/{token}/messages/@original", what="edit original response",
-                         major=parent.id, acts=True, json={"content": text, "allowed_mentions": {"parse": ["users"]}},
+                         major=parent.id, acts=True,
+                         json={"content": self._outgoing(text), "allowed_mentions": self._allowed_mentions()},
                          auth=False)
 
     def read_back(self, pending: Sequence[Pending], *, sender_id: str) -> ReadBack:

@@ -78,7 +78,7 @@ from replyd.errors import BadResponse, ConfigError, DefinitelyNotSent, MaybeSent
 from replyd.platforms.base import (
     Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Text, Texts, Token, register_platform,
 )
-from replyd.platforms import _http
+from replyd.platforms import _http, unreadable
 from replyd.platforms._http import id_order
 
 # Discourse's Notification.types (app/models/notification.rb); stable across versions.
@@ -307,7 +307,7 @@ class DiscoursePlatform(_http.StepSend, _http.HttpPlatform):
         for item in items:
             try:
                 iid = _http.served_id(item, "id", what)
-            except BadResponse as exc:
+            except unreadable.ERRORS as exc:
                 self._skipped(what, exc, item)
                 continue
             if cursor is not None and id_order(iid) <= id_order(cursor):
@@ -330,8 +330,8 @@ class DiscoursePlatform(_http.StepSend, _http.HttpPlatform):
         for nid, item in sorted(dict(fresh).items(), key=lambda t: id_order(t[0])):
             try:
                 parents = self._notification_parents(item, what)
-            except (Rejected, BadResponse) as exc:  # gone, forbidden or unreadable: skip for good
-                self._skipped(what, exc.detail, item)
+            except (Rejected, *unreadable.ERRORS) as exc:  # gone, forbidden or unreadable: skip for good
+                self._skipped(what, exc, item)
                 parents = []
             except PlatformError as exc:  # transient: stop here, the next poll retries from here
                 self.log.warning("replyd.discourse.inbox_partial", notification_id=nid, problem=exc.detail)
@@ -386,8 +386,8 @@ class DiscoursePlatform(_http.StepSend, _http.HttpPlatform):
             for post in posts:
                 try:
                     parent = self._post_parent(post, what, private=private)
-                except BadResponse as exc:
-                    self._skipped(what, exc.detail, post)
+                except unreadable.ERRORS as exc:
+                    self._skipped(what, exc, post)
                     continue
                 number = parent.extra["post_number"]
                 after = max(after, number)
@@ -457,8 +457,11 @@ class DiscoursePlatform(_http.StepSend, _http.HttpPlatform):
         for item in reversed(fresh):
             try:
                 parents = self._notification_parents(item, what)
-            except PlatformError as exc:  # no cursor here: the next re-find tries again
-                self._skipped(what, exc.detail, item)
+            except (Rejected, *unreadable.ERRORS) as exc:  # gone, forbidden or unreadable: skip for good
+                self._skipped(what, exc, item)
+                continue
+            except PlatformError as exc:  # a failed read, no cursor here: the next re-find tries again
+                self.log.warning("replyd.discourse.refind_partial", problem=exc.detail)
                 continue
             for p in parents:
                 found.setdefault(p.id, p)
@@ -509,8 +512,8 @@ class DiscoursePlatform(_http.StepSend, _http.HttpPlatform):
         for pid in sorted(hits, key=id_order):
             try:
                 parent = self._post_by_id(pid, what, cached=True)
-            except (Rejected, BadResponse) as exc:
-                self._skipped(what, exc.detail, hits[pid])
+            except (Rejected, *unreadable.ERRORS) as exc:
+                self._skipped(what, exc, hits[pid])
             except PlatformError as exc:
                 self.log.warning("replyd.discourse.search_partial", post_id=pid, problem=exc.detail)
                 complete = False
@@ -622,7 +625,7 @@ class DiscoursePlatform(_http.StepSend, _http.HttpPlatform):
             or post_number < 1
         ):
             raise Rejected(f"{what}: parent {parent.id} lacks topic_id / post_number")
-        payload = {"topic_id": topic_id, "reply_to_post_number": post_number, "raw": text}
+        payload = {"topic_id": topic_id, "reply_to_post_number": post_number, "raw": self._at_names(parent, text)}
         body = yield from self._created_steps("POST", "/posts.json", parent, what=what, bucket="post", json=payload, read=lambda b: b)
         if body.get("action") == "enqueued":
             pending = body.get("pending_post")
@@ -657,7 +660,7 @@ class DiscoursePlatform(_http.StepSend, _http.HttpPlatform):
         told apart as for a send (a refused key retried later, an uneditable post given up).
         """
         self._edit("PUT", f"/posts/{_http.seg(reply_id, 'edit')}.json", parent, reply_id, text, bucket="post",
-                   json={"post": {"raw": text}})
+                   json={"post": {"raw": self._at_names(parent, text)}})
 
     def _refused(self, exc: PlatformError) -> PlatformError:
         """A 403 to a POST or an edit's PUT: refused credentials (retry later) or a refused target (give up)?"""

@@ -84,7 +84,7 @@ from replyd.errors import BadResponse, DefinitelyNotSent, PlatformError, RateLim
 from replyd.platforms.base import (
     Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Text, Texts, Token, register_platform,
 )
-from replyd.platforms import _http
+from replyd.platforms import _http, unreadable
 from replyd.platforms._http import id_order
 
 DEFAULT_API_URL = "https://api.github.com"
@@ -432,12 +432,12 @@ class GitHubPlatform(_http.StepSend, _http.HttpPlatform):
         for updated, key, item in sorted(threads, key=lambda t: (t[0], t[1])):
             try:
                 parent = self._thread_parent(item, what)
-            except (Rejected, BadResponse) as exc:
-                self._skipped(what, exc.detail, item)
+            except (Rejected, *unreadable.ERRORS) as exc:
+                self._skipped(what, exc, item)
                 parent = None
             except PlatformError as exc:
-                if since is not None:  # re-find: no mark to hold; skip it this time
-                    self._skipped(what, exc.detail, item)
+                if since is not None:  # re-find: no mark to hold; skip it this time (a failed read, not unreadable)
+                    self.log.warning("replyd.github.refind_partial", thread=key, problem=exc.detail)
                     continue
                 self.log.warning("replyd.github.inbox_partial", source="notifications", thread=key, problem=exc.detail)
                 return
@@ -554,8 +554,8 @@ class GitHubPlatform(_http.StepSend, _http.HttpPlatform):
                     for item in _http.json_body(resp, what, list):
                         try:
                             parent = self._issue_parent(item, what)
-                        except BadResponse as exc:
-                            self._skipped(what, exc.detail, item)
+                        except unreadable.ERRORS as exc:
+                            self._skipped(what, exc, item)
                             continue
                         found.setdefault(parent.id, parent)
             except PlatformError as exc:
@@ -688,7 +688,7 @@ class GitHubPlatform(_http.StepSend, _http.HttpPlatform):
         path = f"/repos/{_http.seg(owner, what)}/{_http.seg(repo, what)}/issues/{number}/comments"
         with self._paced(what):
             reply_id, issue_url, html_url = yield from self._created_steps(
-                "POST", path, parent, what=what, json={"body": text},
+                "POST", path, parent, what=what, json={"body": self._at_names(parent, text)},
                 read=lambda body: (_http.served_id(body, "id", what), _http.field(body, "issue_url", what, default=""),
                                    _http.field(body, "html_url", what, default="")))
         got = _issue_ref(issue_url) if issue_url else None
@@ -709,7 +709,7 @@ class GitHubPlatform(_http.StepSend, _http.HttpPlatform):
         owner, repo, _ = self._issue_of(parent, what)
         path = f"/repos/{_http.seg(owner, what)}/{_http.seg(repo, what)}/issues/comments/{_http.seg(reply_id, what)}"
         with self._paced(what):
-            self._edit("PATCH", path, parent, reply_id, text, json={"body": text})
+            self._edit("PATCH", path, parent, reply_id, text, json={"body": self._at_names(parent, text)})
         self._comment_repo[reply_id] = (owner, repo)
 
     # read-back --------------------------------------------------------------------------

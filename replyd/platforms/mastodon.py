@@ -44,7 +44,7 @@ from pydantic import Field
 from replyd.errors import BadResponse, MaybeSent, PlatformError, Rejected
 from replyd.parts import Limit
 from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Token, register_platform
-from replyd.platforms import _http
+from replyd.platforms import _http, mentions, unreadable
 from replyd.platforms._http import id_order
 
 # Widest first: a reply is never more visible than the post it answers.
@@ -256,7 +256,7 @@ class MastodonPlatform(_http.StepSend, _http.HttpPlatform):
             if not isinstance(item, dict):
                 raise BadResponse(f"{what}: notification is not an object")
             nid = _http.field(item, "id", what)
-        except BadResponse as exc:
+        except unreadable.ERRORS as exc:
             self._skipped(what, exc, item)
             return None
         if after is not None and id_order(nid) <= id_order(after):
@@ -266,7 +266,7 @@ class MastodonPlatform(_http.StepSend, _http.HttpPlatform):
             return nid
         try:
             parent = self._parent(item, what, "status")
-        except BadResponse as exc:
+        except unreadable.ERRORS as exc:
             self._skipped(what, exc, item)
             return nid
         if parent is not None:
@@ -344,7 +344,7 @@ class MastodonPlatform(_http.StepSend, _http.HttpPlatform):
             for item in statuses:
                 try:
                     parent = self._parent(item, what)
-                except BadResponse as exc:
+                except unreadable.ERRORS as exc:
                     self._skipped(what, exc, item)
                     continue
                 if parent is None or (base is not None and id_order(parent.id) <= id_order(base)):
@@ -390,7 +390,7 @@ class MastodonPlatform(_http.StepSend, _http.HttpPlatform):
                     continue
                 try:
                     parent = self._parent(item, what, "status")
-                except BadResponse as exc:
+                except unreadable.ERRORS as exc:
                     self._skipped(what, exc, item)
                     continue
                 if parent is not None:
@@ -440,6 +440,9 @@ class MastodonPlatform(_http.StepSend, _http.HttpPlatform):
     def _addressed(self, parent: Parent, text: str) -> str:
         """``text`` as posted in reply to ``parent``: "@acct " first when ``mention_author`` and not there yet."""
         acct = parent.extra.get("acct") or parent.author_handle
+        # A direct status goes to every account it mentions: only the author's mention stays live.
+        if not self.s.allow_mentions:
+            text = mentions.at_names(text, keep=(acct,))
         if self.s.mention_author and acct and not _mentions(text, acct):
             return f"@{acct} {text}"
         return text

@@ -59,11 +59,11 @@ from urllib.parse import unquote
 import httpx
 from pydantic import AfterValidator, Field, SecretStr, StringConstraints, model_validator
 
-from replyd.errors import BadResponse, ConfigError, DefinitelyNotSent, PlatformError, Rejected
+from replyd.errors import ConfigError, DefinitelyNotSent, PlatformError, Rejected
 from replyd.platforms.base import (
     Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Text, Texts, Token, register_platform,
 )
-from replyd.platforms import _http
+from replyd.platforms import _http, mentions, unreadable
 
 API = "/_matrix/client/v3"
 # How many reply-event -> room entries ``delete`` can look up (filled by send and read_back).
@@ -252,11 +252,10 @@ class MatrixPlatform(_http.StepSend, _http.HttpPlatform):
         for ev in events if isinstance(events, list) else []:
             try:
                 parent = self._parent(ev, room_id, what)
-            except BadResponse as exc:
+                if parent is not None and self._mentions_me(parent, ev):
+                    out.append(parent)
+            except unreadable.ERRORS as exc:
                 self._skipped(what, exc, ev)
-                continue
-            if parent is not None and self._mentions_me(parent, ev):
-                out.append(parent)
         return out
 
     def _my_id(self) -> str:
@@ -381,7 +380,7 @@ class MatrixPlatform(_http.StepSend, _http.HttpPlatform):
                     continue  # a hit the bot could not answer: the send needs the room
                 try:
                     parent = self._parent(ev, room_id, what)
-                except BadResponse as exc:
+                except unreadable.ERRORS as exc:
                     self._skipped(what, exc, ev)
                     continue
                 if parent is None or parent.author_id == me:
@@ -500,7 +499,9 @@ class MatrixPlatform(_http.StepSend, _http.HttpPlatform):
 
     def _message(self, parent: Parent, text: str) -> dict[str, Any]:
         """A reply's content without its relation: what ``send`` posts and an edit's ``m.new_content`` repeats."""
-        return {"msgtype": self.s.msgtype, "body": text, "m.mentions": {"user_ids": [parent.author_id]}}
+        # m.mentions names the author only; "@room" in the body is defused for clients that read the body.
+        body = text if self.s.allow_mentions else mentions.matrix(text)
+        return {"msgtype": self.s.msgtype, "body": body, "m.mentions": {"user_ids": [parent.author_id]}}
 
     def edit(self, parent: Parent, reply_id: str, text: str) -> None:
         """Replace the text of own reply ``reply_id`` (``EditReply``): a replacement event (spec: event replacements).

@@ -90,7 +90,7 @@ from pydantic import Field, SecretStr, field_validator
 from replyd.clock import Clock
 from replyd.errors import BadResponse, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
 from replyd.parts import Limit
-from replyd.platforms import _http
+from replyd.platforms import _http, mentions
 from replyd.platforms._http import Found
 from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Token, register_platform
 
@@ -129,6 +129,19 @@ def ts_order(ts: str) -> Decimal:
         return Decimal(ts)
     except (InvalidOperation, TypeError):
         return Decimal(0)
+
+
+def _item_id(channel: str, msg: Any) -> str | None:
+    """The served id a message would have (``<channel>:<ts>``), for the report of one that cannot be read."""
+    ts = msg.get("ts") if isinstance(msg, dict) else None
+    return f"{channel}:{ts}" if isinstance(ts, str) and _TS.match(ts) else None
+
+
+def _event_id(payload: Any) -> str | None:
+    """The served id of an Events API body's message, for the report of one that cannot be read."""
+    event = payload.get("event") if isinstance(payload, dict) else None
+    channel = event.get("channel") if isinstance(event, dict) else None
+    return _item_id(channel, event) if isinstance(channel, str) else None
 
 
 def split_id(parent_id: str) -> tuple[str, str]:
@@ -432,21 +445,23 @@ class SlackPlatform(_http.HttpPlatform):
                         return
                     if kind != "events_api":
                         continue
-                    try:
-                        found = self.parse_event(msg.get("payload"))
-                    except BadResponse as exc:
-                        self.log.warning("replyd.slack.socket_unreadable", platform=self.instance, problem=exc.detail)
-                        continue
-                    for parent in [] if isinstance(found, str) else found:
-                        # The same scope as a webhook's: another workspace's or an unlisted channel's is not offered.
-                        reason = self.webhook_scope("", msg.get("payload"), parent)
-                        if reason is None:
-                            yield parent
-                        else:
-                            self.log.info("replyd.slack.socket_dropped", platform=self.instance, reason=reason,
-                                          parent_id=parent.id)
+                    yield from self._read("stream", msg, lambda m: self._in_scope(m.get("payload")),
+                                          _event_id(msg.get("payload"))) or ()
         except (WebSocketException, OSError) as exc:
             raise DefinitelyNotSent(_http.redact(f"socket mode: {type(exc).__name__}: {exc}", self._secrets())) from None
+
+    def _in_scope(self, payload: Any) -> list[Parent]:
+        """The parents of a Socket Mode event inside the scope a webhook's would be (the others logged)."""
+        found = self.parse_event(payload)
+        kept = []
+        for parent in [] if isinstance(found, str) else found:
+            # The same scope as a webhook's: another workspace's or an unlisted channel's is not offered.
+            reason = self.webhook_scope("", payload, parent)
+            if reason is None:
+                kept.append(parent)
+            else:
+                self.log.info("replyd.slack.socket_dropped", platform=self.instance, reason=reason, parent_id=parent.id)
+        return kept
 
     # --- polling --------------------------------------------------------------------
 
@@ -460,7 +475,8 @@ class SlackPlatform(_http.HttpPlatform):
             out.extend(c["id"] for c in items if isinstance(c, dict) and isinstance(c.get("id"), str))
         return out
 
-    def _read_channel(self, channel: str, oldest: str, *, threads_since: str | None = None) -> tuple[list[Parent], str]:
+    def _read_channel(self, channel: str, oldest: str, *, threads_since: str | None = None,
+                      what: str = "inbox") -> tuple[list[Parent], str]:
         """Parents in ``channel`` after ``oldest`` (thread replies included) and the newest ts seen.
 
         Thread replies are not in ``conversations.history``: the threads whose parent is after
@@ -473,21 +489,28 @@ class SlackPlatform(_http.HttpPlatform):
         threads: list[str] = []
         complete = False
         scan = min(oldest, threads_since or oldest, key=ts_order)
+
+        def take(msg: dict[str, Any]) -> str | None:
+            """Note an active thread; the message's ts when it is newer than ``oldest`` (its parent kept)."""
+            if not isinstance(msg.get("ts"), str):
+                return None
+            latest = msg.get("latest_reply")
+            if msg.get("reply_count") and isinstance(latest, str) and ts_order(latest) > ts_order(oldest):
+                threads.append(msg["ts"])
+            if ts_order(msg["ts"]) <= ts_order(oldest):
+                return None  # read only to find active threads
+            p = self._parent(msg, channel, channel_type=None)
+            if isinstance(p, Parent):
+                found[p.id] = p
+            return msg["ts"]
+
         for items, last in self._pages("conversations.history", {"channel": channel, "oldest": scan,
                                                                  "inclusive": "false"}, "messages"):
             complete = last
             for msg in items:
-                if not isinstance(msg, dict) or not isinstance(msg.get("ts"), str):
-                    continue
-                latest = msg.get("latest_reply")
-                if msg.get("reply_count") and isinstance(latest, str) and ts_order(latest) > ts_order(oldest):
-                    threads.append(msg["ts"])
-                if ts_order(msg["ts"]) <= ts_order(oldest):
-                    continue  # read only to find active threads
-                newest = max(newest, msg["ts"], key=ts_order)
-                p = self._parent(msg, channel, channel_type=None)
-                if isinstance(p, Parent):
-                    found[p.id] = p
+                ts = self._read(what, msg, take, _item_id(channel, msg))
+                if ts is not None and _TS.match(ts):  # an unreadable ts names no point to read on from
+                    newest = max(newest, ts, key=ts_order)
         if not complete:
             # Newest first: more than max_pages pages since the cursor leaves older ones unread (Events API and
             # Socket Mode still deliver them; raise max_pages or poll more often).
@@ -497,7 +520,8 @@ class SlackPlatform(_http.HttpPlatform):
                                                                       "oldest": oldest}, "messages"):
                 for msg in items:
                     if isinstance(msg, dict) and msg.get("ts") != root and msg.get("user") != me:
-                        p = self._parent(msg, channel, channel_type=None)
+                        p = self._read(what, msg, lambda m: self._parent(m, channel, channel_type=None),
+                                       _item_id(channel, msg))
                         if isinstance(p, Parent) and ts_order(p.extra["ts"]) > ts_order(oldest):
                             found[p.id] = p
                             newest = max(newest, p.extra["ts"], key=ts_order)
@@ -533,7 +557,7 @@ class SlackPlatform(_http.HttpPlatform):
         since = self.platform_clock.earliest(since, unmeasured_s=0.0)
         out: list[Parent] = []
         for channel in self._channels():
-            out.extend(self._read_channel(channel, f"{max(0.0, since):.6f}")[0])
+            out.extend(self._read_channel(channel, f"{max(0.0, since):.6f}", what="refind")[0])
         return sorted(out, key=lambda p: (ts_order(p.extra["ts"]), p.id))
 
     def thread_depth(self, parent: Parent, limit: int) -> int:
@@ -569,7 +593,8 @@ class SlackPlatform(_http.HttpPlatform):
         """``chat.postMessage`` into the parent's thread, tagged with the parent id (metadata) for the read-back."""
         channel, ts = split_id(parent.id)
         thread_ts = parent.extra.get("thread_ts") if isinstance(parent.extra.get("thread_ts"), str) else None
-        body = {"channel": channel, "text": text, "thread_ts": thread_ts or ts, "unfurl_links": False,
+        body = {"channel": channel, "text": self._outgoing(parent, text), "thread_ts": thread_ts or ts,
+                "unfurl_links": False,
                 "metadata": {"event_type": METADATA_TYPE, "event_payload": {"parent": parent.id}}}
         try:
             data = self._api("chat.postMessage", body=body, acts=True)
@@ -585,6 +610,10 @@ class SlackPlatform(_http.HttpPlatform):
         self.log.info("replyd.slack.sent", platform=self.instance, parent_id=parent.id, reply_id=reply_id)
         return Sent(reply_id=reply_id, url=_archive(channel, reply_ts))
 
+    def _outgoing(self, parent: Parent, text: str) -> str:
+        """``text`` as sent: broadcast, user-group and third-party mentions escaped unless ``allow_mentions``."""
+        return text if self.s.allow_mentions else mentions.slack(text, keep=(parent.author_id,))
+
     def _truncated(self, data: dict[str, Any], method: str, reply_id: str) -> None:
         """Log Slack's ``message_truncated`` warning: the message landed, cut at 40,000 characters."""
         meta = data.get("response_metadata")
@@ -597,7 +626,7 @@ class SlackPlatform(_http.HttpPlatform):
         """``EditReply``: ``chat.update`` the bot's reply ``reply_id`` to ``text``, its replyd metadata kept."""
         channel, ts = split_id(reply_id)
         # The metadata sent again (the same parent id): a read-back after the edit still matches the reply.
-        body = {"channel": channel, "ts": ts, "text": text,
+        body = {"channel": channel, "ts": ts, "text": self._outgoing(parent, text),
                 "metadata": {"event_type": METADATA_TYPE, "event_payload": {"parent": parent.id}}}
 
         def update() -> None:

@@ -12,6 +12,7 @@ Settings (``[bots.settings]`` with ``platform = "telegram"``):
 ``updates_limit``        ``getUpdates`` ``limit`` (1-100, default 100)
 ``timeout_s``            per request (a poll's timeout is ``timeout_s + long_poll_s``)
 ``part_marker``          end each part of an answer longer than one message with " (k/n)" (default false)
+``chats``                chat ids the bot answers in (default: every chat; a private chat's id is the user's)
 ``instance``             the answered-log instance (default ``telegram``)
 =======================  ====================================================================
 
@@ -76,7 +77,7 @@ from pydantic import Field, SecretStr
 
 from replyd.errors import BadResponse, DefinitelyNotSent, MaybeSent, RateLimited, Rejected
 from replyd.parts import Limit
-from replyd.platforms import _http
+from replyd.platforms import _http, unreadable
 from replyd.platforms.base import Identity, Page, Parent, Pending, ReadBack, Sent, Token, register_platform
 
 NO_READ_BACK = ("the Bot API lets a bot send but not read a chat's history or list its own messages, and "
@@ -95,6 +96,14 @@ def split_id(parent_id: str) -> tuple[int, int]:
     if m is None:
         raise Rejected(f"telegram id {parent_id[:80]!r}: expected '<chat id>:<message id>'")
     return int(m.group(1)), int(m.group(2))
+
+
+def _message_id(msg: dict[str, Any]) -> str | None:
+    """The served id (``<chat id>:<message id>``) of a message, for the report of one that cannot be read."""
+    chat = msg.get("chat")
+    cid, mid = chat.get("id") if isinstance(chat, dict) else None, msg.get("message_id")
+    ints = all(isinstance(x, int) and not isinstance(x, bool) for x in (cid, mid))
+    return f"{cid}:{mid}" if ints else None
 
 
 def utf16_slice(text: str, offset: int, length: int) -> str:
@@ -121,6 +130,7 @@ class TelegramPlatform(_http.HttpPlatform):
         updates_limit: int = Field(100, ge=1, le=100)
         allowed_updates: list[str] = ["message"]
         part_marker: bool = False  # end each part of a long answer with " (k/n)"
+        chats: list[int] = []  # the chats answered in; empty: every chat the bot is in
 
     s: Settings
 
@@ -250,6 +260,8 @@ class TelegramPlatform(_http.HttpPlatform):
         chat = msg["chat"]
         extra: dict[str, Any] = {"chat_id": chat_id, "message_id": message_id, "chat_type": chat.get("type"),
                                  "addressed": True}
+        if isinstance(sender.get("first_name"), str):
+            extra["author_name"] = sender["first_name"]
         replied = msg.get("reply_to_message")
         if isinstance(replied, dict) and isinstance(replied.get("message_id"), int):
             extra["reply_to"] = replied["message_id"]
@@ -262,7 +274,7 @@ class TelegramPlatform(_http.HttpPlatform):
         return Parent(
             id=f"{chat_id}:{message_id}",
             author_id=str(sender.get("id", "")),
-            author_handle=str(sender.get("username") or sender.get("first_name") or ""),
+            author_handle=str(sender.get("username") or ""),  # a first name is the sender's pick, never a handle
             author_is_bot=sender.get("is_bot") is True,
             text=msg.get("text") if isinstance(msg.get("text"), str) else str(msg.get("caption") or ""),
             url=url,
@@ -273,17 +285,22 @@ class TelegramPlatform(_http.HttpPlatform):
     def _from_update(self, update: Any) -> Parent | str:
         """The parent an ``Update`` names, or why it names none to answer."""
         if not isinstance(update, dict):
+            self._skipped("update", "an update is not an object", update)
             return "unreadable"
         msg = update.get("message")
         if not isinstance(msg, dict):
             return "not_a_message"  # edits, channel posts, callbacks, member changes: nothing to answer
-        why = self._addressed(msg, self._identity())
-        if why is not None:
-            return why
+        identity = self._identity()  # a request of its own: its failure fails the page, not this update
         try:
+            why = self._addressed(msg, identity)
+            if why is not None:
+                return why
+            chat = msg.get("chat") or {}
+            if self.s.chats and chat.get("id") not in self.s.chats:
+                return "chat_not_listed"  # a signed update from a group the operator did not list
             return self._parent(msg)
-        except BadResponse as exc:
-            self._skipped("update", exc, update)
+        except unreadable.ERRORS as exc:
+            self._skipped("update", exc, update, _message_id(msg))
             return "unreadable"
 
     # --- discovery --------------------------------------------------------------------------
@@ -304,15 +321,20 @@ class TelegramPlatform(_http.HttpPlatform):
         if not isinstance(updates, list):
             raise BadResponse("getUpdates: result is not an array")
         parents: list[Parent] = []
-        top: int | None = None
+        top = int(body["offset"]) - 1 if "offset" in body else None  # the highest update_id passed
+        unnamed = 0  # updates after ``top`` whose id cannot be read: ids increase, each is at least one more
         for u in updates:
             uid = u.get("update_id") if isinstance(u, dict) else None
             if isinstance(uid, int) and not isinstance(uid, bool):
-                top = uid if top is None else max(top, uid)
+                if top is None or uid > top:
+                    top, unnamed = uid, 0
+            else:
+                unnamed += 1
             found = self._from_update(u)
             if isinstance(found, Parent):
                 parents.append(found)
-        return Page(parents=parents, cursor=str(top + 1) if top is not None else cursor)
+        # Past the unnamed ones too: an offset at most one past the last update served skips nothing unserved.
+        return Page(parents=parents, cursor=str(top + 1 + unnamed) if top is not None else cursor)
 
     def search(self, query: str, cursor: str | None) -> Page:
         """Bots cannot search Telegram: an empty page."""
@@ -359,7 +381,7 @@ class TelegramPlatform(_http.HttpPlatform):
     def send(self, parent: Parent, text: str, *, provider_key: str) -> Sent:
         """``sendMessage`` replying to the parent (in its forum topic); ``provider_key`` has no use here."""
         chat_id, message_id = split_id(parent.id)
-        body: dict[str, Any] = {"chat_id": chat_id, "text": text,
+        body: dict[str, Any] = {"chat_id": chat_id, "text": self._at_names(parent, text),
                                 "reply_parameters": {"message_id": message_id, "allow_sending_without_reply": False}}
         thread = parent.extra.get("message_thread_id") if isinstance(parent.extra, dict) else None
         if isinstance(thread, int) and not isinstance(thread, bool):
@@ -397,7 +419,8 @@ class TelegramPlatform(_http.HttpPlatform):
 
         def edit_text() -> None:
             try:
-                self._api("editMessageText", {"chat_id": chat_id, "message_id": message_id, "text": text}, acts=True)
+                self._api("editMessageText", {"chat_id": chat_id, "message_id": message_id,
+                                              "text": self._at_names(parent, text)}, acts=True)
             except Rejected as exc:
                 # The text already is ``text``: an edit repeated after its answer was lost, or set twice.
                 if exc.status != 400 or NOT_MODIFIED not in exc.detail.lower():

@@ -67,6 +67,12 @@ _SKIP_TYPES = frozenset({"reaction", "system", "unsupported", "ephemeral", "requ
 _TEXT = re.compile(r"[^\x20-\x7e]")
 
 
+def _wamid(msg: Any) -> str | None:
+    """A message's id when it is one (for the report of a message that cannot be read)."""
+    wamid = msg.get("id") if isinstance(msg, dict) else None
+    return wamid if isinstance(wamid, str) and _WAMID.match(wamid) else None
+
+
 def callback_data(provider_key: str, parent_id: str) -> str:
     """The ``biz_opaque_callback_data`` of a reply: replyd's key and the parent (Meta allows 512 characters)."""
     return f"{CALLBACK}{provider_key}:{parent_id}"[:512]
@@ -163,14 +169,12 @@ class WhatsAppPlatform(_http.StepSend, _http.HttpPlatform):
         self.log.info("replyd.whatsapp.identified", platform=self.instance, phone_number_id=pid, display=display)
         return self._me
 
-    def _parent(self, msg: Any, value: Mapping[str, Any]) -> Parent | str:
-        """One ``value.messages[]`` item as a parent, or why it is none to answer."""
-        if not isinstance(msg, dict):
-            return "unreadable"
+    def _parent(self, msg: dict[str, Any], value: Mapping[str, Any]) -> Parent | str:
+        """One ``value.messages[]`` item as a parent, or why it is none to answer (``BadResponse``: unreadable)."""
         wamid, sender = msg.get("id"), msg.get("from")
         if not isinstance(wamid, str) or not _WAMID.match(wamid) or not isinstance(sender, str) \
                 or not _DIGITS.match(sender):
-            return "unreadable"
+            raise BadResponse("webhook: message id or from missing or malformed")
         kind = msg.get("type") if isinstance(msg.get("type"), str) else ""
         if kind in _SKIP_TYPES:
             return "not_a_message"
@@ -187,7 +191,9 @@ class WhatsAppPlatform(_http.StepSend, _http.HttpPlatform):
         if isinstance(context.get("id"), str):
             extra["reply_to"] = context["id"]
         name = names.get(sender)
-        return Parent(id=wamid, author_id=sender, author_handle=name if isinstance(name, str) else "",
+        if isinstance(name, str):
+            extra["author_name"] = name  # the profile name is the sender's pick: shown, never matched
+        return Parent(id=wamid, author_id=sender, author_handle=sender,
                       text=text, created_at=float(stamp) if isinstance(stamp, str) and stamp.isdigit()
                       and stamp.isascii() else None, extra=extra)
 
@@ -222,12 +228,14 @@ class WhatsAppPlatform(_http.StepSend, _http.HttpPlatform):
             if not self._mine(value):
                 why = "other_phone_number"
                 continue
-            for msg in value.get("messages") or []:
-                found = self._parent(msg, value)
+            messages = value.get("messages")
+            for msg in messages if isinstance(messages, list) else []:
+                # One message that cannot be read is reported and left out; the others of the delivery go on.
+                found = self._read("webhook", msg, lambda m: self._parent(m, value), _wamid(msg))
                 if isinstance(found, Parent):
                     parents.append(found)
                 else:
-                    why = found
+                    why = found or "unreadable"
         return parents or why
 
     def webhook_scope(self, event: str, payload: Any, parent: Parent) -> str | None:
