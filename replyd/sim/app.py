@@ -140,6 +140,7 @@ def _api(world: World, fn: Handler) -> Callable[[Request], Awaitable[Response]]:
                         f'error_description="{_INVALID_TOKEN}"'
                     },
                 )
+            world.count_request(viewer.id, request.method, fn.__name__)
             request.state.params = await _params(request) if request.method in ("POST", "PUT", "PATCH") else {}
             # Sync handlers under the world lock: a response is one consistent snapshot
             # even while traffic threads post.

@@ -121,6 +121,7 @@ class World:
         self._read_queue: deque[str] = deque()
         self.creates_attempted = 0
         self.faults_injected: Counter[str] = Counter()
+        self.requests: Counter[tuple[str, str, str]] = Counter()  # (account id, method, handler) -> calls
         self._rate_windows: dict[tuple[str, int], int] = {}
         self.outages: list[tuple[float, float]] = []  # (start, end) of each error_500_for_s window
 
@@ -520,6 +521,20 @@ class World:
                 s = self.statuses[i]
                 if s.in_reply_to_id and s.deleted_at is None:
                     out[s.in_reply_to_id] += 1
+            return dict(out)
+
+    def count_request(self, account_id: str, method: str, handler: str) -> None:
+        """Count one authenticated API request (the HTTP layer calls this)."""
+        with self.lock:
+            self.requests[(account_id, method, handler)] += 1
+
+    def reads(self, account_id: str | None = None) -> dict[str, int]:
+        """GET requests per handler (``notifications``, ``search``, ...), of one account or all."""
+        with self.lock:
+            out: Counter[str] = Counter()
+            for (acc, method, handler), n in self.requests.items():
+                if method == "GET" and (account_id is None or acc == account_id):
+                    out[handler] += n
             return dict(out)
 
     def duplicates(self, account_id: str | None = None) -> int:
