@@ -26,13 +26,35 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from replyd import log as rlog
 from replyd.errors import ConfigError
+from replyd.lag_summary import LISTING_LAG_WINDOW
 from replyd.log import get_logger
 
 logger = get_logger("replyd.config")
 
+# Characters: a token guarding a non-loopback bind must not be guessable (the API and MCP check it).
+MIN_PUBLIC_TOKEN = 32
+
+
+# The words a boolean may be written as: TOML's own true/false, and what an environment variable carries.
+_BOOL_WORDS = {"true": True, "false": False, "1": True, "0": False}
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_booleans(cls, data: Any) -> Any:
+        """A boolean is true or false (or 1/0 from an environment variable): "yes" or "on" is a mistake."""
+        if not isinstance(data, dict):
+            return data
+        for name, field in cls.model_fields.items():
+            value = data.get(name)
+            if field.annotation is bool and isinstance(value, str):
+                if value.strip().lower() not in _BOOL_WORDS:
+                    raise ValueError(f"{name}: {value!r} is not a boolean (use true or false)")
+                data = {**data, name: _BOOL_WORDS[value.strip().lower()]}
+        return data
 
 
 class StoreConfig(_Strict):
@@ -111,7 +133,7 @@ class SweepConfig(_Strict):
     listing_delay_percentile: float = Field(99.0, gt=0, le=100)
     listing_delay_min_samples: int = Field(10, ge=1)
     listing_delay_max_s: float = Field(600.0, gt=0)
-    listing_lag_window: int = Field(500, ge=10, le=100_000)  # newest samples the percentile is taken over
+    listing_lag_window: int = Field(LISTING_LAG_WINDOW, ge=10, le=100_000)  # newest samples the percentile is taken over
     listing_lag_refresh_s: float = Field(10.0, gt=0)
     # not_landed and gave_up rows are looked at again at these multiples of the delay in use (at most
     # reconcile_max_s after they were judged): an own reply found then closes them as reconciled.
@@ -152,6 +174,24 @@ class DaemonConfig(_Strict):
     # Enough for the platform requests in flight at once (each poll holds its thread while it waits); more bots
     # need no more threads unless their polls take longer than the interval divided among them.
     job_threads: int = Field(16, ge=1, le=1024)
+
+
+class FleetConfig(_Strict):
+    """Replicas on PostgreSQL share the bots: each bot's discovery runs where its lease is held (``replyd.fleet``).
+
+    Off unless ``enabled`` (PostgreSQL only); SQLite is one replica on one machine and never uses it. A replica beats every
+    ``heartbeat_s``; one silent for ``bot_lease_s`` is dead: its bots and its rows' leases go to the others.
+    """
+
+    enabled: bool = False  # true: each bot's discovery on one replica; false: every replica polls every bot
+    heartbeat_s: float = Field(5.0, gt=0)
+    bot_lease_s: float = Field(20.0, gt=0)
+
+    @model_validator(mode="after")
+    def _lease_covers_beats(self) -> FleetConfig:
+        if self.bot_lease_s < 2 * self.heartbeat_s:
+            raise ValueError("bot_lease_s must be at least twice heartbeat_s (a late heartbeat must not lose a bot)")
+        return self
 
 
 class ApiConfig(_Strict):
@@ -309,7 +349,6 @@ class McpConfig(McpScope):
 
     def http_tokens(self, host: str | None = None) -> dict[str, McpScope]:
         """Every bearer token HTTP accepts and its scope (the main one first); ConfigError naming the bad one."""
-        from replyd.api import MIN_PUBLIC_TOKEN
         from replyd.platforms._http import is_loopback
 
         bind = host or self.host
@@ -346,6 +385,9 @@ class PollerConfig(_Strict):
     # page by page across runs, so a page of rows that cannot move never hides the rows behind it.
     refind_batch: int = Field(500, ge=1, le=100_000)
     jitter_s: float = Field(2.0, ge=0)
+    # Before any path runs, record the own replies the platform shows over the paths' window (replyd.daemon):
+    # a new, lost or restored store then never answers what the platform shows answered.
+    adopt_at_start: bool = True
 
 
 class PolicyConfig(_Strict):
@@ -465,6 +507,7 @@ class Config(BaseSettings):
     mcp: McpConfig = McpConfig()
     health: HealthConfig = HealthConfig()
     daemon: DaemonConfig = DaemonConfig()
+    fleet: FleetConfig = FleetConfig()
     bots: list[BotConfig] = []
     source: str = Field("", exclude=True)
 

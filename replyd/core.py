@@ -12,7 +12,7 @@ I/O itself: where it needs the store, the platform's send or the responder, it *
 
 Why generators and not an h11-style explicit state machine: the decisions interleave a dozen I/O calls with
 branches on their results (and transactions whose bodies branch on what they read); as generators the code
-keeps the order it is reasoned about in (docs/ARCHITECTURE.md, "States of a row"), sub-steps compose with
+keeps the order it is reasoned about in (replyd/transitions.py and docs/ARCHITECTURE.md, "States"), sub-steps compose with
 ``yield from``, and each driver is a dozen lines. A transaction is one effect: the core hands the face a
 function of the store that runs whole (and atomically) wherever the face runs store calls.
 
@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextvars
 import copy
 import dataclasses
-import enum
 import functools
 import hashlib
 import itertools
@@ -64,6 +63,8 @@ from replyd.errors import (
 )
 from replyd.lag import ListingLag
 from replyd.log import get_logger
+from replyd.outcome import Outcome, PartOutcome, Status
+from replyd.outcome import classify as _classify
 from replyd.parts import MAX_PARTS, PART_PATH, Limit, head, length, part_id, split
 from replyd.platforms.base import (EditReply, Identity, Parent, Platform, PostLimit, ProviderKeys, Sent,
                                    default_provider_key)
@@ -85,7 +86,7 @@ Compose = Callable[[Parent], "str | None | Awaitable[str | None]"]
 
 @dataclass
 class PageCloses:
-    """The closes a page's posts leave for one relaxed transaction at the end of the page (issue 36's group
+    """The closes a page's posts leave for one relaxed transaction at the end of the page (the group
     close): only the page's own keys, only a plain reply's close (a part's close orders the next part)."""
 
     keys: frozenset[Key]
@@ -201,55 +202,6 @@ class Lease:
     until: float
 
 
-class Status(enum.StrEnum):
-    """What happened to one call of ``Guard.post``, as a value the caller acts on."""
-
-    POSTED = "posted"  # this call sent the reply; reply_id set
-    ALREADY_ANSWERED = "already_answered"  # a reply exists; reply_id set
-    IN_FLIGHT = "in_flight"  # someone holds the key, or it awaits the sweep
-    NOT_SENT = "not_sent"  # provably not sent; retry later (retry_after_s)
-    UNCERTAIN = "uncertain"  # this call's send may have landed; the sweep decides
-    REJECTED = "rejected"  # the platform refused; terminal until rearmed
-    GAVE_UP = "gave_up"  # attempts exhausted; terminal until rearmed
-    UNCONFIRMED = "unconfirmed"  # a send may have landed where nothing can read it back; an operator resolves it
-    DECLINED = "declined"  # the responder chose not to answer
-    DRY_RUN = "dry_run"  # shadow mode: the reply was logged, nothing was sent or claimed
-    SKIPPED = "skipped"  # the policy said not to answer (detail: the reason); nothing was claimed
-
-
-@dataclass(frozen=True)
-class PartOutcome:
-    """Where one part of an answer in several parts stands: its row's state (None: not claimed yet), its reply."""
-
-    part: int
-    state: str | None = None
-    reply_id: str | None = None
-
-    @property
-    def landed(self) -> bool:
-        """True when this part's row is closed with its reply."""
-        return self.state == st.CLOSED
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """The result of one ``Guard.post`` or ``Guard.check`` call."""
-
-    status: Status
-    key: Key
-    state: str | None = None
-    attempt: int = 0
-    reply_id: str | None = None  # an answer in parts: its first part's reply
-    detail: str = ""
-    retry_after_s: float | None = None
-    parts: tuple[PartOutcome, ...] = ()  # an answer in several parts: every part, in order (empty: one post)
-
-    @property
-    def sent(self) -> bool:
-        """True when this call made the platform create a reply."""
-        return self.status is Status.POSTED
-
-
 def text_hash(text: str) -> str:
     """Return the hash stored with an open row (text is never part of the key)."""
     return hashlib.sha256(text.encode()).hexdigest()
@@ -286,26 +238,6 @@ def snapshot_json(parent: Parent) -> str:
 
 
 _snapshot_encode = json.JSONEncoder(default=_json_default).encode  # json.dumps' settings, made once
-
-
-def _classify(row: Reply | st.Row, key: Key, now: float) -> Outcome:
-    """Describe an existing row the caller may not claim."""
-    s = row.state
-    if s == st.CLOSED:
-        return Outcome(Status.ALREADY_ANSWERED, key, s, row.attempt, row.reply_id)
-    if s == st.REJECTED:
-        return Outcome(Status.REJECTED, key, s, row.attempt, detail=row.error or "")
-    if s == st.GAVE_UP:
-        return Outcome(Status.GAVE_UP, key, s, row.attempt, detail=row.error or "")
-    if s == st.UNCONFIRMED:
-        return Outcome(Status.UNCONFIRMED, key, s, row.attempt, row.reply_id, detail=row.error or "")
-    if s == st.DECLINED:
-        return Outcome(Status.DECLINED, key, s, row.attempt)
-    if s == st.SKIPPED:  # retired by re-find: the policy rules the parent out (the reason is in error)
-        return Outcome(Status.SKIPPED, key, s, row.attempt, detail=(row.error or "").removeprefix("policy: "))
-    if s in (st.RELEASED, st.NOT_LANDED) and row.not_before and row.not_before > now:
-        return Outcome(Status.NOT_SENT, key, s, row.attempt, detail="backing off", retry_after_s=row.not_before - now)
-    return Outcome(Status.IN_FLIGHT, key, s, row.attempt)
 
 
 class SendWatch:

@@ -15,7 +15,7 @@ with its reason, while the others run; once it logs in, its pollers, sweep,
 stream or webhooks start and it answers its backlog. Each bot is swept on
 its own job, so one platform's read-back errors are never another bot's.
 
-Threads do not grow with the bots (issue 36): every scheduled run takes a
+Threads do not grow with the bots: every scheduled run takes a
 thread of one pool of ``daemon.job_threads``. Every bot's polls are slots
 of one timetable (``replyd.timetable``: one heap, one thread) that hands
 each due poll to the pool as a one-shot run: a bot's run never overlaps
@@ -29,6 +29,11 @@ of one bot at once); the others' sweep is recorded as a successful look. A
 failed login's next attempt is a one-shot job too, and one thread watches
 the sends of every bot's guard.
 
+Reload (SIGHUP): a thread of its own reads and checks the config again, then diffs the bots by name.
+Added bots log in and start as at start; removed ones leave the timetable, the ticks, the fleet and
+liveness at once, their runs under way finish and then their guard closes; changed ones do both. The
+other bots' polls never pause. A broken file, or a change outside ``[[bots]]``, is refused in one line.
+
 Shutdown (SIGTERM/SIGINT): stop claiming at once, let running API requests
 and jobs finish within ``grace_s``, leave open rows to the sweep of the next
 start, exit 0.
@@ -36,6 +41,7 @@ start, exit 0.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,19 +58,21 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
 from apscheduler.executors.pool import BasePoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from replyd import metrics
+from replyd import library, metrics
 from replyd import store as st
 from replyd.breaker import Breaker, BreakerListener
 from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import BotConfig, Config
 from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, PlatformError, ReplydError
+from replyd.fleet import Fleet
 from replyd.guard import Guard
 from replyd.jobs import JobPool
 from replyd.lag import ListingLag
 from replyd.liveness import SWEEP, Heartbeat, Liveness, error_words
 from replyd.log import get_logger
 from replyd.pipeline import Pipeline
-from replyd.platforms.base import Identity, MeasuresClock, Platform, StreamSource, WebhookSource, make_platform
+from replyd.platforms.base import (Identity, MeasuresClock, Platform, ResumableStream, StreamSource, WebhookSource,
+                                   make_platform, reads_back)
 from replyd.platforms._http import make_client
 from replyd.policy import Policy
 from replyd.pollers import Pollers
@@ -74,7 +82,7 @@ from replyd.sweep import Bot, Sweeper
 from replyd.timetable import Timetable
 
 if TYPE_CHECKING:
-    from replyd.api import ApiServer
+    from replyd.api import Api, ApiServer
     from replyd.hooks import Receiver
     from replyd.streams import StreamRunner
 
@@ -140,6 +148,36 @@ def login(bc: BotConfig, platform: Platform) -> Identity:
     except PlatformError as exc:
         raise _login_error(bc, platform, exc) from None
     raise AssertionError("unreachable")  # pragma: no cover - retry_context either returns or raises
+
+
+class NotAdopted(ReplydError):
+    """A bot's start-up adoption did not finish (a read failed or was inconclusive): no path may run yet."""
+
+
+def adopt_window(store: Store, bc: BotConfig, platform: Platform, identity: Identity, clock: Clock,
+                 owner: str) -> library.AdoptResult | None:
+    """Record the bot's own replies to every parent its paths can find now, before any of them runs.
+
+    Every start does this, whatever the store holds: a store that is new, lost or restored from an older
+    backup has no row for parents answered since, and would answer them again. Parents with a row cost no
+    read-back. None when the platform cannot list own replies (nothing to adopt from). NotAdopted unless
+    every parent was read back conclusively (what was read is recorded; the next attempt reads the rest).
+    """
+    if not reads_back(platform):
+        return None
+    pc = bc.pollers
+    try:
+        parents = library.window_parents(store, platform, identity.sender_id, lookback_s=pc.refind_lookback_s,
+                                         now=clock.now(), queries=pc.search_queries if pc.search_interval_s else ())
+    except PlatformError as exc:
+        raise NotAdopted(f"adopting: cannot list its parents: {exc.detail or exc}") from None
+    res = library.adopt(store, platform, identity, parents, owner=owner)
+    log.info("replyd.bot.adopted", bot=bc.name, platform=platform.instance, parents=len(parents),
+             adopted=len(res.adopted), tracked=len(res.tracked), unanswered=len(res.unanswered),
+             unknown=len(res.unknown))
+    if res.unknown:
+        raise NotAdopted(f"adopting: {len(res.unknown)} parent(s) not read back conclusively yet")
+    return res
 
 
 def login_once(bc: BotConfig, platform: Platform) -> Identity:
@@ -257,6 +295,14 @@ class Daemon:
         self._keys: dict[str, tuple[str, str]] = {}  # started bot -> (platform instance, sender id)
         self._watcher: threading.Thread | None = None  # the one send watch over every bot's guard
         self._secrets: dict[str, str] = {}  # webhook secrets by push bot name
+        self._verify_tokens: dict[str, str] = {}  # webhook verify tokens by push bot name (set at start)
+        self.fleet: Fleet | None = None  # on PostgreSQL: which bots' discovery runs here (replyd.fleet)
+        self._runners: dict[str, StreamRunner] = {}  # the push streams held open, by bot name
+        self._api: Api | None = None
+        self._wanted: dict[str, Prepared] = {}  # configured bots by name: a start whose Prepared is not here stops
+        self._retired: list[BotRuntime] = []  # bots a reload removed, until their poll runs under way end
+        self._reload_lock = threading.Lock()
+        self._inflight: dict[int, int] = {}  # poll runs under way, by id() of their BotRuntime
 
     def start(self) -> None:
         """Open the store, start the API if configured, log every bot in (retrying unreachable ones in the
@@ -289,16 +335,20 @@ class Daemon:
                                 limits=httpx.Limits(max_connections=4 * threads + 16, max_keepalive_connections=threads))
         # Every config error (settings, responder, push kind) before anything is served or contacted.
         prepared = [self._prepare(bc) for bc in self.cfg.bots]
+        self._wanted = {p.cfg.name: p for p in prepared}
+        self._start_fleet(prepared)
         for bc in self.cfg.bots:
             self.liveness.expect(bc.name)
         if ac.enabled:
             from replyd.hooks import Receiver
 
-            self.hooks = Receiver({})  # filled as push bots log in, like the guards
+            # Filled as push bots log in, like the guards; until then a delivery is checked against its secret.
+            self.hooks = Receiver({}, waiting={n: (pc.kind, self._secrets[n]) for n, pc in push.items()})
             api = Api(self.store, self.guards, expected=[b.name for b in self.cfg.bots], token=token, host=ac.host,
                       hosts=ac.hosts, open_routes=ac.open_routes, refresh_s=ac.refresh_s,
                       max_body_bytes=ac.max_body_bytes, liveness=self.liveness, hooks=self.hooks,
                       webhook_bots=list(push))
+            self._api = api
             self.api = ApiServer(api.app, host=ac.host, port=ac.port, grace_s=self.cfg.guard.send_timeout_s).start()
         # Upkeep (a sweep pass, a re-offer) waits for the polls at most one sweep interval (replyd.jobs).
         self._jobs = JobPool(threads, patience_s=self.cfg.sweep.interval_s)
@@ -328,7 +378,8 @@ class Daemon:
             first = self._first_logins(prepared)
             for p, got in zip(prepared, first):
                 # A refused login or a platform that answers "no" (not an outage) stops the daemon, in config order.
-                if isinstance(got, BaseException) and not (isinstance(got, PlatformError) and _passing(got)):
+                if isinstance(got, BaseException) and not (isinstance(got, PlatformError) and _passing(got)
+                                                           or isinstance(got, NotAdopted)):
                     raise got
             for p, got in zip(prepared, first):
                 if isinstance(got, Identity):
@@ -356,9 +407,14 @@ class Daemon:
         """Every bot's first login attempt, at the same time (one slow platform delays no other's verdict)."""
         def attempt(p: Prepared) -> Identity | BaseException:
             try:
-                return login_once(p.cfg, p.platform)
+                identity = login_once(p.cfg, p.platform)
             except Exception as exc:  # judged by the caller: refused, outage, or a bug
                 return exc
+            try:
+                self._adopt(p, identity)
+            except Exception as exc:  # retried like an outage: the bot's paths wait for it
+                return exc if isinstance(exc, NotAdopted) else NotAdopted(f"adopting: {error_words(exc)}")
+            return identity
 
         if not prepared:
             return []
@@ -383,11 +439,11 @@ class Daemon:
         name, max_s = p.cfg.name, self.cfg.health.start_retry_max_s
 
         def attempt() -> None:
-            if self.stopping.is_set():
-                return
+            if self.stopping.is_set() or self._wanted.get(name) is not p:
+                return  # stopping, or a reload removed or changed the bot: its attempts end here
             try:
                 identity = login_once(p.cfg, p.platform)
-            except ConfigError as err:  # refused credentials: they will not change while this process runs
+            except ConfigError as err:  # refused credentials: tried again only when a reload changes the bot
                 assert self.liveness is not None
                 self.liveness.start_failed(name, str(err))
                 log.error("replyd.bot.start_failed", bot=name, platform=p.platform.instance, error=str(err))
@@ -398,17 +454,27 @@ class Daemon:
                 self._attempt_later(p, min(wait_s * 2, max_s))
                 return
             try:
+                self._adopt(p, identity)
                 self._start_bot(p, identity)
             except Exception as err:  # e.g. the store failed while building it: try again later
                 self._start_waiting(p, err, min(wait_s * 2, max_s))
                 self._attempt_later(p, min(wait_s * 2, max_s))
                 return
-            self._starting.discard(name)
+            if self._wanted.get(name) is p:  # else a reload's new start of this name owns the flag
+                self._starting.discard(name)
 
         if not self.stopping.is_set():
             # No job id: APScheduler removes a one-shot job by id after submitting it, which could remove this
             # attempt's successor when it reuses the id (the attempt may finish first).
             self.scheduler.add_job(attempt, "date", run_date=_now_dt(wait_s), name=f"{name}:start")
+
+    def _adopt(self, p: Prepared, identity: Identity) -> None:
+        """Run ``adopt_window`` for a logged-in bot before it starts (unless its config turns it off)."""
+        assert self.liveness is not None and self.store is not None
+        if not p.cfg.pollers.adopt_at_start:
+            return
+        self.liveness.adopting(p.cfg.name)
+        adopt_window(self.store, p.cfg, p.platform, identity, self.clock, self.owner)
 
     def _start_waiting(self, p: Prepared, exc: BaseException, wait_s: float) -> None:
         """Record and log one failed start attempt of ``p``; the next is in ``wait_s``."""
@@ -426,8 +492,8 @@ class Daemon:
         assert self.scheduler is not None
         bc, name = p.cfg, p.cfg.name
         with self._start_lock:
-            if self.stopping.is_set():
-                return
+            if self.stopping.is_set() or self._wanted.get(name) is not p:
+                return  # stopping, or a reload removed or changed the bot while it logged in
             bot = build_bot(self.cfg, bc, self.store, self.http, self.clock, self.owner, self.liveness.beat(name),
                             platform=p.platform, identity=identity, responder=p.responder,
                             breaker_listener=self.liveness,  # an open breaker makes the bot not ready
@@ -444,8 +510,8 @@ class Daemon:
             self.guards[name] = bot.guard
             if bc.push is not None and bc.push.webhook and self.hooks is not None:
                 self._add_hook(name, bc.push.kind, self._secrets[name], bot)
-            elif bc.push is not None:
-                self._add_stream(name, bot).start()
+            elif bc.push is not None and self._discovers(name):
+                self._runners[name] = self._add_stream(name, bot).start()
             pc = bc.pollers
             for path, every_s, fn in (
                 ("inbox", bc.inbox_interval_s(), bot.pollers.inbox),
@@ -454,8 +520,8 @@ class Daemon:
             ):
                 if every_s > 0:
                     job_id = f"{name}:{path}"
-                    self._polls[job_id] = self._tracked(name, path, _with_context(fn, bot=name,
-                                                                                  platform=bot.platform.instance))
+                    self._polls[job_id] = self._current(job_id, bot, self._tracked(
+                        name, path, _with_context(self._leased(name, path, fn), bot=name, platform=bot.platform.instance)))
                     self.timetable.add(job_id, every_s, jitter_s=pc.jitter_s or 0.0)
             # Its sweep (and, with re-find off, the re-offer of its waiting rows) runs from the daemon's ticks.
             self._keys[name] = (bot.platform.instance, bot.identity.sender_id)
@@ -466,6 +532,138 @@ class Daemon:
                 self._once(f"{name}:reoffer", bot.pollers.reoffer_guarded)
             self.liveness.started(name)
         log.info("replyd.bot.started", bot=name, platform=bot.platform.instance)
+
+    # -- reload (SIGHUP) --------------------------------------------------------------------------
+
+    def reload_from(self, load: Callable[[], Config]) -> dict[str, list[str]] | None:
+        """Load and check the config again (``load``) and run its bots; refused in one line, nothing changed."""
+        try:
+            got = self.reload(load())
+        except Exception as exc:  # a broken file, a section that needs a restart, or a bug: the running set stays
+            words = str(exc) if isinstance(exc, ReplydError) else f"{type(exc).__name__}: {exc}"
+            log.error("replyd.daemon.reload_refused", error=" ".join(words.split())[:1000],
+                      hint="the running bots keep going; fix the file and reload again")
+            return None
+        return got
+
+    def reload(self, cfg: Config) -> dict[str, list[str]] | None:
+        """Run ``cfg``'s bots from now on, diffed by name: start the added, stop the removed, restart the changed.
+
+        ``cfg`` is loaded and preflighted by the caller. A bot changed when its section or a secret it resolves
+        differs. A change outside ``[[bots]]`` (``mcp`` aside: ``run`` serves none) needs a restart: ConfigError
+        naming the keys, and nothing changes. A removed bot's runs under way finish; its guard closes after.
+        """
+        with self._reload_lock:
+            if self.stopping.is_set():
+                return None
+            moved = _restart_keys(self.cfg, cfg)
+            if moved:
+                raise ConfigError(f"{cfg.source}: {', '.join(moved)} changed: needs a restart, not a reload")
+            push = {bc.name: bc.push for bc in cfg.bots if bc.push is not None and bc.push.webhook}
+            if push and self.hooks is None:
+                raise ConfigError(f"bots ({', '.join(push)}): push webhooks arrive through the API: needs a restart")
+            secrets = {n: pc.secret() for n, pc in push.items()}
+            tokens = {n: pc.verify_token() for n, pc in push.items() if pc.verify_token_env}
+            old = {bc.name: bc for bc in self.cfg.bots}
+            new = {bc.name: bc for bc in cfg.bots}
+
+            def same(n: str) -> bool:
+                return (old[n].model_dump() == new[n].model_dump() and self._secrets.get(n) == secrets.get(n)
+                        and self._verify_tokens.get(n) == tokens.get(n))
+
+            removed = [n for n in old if n not in new]
+            changed = [n for n in new if n in old and not same(n)]
+            added = [n for n in new if n not in old]
+            prepared = [self._prepare(new[n]) for n in [*changed, *added]]  # config errors before anything stops
+            for n in [*removed, *changed]:
+                self._remove_bot(n)
+            self.cfg = cfg
+            self._secrets, self._verify_tokens = secrets, tokens
+            if self._api is not None:
+                self._api.expected = [bc.name for bc in cfg.bots]
+                self._api.webhook_bots = frozenset(push)
+            if self.fleet is not None:
+                self.fleet.set_bots([bc.name for bc in cfg.bots], {p.cfg.name: _poll_bound_s(p) for p in prepared})
+            for p in prepared:
+                self._wanted[p.cfg.name] = p
+                if self.liveness is not None:
+                    self.liveness.expect(p.cfg.name)
+                if self.hooks is not None and p.cfg.name in push:
+                    self.hooks.waiting[p.cfg.name] = (push[p.cfg.name].kind, secrets[p.cfg.name])
+            if self.fleet is not None and prepared:
+                try:
+                    self.fleet.beat()  # the added bots' leases now, not at the next heartbeat
+                except Exception as exc:  # the heartbeat thread tries again
+                    log.error("replyd.fleet.beat_failed", error=str(exc)[:300])
+            self._start_added(prepared)
+            got = {"added": added, "removed": removed, "changed": changed}
+            log.info("replyd.daemon.reloaded", source=cfg.source, bots=len(cfg.bots), **got)
+            return got
+
+    def _start_added(self, prepared: list[Prepared]) -> None:
+        """Log in and start the bots a reload added or changed, as at start; a refused login stops only that bot."""
+        assert self.scheduler is not None and self.liveness is not None
+        if any(p.cfg.pollers.refind_interval_s <= 0 for p in prepared) and self.scheduler.get_job("reoffer") is None:
+            sc = self.cfg.sweep
+            self.scheduler.add_job(self.reoffer_tick, "interval", seconds=sc.interval_s, id="reoffer",
+                                   next_run_time=_now_dt())
+        for p, got in zip(prepared, self._first_logins(prepared)):
+            if isinstance(got, Identity):
+                self._start_bot(p, got)
+            elif isinstance(got, NotAdopted) or isinstance(got, PlatformError) and _passing(got):
+                self._retry_start(p, got)
+            else:  # refused credentials, or a platform that answers "no": this bot waits for the next reload
+                self.liveness.start_failed(p.cfg.name, str(got))
+                log.error("replyd.bot.start_failed", bot=p.cfg.name, platform=p.platform.instance, error=str(got))
+
+    def _remove_bot(self, name: str) -> None:
+        """Stop bot ``name`` (a reload removed or changed it): no poll, sweep, stream or webhook from now on.
+
+        Its runs under way finish (every send is claimed first); its guard and responder close after them.
+        """
+        with self._start_lock:
+            self._wanted.pop(name, None)  # a login still being retried ends at its next attempt
+            self._starting.discard(name)
+            for job_id in [j for j in self._polls if j.rpartition(":")[0] == name]:
+                self.timetable.remove(job_id)
+                del self._polls[job_id]
+            self._keys.pop(name, None)  # out of the sweep and re-offer ticks
+            self.sweepers.pop(name, None)
+            runner = self._runners.pop(name, None)
+            if runner is not None:
+                runner.stop(timeout_s=0.0)
+                self.streams.remove(runner)
+            if self.hooks is not None:
+                self.hooks.hooks.pop(name, None)
+                self.hooks.waiting.pop(name, None)
+            self.guards.pop(name, None)
+            if self.liveness is not None:
+                self.liveness.forget(name)
+            bot = next((b for b in self.bots if b.cfg.name == name), None)
+            if bot is not None:
+                self.bots.remove(bot)
+                self._retired.append(bot)
+        if bot is not None:
+            threading.Thread(target=self._close_when_idle, args=(bot,), name=f"replyd-retire-{name}",
+                             daemon=True).start()
+        log.info("replyd.bot.stopping", bot=name)
+
+    def _close_when_idle(self, bot: BotRuntime) -> None:
+        """Close a removed bot's responder and guard once its poll runs under way have ended."""
+        while not self.stopping.wait(0.2):
+            with self._busy_lock:
+                if not self._inflight.get(id(bot)):
+                    self._inflight.pop(id(bot), None)
+                    break
+        else:
+            return  # the daemon's stop closes it
+        with self._start_lock:
+            if bot not in self._retired:
+                return
+            self._retired.remove(bot)
+        bot.pipeline.close()
+        bot.guard.close()
+        log.info("replyd.bot.stopped", bot=bot.cfg.name, platform=bot.platform.instance)
 
     def _once(self, job_id: str, fn, *args: object, urgent: bool = False) -> bool:  # noqa: ANN001
         """Run ``fn(*args)`` once on the pool (``urgent``: a poll, on the pool's first lane), unless the run of
@@ -502,9 +700,85 @@ class Daemon:
         return True
 
     def _fire_poll(self, job_id: str) -> None:
-        """A poll is due (the timetable): run it on the pool, or skip it while its last run is queued or running."""
-        if not self.stopping.is_set():
-            self._once(job_id, self._polls[job_id], urgent=True)
+        """A poll is due (the timetable): run it on the pool, or skip it while its last run is queued or running.
+
+        A bot whose lease another replica holds is not polled here; its path counts as looked (liveness)."""
+        if self.stopping.is_set():
+            return
+        bot, _, path = job_id.rpartition(":")
+        run = self._polls.get(job_id)
+        if run is None:
+            return  # a reload removed the bot after this run came due
+        if not self._discovers(bot):
+            if self.liveness is not None:
+                self.liveness.ok(bot, path)
+            return
+        self._once(job_id, run, urgent=True)
+
+    def _current(self, job_id: str, bot: BotRuntime, fn: Callable[[], None]) -> Callable[[], None]:
+        """``fn``, run only while it is still ``job_id``'s poll (a reload may have removed the bot since it queued);
+        its runs under way are counted, so a removed bot closes once they end."""
+
+        def run() -> None:
+            if self._polls.get(job_id) is not run:
+                return
+            with self._busy_lock:
+                self._inflight[id(bot)] = self._inflight.get(id(bot), 0) + 1
+            try:
+                fn()
+            finally:
+                with self._busy_lock:
+                    self._inflight[id(bot)] -= 1
+
+        run.__name__ = getattr(fn, "__name__", "poll")
+        return run
+
+    def _discovers(self, bot: str) -> bool:
+        """Whether this replica runs ``bot``'s discovery now: always without a fleet, else while it holds the lease."""
+        return self.fleet is None or self.fleet.holds(bot)
+
+    def _leased(self, bot: str, path: str, fn: Callable[[], None]) -> Callable[[], None]:
+        """``fn`` run only while this replica still holds ``bot`` (its lease may have gone while the run waited)."""
+        if self.fleet is None:
+            return fn
+
+        def run() -> None:
+            if self._discovers(bot):
+                fn()
+            elif self.liveness is not None:
+                self.liveness.ok(bot, path)
+
+        run.__name__ = getattr(fn, "__name__", "poll")
+        return run
+
+    def _start_fleet(self, prepared: list[Prepared]) -> None:
+        """On PostgreSQL (unless ``fleet.enabled`` is false), beat once and hold this replica's share of the bots."""
+        assert self.store is not None
+        fc = self.cfg.fleet
+        if self.store.is_sqlite or not fc.enabled:
+            return
+        grace_s = {p.cfg.name: _poll_bound_s(p) for p in prepared}
+        self.fleet = Fleet(self.store, self.owner, [p.cfg.name for p in prepared], self.clock,
+                           heartbeat_s=fc.heartbeat_s, bot_lease_s=fc.bot_lease_s, grace_s=grace_s,
+                           on_gain=self._gained, on_loss=self._lost).start()
+
+    def _gained(self, name: str) -> None:
+        """This replica now runs ``name``'s discovery: read its cursors afresh, open its stream."""
+        with self._start_lock:
+            bot = next((b for b in self.bots if b.cfg.name == name), None)
+            if bot is None or self.stopping.is_set():
+                return  # not started yet: its start opens the stream if the lease is still held
+            bot.pollers.forget_cursors()  # the last holder moved them
+            if bot.cfg.push is not None and not bot.cfg.push.webhook and name not in self._runners:
+                self._runners[name] = self._add_stream(name, bot).start()
+
+    def _lost(self, name: str) -> None:
+        """Another replica runs ``name``'s discovery now: close its stream (without waiting for the thread)."""
+        with self._start_lock:
+            runner = self._runners.pop(name, None)
+            if runner is not None:
+                runner.stop(timeout_s=0.0)
+                self.streams.remove(runner)
 
     def sweep_tick(self) -> None:
         """Sweep the bots with due rows (one store query for all), each on a one-shot job; the others looked: ok."""
@@ -557,7 +831,8 @@ class Daemon:
         """
         interval_s = min(1.0, self.cfg.guard.send_timeout_s / 4)
         while not self.stopping.wait(interval_s):
-            for name, guard in list(self.guards.items()):
+            retired = [(b.cfg.name, b.guard) for b in list(self._retired)]  # their sends in flight still count
+            for name, guard in [*self.guards.items(), *retired]:
                 try:
                     guard.watch_sends()
                 except Exception as exc:  # the watch must outlive any one failure
@@ -594,6 +869,8 @@ class Daemon:
         """Undo a start that failed: no job, no server, no thread left behind."""
         self.stopping.set()
         self.timetable.stop()
+        if self.fleet is not None:
+            self.fleet.stop()
         if self.scheduler is not None and self.scheduler.running:
             self.scheduler.shutdown(wait=False)  # and the job pool under it
         elif self._jobs is not None:
@@ -640,7 +917,7 @@ class Daemon:
         assert self.hooks is not None and isinstance(bot.platform, WebhookSource)
         self.hooks.hooks[name] = Hook(name, kind, secret, bot.platform, bot.pipeline.offer,
                                       instance=bot.platform.instance, guard=bot.guard,
-                                      verify_token=getattr(self, "_verify_tokens", {}).get(name, ""),
+                                      verify_token=self._verify_tokens.get(name, ""),
                                       offer_page=bot.pipeline.offer_page)
         log.info("replyd.hooks.ready", bot=name, platform=bot.platform.instance, kind=kind,
                  path=f"/v1/hooks/{name}")
@@ -650,7 +927,16 @@ class Daemon:
         from replyd.streams import StreamRunner
 
         assert isinstance(bot.platform, StreamSource)
-        runner = StreamRunner(name, bot.platform, bot.pipeline.offer, bot.pollers.inbox)
+        keep = None
+        if isinstance(bot.platform, ResumableStream):  # its events come once: recorded first, session stored
+            store, inst, sender = bot.guard.store, bot.platform.instance, bot.identity.sender_id
+            slot = f"gateway:{self.cfg.replica_id}" if self.cfg.replica_id else "gateway"
+            bot.platform.hold_session(lambda: store.get_cursor(inst, sender, slot),
+                                      lambda value: store.set_cursor(inst, sender, slot, value), self.owner)
+            keep = functools.partial(bot.guard.keep_received, path="stream", detail={},
+                                     doing="recording a streamed parent")
+        runner = StreamRunner(name, bot.platform, bot.pipeline.offer, bot.pollers.inbox, keep=keep,
+                              unreadable=bot.pollers.unreadable)
         self.streams.append(runner)
         return runner
 
@@ -724,7 +1010,7 @@ class Daemon:
         self.stopping.set()  # also ends the background start attempts
         with self._start_lock:  # a bot starting right now finishes joining first, then sees the flag
             pass
-        for b in self.bots:
+        for b in [*self.bots, *self._retired]:
             b.guard.claiming = False
         log.info("replyd.daemon.stopping", grace_s=grace_s)
         if self.api is not None:
@@ -740,9 +1026,11 @@ class Daemon:
             if t.is_alive():
                 self.grace_expired = True
                 log.warning("replyd.daemon.grace_expired", hint="open rows are left to the sweep")
+        if self.fleet is not None:
+            self.fleet.stop(leave=not self.grace_expired)  # polls are done: the others may take the bots now
         if self._watcher is not None:
             self._watcher.join(5.0)  # it saw `stopping` within its interval
-        for b in self.bots:
+        for b in [*self.bots, *self._retired]:
             b.pipeline.close()
             b.guard.close()
         if self.hooks is not None:
@@ -753,21 +1041,62 @@ class Daemon:
             self.store.dispose()
         log.info("replyd.daemon.stopped")
 
-    def run_forever(self, grace_s: float = 30.0) -> int:
-        """Start, wait for SIGTERM/SIGINT, stop gracefully; return the exit code."""
+    def run_forever(self, grace_s: float = 30.0, load: Callable[[], Config] | None = None) -> int:
+        """Start, wait for SIGTERM/SIGINT, stop gracefully; return the exit code.
+
+        With ``load`` (the checked config, read again), SIGHUP reloads the bots on a thread of its own.
+        """
         done = threading.Event()
+        hup = threading.Event()
 
         def on_signal(signum: int, _frame: object) -> None:
             log.info("replyd.daemon.signal", signal=signal.Signals(signum).name)
             done.set()
+            hup.set()  # wakes the reload thread to end
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        if load is not None:
+            # Before the start: a SIGHUP while starting is a reload once started, never the default exit.
+            signal.signal(signal.SIGHUP, lambda _signum, _frame: hup.set())
         self.start()
+        if load is not None:
+            threading.Thread(target=self._reloads, args=(load, hup, done), name="replyd-reload", daemon=True).start()
         while not done.wait(1.0):
             pass
         self.stop(grace_s)
         return 0
+
+    def _reloads(self, load: Callable[[], Config], hup: threading.Event, done: threading.Event) -> None:
+        """Reload on each SIGHUP (``hup``), one at a time, until the daemon stops (never in the signal handler)."""
+        while True:
+            hup.wait()
+            if done.is_set() or self.stopping.is_set():
+                return
+            hup.clear()  # a SIGHUP during this reload runs one more after it
+            log.info("replyd.daemon.signal", signal="SIGHUP")
+            self.reload_from(load)
+
+
+_RELOADED = ("bots", "mcp", "source")  # what a reload may change; `replyd run` serves no MCP
+
+
+def _restart_keys(old: Config, new: Config) -> list[str]:
+    """The keys outside ``[[bots]]`` whose value differs: each needs a restart, not a reload."""
+    was, now = old.model_dump(exclude=set(_RELOADED)), new.model_dump(exclude=set(_RELOADED))
+    out: list[str] = []
+    for section, a in was.items():
+        b = now.get(section)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [f"{section}.{k}" for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+        elif a != b:
+            out.append(section)
+    return out
+
+
+def _poll_bound_s(p: Prepared) -> float:
+    """How long a bot's last poll may still run: the adapter's timeout, and a long poll's wait on Telegram."""
+    return p.timeout_s + float(p.cfg.settings.get("long_poll_s", 0) or 0)
 
 
 def _with_context(fn, **context: str):  # noqa: ANN001, ANN202

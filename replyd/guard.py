@@ -119,6 +119,18 @@ class Guard(GuardCore):
         """End a row that waits to be offered again as ``skipped`` with ``reason``; True if this call moved it."""
         return self._run(self.retire_steps(parent_id, reason))
 
+    def keep_received(self, parents: Sequence[Parent], *, path: str, detail: dict[str, Any], doing: str) -> int:
+        """Record ``parents`` as ``released`` rows (their snapshot, no attempt spent, event ``received``) where their
+        key has none, in one durable commit; return how many rows it made. A ``StoreError`` means none is kept.
+        Re-find's re-offer (``Pollers.reoffer``) offers such a row from its snapshot if nothing claims it first."""
+        now = self.clock.now()
+        rows = [(self.key(p.id), {"state": st.RELEASED, "attempt": 1, "created_at": now, "updated_at": now,
+                                  "path": path, "snapshot": snapshot_json(p), "author_id": p.author_id[:255],
+                                  "owner": self.owner, "provider_key": self.provider_key(p.id)})
+                for p in parents]
+        return self.store.insert_absent(rows, {"kind": "received", "owner": self.owner,
+                                               "detail": {"path": path, **detail}}, doing=doing)
+
     @metrics.observe_post
     def post(self, parent: Parent, text: str | Compose, *, path: str = "api") -> Outcome:
         """Reply to ``parent`` at most once; ``text`` is the reply or a responder to call once."""

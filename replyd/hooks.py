@@ -59,6 +59,8 @@ it; any other is answered 202 (acked, so the platform does not retry), not offer
 Before the signature is checked nothing tells one bot from another: an unknown bot, an unsigned, forged or
 stale delivery all get the same 401 and body (and an unknown bot costs the same HMAC), so the URL space
 cannot be probed for the bots that exist or the kind of their hook.
+A configured bot still starting checks the signature too: only a signed delivery gets its 503. Refusals are
+logged once per event and minute (``suppressed`` counts the rest): anyone can send them.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ import hmac
 import json
 import re
 import secrets
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -76,9 +79,10 @@ from typing import TYPE_CHECKING, Any
 
 from replyd import metrics
 from replyd import store as st
-from replyd.core import Status, snapshot_json
+from replyd.core import Status
 from replyd.errors import ContentionError, ReplydError, StoreError
 from replyd.log import get_logger
+from replyd.platforms import unreadable
 from replyd.platforms.base import Parent, Receipt, WebhookAnswer, WebhookChallenge, WebhookReceipts, WebhookSource
 from replyd.policy import FINAL_SKIPS
 
@@ -100,6 +104,9 @@ class Kind:
     event: str
     delivery: str
     check: Check | None = None  # None: ``verify`` of the signature header over the body
+    # True where a refused delivery is sent again and holds the ones after it (Telegram's queue, Meta's
+    # retries for days, Slack's retries): an unreadable one is answered 200, as it will never read.
+    ack_unreadable: bool = False
 
 
 SLACK_WINDOW_S = 300.0  # Slack's documented replay window for X-Slack-Request-Timestamp
@@ -168,13 +175,17 @@ def discord_verify(public_key: str, body: bytes, headers: Mapping[str, str], now
 KINDS: dict[str, Kind] = {
     "github": Kind("x-hub-signature-256", "x-github-event", "x-github-delivery"),
     "discourse": Kind("x-discourse-event-signature", "x-discourse-event", "x-discourse-event-id"),
-    "slack": Kind("x-slack-signature", "", "x-slack-retry-num", check=slack_verify),
-    "telegram": Kind("x-telegram-bot-api-secret-token", "", "", check=telegram_verify),
+    "slack": Kind("x-slack-signature", "", "x-slack-retry-num", check=slack_verify, ack_unreadable=True),
+    "telegram": Kind("x-telegram-bot-api-secret-token", "", "", check=telegram_verify, ack_unreadable=True),
     "discord": Kind("x-signature-ed25519", "", "", check=discord_verify),
-    "whatsapp": Kind("x-hub-signature-256", "", ""),
+    "whatsapp": Kind("x-hub-signature-256", "", "", ack_unreadable=True),
 }
 # Status reports that prove a sent message exists (WhatsApp: "sent" is accepted by its servers).
 LANDED = frozenset({"sent", "delivered", "read"})
+
+
+def _no_sink(_bad: unreadable.Item) -> None:
+    """A hook without a store sink: the report is logged and counted only."""
 
 
 def sign(secret: str, body: bytes) -> str:
@@ -222,6 +233,13 @@ class Hook:
     verify_token: str = ""  # a handshake's hub.verify_token (WhatsApp); "" refuses every handshake
     # The bot's Pipeline.offer_page: a delivery's parents offered as one page (None: ``offer`` on each in turn).
     offer_page: Callable[[list[Parent], str], list[Outcome | Exception]] | None = None
+    # Where an item of a delivery the adapter cannot read is kept (default: the guard's store; None: logged).
+    unreadable: unreadable.Sink | None = None
+
+    def __post_init__(self) -> None:
+        if self.unreadable is None and self.guard is not None:  # kept in the bot's store, as its pollers keep them
+            self.unreadable = unreadable.recorder(self.guard.store, self.guard.platform.instance,
+                                                  self.guard.identity.sender_id)
 
     def offers(self, parents: list[Parent], path: str) -> list[Outcome | Exception]:
         """Each parent's outcome, or the exception its offer raised: through ``offer_page`` when the hook has it."""
@@ -239,13 +257,39 @@ class Hook:
         return f"Hook(bot={self.bot!r}, kind={self.kind!r}, instance={self.instance!r})"  # never the secrets
 
 
+class _Quiet:
+    """Warnings anyone on the network can cause: at most one per event per ``window_s``, the rest counted.
+
+    The next warning after the window carries ``suppressed``, how many were held back since the last one."""
+
+    def __init__(self, now: Callable[[], float], window_s: float = 60.0) -> None:
+        self._now, self._window_s = now, window_s
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def warning(self, event: str, **kw: Any) -> None:
+        now = self._now()
+        with self._lock:
+            last = self._last.get(event)
+            if last is not None and 0 <= now - last < self._window_s:
+                self._held[event] = self._held.get(event, 0) + 1
+                return
+            self._last[event] = now
+            held = self._held.pop(event, 0)
+        log.warning(event, **kw, **({"suppressed": held} if held else {}))
+
+
 class Receiver:
     """Checks, parses and hands deliveries to the bots' pipelines in the background (two worker threads)."""
 
     def __init__(self, hooks: Mapping[str, Hook], *, max_body_bytes: int = 1_048_576, workers: int = 2,
-                 now: Callable[[], float] = time.time) -> None:
+                 now: Callable[[], float] = time.time, waiting: Mapping[str, tuple[str, str]] | None = None) -> None:
         self.hooks = dict(hooks)
+        # Push bots configured but not started yet: name -> (kind, secret), to check a delivery before a 503.
+        self.waiting = dict(waiting or {})
         self.now = now  # the wall clock: Slack's timestamps are the sender's wall time
+        self._quiet = _Quiet(now)
         self.max_body_bytes = max_body_bytes
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="replyd-hook")
 
@@ -258,25 +302,37 @@ class Receiver:
         challenge = params.get("hub.challenge") or ""
         if hook is None or not hook.verify_token or not same or params.get("hub.mode") != "subscribe" \
                 or not _CHALLENGE.fullmatch(challenge):
-            log.warning("replyd.hooks.bad_challenge", bot=printable(bot, 64))
+            self._quiet.warning("replyd.hooks.bad_challenge", bot=printable(bot, 64))
             return BAD_CHALLENGE
         log.info("replyd.hooks.verified", bot=bot, platform=hook.instance)
         return Answer(200, {"challenge": challenge})
+
+    def _signed(self, kind: str, secret: str, headers: Mapping[str, str], body: bytes) -> bool:
+        check = KINDS[kind]
+        return (check.check(secret, body, headers, self.now()) if check.check is not None
+                else verify(secret, body, headers.get(check.signature)))
+
+    def signed_while_starting(self, bot: str, headers: Mapping[str, str], body: bytes) -> bool:
+        """Whether a delivery for ``bot``, configured but not started, is signed with its secret; a refusal is
+        logged (rate-limited) as for a started bot."""
+        kind, secret = self.waiting.get(bot, ("github", _DECOY_SECRET))
+        if self._signed(kind, secret, headers, body):
+            return True
+        self._quiet.warning("replyd.hooks.bad_signature", bot=printable(bot, 64), starting=True)
+        return False
 
     def receive(self, bot: str, headers: Mapping[str, str], body: bytes) -> Answer:
         """Handle one delivery for ``bot``; never raises, never waits for a post."""
         hook = self.hooks.get(bot)
         if hook is None:
             verify(_DECOY_SECRET, body, sign(_DECOY_SECRET, b""))  # as long as a real bot's check
-            log.warning("replyd.hooks.unknown_bot", bot=printable(bot, 64))
+            self._quiet.warning("replyd.hooks.unknown_bot", bot=printable(bot, 64))
             return BAD_SIGNATURE
         kind = KINDS[hook.kind]
         delivery = printable(headers.get(kind.delivery)) if kind.delivery else ""
-        signed = (kind.check(hook.secret, body, headers, self.now()) if kind.check is not None
-                  else verify(hook.secret, body, headers.get(kind.signature)))
-        if not signed:
+        if not self._signed(hook.kind, hook.secret, headers, body):
             # Nothing is parsed, logged of the body, or offered for an unsigned or forged delivery.
-            log.warning("replyd.hooks.bad_signature", bot=bot, platform=hook.instance, delivery=delivery,
+            self._quiet.warning("replyd.hooks.bad_signature", bot=bot, platform=hook.instance, delivery=delivery,
                         signed=bool(headers.get(kind.signature)))
             metrics.webhook(hook.instance, "bad_signature")
             return BAD_SIGNATURE
@@ -296,12 +352,19 @@ class Receiver:
             metrics.webhook(hook.instance, "store_failed")
             return STORE_DOWN
         try:
-            found = hook.source.parse_webhook(event, payload)
-        except ReplydError as exc:
+            # An unreadable item among good ones is reported by the adapter and left out; the rest go on.
+            with unreadable.reporting("webhook", hook.unreadable or _no_sink):
+                found = hook.source.parse_webhook(event, payload)
+        except (ReplydError, *unreadable.ERRORS) as exc:
+            words = unreadable.problem_words(exc)
             log.warning("replyd.hooks.unreadable", bot=bot, platform=hook.instance, delivery=delivery, hook_event=event,
-                        error=str(exc)[:300])
+                        error=words)
             metrics.webhook(hook.instance, "unreadable")
-            return Answer(422, {"error": "unreadable_delivery", "detail": str(exc)[:300]})
+            if isinstance(exc, unreadable.ERRORS):
+                metrics.unreadable(hook.instance, "webhook")
+            if kind.ack_unreadable and isinstance(exc, unreadable.ERRORS):  # refused, it would come back and hold
+                return Answer(200, {"accepted": 0, "unreadable": words})
+            return Answer(422, {"error": "unreadable_delivery", "detail": words})
         if isinstance(found, str) or not found:
             reason = found if isinstance(found, str) else "no parent in it"
             log.info("replyd.hooks.ignored", bot=bot, platform=hook.instance, delivery=delivery, hook_event=event,
@@ -354,15 +417,9 @@ class Receiver:
         guard = hook.guard
         if guard is None:
             return True
-        now = guard.clock.now()
-        rows = [(guard.key(p.id), {"state": st.RELEASED, "attempt": 1, "created_at": now, "updated_at": now,
-                                   "path": "webhook", "snapshot": snapshot_json(p), "author_id": p.author_id[:255],
-                                   "owner": guard.owner, "provider_key": guard.provider_key(p.id)})
-                for p in parents]
         try:
-            made = guard.store.insert_absent(rows, {"kind": "received", "owner": guard.owner,
-                                                    "detail": {"path": "webhook", "delivery": delivery}},
-                                             doing="recording a webhook delivery")
+            made = guard.keep_received(parents, path="webhook", detail={"delivery": delivery},
+                                       doing="recording a webhook delivery")
         except (StoreError, ContentionError) as exc:
             log.error("replyd.hooks.store_failed", bot=hook.bot, platform=hook.instance, delivery=delivery,
                       error=str(exc)[:300])

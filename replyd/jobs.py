@@ -1,6 +1,6 @@
 """The daemon's job pool: a fixed set of threads for every bot's runs, the polls that find new parents first.
 
-One pool serves every run of every bot (issue 36: threads do not grow with the bots). Its queue has two lanes,
+One pool serves every run of every bot, so threads do not grow with the bots. Its queue has two lanes,
 each first in, first out: polls (``urgent``: they find the parents waiting for an answer) and the rest (the
 sweep's one-shot passes, re-offers, start attempts, the scheduler's ticks). A free thread takes the next poll
 unless the rest's oldest run has waited ``patience_s``: then that one, so upkeep is late under load, never

@@ -30,17 +30,15 @@ close but are no sample.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from replyd import metrics
 from replyd.clock import Clock, SystemClock, monotonic_of, shared
 from replyd.config import SweepConfig
 from replyd.errors import ReplydError
+from replyd.lag_summary import LagSummary, percentile
 from replyd.log import get_logger
 from replyd.store import Store, Tx
 
@@ -50,15 +48,6 @@ RETENTION_S = 7 * 86_400.0  # samples older than this are forgotten
 FAR_BELOW = 2.0  # a configured delay below observed / FAR_BELOW is a warning
 MIN_STEP_S = 0.5  # the finest resolution a lag is measured at (between two looks)
 MAX_SENT = 100_000  # sends remembered for their monotonic time (a bound on memory at any send rate)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The nearest-rank ``q``-th percentile (0 < q <= 100) of ``values``; 0.0 when there are none."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
-    return ordered[rank - 1]
 
 
 def effective_delay(configured_s: float, lower: Sequence[float], cfg: SweepConfig,
@@ -72,24 +61,6 @@ def effective_delay(configured_s: float, lower: Sequence[float], cfg: SweepConfi
     else:
         learned = cfg.listing_delay_factor * percentile(lower, cfg.listing_delay_percentile)
     return max(configured_s, min(cfg.listing_delay_max_s, learned))
-
-
-@dataclass(frozen=True)
-class LagSummary:
-    """What the operator sees of one platform instance's listing lag."""
-
-    platform: str
-    samples: int
-    p50_s: float
-    p99_s: float
-    upper_p99_s: float
-
-    @classmethod
-    def of(cls, platform: str, samples: Sequence[tuple[float, float]]) -> LagSummary:
-        """Summarise (lower_s, upper_s) samples."""
-        lower = [lo for lo, _ in samples]
-        return cls(platform, len(samples), round(percentile(lower, 50), 3), round(percentile(lower, 99), 3),
-                   round(percentile([hi for _, hi in samples], 99), 3))
 
 
 class ListingLag:
@@ -233,6 +204,8 @@ class ListingLag:
         if age is None:
             return
         if tx.lag_look(self.platform, sender_id, reply_id, sent_at=sent_at, age_s=age, listed=listed, now=now):
+            from replyd import metrics  # here, not at the top: `replyd status` reads lag without Prometheus
+
             metrics.listing_lag(self.platform, age)
         if not listed:
             self._prove(reply_id, age)
@@ -257,15 +230,3 @@ class ListingLag:
             self._proven = {k: v for k, v in self._proven.items() if v[0] >= horizon}
             return [lo for _, lo in self._proven.values()]
 
-
-def summaries(store: Store) -> list[dict[str, Any]]:
-    """Every platform instance's observed lag and delays, for ``replyd status``."""
-    delays = store.listing_delays()
-    out = []
-    for plat in sorted(set(delays) | set(store.lag_platforms())):
-        s = LagSummary.of(plat, store.lag_samples(plat, SweepConfig().listing_lag_window))
-        d = delays.get(plat)
-        out.append({"platform": plat, "configured_s": d.configured_s if d else None,
-                    "in_use_s": d.in_use_s if d else None, "samples": s.samples, "observed_p50_s": s.p50_s,
-                    "observed_p99_s": s.p99_s, "listed_p99_s": s.upper_p99_s})
-    return out

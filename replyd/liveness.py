@@ -15,8 +15,8 @@ request timeout (one failure, not yet N) and the next starts an interval
 later, so a count of failures or a run's own age sees a freeze only an
 interval + a timeout after the first run met it; the last success came before
 the freeze, so the fastest path turns the daemon not ready within its
-interval + timeout of it (issue 29: within one inbox interval, the re-find
-path being due every few seconds). A run merely late to start (a busy
+interval + timeout of it. The re-find path is due every few seconds, so a
+freeze shows within one inbox interval. A run merely late to start (a busy
 scheduler) is not overdue: nothing has failed yet. A success clears all three. A path is *stale* when it has had no successful run for
 ``stale_after_intervals`` × its interval (at least ``stale_min_s``), counted
 from its last success or, before the first one, from when the daemon started
@@ -70,6 +70,7 @@ class BotStart:
     breaker_open: bool = False
     breaker_reason: str | None = None
     breaker_since: float | None = None
+    adopting: bool = False  # reading its own replies back before any path runs (replyd.daemon.adopt_window)
 
 
 @dataclass
@@ -132,6 +133,8 @@ def describe_start(b: dict[str, Any]) -> str:
         return "running"
     if b["state"] == FAILED:
         return f"failed to start: {b['reason']}"
+    if b.get("adopting") and not b["attempts"]:
+        return "adopting: reading its own replies back before it answers anything"
     if not b["attempts"]:
         return "starting"
     nxt = "" if b.get("next_try_s") is None else f", next in {ago(b['next_try_s'])}"
@@ -168,6 +171,15 @@ class Liveness:
         with self._lock:
             self._bots.setdefault(bot, BotStart(since=self.clock.now()))
 
+    def forget(self, bot: str) -> None:
+        """Drop ``bot`` and its paths (removed by a reload): neither ready nor stale from now on."""
+        with self._lock:
+            for key in [k for k in self._paths if k[0] == bot]:
+                del self._paths[key]
+            self._bots.pop(bot, None)
+            self._keys.pop(bot, None)
+            self._clocks.pop(bot, None)
+
     def starting(self, bot: str, reason: str, retry_in_s: float) -> None:
         """Record a failed start attempt of ``bot`` (``reason``, secret-free); the next is in ``retry_in_s``."""
         now = self.clock.now()
@@ -175,12 +187,18 @@ class Liveness:
             b = self._bots.setdefault(bot, BotStart(since=now))
             b.state, b.reason, b.attempts, b.next_try_at = STARTING, reason[:300], b.attempts + 1, now + retry_in_s
 
+    def adopting(self, bot: str) -> None:
+        """Record that ``bot`` logged in and reads its own replies back before any path runs."""
+        now = self.clock.now()
+        with self._lock:
+            self._bots.setdefault(bot, BotStart(since=now)).adopting = True
+
     def started(self, bot: str) -> None:
         """Record that ``bot`` logged in and its jobs run."""
         now = self.clock.now()
         with self._lock:
             b = self._bots.setdefault(bot, BotStart(since=now))
-            b.state, b.reason, b.since, b.next_try_at = RUNNING, None, now, None
+            b.state, b.reason, b.since, b.next_try_at, b.adopting = RUNNING, None, now, None, False
 
     def start_failed(self, bot: str, reason: str) -> None:
         """Record that ``bot`` will not start (its platform refused the login): no more attempts."""
@@ -282,7 +300,7 @@ class Liveness:
         for bot, st_ in sorted(starts):
             b = entry(bot)
             b["start"] = {"state": st_.state, "reason": st_.reason, "attempts": st_.attempts,
-                          "since": st_.since,
+                          "since": st_.since, "adopting": st_.adopting,
                           "next_try_s": None if st_.next_try_at is None else round(max(0.0, st_.next_try_at - now), 1)}
             b["start"]["words"] = describe_start(b["start"])
             b["breaker"] = {"open": st_.breaker_open, "reason": st_.breaker_reason, "since": st_.breaker_since}

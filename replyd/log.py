@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import sys
 import threading
 from collections.abc import MutableMapping
@@ -11,6 +10,8 @@ from typing import Any
 
 import structlog
 from structlog._config import _CONFIG as _structlog_config  # read, never written: see Logger
+
+from replyd.terminal import shown
 
 # The method structlog's filtering loggers have for a level they filter out (those below critical filter
 # out info); see ``Logger``.
@@ -87,17 +88,6 @@ def _mask_secrets(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> 
         elif isinstance(v, BaseException):
             event[k] = mask(f"{type(v).__name__}: {v}")
     return event
-
-
-# What a terminal could act on: C0 controls (newline included: a value never spans lines), DEL, C1 controls
-# (0x9b is a one-byte CSI), and the bidi overrides, isolates and marks and the line/paragraph separators that
-# reorder or break what is shown.
-_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
-
-
-def shown(value: object) -> str:
-    """``value`` as text safe for a terminal: each control character written as a visible escape."""
-    return _CONTROLS.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", str(value))
 
 
 def _escape_controls(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:

@@ -203,16 +203,19 @@ class Scope:
 class Caller:
     """One MCP session under one scope: its claims are counted against ``max_replies_per_session``.
 
-    A session is the stdio process, or the transport's ``mcp-session-id`` over HTTP. Protocol 2026-07-28 has no
-    sessions (every request stands alone): those requests share one bucket per token, counted over the last
-    ``stateless_window_s`` (``window_s``), so a client cannot reset its cap by sending requests on their own.
+    A session is the stdio process, or the transport's ``mcp-session-id`` over HTTP. Over HTTP every claim also
+    counts in one bucket per token, over the last ``stateless_window_s`` (``window_s``): requests without a
+    session (protocol 2026-07-28) use that bucket alone, so a client resets its cap neither by opening a new
+    session nor by sending requests on their own.
     """
 
-    def __init__(self, scope: Scope, session: str, clock: Clock, *, window_s: float | None = None) -> None:
+    def __init__(self, scope: Scope, session: str, clock: Clock, *, window_s: float | None = None,
+                 token: Caller | None = None) -> None:
         self.scope = scope
         self.session = session
         self.clock = clock
         self.window_s = window_s
+        self.token = token  # the token's bucket this session's claims also count in (HTTP)
         self._claims: list[float] = []  # when each counted claim was reserved
         self._lock = threading.Lock()
 
@@ -229,23 +232,31 @@ class Caller:
         return self._claims
 
     def reserve(self) -> None:
-        """Take one of the session's replies before a claim; ToolFailure naming ``session`` when none is left."""
+        """Take one of the session's replies (and its token's) before a claim; ToolFailure naming ``session`` when
+        none is left."""
+        if self.token is not None:
+            self.token.reserve()
         cap = self.scope.max_replies_per_session
         with self._lock:
-            if len(self._live()) >= cap:
-                if self.window_s is None:
-                    raise ToolFailure(f"session: this session has used its {cap} replies "
-                                      "(mcp.max_replies_per_session); nothing sent")
-                raise ToolFailure(f"session: this client has used its {cap} replies in the last {self.window_s:g} s "
-                                  "(mcp.max_replies_per_session; requests without an MCP session count per token); "
-                                  "nothing sent")
-            self._claims.append(self.clock.now())
+            if len(self._live()) < cap:
+                self._claims.append(self.clock.now())
+                return
+        if self.token is not None:
+            self.token.refund()
+        if self.window_s is None:
+            raise ToolFailure(f"session: this session has used its {cap} replies "
+                              "(mcp.max_replies_per_session); nothing sent")
+        raise ToolFailure(f"session: this client has used its {cap} replies in the last {self.window_s:g} s "
+                          "(mcp.max_replies_per_session; every session and request of a token counts together); "
+                          "nothing sent")
 
     def refund(self) -> None:
         """Give back a reservation whose call claimed nothing (answered, in flight, skipped, dry run)."""
         with self._lock:
             if self._claims:
                 self._claims.pop()
+        if self.token is not None:
+            self.token.refund()
 
 
 def encode_lease(bot: str, lease: library.Lease, secret: str) -> str:
@@ -281,20 +292,27 @@ class Service:
         self.clock = clock
         self.scope = scope or Scope("mcp")  # stdio's, and the in-process client's
         self._callers: OrderedDict[tuple[str, str], Caller] = OrderedDict()
+        self._tokens: dict[str, Caller] = {}  # one bucket per token scope, never dropped (the config bounds them)
         self._callers_lock = threading.Lock()
 
     # -- helpers -----------------------------------------------------------------------------------
 
-    def caller(self, scope: Scope | None = None, session: str | None = "local") -> Caller:
+    def caller(self, scope: Scope | None = None, session: str | None = "local", *, per_token: bool = False) -> Caller:
         """The caller for one session under ``scope`` (default: the server's), created on first use; ``session``
-        None: requests without a session, one rolling bucket per token."""
+        None: requests without a session, the token's rolling bucket; ``per_token``: the session's claims count
+        in that bucket too (HTTP)."""
         scope = scope or self.scope
-        key = (scope.name, session if session is not None else "\x00stateless")
         with self._callers_lock:
+            bucket = self._tokens.get(scope.name)
+            if bucket is None and (session is None or per_token):
+                bucket = self._tokens[scope.name] = Caller(scope, "\x00stateless", self.clock,
+                                                           window_s=scope.stateless_window_s)
+            if session is None:
+                return bucket  # type: ignore[return-value]
+            key = (scope.name, session)
             got = self._callers.get(key)
             if got is None:
-                window = scope.stateless_window_s if session is None else None
-                got = self._callers[key] = Caller(scope, key[1], self.clock, window_s=window)
+                got = self._callers[key] = Caller(scope, session, self.clock, token=bucket if per_token else None)
                 if len(self._callers) > _SESSIONS_KEPT:
                     self._callers.popitem(last=False)
             else:
@@ -626,7 +644,7 @@ def caller_of(service: Service, ctx: Any) -> Caller:
     if not isinstance(scope, Scope):  # the Gate always sets it; a request that bypassed it gets nothing
         return service.caller(Scope("none", frozenset(), True, 1))
     sid = request.headers.get("mcp-session-id")
-    return service.caller(scope, sid[:128] if sid else None)
+    return service.caller(scope, sid[:128] if sid else None, per_token=True)
 
 
 def make_server(service: Service) -> Server[Any]:

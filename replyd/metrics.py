@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -46,6 +47,12 @@ OUTCOMES = Counter(
     "(posted, already_answered, in_flight, ...; store_error and contended when it raised).",
     ["platform", "status"],
     registry=None,
+)
+ANSWER_LATENCY = Histogram(
+    "replyd_answer_latency_seconds",
+    "From a parent's creation (its platform time) to replyd posting its answer; parents with no time are left out.",
+    ["platform"], registry=None,
+    buckets=(1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0, 21600.0),
 )
 PLATFORM_ERRORS = Counter(
     "replyd_platform_errors",
@@ -121,13 +128,20 @@ POLL_SKIPS = Counter(
     ["platform", "path"],
     registry=None,
 )
+UNREADABLE = Counter(
+    "replyd_unreadable_items",
+    "Items of a page, delivery or stream a path could not read: reported, left out, and the path moved past them.",
+    ["platform", "path"],
+    registry=None,
+)
 PLATFORM_CLOCK_OFFSET = Gauge(
     "replyd_platform_clock_offset_seconds",
     "The platform's clock minus replyd's, as measured from its responses (created_at of own replies, Date).",
     ["platform"], registry=None,
 )
-SHARED = (SENDS, SEND_SECONDS, OUTCOMES, PLATFORM_ERRORS, RESPONDER_CALLS, RESPONDER_SECONDS, SWEEP_ROWS, DUPLICATES,
-          TOO_LATE, SKIPS, POLLS, WEBHOOKS, WEBHOOK_DROPS, LISTING_LAG, POLL_SKIPS, BREAKER_OPEN, PLATFORM_CLOCK_OFFSET)
+SHARED = (SENDS, SEND_SECONDS, ANSWER_LATENCY, OUTCOMES, PLATFORM_ERRORS, RESPONDER_CALLS, RESPONDER_SECONDS, SWEEP_ROWS,
+          DUPLICATES, TOO_LATE, SKIPS, POLLS, WEBHOOKS, WEBHOOK_DROPS, LISTING_LAG, POLL_SKIPS, BREAKER_OPEN,
+          PLATFORM_CLOCK_OFFSET, UNREADABLE)
 
 # The `platform` label is the bot's name (or a short instance), never a URL: instance -> label.
 _LABELS: dict[str, str] = {}
@@ -204,6 +218,11 @@ def webhook_dropped(platform: str, reason: str) -> None:
     _child(WEBHOOK_DROPS, platform, reason).inc()
 
 
+def unreadable(platform: str, path: str) -> None:
+    """Count one item a path of ``platform`` could not read (and moved past)."""
+    _child(UNREADABLE, platform, path).inc()
+
+
 def too_late(platform: str) -> None:
     """Count a send the guard held back because the row's deadline had passed before it could leave."""
     _child(TOO_LATE, platform).inc()
@@ -256,10 +275,14 @@ class watching_send:  # noqa: N801  (used as ``with metrics.watching_send(...)``
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _count_post(guard: Any, out: Any = None, exc: BaseException | None = None) -> None:
-    """Count one ``post``'s Outcome status, or the store error it raised (other errors are not outcomes)."""
+def _count_post(guard: Any, out: Any = None, exc: BaseException | None = None, parent: Any = None) -> None:
+    """Count one ``post``'s Outcome status, or the store error it raised (other errors are not outcomes); time a
+    posted answer from its parent's creation."""
     if exc is None:
         label = out.status.value
+        created = getattr(parent, "created_at", None)
+        if label == "posted" and isinstance(created, int | float):
+            _child(ANSWER_LATENCY, guard.platform.instance).observe(max(0.0, guard.clock.now() - created))
     elif isinstance(exc, ContentionError):
         label = "contended"
     elif isinstance(exc, StoreError):
@@ -281,7 +304,7 @@ def observe_post(fn: F) -> F:
             except BaseException as exc:
                 _count_post(guard, exc=exc)
                 raise
-            _count_post(guard, out)
+            _count_post(guard, out, parent=args[0] if args else kwargs.get("parent"))
             return out
 
         return awrapper  # type: ignore[return-value]
@@ -294,7 +317,7 @@ def observe_post(fn: F) -> F:
         except BaseException as exc:
             _count_post(guard, exc=exc)
             raise
-        _count_post(guard, out)
+        _count_post(guard, out, parent=args[0] if args else kwargs.get("parent"))
         return out
 
     return wrapper  # type: ignore[return-value]
@@ -351,24 +374,35 @@ def sweep_pass(platform: str, res: Any) -> None:
 
 
 class StoreCollector:
-    """Row gauges read from the store at scrape time; a store outage reports ``replyd_store_up 0``."""
+    """Row gauges read from the store at scrape time; a store outage reports ``replyd_store_up 0``.
 
-    def __init__(self, store: Any) -> None:
+    The rows read are kept ``cache_s`` seconds: scrapes of an opened ``/metrics`` cost the store two
+    queries that often at most, however often they come. A failed read is not kept; 0 reads every scrape."""
+
+    def __init__(self, store: Any, cache_s: float = 0.0) -> None:
         self.store = store
+        self.cache_s = cache_s
+        self._lock = threading.Lock()
+        self._read: tuple[float, Any, Any] | None = None  # (read at, counts, oldest open rows)
+
+    def _rows(self) -> tuple[float, Any, Any]:
+        now = self.store.clock.now()
+        with self._lock:  # concurrent scrapes wait for one read instead of each making their own
+            if self._read is None or not 0 <= now - self._read[0] < self.cache_s:
+                self._read = (now, self.store.counts(), self.store.oldest_open(1))
+            return now, self._read[1], self._read[2]
 
     def describe(self) -> list[Metric]:
         """Declare nothing up front, so registering never queries the store."""
         return []
 
     def collect(self) -> Iterator[Metric]:
-        """Yield store_up, rows by state, open rows and the oldest open row's age."""
+        """Yield store_up, rows by state, open rows, duplicates found and the oldest open row's age."""
         from replyd import store as st
 
         up = GaugeMetricFamily("replyd_store_up", "1 when the answered-log answered the scrape's queries.")
         try:
-            counts = self.store.counts()
-            oldest = self.store.oldest_open(1)
-            now = self.store.clock.now()
+            now, counts, oldest = self._rows()
         except ReplydError:
             up.add_metric([], 0)
             yield up
@@ -386,6 +420,18 @@ class StoreCollector:
             open_rows.add_metric([label], counts.get((plat, st.OPEN), 0))
         yield rows
         yield open_rows
+        dups = GaugeMetricFamily("replyd_duplicates", "Own replies beyond the first found for one parent, as the "
+                                 "answered-log recorded them (sweep and adopt), by bot.", labels=["platform"])
+        try:
+            found = self.store.duplicate_counts()
+        except ReplydError:
+            found = {}
+        per = {platform_label(plat): 0 for plat, _ in counts}  # a series for every bot, 0 included
+        for (plat, _sender), n in found.items():
+            per[platform_label(plat)] = per.get(platform_label(plat), 0) + n
+        for label, n in sorted(per.items()):
+            dups.add_metric([label], n)
+        yield dups
         age = GaugeMetricFamily("replyd_oldest_open_row_age_seconds", "Age of the oldest open row; 0 when none is open.")
         first = oldest[0] if oldest else None
         age.add_metric([], max(0.0, now - (first.opened_at or first.created_at)) if first else 0.0)
@@ -460,9 +506,9 @@ class _Static:
         yield from self.families
 
 
-def registry(store: Any | None = None, liveness: Any | None = None) -> CollectorRegistry:
+def registry(store: Any | None = None, liveness: Any | None = None, *, store_cache_s: float = 0.0) -> CollectorRegistry:
     """Return a registry: the process-wide counters, build info, process and Python platform collectors, and,
-    given a store and a liveness record, the row gauges and each path's last success."""
+    given a store and a liveness record, the row gauges (rows kept ``store_cache_s``) and each path's last success."""
     reg = CollectorRegistry(auto_describe=False)
     for m in SHARED:
         reg.register(m)
@@ -470,7 +516,7 @@ def registry(store: Any | None = None, liveness: Any | None = None) -> Collector
     for c in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR):
         reg.register(c)
     if store is not None:
-        reg.register(StoreCollector(store))
+        reg.register(StoreCollector(store, store_cache_s))
     if liveness is not None:
         reg.register(LivenessCollector(liveness))
     return reg

@@ -9,6 +9,15 @@ same steps per parent, in order; the parents they let through are claimed
 together, in one durable transaction (``Guard.post_page``), then composed and
 sent one by one, each row under its own lease and open commit. A parent offered
 alone (``offer``) is a page of one, and a page of one claims alone (``Guard.post``).
+
+What a path has seen is never dropped unaccounted for. A parent a passing limit holds back (a cap, an
+unreadable depth) is kept as a waiting ``released`` row: its snapshot, ``error`` "policy: <reason>" and
+``not_before`` when the limit may let it through. Re-find's re-offer (``Pollers.reoffer``) offers it again
+then, on every platform, also on those that cannot re-find (Telegram, WhatsApp). A row already held
+for that reason is not noted again. A final skip (``FINAL_SKIPS``) writes no row: its ``skipped`` event
+carries the parent's snapshot, so an operator's rearm can make the row. A busy store (``ContentionError``)
+writes nothing: the path must not move past the parent (``Pollers``: the cursor is held; a webhook's
+kept row waits, or the delivery is answered 503).
 """
 
 from __future__ import annotations
@@ -20,10 +29,11 @@ from collections.abc import Callable, Sequence
 from replyd import metrics
 from replyd.clock import Clock
 from replyd.errors import ContentionError, StoreError
-from replyd.guard import PAGE_MAX, Guard, Outcome, Status
+from replyd.guard import PAGE_MAX, Guard, Outcome, Status, snapshot_json
 from replyd.log import get_logger
 from replyd.platforms.base import Parent
-from replyd.policy import CAP_SKIPS, Policy
+from replyd.policy import CAP_SKIPS, FINAL_SKIPS, Policy
+from replyd.store import COMPOSING, RELEASED, lease_holder
 from replyd.responders import Responder, ResponderRunner
 
 log = get_logger("replyd.pipeline")
@@ -92,10 +102,13 @@ class Pipeline:
                                         self.clock, pending=pending)
 
     def _skip(self, parent: Parent, path: str, reason: str) -> Outcome:
-        """Record a policy skip once per (parent, reason) and return it as an outcome."""
+        """Record a policy skip once per (parent, reason) and return it as an outcome; a passing limit holds the
+        parent as a waiting row instead (``_hold``)."""
         self.skips[reason] = self.skips.get(reason, 0) + 1
         metrics.skipped(self.guard.platform.instance, reason)
         key = self.guard.key(parent.id)
+        if reason not in FINAL_SKIPS:
+            return self._hold(parent, path, reason)
         mark = (parent.id, reason)
         if mark in self._recorded:
             self._recorded.move_to_end(mark)
@@ -106,15 +119,46 @@ class Pipeline:
                 # Re-found parents (re-find reads the whole lookback window) must not add an event every pass.
                 last = self.guard.store.last_event(key, ["skipped"])
                 if last is None or json.loads(last.detail).get("reason") != reason:
+                    # The snapshot lets an operator's rearm make the parent's row (a skip writes none).
                     self.guard.store.record(key, "skipped", owner=self.guard.owner,
                                             detail={"reason": reason, "path": path,
-                                                    "author": parent.author_handle or parent.author_id})
+                                                    "author": parent.author_handle or parent.author_id,
+                                                    "snapshot": snapshot_json(parent)})
                 self._recorded[mark] = None
                 if len(self._recorded) > _SEEN_SKIPS:
                     self._recorded.popitem(last=False)
             except StoreError as exc:  # a skip note is for explain only; nothing is sent either way
                 log.warning("replyd.pipeline.skip_not_recorded", parent_id=parent.id, reason=reason, error=str(exc))
         return Outcome(Status.SKIPPED, key, detail=reason)
+
+    def _hold(self, parent: Parent, path: str, reason: str) -> Outcome:
+        """Keep a parent a passing limit holds back as a waiting ``released`` row (one durable commit) until the
+        limit may let it through; its error names the reason. A store failure is raised: nothing holds it yet."""
+        guard, now = self.guard, self.clock.now()
+        key = guard.key(parent.id)
+        until = self.policy.room_at(reason, parent, guard.store, guard.platform, guard.identity, self.clock)
+        error = f"policy: {reason}"
+        held = {"not_before": until, "error": error, "updated_at": now, "lease_owner": None, "lease_until": None}
+        new = {**held, "state": RELEASED, "attempt": 1, "created_at": now, "path": path,
+               "snapshot": snapshot_json(parent), "author_id": parent.author_id[:255], "owner": guard.owner,
+               "provider_key": guard.provider_key(parent.id)}
+        note = {"path": path, "reason": reason, "until": until}
+        with guard.store.transaction(doing="holding a parent a limit holds back") as tx:
+            if tx.insert_new(key, new):
+                tx.append_event(key, "held", state=RELEASED, attempt=1, owner=guard.owner, detail=note)
+                noted = True
+            else:  # a waiting row (kept by a webhook, or re-offered): it waits on, noted once per reason
+                row, noted = tx.get(key), False
+                if row is not None and guard._claimable(row, now):
+                    state = RELEASED if row.state in (RELEASED, COMPOSING) else row.state
+                    event = None if row.error == error else {"kind": "held", "state": state, "attempt": row.attempt,
+                                                             "owner": guard.owner, "detail": {**note, "from": row.state}}
+                    noted = tx.cas_event(key, states=[row.state], attempt=row.attempt, values={**held, "state": state},
+                                         lease_owner=lease_holder(row), event=event) and event is not None
+        if noted:
+            log.info("replyd.pipeline.held", parent_id=parent.id, path=path, reason=reason, until=until,
+                     author=parent.author_handle or parent.author_id)
+        return Outcome(Status.SKIPPED, key, detail=reason, retry_after_s=max(0.0, until - now))
 
     def close(self) -> None:
         """Release the responder's resources (HTTP clients, child processes)."""

@@ -9,8 +9,9 @@ only on parents nobody has answered yet:
 2. ``limit_reason`` (store reads, maybe one platform read), after the pre-check:
    per-author and global caps per hour, and the measured thread depth.
 
-Every reason is a short stable word (``SKIP_REASONS``); the pipeline records it
-as a ``skipped`` event that ``replyd explain`` shows.
+Every reason is a short stable word (``SKIP_REASONS``). A final one (``FINAL_SKIPS``) is a
+``skipped`` event that ``replyd explain`` shows. The others pass with time: the pipeline keeps such a
+parent as a waiting row until ``room_at`` (``Pipeline._hold``), so no path drops it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 log = get_logger("replyd.policy")
 
 HOUR_S = 3600.0
+# How long a parent whose thread depth could not be read waits before it is offered again.
+DEPTH_RETRY_S = 300.0
 
 SKIP_REASONS = {
     "own_post": "the parent is the bot's own post",
@@ -41,18 +44,27 @@ SKIP_REASONS = {
     "keyword_missing": "policy.allow_keywords is set and the text contains none of them",
     "too_old": "the parent is older than policy.max_age_s",
     "too_deep": "the parent is deeper in its thread than policy.max_depth",
-    "depth_unknown": "policy.max_depth is set and the thread depth could not be read (retried on the next discovery)",
-    "author_cap": "policy.max_per_author_per_hour replies to this author in the last hour",
-    "hourly_cap": "policy.max_per_hour replies in the last hour",
+    "unreadable": "the adapter could not read the item (a malformed mail); its log line names it",
+    "depth_unknown": "policy.max_depth is set and the thread depth could not be read (kept waiting, offered again)",
+    "author_cap": "policy.max_per_author_per_hour replies to this author in the last hour (kept waiting)",
+    "hourly_cap": "policy.max_per_hour replies in the last hour (kept waiting)",
+    # The email adapter's refusals (``Parent.extra["refused"]``): what a stranger's headers say cannot override them.
+    "auto_reply": "the mail is an auto-reply (RFC 3834 Auto-Submitted, vendor markers, a null return path)",
+    "bulk_mail": "the mail is bulk or list mail (Precedence, List-Id, List-Unsubscribe)",
+    "robot_sender": "the mail is from a robot address (mailer-daemon, no-reply, postmaster, list owners)",
+    "mail_loop": "the mail's X-Loop names the desk",
+    "loop_breaker": "the adapter's loop breaker: this address had its most answers in the window (kept waiting)",
 }
+# Reasons an adapter sets on the parent itself (``Parent.extra["refused"]``).
+ADAPTER_SKIPS = frozenset({"auto_reply", "bulk_mail", "robot_sender", "mail_loop"})
 
 # Reasons that stay true for a parent once they are (its age only grows, its author and text do not change;
 # an operator who changes the lists rearms): a row that waits to be offered again ends ``skipped`` on them.
-# The others (caps, an unreadable depth) pass with time, so such a row keeps waiting.
+# The others (caps, an unreadable depth) pass with time: the parent waits in a row until ``room_at``.
 FINAL_SKIPS = frozenset({"own_post", "author_is_bot", "account_denied", "account_not_allowed", "keyword_denied",
-                         "keyword_missing", "too_old", "too_deep"})
+                         "keyword_missing", "too_old", "too_deep", "unreadable", *ADAPTER_SKIPS})
 # Reasons that count this bot's recent replies: a page's parents not posted yet may fill them (``pending``).
-CAP_SKIPS = frozenset({"author_cap", "hourly_cap"})
+CAP_SKIPS = frozenset({"author_cap", "hourly_cap", "loop_breaker"})
 
 
 def _account(value: str) -> str:
@@ -102,6 +114,7 @@ class Policy:
     @staticmethod
     def _matches(accounts: Iterable[str], parent: Parent) -> bool:
         # Ids are compared case-folded too: a list entry is written by a person, not served by the platform.
+        # author_handle is one the platform vouches for (never a display name: extra["author_name"] holds that).
         names = {_account(parent.author_id)}
         if parent.author_handle:
             names.add(_account(parent.author_handle))
@@ -109,8 +122,12 @@ class Policy:
 
     def reason_to_skip(self, parent: Parent, me: Identity, clock: Clock) -> str | None:
         """Return why ``parent`` must not be answered (rules needing no I/O), or None to go on."""
+        if parent.extra.get("unreadable"):
+            return "unreadable"  # the adapter could not read the item: reported, never answered
         if parent.author_id == me.sender_id:
             return "own_post"
+        if parent.extra.get("refused") in ADAPTER_SKIPS:  # before the lists: an allowed address's auto-reply too
+            return str(parent.extra["refused"])
         if self.deny_accounts and self._matches(self.deny_accounts, parent):
             return "account_denied"
         allowed = bool(self.allow_accounts) and self._matches(self.allow_accounts, parent)
@@ -147,6 +164,8 @@ class Policy:
                 n = store.count_opened_since(platform.instance, me.sender_id, since, author_id=author)
                 if n + sum(1 for p in pending if p.author_id[:255] == author) >= self.max_per_author_per_hour:
                     return "author_cap"
+        if _loop_broken(parent, store, platform, me, clock, pending):
+            return "loop_breaker"
         if self.max_depth is not None and parent.thread_depth >= 1:
             if isinstance(platform, ThreadDepth):
                 try:
@@ -158,3 +177,38 @@ class Policy:
                 if depth > self.max_depth:
                     return "too_deep"
         return None
+
+    def room_at(self, reason: str, parent: Parent, store: Store, platform: Platform, me: Identity,
+                clock: Clock) -> float:
+        """When the limit ``reason`` may let ``parent`` through: a cap when its oldest counted reply is an hour
+        old (a parent still held then waits for the next one), an unreadable depth after ``DEPTH_RETRY_S``."""
+        now = clock.now()
+        if reason not in CAP_SKIPS:
+            return now + DEPTH_RETRY_S
+        breaker = getattr(platform, "loop_breaker", None)
+        if reason == "loop_breaker" and isinstance(breaker, tuple):  # its own window, counted per address
+            window_s = float(breaker[1])
+            oldest = store.oldest_opened_since(platform.instance, me.sender_id, now - window_s,
+                                               author_id=parent.author_id[:255])
+            return max(now, oldest if oldest is not None else now) + window_s + 1.0
+        author = parent.author_id[:255] if reason == "author_cap" else None
+        oldest = store.oldest_opened_since(platform.instance, me.sender_id, now - HOUR_S, author_id=author)
+        # Only the page's own posts fill it (none opened yet): they open now. A cap counts a reply exactly an
+        # hour old, so the room comes a second later.
+        return max(now, oldest if oldest is not None else now) + HOUR_S + 1.0
+
+def _loop_broken(parent: Parent, store: Store, platform: Platform, me: Identity, clock: Clock,
+                 pending: Sequence[Parent]) -> bool:
+    """Whether the adapter's loop breaker (``platform.loop_breaker``: answers, window in seconds) holds ``parent``'s
+    author back: that many answers to it in the window, whatever the policy's caps say."""
+    breaker = getattr(platform, "loop_breaker", None)
+    if not isinstance(breaker, tuple):  # an adapter without one (a test double's attribute is no tuple either)
+        return False
+    most, window_s = breaker
+    author = parent.author_id[:255]
+    n = store.count_opened_since(platform.instance, me.sender_id, clock.now() - window_s, author_id=author)
+    n += sum(1 for p in pending if p.author_id[:255] == author)
+    if n < most:
+        return False
+    log.warning("replyd.policy.loop_broken", platform=platform.instance, author=author, answers=n, window_s=window_s)
+    return True

@@ -2,11 +2,17 @@
 (``Pipeline.offer_page``: one group claim per page).
 
 Cursors are saved only after every parent of a page was offered, so a crash
-re-reads the page and the guard drops what was already answered. A poll that
+re-reads the page and the guard drops what was already answered. A parent the
+store was too busy to take (``ContentionError``: nothing written, nothing sent)
+holds the cursor too: the rest of the page is offered, the cursor is not saved,
+and the next poll reads the page again. On Telegram the saved offset confirms
+the updates for good, so saving it past such a parent would lose it. A parent a
+cap holds back is a waiting row (``Pipeline._hold``): the cursor moves on. A poll that
 finds nothing writes nothing and reads no cursor: each path's cursor is read
-from the store once, then kept here as this process saved it (replicas of one
-bot each poll from their own; a page another replica already offered is
-offered again and the guard drops it).
+from the store once, then kept here as this process saved it. On a fleet
+(``replyd.fleet``) a replica that gains a bot reads its cursors again. Replicas
+that poll one bot (a handover, or the fleet off) each poll from their own; a
+page another replica already offered is offered again and the guard drops it.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from replyd.guard import Outcome, Status
 from replyd.liveness import Heartbeat, error_words
 from replyd.log import get_logger
 from replyd.pipeline import Pipeline
+from replyd.platforms import unreadable
 from replyd.platforms.base import Parent, Platform
 from replyd.policy import FINAL_SKIPS
 from replyd.store import Reply, Store
@@ -44,12 +51,18 @@ class Pollers:
         self.outcomes: dict[str, int] = {}
         self._reoffer_after: tuple[float, str] | None = None  # where the last re-offer page ended
         self._cursors: dict[str, str | None] = {}  # by cursor name: as read once, then as this process saved it
+        # Where an item a path cannot read is kept (the bot's hooks and stream report through it too).
+        self.unreadable = unreadable.recorder(store, platform.instance, self.sender_id)
 
     def _cursor(self, name: str) -> str | None:
         """The path's cursor: read from the store the first time only (a store read per empty poll is waste)."""
         if name not in self._cursors:
             self._cursors[name] = self.store.get_cursor(self.platform.instance, self.sender_id, name)
         return self._cursors[name]
+
+    def forget_cursors(self) -> None:
+        """Read every cursor from the store again at its next use (another replica polled this bot meanwhile)."""
+        self._cursors.clear()
 
     def _advance(self, name: str, old: str | None, new: str | None) -> None:
         """Save the cursor the page ended at, only when it moved: a poll that found nothing writes nothing."""
@@ -60,15 +73,14 @@ class Pollers:
     def _offer_all(self, parents: Iterable[Parent], path: str,
                    then: Callable[[Parent, Outcome], None] | None = None) -> int:
         """Offer a page as one group (``Pipeline.offer_page``); count each parent's outcome (and hand it to
-        ``then``); return how many were offered. A busy store for one parent is logged and the page goes on; any
-        other exception is raised once the parents before it are counted (the cursor is not saved: the next poll
-        reads the page again)."""
+        ``then``); return how many were offered. A busy store for one parent does not stop the page: the others
+        are offered, then a ``ContentionError`` is raised, so the cursor is not saved past it. Any other
+        exception is raised once the parents before it are counted (the cursor is not saved either)."""
         page = list(parents)
-        offered = 0
+        offered, busy = 0, []
         for p, out in zip(page, self.pipeline.offer_page(page, path)):
             if isinstance(out, ContentionError):
-                # Nothing was sent; the next poll offers it again. One busy key must not stop the page.
-                log.warning("replyd.poller.contended", path=path, parent_id=p.id, error=str(out))
+                busy.append(p.id)  # nothing was written or sent for it: the page is read again
                 continue
             if isinstance(out, Exception):
                 raise out
@@ -77,6 +89,9 @@ class Pollers:
                 self.outcomes[out.status.value] = self.outcomes.get(out.status.value, 0) + 1
                 if then is not None:
                     then(p, out)
+        if busy:
+            raise ContentionError(f"store busy for {len(busy)} of {len(page)} parents (first {busy[0]!r}); "
+                                  "the cursor stays, the next poll reads them again")
         return offered
 
     def _beat(self, path: str, exc: BaseException | None = None) -> None:
@@ -89,7 +104,8 @@ class Pollers:
 
     def _guarded(self, path: str, fn) -> None:  # noqa: ANN001
         try:
-            fn()
+            with unreadable.reporting(path, self.unreadable):  # one unreadable item is recorded; the page goes on
+                fn()
             self._beat(path)
         except RateLimited as exc:
             self._beat(path, exc)
@@ -102,6 +118,9 @@ class Pollers:
         except StoreError as exc:
             self._beat(path, exc)
             log.error("replyd.poller.store_failed", path=path, platform=self.platform.instance, error=str(exc))
+        except ContentionError as exc:
+            self._beat(path, exc)
+            log.warning("replyd.poller.contended", path=path, platform=self.platform.instance, error=str(exc))
 
     def inbox(self) -> None:
         """Read mentions and replies since the saved cursor."""
@@ -143,6 +162,9 @@ class Pollers:
 
     def reoffer(self) -> int:
         """Offer the next page of rows that wait for a path (released, not_landed, expired composing); return how many.
+
+        A row a cap holds (error "policy: hourly_cap") comes once its ``not_before`` passed; still capped, it
+        gets a later one and no event (``Pipeline._hold``), so a full hour costs no write per pass.
 
         Each row is offered from its own snapshot, so a parent whose discovery path moved on (a search cursor
         saved past it while it was composing) is not left behind. The pages rotate through the whole set

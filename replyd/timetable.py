@@ -74,6 +74,17 @@ class Timetable:
                                              max(0.0, jitter_s)))
             self._cond.notify()
 
+    def remove(self, job_id: str) -> bool:
+        """Book no more runs of ``job_id`` (a run already handed to ``fire`` is not recalled); whether it was booked."""
+        with self._cond:
+            kept = [slot for slot in self._heap if slot.job_id != job_id]
+            if len(kept) == len(self._heap):
+                return False
+            heapq.heapify(kept)
+            self._heap = kept
+            self._cond.notify()
+        return True
+
     def due(self, now: float) -> list[str]:
         """Take the runs due at ``now`` (one per job however many slots it missed) and book each job's next slot."""
         out: list[str] = []

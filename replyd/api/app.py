@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import parse_qs, quote
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
@@ -12,12 +14,13 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from replyd import library, metrics, statuspage
 from replyd import store as st
 from replyd.api.answers import EXCEPTION_HANDLERS, body, error, outcome_response, retry_after, row_dict
+import replyd.api.pageform as pageform
 from replyd.api.gate import Gate, HostCheck, open_paths
 from replyd.api.models import (MAX_PARENT_ID, BotState, Confirmed, ConfirmIn, Event, Health, OpenRow, Ready, ReadyStore, Rearmed, RearmedMany,
                                RearmIn, RearmItem, ReplyHistory, ReplyIn, StateCount, StatusSummary, StoreInfo)
@@ -34,6 +37,9 @@ if TYPE_CHECKING:
 
 log = get_logger("replyd.api")
 M = TypeVar("M", bound=BaseModel)
+PAGE_CHART_ROWS = 20_000  # answers read for the page's chart; past it the counts are a floor
+PAGE_WAITING_ROWS = 20  # rows waiting for a decision the page lists (with their forms)
+OPEN_METRICS_CACHE_S = 5.0  # how long an opened /metrics without the token shows the same row counts
 
 
 class Api:
@@ -68,6 +74,8 @@ class Api:
         self.refresh_s = refresh_s
         self.max_body_bytes = max_body_bytes
         self.registry = metrics.registry(store, liveness)
+        # An opened /metrics scraped without the token reads rows kept a few seconds: no store load on demand.
+        self._open_registry = metrics.registry(store, liveness, store_cache_s=OPEN_METRICS_CACHE_S)
         self._openapi = openapi_document(auth=self.token is not None, open_routes=open_routes)
         routes = [Route(op.path, getattr(self, op.handler), methods=[op.method]) for op in ROUTES]
         self.app = Starlette(routes=routes, middleware=[Middleware(Gate, **gate)],
@@ -188,14 +196,17 @@ class Api:
         if self.hooks is None:  # as for an unknown bot: before authentication nothing says which bots exist
             return JSONResponse(BAD_SIGNATURE.body, status_code=BAD_SIGNATURE.status)
         bot = request.path_params["bot"]
-        if bot in self.webhook_bots and bot not in self.hooks.hooks:
-            # Configured, but its platform was not reached yet: a 5xx with Retry-After makes the platform redeliver.
-            wait_s = self.liveness.retry_in_s(bot) if self.liveness is not None else None
-            return error(503, "bot_starting", f"bot {bot!r} has not started yet (its platform was not reached); "
-                         "deliver again later", field="bot", headers=retry_after(min(60.0, (wait_s or 0) + 1)))
         raw = await self._body(request, self.hooks.max_body_bytes)
         if isinstance(raw, Response):
             return raw
+        if bot in self.webhook_bots and bot not in self.hooks.hooks:
+            # Configured, but its platform was not reached yet: a signed delivery gets a 5xx with Retry-After (the
+            # platform redelivers); an unsigned one the 401 an unknown bot gets. Neither names the bot.
+            if not self.hooks.signed_while_starting(bot, request.headers, raw):
+                return JSONResponse(BAD_SIGNATURE.body, status_code=BAD_SIGNATURE.status)
+            wait_s = self.liveness.retry_in_s(bot) if self.liveness is not None else None
+            return error(503, "bot_starting", "the bot has not started yet (its platform was not reached); "
+                         "deliver again later", headers=retry_after(min(60.0, (wait_s or 0) + 1)))
         answer = self.hooks.receive(bot, request.headers, raw)
         return JSONResponse(answer.body, status_code=answer.status)
 
@@ -314,6 +325,7 @@ class Api:
         counts: list[StateCount] = []
         oldest: list[OpenRow] = []
         recent: list[Event] = []
+        dups: dict[tuple[str, str], int] = {}
         try:
             raw = self.store.counts()
             counts = [StateCount(platform=p, state=s, rows=n) for (p, s), n in sorted(raw.items())]
@@ -321,6 +333,7 @@ class Api:
                               opened_at=r.opened_at, age_s=round(max(0.0, now - (r.opened_at or r.created_at)), 1),
                               attempt=r.attempt) for r in self.store.oldest_open(10)]
             recent = [Event.model_validate(e) for e in library.events(self.store, limit=30)]
+            dups = self.store.duplicate_counts()
         except ReplydError as exc:
             store_info.update(up=False, error=str(exc))
         try:
@@ -335,12 +348,13 @@ class Api:
             oldest_open_age_s=oldest[0].age_s if oldest else 0.0,
             oldest_open=oldest,
             recent_events=recent,
-            bots=self._bots_state(),
+            bots=self._bots_state(dups),
             liveness=live,
         ).model_dump(mode="json")
 
-    def _bots_state(self) -> dict[str, BotState]:
-        """Every configured bot (then any other logged in): ready, platform instance and sender."""
+    def _bots_state(self, dups: dict[tuple[str, str], int] | None = None) -> dict[str, BotState]:
+        """Every configured bot (then any other logged in): ready, platform instance and sender (and, given
+        ``dups`` by platform and sender, the duplicates found)."""
         guards = dict(self.guards)
         names = self.expected if self.expected is not None else sorted(guards)
         out: dict[str, BotState] = {}
@@ -348,7 +362,8 @@ class Api:
             g = guards.get(n)
             out[n] = BotState(ready=g is not None and g.claiming, platform=g.platform.instance if g else None,
                               sender_id=g.identity.sender_id if g else None,
-                              listing=g.lag.view() if g else None)
+                              listing=g.lag.view() if g else None,
+                              duplicates=(dups or {}).get((g.platform.instance, g.identity.sender_id), 0) if g else 0)
         return out
 
     async def status(self, request: Request) -> Response:
@@ -356,11 +371,96 @@ class Api:
         data = await run_in_threadpool(self.summary)
         return JSONResponse(data, status_code=200 if data["store"]["up"] else 503)
 
+    def page_extras(self, now: float) -> tuple[dict[str, Any] | None, list[dict[str, Any]] | None]:
+        """The page's chart (last hour's answers) and the rows waiting for a decision; None for what failed."""
+        chart: dict[str, Any] | None = None
+        waiting: list[dict[str, Any]] | None = None
+        try:
+            limit = PAGE_CHART_ROWS
+            answers = self.store.answers_since(now - statuspage.CHART_WINDOW_S, limit=limit)
+            chart = statuspage.activity(answers, now, truncated=len(answers) >= limit)
+            waiting = [r.model_dump() for r in self.store.decidable(st.DECIDABLE, limit=PAGE_WAITING_ROWS)]
+        except ReplydError as exc:
+            log.warning("replyd.page.store_failed", error=str(exc))
+        return chart, waiting
+
     async def page(self, request: Request) -> Response:
-        """GET /: the read-only status page."""
-        data = await run_in_threadpool(self.summary)
-        return HTMLResponse(statuspage.render(data, refresh_s=self.refresh_s),
+        """GET /: the status page, with the forms of the rows waiting for a decision."""
+
+        def collect() -> tuple[dict[str, Any], dict[str, Any] | None, list[dict[str, Any]] | None]:
+            data = self.summary()
+            return (data, *self.page_extras(data["generated_at"]))
+
+        data, chart, waiting = await run_in_threadpool(collect)
+        token, now = self.token, time.time()
+        sign = None if token is None else (lambda a, b, p: pageform.form_token(token, a, b, p, now))
+        q = request.query_params
+        done = q.get("done", "")
+        result = done if token is not None and done and pageform.result_ok(
+            token, done, q.get("at", ""), q.get("sig", ""), now) else None
+        return HTMLResponse(statuspage.render(data, refresh_s=self.refresh_s, chart=chart, waiting=waiting,
+                                              form_token=sign, result=result),
                             status_code=200 if data["store"]["up"] else 503)
+
+    async def page_action(self, request: Request) -> Response:
+        """POST /page/actions: a rearm or confirm form from the page; a 303 back to it with a result line.
+
+        The gate let a Basic login through; this checks Origin and the form's CSRF token before anything else.
+        """
+        if self.token is None:
+            return _refuse(403, "actions need an API token: set api.token_env and restart")
+        scheme = request.headers.get("authorization", "").strip().partition(" ")[0].lower()
+        why = pageform.origin_problem(request.headers.get("origin"), request.headers.get("host"),
+                                      basic=scheme == "basic")
+        if why is not None:
+            return _refuse(403, why)
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/x-www-form-urlencoded":
+            return _refuse(415, "send the form as application/x-www-form-urlencoded")
+        raw = await self._body(request, pageform.MAX_FORM_BYTES)
+        if isinstance(raw, Response):
+            return _refuse(raw.status_code, "the form is too large or was cut off")
+        try:
+            form = parse_qs(raw.decode("utf-8"), keep_blank_values=True, strict_parsing=bool(raw),
+                            max_num_fields=8)
+        except (UnicodeDecodeError, ValueError):
+            return _refuse(400, "the form is not valid UTF-8 url-encoded fields")
+        if any(len(v) != 1 for v in form.values()):
+            return _refuse(400, "each form field must appear once")
+        f = {k: v[0] for k, v in form.items()}
+        action, bot, parent_id = f.get("action", ""), f.get("bot", ""), f.get("parent_id", "")
+        if action not in pageform.ACTIONS:
+            return _refuse(400, f"action must be one of {', '.join(pageform.ACTIONS)}")
+        if not bot or not parent_id or not _storable(parent_id) or len(bot) > 255:
+            return _refuse(400, "bot and parent_id are required (an id of at most "
+                                f"{MAX_PARENT_ID} characters, no NUL)")
+        if not pageform.form_token_ok(self.token, f.get("csrf", ""), action, bot, parent_id, time.time()):
+            log.warning("replyd.page.form_refused", action=action, bot=bot, parent_id=parent_id,
+                        csrf="missing" if not f.get("csrf") else "forged or expired")
+            return _refuse(403, "missing, forged or expired form token: reload the status page and try again")
+        guard = self.guards.get(bot)
+        if guard is None:
+            return _refuse(404, f"no running bot named {bot!r}")
+        key = guard.key(parent_id)
+        if action == "rearm":
+            res = await run_in_threadpool(library.rearm, self.store, key, by="page", owner=guard.owner)
+            done, row = res.rearmed, res.row
+            line = (f"rearmed parent {parent_id} of bot {bot} (was {res.previous}): the next offer may answer it"
+                    if done else f"not rearmed: parent {parent_id} of bot {bot} is {res.previous}; only "
+                    f"{', '.join(library.REARMABLE)} can be rearmed")
+        else:
+            cres = await run_in_threadpool(library.confirm, self.store, key, by="page", owner=guard.owner)
+            done, row = cres.confirmed, cres.row
+            line = (f"confirmed parent {parent_id} of bot {bot}: closed, never answered again" if done
+                    else f"not confirmed: parent {parent_id} of bot {bot} is {cres.previous}; only an "
+                    "unconfirmed one can be confirmed")
+        if row is None:
+            return _refuse(404, f"no row for parent {parent_id!r} of bot {bot!r} (ids are exact)")
+        log.info(f"replyd.page.{'rearmed' if action == 'rearm' else 'confirmed'}" if done else "replyd.page.not_done",
+                 action=action, bot=bot, parent_id=parent_id, state=row.state)
+        at = int(time.time())
+        sig = pageform.result_sig(self.token, at, line)
+        return RedirectResponse(f"/?done={quote(line, safe='')}&at={at}&sig={sig}", status_code=303)
 
     async def healthz(self, request: Request) -> Response:
         """GET /healthz: the process serves requests."""
@@ -392,12 +492,18 @@ class Api:
 
     async def metrics(self, request: Request) -> Response:
         """GET /metrics: Prometheus text exposition."""
-        text = await run_in_threadpool(generate_latest, self.registry)
+        fresh = self.token is None or self._token_gate.admit(request) is None
+        text = await run_in_threadpool(generate_latest, self.registry if fresh else self._open_registry)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     async def openapi(self, request: Request) -> Response:
         """GET /openapi.json: this API's contract."""
         return JSONResponse(self._openapi)
+
+
+def _refuse(status: int, detail: str) -> Response:
+    """A page form's refusal: one line of text (the browser shows it as is)."""
+    return PlainTextResponse(f"{status}: {detail}\n", status_code=status)
 
 
 def _storable(parent_id: str) -> bool:

@@ -15,21 +15,25 @@ from starlette.responses import Response
 
 from replyd import statuspage
 from replyd.api.answers import error
+from replyd.config import MIN_PUBLIC_TOKEN
 from replyd.errors import ConfigError
 from replyd.log import get_logger
 from replyd.platforms._http import is_loopback
 
 log = get_logger("replyd.api")
 
-MIN_PUBLIC_TOKEN = 32  # characters: a token guarding a non-loopback bind must not be guessable
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
 OPENABLE_ROUTES = ("readyz", "metrics")  # what api.open_routes may serve without the token
+# The status page's forms post here with the browser's Basic login; the handler checks a CSRF token and Origin.
+PAGE_ACTIONS = "/page/actions"
 # The page is self-contained: no script, one inline style (allowed by its hash), never framed.
+# Referrer: none to other sites. "no-referrer" would also make a browser send "Origin: null" with the
+# page's own form posts, and the form handler needs a real Origin to refuse cross-site ones.
 SECURITY_HEADERS = [
     (b"content-security-policy", statuspage.CSP.encode()),
     (b"x-frame-options", b"DENY"),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),
 ]
 
 
@@ -132,7 +136,8 @@ class Gate:
         # A webhook is signed by the platform with the bot's secret (checked by the receiver), not by our token.
         if self.token is None or path in self.open_paths or path.startswith("/v1/hooks/"):
             return None
-        return self._auth(request, write=request.method not in ("GET", "HEAD"))
+        # A write never takes Basic, but for the page's forms (their handler checks a CSRF token and Origin).
+        return self._auth(request, write=request.method not in ("GET", "HEAD") and path != PAGE_ACTIONS)
 
     def _auth(self, request: Request, *, write: bool) -> Response | None:
         """Check the configured token; return a refusal, or None when the request may proceed."""

@@ -259,6 +259,7 @@ class BotStart(Body):
     since: float
     next_try_s: float | None
     words: str
+    adopting: bool = Field(default=False, description="Reading its own replies back before any path runs.")
 
 
 class Breaker(Body):
@@ -290,6 +291,8 @@ class BotState(Body):
     sender_id: str | None
     listing: dict[str, Any] | None = Field(
         default=None, description="The listing delay: configured, in use (learned), observed lag (replyd.lag).")
+    duplicates: int = Field(default=0, description="Own replies beyond the first found for one parent (the log's "
+                            "duplicate_detected events).")
 
 
 class StatusSummary(Body):

@@ -158,6 +158,8 @@ ROUTES: tuple[Op, ...] = (
         200: Answer("HTML.", HTML),
         503: Answer("HTML; the store is unavailable.", HTML),
     }),
+    # The page's forms: HTML in, a redirect out; a browser's surface, not part of the JSON contract.
+    Op("POST", "/page/actions", "page_action", None, "The status page's rearm and confirm forms.", "write"),
     Op("GET", "/openapi.json", "openapi", "openapi", "This document.", "read",
        {200: Answer("OpenAPI 3.1.", "application/json")}),
 )

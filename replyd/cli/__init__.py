@@ -1,10 +1,9 @@
-"""The ``replyd`` command line: run, demo, status, explain, check, sweep, log, rearm, adopt, export, db, config."""
+"""The ``replyd`` command line: run, demo, status, explain, check, sweep, log, rearm, adopt, prune, export, db, config."""
 
 from __future__ import annotations
 
 import sys
 
-from replyd import log as rlog
 from replyd.cli import admin, read, serve
 from replyd.cli.common import EXIT_CODES, app, config_app, db_app, parse_time
 from replyd.errors import ReplydError
@@ -23,6 +22,7 @@ app.command("log")(read.log_cmd)
 app.command()(admin.rearm)
 app.command()(admin.confirm)
 app.command()(admin.adopt)
+app.command()(admin.prune)
 app.command()(read.export)
 db_app.command("upgrade")(admin.db_upgrade)
 db_app.command("current")(admin.db_current)
@@ -31,6 +31,8 @@ config_app.command("check")(admin.config_check)
 
 def _fail(message: str, code: int = 2) -> None:
     """Print ``replyd: message`` as one plain line on stderr and exit with ``code``."""
+    from replyd import log as rlog
+
     sys.stderr.write("replyd: " + " ".join(rlog.mask(message).split()) + "\n")
     sys.exit(code)
 

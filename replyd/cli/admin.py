@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
-from replyd import store as st
 from replyd.cli.common import (ConfigOpt, JsonOpt, StoreOpt, _bot_config, _emit_json, _existing_store, _instance_of,
-                               _load, _require_file, _senders_on, _store, _ts, err, out, parse_time, preflight)
-from replyd.config import Config
+                               _load, _require_file, _senders_on, _store, _ts, err, lazy, out, parse_time, preflight)
 from replyd.errors import ConfigError, StoreError
-from replyd.store import Key, Store
+
+if TYPE_CHECKING:
+    from replyd.config import Config
+    from replyd.store import Store
+
+st = lazy("replyd.store")
 
 
 def sweep(
@@ -84,9 +87,12 @@ def rearm(
     assert bot is not None and parent is not None
     from replyd import library
 
-    instance, row = _one_row(cfg, s, bot, parent, sender)
-    res = library.rearm(s, Key(row.platform, row.sender_id, parent), by="cli", reason=reason,
-                        owner=cfg.replica_id or None)
+    key = _skipped_key(cfg, s, bot, parent, sender)
+    if key is None:
+        instance, row = _one_row(cfg, s, bot, parent, sender)
+        key = st.Key(row.platform, row.sender_id, parent)
+    instance = key.platform
+    res = library.rearm(s, key, by="cli", reason=reason, owner=cfg.replica_id or None)
     if as_json:
         _emit_json({"rearmed": res.rearmed, "previous_state": res.previous,
                     "state": res.row.state if res.row else None})
@@ -95,6 +101,16 @@ def rearm(
     else:
         err.print(f"not rearmed: the key is {res.previous}; only {', '.join(library.REARMABLE)} can be rearmed")
     raise typer.Exit(0 if res.rearmed else 1)
+
+
+def _skipped_key(cfg: Any, s: Any, bot: str, parent: str, sender: str | None) -> st.Key | None:
+    """The key of a parent the policy skipped (events, no row) for one account, or None (``_one_row`` then)."""
+    instance = _instance_of(cfg, bot) or bot
+    if s.find(parent, instance):
+        return None
+    senders = {e.sender_id for e in s.find_events(parent, instance) if e.kind == "skipped"}
+    senders = {sid for sid in senders if sender is None or sid == sender}
+    return st.Key(instance, senders.pop(), parent) if len(senders) == 1 else None
 
 
 def _one_row(cfg: Any, s: Any, bot: str, parent: str, sender: str | None) -> tuple[str, Any]:
@@ -133,7 +149,7 @@ def confirm(
     from replyd import library
 
     instance, row = _one_row(cfg, s, bot, parent, sender)
-    res = library.confirm(s, Key(row.platform, row.sender_id, parent), by="cli", reply_id=reply_id,
+    res = library.confirm(s, st.Key(row.platform, row.sender_id, parent), by="cli", reply_id=reply_id,
                           reason=reason, owner=cfg.replica_id or None)
     if as_json:
         _emit_json({"confirmed": res.confirmed, "previous_state": res.previous,
@@ -194,6 +210,55 @@ def _rearm_many(cfg: Config, s: Store, *, state: str, since: str | None, bot: st
     raise typer.Exit(1 if lost else 0)
 
 
+def prune(
+    config: ConfigOpt = None,
+    events_before: Annotated[str | None, typer.Option(
+        "--events-before", help="Delete events older than this (90d, 2026-09-01, epoch) of keys whose story is "
+                                "over; default: 90d. 'never' keeps every event.")] = "90d",
+    margin_s: Annotated[float, typer.Option("--margin-s", min=0, help="Rows go only when older than the bot's "
+                                                                    "policy.max_age_s plus this.")] = 86_400.0,
+    bot: Annotated[str | None, typer.Option(help="Only this bot's rows (default: every configured bot).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would go; delete nothing.")] = False,
+    as_json: JsonOpt = False,
+    store: StoreOpt = None,
+) -> None:
+    """Delete old events and rows that can never matter again (see docs/OPERATIONS.md, Pruning).
+
+    A bot's done rows go only when it sets policy.max_age_s (older parents are never answered) and the row's
+    snapshot has the parent's time. Rows a job may still move, unconfirmed and gave_up rows are never deleted.
+    """
+    from replyd.store.retention import prune as prune_store
+
+    cfg = _load(config, secrets=False, store=store)
+    s = _existing_store(cfg)
+    now = s.clock.now()
+    cutoffs: list[tuple[str, str, float]] = []
+    skipped: list[str] = []
+    for bc in (_bot_config(cfg, bot) if cfg.bots or bot else []):
+        instance = _instance_of(cfg, bc.name)
+        if bc.policy.max_age_s is None or instance is None:
+            skipped.append(bc.name)
+            continue
+        cutoffs += [(instance, sender, now - bc.policy.max_age_s - margin_s) for sender in _senders_on(s, instance)]
+    before = None if events_before in (None, "never") else parse_time(events_before, now, "--events-before")
+    if before is not None and before > now - margin_s:
+        raise ConfigError(f"--events-before: {events_before!r} is less than --margin-s ({margin_s:g} s) ago")
+    report = prune_store(s, cutoffs, events_before=before, dry_run=dry_run)
+    report["bots_without_max_age"] = skipped
+    s.dispose()
+    if as_json:
+        _emit_json(report)
+        return
+    verb = "would delete" if dry_run else "deleted"
+    for r in report["rows"]:
+        out.print(f"{r['platform']} sender {r['sender_id']}: {verb} {r['deleted']} done rows older than "
+                  f"{_ts(r['before'])} UTC; kept {r['kept_no_platform_time']} with no parent time")
+    for name in skipped:
+        out.print(f"bot {name}: rows kept (policy.max_age_s is not set: an old parent may still be answered)")
+    out.print(f"events: {verb} {report['events']}" + (f" older than {_ts(before)} UTC" if before is not None else
+                                                          " (none: --events-before never)"))
+
+
 def adopt(
     config: ConfigOpt = None,
     bot: Annotated[str | None, typer.Option(help="Only this bot (default: every configured bot).")] = None,
@@ -234,7 +299,8 @@ def adopt(
                     err.print(f"{bc.name}: cannot resolve {ref!r}: {exc.detail or type(exc).__name__}")
             if not parent or lookback_s is not None:
                 window = lookback_s if lookback_s is not None else bc.pollers.refind_lookback_s
-                parents.extend(plat.refind(clock.now() - window))
+                parents.extend(library.window_parents(s, plat, ident.sender_id, lookback_s=window, now=clock.now(),
+                                                      queries=bc.pollers.search_queries))
             res = library.adopt(s, plat, ident, parents, owner=owner, dry_run=dry_run)
             res.unknown.extend(failed)
             incomplete = incomplete or bool(res.unknown)
@@ -257,7 +323,7 @@ def adopt(
 def db_upgrade(config: ConfigOpt = None, revision: str = "head", store: StoreOpt = None) -> None:
     """Apply schema migrations (run by one replica before the others start); creates a SQLite store."""
     cfg = _load(config, secrets=False, store=store)
-    s = Store.open(cfg.store.url or st.default_url(), migrate=None)
+    s = st.Store.open(cfg.store.url or st.default_url(), migrate=None)
     s.upgrade(revision)
     out.print(f"store {s.url} is at revision {revision}")
 
@@ -266,7 +332,7 @@ def db_current(config: ConfigOpt = None, as_json: JsonOpt = False, store: StoreO
     """Print the schema revision of the store and the newest known one (never creates a store)."""
     cfg = _load(config, secrets=False, store=store)
     _require_file(cfg.store.url or st.default_url())
-    s = Store.open(cfg.store.url or st.default_url(), migrate=None)
+    s = st.Store.open(cfg.store.url or st.default_url(), migrate=None)
     try:
         current, head = s.schema_revision()
     except StoreError as exc:  # mapped by the store; say which store
@@ -310,7 +376,7 @@ def _check_online(cfg: Config) -> None:
             out.print(f"store {st.redact_url(url)}: no file yet (the daemon creates it on its first start)")
         else:
             # As `run` opens it, but never migrating: a behind schema is fine when run would migrate it.
-            s = Store.open(url, migrate=None if cfg.store.auto_migrate else False)
+            s = st.Store.open(url, migrate=None if cfg.store.auto_migrate else False)
             try:  # one real round trip; never a query of the tables, which `run` may be about to create
                 current, head = s.schema_revision()
             except StoreError as exc:  # say which store

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -11,15 +12,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
-import typer
-from rich.console import Console
+from typing import TYPE_CHECKING
 
-from replyd import log as rlog
-from replyd import store as st
-from replyd.clock import DatabaseClock
-from replyd.config import Config
+import typer
+
 from replyd.errors import ConfigError, StoreError
-from replyd.store import Store
+
+# Heavy modules (SQLAlchemy, pydantic, structlog, rich) are imported inside the functions that use them.
+# `replyd --version` and `replyd -h` then start at once: a test holds `--version` to that.
+if TYPE_CHECKING:
+    from replyd.config import Config
+    from replyd.store import Store
 
 EXIT_CODES = """Exit codes: 0 done; 1 a negative answer (check: not answered; explain, rearm: no such row;
 rearm --state: a row moved on before it was rearmed; adopt: not every parent read back); 2 an error (config, store, platform, usage), one line on stderr;
@@ -34,9 +37,45 @@ db_app = typer.Typer(no_args_is_help=True, context_settings=_CTX, rich_markup_mo
 config_app = typer.Typer(no_args_is_help=True, context_settings=_CTX, rich_markup_mode=None, help="Config files.")
 app.add_typer(db_app, name="db")
 app.add_typer(config_app, name="config")
-# Off a terminal: no wrapping at 80 columns (tables keep their width) and never markup (text from posts has brackets).
-out = Console(markup=False, highlight=False, width=None if sys.stdout.isatty() else 10_000)
-err = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
+
+
+def lazy(name: str) -> Any:
+    """Module ``name``, loaded on its first attribute access: a command pays only for what it uses."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no module named {name!r}")
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    parent, _, child = name.rpartition(".")
+    if parent:
+        setattr(sys.modules[parent], child, module)
+    return module
+
+
+class _Console:
+    """A rich Console made on first use, so a command that prints nothing never imports rich."""
+
+    def __init__(self, stderr: bool = False) -> None:
+        self._stderr = stderr
+        self._console: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            if self._stderr:
+                self._console = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
+            else:  # off a terminal: no wrapping at 80 columns, never markup (text from posts has brackets)
+                self._console = Console(markup=False, highlight=False, width=None if sys.stdout.isatty() else 10_000)
+        return getattr(self._console, name)
+
+
+out = _Console()
+err = _Console(stderr=True)
 _VERBOSE = {"on": False}
 
 ConfigOpt = Annotated[
@@ -71,6 +110,9 @@ def _root(
 
 def _load(config: Path | None, *, secrets: bool = True, store: str | None = None) -> Config:
     """Load the config (``secrets=False``: leave ``*_env`` unresolved) and configure logging."""
+    from replyd import log as rlog
+    from replyd.config import Config
+
     cfg = Config.load(config, secrets=secrets)
     if store:
         cfg.store.url = store if "://" in store else f"sqlite:///{Path(store).expanduser().resolve()}"
@@ -83,10 +125,20 @@ def _load(config: Path | None, *, secrets: bool = True, store: str | None = None
 
 
 def _store(cfg: Config) -> Store:
-    """Open the store for a command that may write (adopt): never migrate a server database from here."""
+    """Open the store for a command that may write (adopt): never migrate a server database from here, but
+    give a database with no schema at all one (nothing else can be using it yet)."""
+    from replyd import store as st
+    from replyd.clock import DatabaseClock
+
     url = cfg.store.url or st.default_url()
     embedded = url.startswith("sqlite")
-    s = Store.open(url, migrate=embedded and cfg.store.auto_migrate)
+    migrate = embedded and cfg.store.auto_migrate
+    if not migrate:
+        s = st.Store.open(url, migrate=None)
+        if s.schema_revision()[0] is None:
+            s.upgrade()
+        s.dispose()
+    s = st.Store.open(url, migrate=migrate)
     if not embedded and cfg.store.db_clock:
         s.clock = DatabaseClock(s.db_epoch)  # `sweep --once` from another machine decides on the daemons' time
     return s
@@ -102,6 +154,7 @@ def preflight(cfg: Config) -> None:
     """
     import httpx
 
+    from replyd import store as st
     from replyd.clock import SystemClock
     from replyd.platforms.base import StreamSource, WebhookSource, make_platform, registered_kinds
     from replyd.responders import make_responder
@@ -149,6 +202,7 @@ def preflight(cfg: Config) -> None:
 def check_store_url(url: str) -> None:
     """Refuse (StoreError) a store URL ``Store.open`` would refuse for its scheme or, for SQLite, its file or
     directory, without connecting or creating anything (a probe file or directory is made and removed)."""
+    from replyd import store as st
     from replyd.store.engine import is_sqlite_url, parse_url
     from replyd.store.postgres import PostgresStore
 
@@ -190,12 +244,52 @@ def _existing_store(cfg: Config) -> Store:
     Under the systemd unit the daemon's store lives in its own state directory; an admin's shell
     would otherwise get a fresh empty store and the false answer "nothing answered".
     """
+    from replyd import store as st
+    from replyd.clock import DatabaseClock
+
     url = cfg.store.url or st.default_url()
     _require_file(url)
-    s = Store.open(url, migrate=False)
+    s = st.Store.open(url, migrate=False)
     if not s.is_sqlite and cfg.store.db_clock:
         s.clock = DatabaseClock(s.db_epoch)
     return s
+
+
+def _light_settings() -> bool:
+    """True when no REPLYD_* variable (but REPLYD_CONFIG) could change a default: the config is then not loaded."""
+    return not any(k.startswith("REPLYD_") and k != "REPLYD_CONFIG" for k in os.environ)
+
+
+def _read_store(config: Path | None, store: str | None) -> tuple[Any, Config | None]:
+    """The store a read command reads (status, explain, check, log), and the config when one was given.
+
+    A plain SQLite file opens a ``SQLiteReader``: stdlib sqlite3, no SQLAlchemy or SQLModel to import. Any
+    other store opens the full ``Store``, which has the same reads. Without a config (nor a REPLYD_*
+    variable) the config is not loaded at all: its defaults name the store.
+    """
+    from replyd.store.location import default_url, plain_sqlite_file
+
+    cfg = None
+    if config is not None or not _light_settings() or _VERBOSE["on"]:
+        cfg = _load(config, secrets=False, store=store)
+        url = cfg.store.url or default_url()
+    else:
+        url = (store if "://" in store else f"sqlite:///{Path(store).expanduser().resolve()}") if store else default_url()
+    path = plain_sqlite_file(url)
+    if path is None:
+        if cfg is None:
+            cfg = _load(config, secrets=False, store=store)
+        return _existing_store(cfg), cfg
+    from replyd.store.reader import SQLiteReader
+
+    _require_file(url)
+    reader = SQLiteReader(path, url=url)
+    try:
+        reader.require_schema()
+    except StoreError:
+        reader.dispose()
+        raise
+    return reader, cfg
 
 
 def _emit_json(data: Any) -> None:
@@ -203,7 +297,7 @@ def _emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
-def parse_time(text: str, now: float) -> float:
+def parse_time(text: str, now: float, option: str = "--since") -> float:
     """Read a point in time: epoch seconds, ISO 8601 (a date, or a date and time; UTC unless it says), or a
     duration back from ``now`` (``90s``, ``15m``, ``2h``, ``7d``, ``1h30m``)."""
     t = text.strip()
@@ -218,7 +312,7 @@ def parse_time(text: str, now: float) -> float:
     try:
         dt = datetime.fromisoformat(t.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise ConfigError(f"--since: {text!r} is not a time: use ISO 8601 (2026-12-01, 2026-12-01T08:00Z), "
+        raise ConfigError(f"{option}: {text!r} is not a time: use ISO 8601 (2026-12-01, 2026-12-01T08:00Z), "
                           "a duration back from now (90s, 15m, 2h, 7d) or epoch seconds") from None
     return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
 
@@ -232,8 +326,14 @@ def _ts(t: float | None) -> str:
 
 def _require_file(url: str) -> None:
     """Raise StoreError when a SQLite store's file does not exist (read commands never create one)."""
+    from replyd.store.location import plain_sqlite_file
+
     if url.startswith("sqlite"):
-        path = st.sqlite_file(url)
+        path = plain_sqlite_file(url)
+        if path is None:  # a URL with a query or a URI: SQLAlchemy reads it
+            from replyd import store as st
+
+            path = st.sqlite_file(url)
         if path is not None and not path.is_file():
             raise StoreError(f"no store at {path}: nothing was ever recorded there (a daemon creates it on its "
                              f"first start); name the store with --store or REPLYD_STORE__URL")

@@ -18,23 +18,24 @@ import stat
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from replyd import lag
-from replyd import store as st
-from replyd.cli.common import (ConfigOpt, JsonOpt, ParentArg, StoreOpt, _emit_json, _existing_store, _load, _ts, err, out,
-                               parse_time)
-from replyd.config import Config
+from replyd.cli.common import (ConfigOpt, JsonOpt, ParentArg, StoreOpt, _emit_json, _existing_store, _load, _read_store, _ts, err, lazy,
+                               out, parse_time)
 from replyd.errors import ConfigError
-from replyd.platforms._http import SKEW_WARN_S
-from replyd.guard import Status, _classify
-from replyd.log import shown
-from replyd.parts import part_id
-from replyd.store import Key, Store
+from replyd.terminal import shown
+
+if TYPE_CHECKING:
+    from replyd.config import Config
+    from replyd.store import Store
+
+st = lazy("replyd.store")
+NO_CONFIG = "no config given (--config FILE or REPLYD_CONFIG): the daemon's liveness comes from its [api]"
+
 
 class _Table(Table):
     """A rich Table whose text cells go through ``shown`` (rich passes ESC and C1 through as they are)."""
@@ -58,18 +59,26 @@ def status(
 ) -> None:
     """Show row counts by platform and state, the oldest open rows, rows that waited past their bound, and (from
     the daemon) each path's liveness."""
-    cfg = _load(config, secrets=False, store=store)
-    s = _existing_store(cfg)
+    s, cfg = _read_store(config, store)
     counts = s.counts()
     oldest = s.oldest_open(5)
     now = s.clock.now()
     # Every non-terminal state has a job that moves it on (sweep, re-find): a row listed here is one they did not.
     overdue = s.overdue(now, overdue_after_s)
-    listing = lag.summaries(s)
+    # Rows a path offers again, by why they wait (a cap's reason, else their state).
+    waiting = s.waiting_reasons()
+    listing = s.listing()
     # Answers in several parts not all sent yet: which parts landed, per parent.
     partial = [(r, _parts_of(s, r)) for r in s.in_parts(10)]
+    dups = s.duplicate_counts()
+    senders = {(p, snd) for p, snd, *_ in s.path_counts()} | set(dups)
+    unread = s.event_key_counts("unreadable")  # items a path could not read and moved past, per bot
     s.dispose()  # every read is done: no pooled connection is left to the interpreter's exit
     daemon = _daemon_liveness(cfg)
+    # Per bot (platform, sender): every one with rows, named when the daemon says which bot it is.
+    names = {(b.get("platform"), b.get("sender_id")): n for n, b in daemon.pop("bots", {}).items()}
+    duplicates = [{"bot": names.get(k), "platform": k[0], "sender_id": k[1], "duplicates": dups.get(k, 0)}
+                  for k in sorted(senders)]
     if as_json:
         data = {
             "store": s.url,
@@ -82,6 +91,9 @@ def status(
                           "landed": [p["part"] for p in ps if p["state"] == st.CLOSED],
                           "states": [p["state"] for p in ps]} for r, ps in partial],
             "listing": listing,  # per platform instance: configured and in-use delay, observed lag
+            "duplicates": duplicates,  # per bot: own replies beyond the first found for one parent
+            "unreadable": [{"platform": p, "sender_id": sid, "items": n} for (p, sid), n in sorted(unread.items())],
+            "waiting": [{"platform": p, "reason": why, "rows": n} for (p, why), n in sorted(waiting.items())],
         }
         _emit_json(data)
         return
@@ -91,6 +103,10 @@ def status(
     for plat in sorted({p for p, _ in counts}):
         t.add_row(plat, *[str(counts.get((plat, state), 0)) for state in st.STATES])
     out.print(t if counts else "no rows yet: nothing answered")
+    for plat in sorted({p for p, _ in waiting}):
+        whys = sorted((why, n) for (p, why), n in waiting.items() if p == plat)
+        _say(f"waiting {sum(n for _, n in whys)} on {plat} ({', '.join(f'{why} {n}' for why, n in whys)}): "
+             "offered again when due")
     if oldest:
         o = _Table("platform", "parent id", "opened", "age (s)", title="oldest open rows")
         for r in oldest:
@@ -103,12 +119,31 @@ def status(
                       " ".join(p["state"] or "-" for p in ps))
         out.print(t)
     _print_listing(listing)
+    _print_duplicates(duplicates)
+    if unread:
+        t = _Table("platform", "sender id", "items", title="unreadable items (each an event: replyd log --kind unreadable)")
+        for (plat, sid), n in sorted(unread.items()):
+            t.add_row(plat, sid, str(n))
+        out.print(t)
     if overdue:
         t = _Table("platform", "parent id", "state", "attempt", "past its bound (s)",
                   title=f"rows waiting more than {overdue_after_s:.0f} s past their bound")
         for r, over in overdue:
             t.add_row(r.platform, r.parent_id, r.state, str(r.attempt), f"{over:.0f}")
         out.print(t)
+
+
+def _print_duplicates(rows: list[dict[str, Any]]) -> None:
+    """Per bot, the duplicates the log recorded: a line when there are none, a red table when there are."""
+    if not any(r["duplicates"] for r in rows):
+        if rows:
+            _say("duplicates detected: none")
+        return
+    t = _Table("bot", "platform", "sender id", "duplicates", title="duplicates detected (own replies beyond the first)")
+    for r in rows:
+        n = r["duplicates"]
+        t.add_row(r["bot"] or "—", r["platform"], r["sender_id"], Text(str(n), style="bold red") if n else "0")
+    out.print(t)
 
 
 def _print_listing(rows: list[dict[str, Any]]) -> None:
@@ -125,29 +160,36 @@ def _print_listing(rows: list[dict[str, Any]]) -> None:
     out.print(t)
 
 
-def _daemon_liveness(cfg: Config) -> dict[str, Any]:
+def _daemon_liveness(cfg: Config | None) -> dict[str, Any]:
     """Ask the running daemon's API (when the config enables it) how every bot's paths are doing.
 
-    Only the daemon knows when a poll last worked; the store does not record it.
+    Only the daemon knows when a poll last worked; the store does not record it. ``cfg`` None: no config given.
     """
-    import httpx
-
+    if cfg is None or not cfg.api.enabled:
+        why = (NO_CONFIG if cfg is None or cfg.source == "defaults"
+               else f"{cfg.source} does not enable [api]; liveness needs it")
+        return {"reachable": False, "url": None, "error": why, "liveness": {}}
     ac = cfg.api
-    if not ac.enabled:
-        return {"reachable": False, "url": None, "error": "the config does not enable [api]; liveness needs it",
-                "liveness": {}}
+    import httpx  # only to ask a daemon: a store-only status never loads it
     host = "127.0.0.1" if ac.host in ("0.0.0.0", "", "::") else ac.host
     url = f"http://{host if ':' not in host else f'[{host}]'}:{ac.port}"
     token = os.environ.get(ac.token_env) if ac.token_env else None
     try:
         r = httpx.get(url + "/v1/status", timeout=3.0, headers={"Authorization": f"Bearer {token}"} if token else {})
-        live = r.json().get("liveness", {}) if r.status_code in (200, 503) else None
+        data = r.json() if r.status_code in (200, 503) else None
+        live = data.get("liveness", {}) if isinstance(data, dict) else None
+        bots = data.get("bots", {}) if isinstance(data, dict) else {}
         problem = None if live is not None else f"HTTP {r.status_code}"
+        if r.status_code in (401, 403):  # the daemon answered: name the token, never its value
+            var = ac.token_env or "api.token_env"
+            problem = (f"HTTP {r.status_code}, the API token was refused: "
+                       + (f"set {var} to the daemon's token" if not token else f"{var} holds a token the daemon refuses"))
     except (httpx.HTTPError, ValueError) as exc:
         live, problem = None, str(exc) or "no answer"
     if live is None:
-        return {"reachable": False, "url": url, "error": f"daemon not reachable at {url}: {problem}", "liveness": {}}
-    return {"reachable": True, "url": url, "error": None, "liveness": live}
+        where = "the daemon at" if problem and "token" in problem else "daemon not reachable at"
+        return {"reachable": False, "url": url, "error": f"{where} {url}: {problem}", "liveness": {}}
+    return {"reachable": True, "url": url, "error": None, "liveness": live, "bots": bots}
 
 
 def _print_liveness(daemon: dict[str, Any]) -> None:
@@ -171,6 +213,8 @@ def _print_liveness(daemon: dict[str, Any]) -> None:
             if pc.get("offset_s") is None:
                 _say(f"  {bot} platform clock: not measured yet (read-back windows a day wide)")
             else:
+                from replyd.platforms._http import SKEW_WARN_S
+
                 skewed = abs(pc["offset_s"]) >= SKEW_WARN_S
                 _say(f"  {bot} platform clock: {pc['offset_s']:+.1f} s from replyd's "
                      f"({pc['samples']} samples, {pc['source']})", "yellow" if skewed else None)
@@ -178,10 +222,9 @@ def _print_liveness(daemon: dict[str, Any]) -> None:
             _say(f"  {bot} oldest due open row: {b['oldest_due_open_age_s']:.0f} s past its deadline", "yellow")
 
 
-def _parent_rows(parent: str, platform: str | None, config: Path | None, store: str | None) -> tuple[Store, list[st.Reply]]:
-    """Open the existing store (no secrets resolved) and return it with the rows of ``parent``."""
-    cfg = _load(config, secrets=False, store=store)
-    s = _existing_store(cfg)
+def _parent_rows(parent: str, platform: str | None, config: Path | None, store: str | None) -> tuple[Any, list[st.Reply]]:
+    """Open the existing store for reading (no secrets resolved) and return it with the rows of ``parent``."""
+    s, _cfg = _read_store(config, store)
     return s, s.find(parent, platform)
 
 
@@ -204,7 +247,7 @@ def explain(
         return
     docs: list[dict[str, Any]] = []
     for r in rows:
-        events = s.history(Key(r.platform, r.sender_id, r.parent_id))
+        events = s.history(st.Key(r.platform, r.sender_id, r.parent_id))
         doc = {"row": {k: v for k, v in r.model_dump().items() if k != "snapshot"},
                "events": [{**e.model_dump(exclude={"detail"}), "detail": json.loads(e.detail)} for e in events]}
         parts = _parts_of(s, r)
@@ -230,12 +273,16 @@ def explain(
 
 
 def _parts_of(s: Any, r: st.Row) -> list[dict[str, Any]]:
-    """The parts of a row's answer sent in several parts, each with its own row's state (empty: one post)."""
-    key = Key(r.platform, r.sender_id, r.parent_id)
+    """The parts of an answer sent in several parts, each with its own row's state (empty: one post)."""
+    from replyd.parts import part_id
+
+    key = st.Key(r.platform, r.sender_id, r.parent_id)
     texts = s.answer(key) or []
+    if len(texts) < 2 and r.state != st.PARTS:
+        return []  # a one-post answer: its row is the whole story (a stored text is not a part)
     out = []
     for k, text in enumerate(texts, 1):
-        row = s.peek(Key(r.platform, r.sender_id, part_id(r.parent_id, k)))
+        row = s.peek(st.Key(r.platform, r.sender_id, part_id(r.parent_id, k)))
         out.append({"part": k, "state": row.state if row else None, "attempt": row.attempt if row else None,
                     "reply_id": row.reply_id if row else None, "text": text})
     return out
@@ -263,10 +310,12 @@ def _explain_unclaimed(parent: str, events: list[st.Event], as_json: bool) -> No
 def check(parent: ParentArg, platform: Annotated[str | None, typer.Option(help="Platform instance.")] = None,
           config: ConfigOpt = None, as_json: JsonOpt = False, store: StoreOpt = None) -> None:
     """The card's verify step on the live log: an answered parent prints 'already answered'; nothing is sent."""
+    from replyd.outcome import Status, classify
+
     s, rows = _parent_rows(parent, platform, config, store)
     results = []
     for r in rows:
-        o = _classify(r, Key(r.platform, r.sender_id, r.parent_id), s.clock.now())
+        o = classify(r, st.Key(r.platform, r.sender_id, r.parent_id), s.clock.now())
         results.append({"platform": r.platform, "sender_id": r.sender_id, "parent_id": r.parent_id,
                         "status": o.status.value, "reply_id": o.reply_id})
     code = 0 if any(x["status"] == Status.ALREADY_ANSWERED.value for x in results) else 1
@@ -296,15 +345,21 @@ def log_cmd(
     store: StoreOpt = None,
 ) -> None:
     """Show recent events of the answered-log, newest first (with --follow: then every new one, as it comes)."""
-    from replyd import library
+    from replyd.store.reader import event_dict
 
-    cfg = _load(config, secrets=False, store=store)
     if state is not None and state not in st.STATES:
         raise ConfigError(f"--state: unknown state {state!r} (known: {', '.join(st.STATES)})")
-    s = _existing_store(cfg)
+    s, _cfg = _read_store(config, store)
     filters = {"kind": kind, "state": state, "platform": platform, "path": path, "parent_id": parent}
     start = parse_time(since, s.clock.now()) if since is not None else None
-    evs = library.events(s, limit=limit, since=start, **filters)
+
+    def look(limit: int) -> list[dict[str, Any]]:
+        return [event_dict(m) for m in s.events_with_path(limit=limit, since=start, **filters)]
+
+    evs = look(limit)
+    if not evs and kind is not None and kind not in (kinds := s.event_kinds()):
+        raise ConfigError(f"--kind: no event of kind {kind!r} was ever recorded here "
+                          f"(recorded: {', '.join(kinds) or 'none yet'})")
     if not follow:
         if as_json:
             _emit_json(evs)
@@ -333,7 +388,7 @@ def log_cmd(
             sys.stdout.flush()
             if stop.wait(every_s):
                 break
-            evs = [e for e in library.events(s, limit=1000, since=start, **filters) if e["id"] > last]
+            evs = [e for e in look(1000) if e["id"] > last]
     finally:
         signal.signal(signal.SIGINT, previous)
     raise typer.Exit(0)
@@ -355,7 +410,7 @@ def export(
     store: StoreOpt = None,
 ) -> None:
     """Write the answered-log (or its events) as CSV or JSON; times in ISO 8601 (UTC)."""
-    from replyd import library
+    from replyd.store import reading as library
 
     cfg = _load(config, secrets=False, store=store)
     if table not in library.TABLES:

@@ -11,13 +11,21 @@ from replyd.errors import ConfigError
 
 
 def run(config: ConfigOpt = None, grace_s: Annotated[float, typer.Option(help="Seconds to finish in-flight sends on stop.")] = 30.0) -> None:
-    """Run the daemon: pollers, guard and sweep, until SIGTERM/SIGINT."""
+    """Run the daemon: pollers, guard and sweep, until SIGTERM/SIGINT; SIGHUP re-reads the bots."""
+    from replyd.config import Config
     from replyd.daemon import Daemon
 
     cfg = _load(config)
     preflight(cfg)  # the checks `replyd config check` makes: the same config passes both or neither
+
+    def reread() -> Config:
+        """The config file and the secrets it names, read again and checked as at start (SIGHUP)."""
+        fresh = Config.load(config)
+        preflight(fresh)
+        return fresh
+
     daemon = Daemon(cfg)
-    code = daemon.run_forever(grace_s)
+    code = daemon.run_forever(grace_s, load=reread)
     if daemon.grace_expired:
         _exit_now(code)
     raise typer.Exit(code)

@@ -11,7 +11,9 @@ from pydantic import AfterValidator
 from replyd.errors import ConfigError
 from replyd.responders.base import NonBlank, Parent, Responder, ResponderSettings, register_responder
 
-_FIELDS = ("id", "author_id", "author_handle", "text", "url")
+# author_handle is what the platform vouches for (empty when there is none); author_name is a display name
+# the sender chose (the adapter's extra["author_name"]), else the handle, else the id.
+_FIELDS = ("id", "author_id", "author_handle", "author_name", "text", "url")
 DEFAULT_TEMPLATE = "Thanks for your post, @{author_handle}! (answered once by replyd)"
 
 
@@ -42,7 +44,10 @@ class TemplateResponder:
 
     async def respond(self, parent: Parent) -> str | None:
         """Return the template filled with the parent's fields."""
-        return self.template.format(**{f: getattr(parent, f) for f in _FIELDS})
+        name = parent.extra.get("author_name")
+        shown = name if isinstance(name, str) and name else parent.author_handle or parent.author_id
+        return self.template.format(id=parent.id, author_id=parent.author_id, author_handle=parent.author_handle,
+                                    author_name=shown, text=parent.text, url=parent.url)
 
 
 class TemplateSettings(ResponderSettings):
