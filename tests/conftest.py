@@ -138,7 +138,7 @@ def pg_url() -> Iterator[str]:
 def _truncate(url: str) -> None:
     eng = sa.create_engine(url)
     with eng.begin() as c:
-        c.exec_driver_sql("TRUNCATE replies, events, cursors, listing_lag, listing_delay, answers")
+        c.exec_driver_sql("TRUNCATE replies, events, cursors, listing_lag, listing_delay, answers, replicas, bot_leases")
     eng.dispose()
 
 

@@ -1,4 +1,4 @@
-"""Issue 34's Discord scenario with real OS processes: two replicas, every message by every path, faults, a SIGKILL.
+"""The Discord scenario with real OS processes: two replicas, every message by every path, faults, a SIGKILL.
 
 ``run(tmp, …)`` starts the fake Discord (REST and Gateway, ``tests/discord_fake.py``) in this process and
 two ``replyd run`` replicas on PostgreSQL as subprocesses, each holding its own Gateway session (every

@@ -52,6 +52,7 @@ from starlette.routing import Route
 
 from replyd.clock import FakeClock
 from replyd.errors import MaybeSent
+from replyd.guard import Status
 from replyd.platforms.base import Pending
 from replyd.store import Store
 from tests.fixtures_server import DropResponse, FixtureServer, http_date, load_fixture
@@ -1139,3 +1140,20 @@ def shared_tls_http_client() -> Iterator[httpx.Client]:
         _SSL_CONTEXT = ssl.create_default_context()
     with httpx.Client(trust_env=False, verify=_SSL_CONTEXT) as client:
         yield client
+
+
+def injection_pings_only_the_author(world: dict[str, Any]) -> None:
+    """Post the answer of a responder echoing the stranger's mentions, edit it, edit it again with
+    ``allow_mentions``: only the author's @name is live until the operator allows the rest."""
+    from tests.test_mentions import at_pings, injected
+
+    world["clock"].advance(1)
+    [p] = world["plat"].inbox(None).parents
+    out = world["guard"].post(p, injected(p))
+    assert out.status is Status.POSTED and at_pings(world["fake"].reply_text(out.reply_id)) == ["alice"]
+    world["plat"].edit(p, out.reply_id, injected(p) + " (edited)")
+    assert at_pings(world["fake"].reply_text(out.reply_id)) == ["alice"]
+    loose = type(world["plat"]).from_settings({**world["plat"].s.model_dump(), "allow_mentions": True},
+                                              http=world["plat"]._http, clock=world["clock"])
+    loose.edit(p, out.reply_id, injected(p))
+    assert "mallory" in at_pings(world["fake"].reply_text(out.reply_id))

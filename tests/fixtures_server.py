@@ -33,6 +33,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from replyd.serve import ThreadedServer
+from replyd.sim.fakes import DropResponse
 
 
 _CANDIDATES = (
@@ -126,25 +127,6 @@ class Recorded:
 
 
 Handler = Reply | Callable[[Recorded], Reply]
-
-
-class _Dropped(Exception):
-    """Raised inside the app so uvicorn closes the connection mid-response."""
-
-
-class DropResponse(Response):
-    """Status line and headers, half a body, then the connection goes away (a response lost after acting)."""
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": self.status_code,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", b"1000")],
-            }
-        )
-        await send({"type": "http.response.body", "body": b'{"id":', "more_body": True})
-        raise _Dropped("connection dropped on purpose")
 
 
 class FixtureServer:

@@ -25,9 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import hypothesis.strategies as hs
+from hypothesis import HealthCheck, given, settings
 
 from replyd.errors import ReplydError
 from replyd.platforms.base import Identity, OwnReply, Page, Parent, ReadBack, Sent
+from tests.conftest import IN_CI
 from tests.fixtures_server import FixtureServer, Recorded, Reply
 
 HTML_PAGE = "<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway</h1></center></body></html>"
@@ -216,3 +218,54 @@ def run_call(platform: Any, call: Call, rs: RoutedServer) -> tuple[str, Any]:
         return "error", exc
     check_result(value, rs.served, call.pending_ids)
     return "ok", value
+
+
+# -- one hostile item among good ones ----------------------------------------------------------------------
+HOSTILE_FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), derandomize=IN_CI)
+LISTINGS = {"inbox": lambda p: p.inbox(None).parents, "search": lambda p: p.search("help", None).parents,
+            "refind": lambda p: p.refind(0.0)}
+
+
+@hs.composite
+def hostile_item(draw: hs.DrawFn, items: list[Any]) -> Any:
+    """An item no adapter can read whole: any JSON value, or a good item with one node deleted or replaced."""
+    if not items or draw(hs.booleans()):
+        return draw(json_value | NASTY_TEXT)
+    item = copy.deepcopy(draw(hs.sampled_from(items)))
+    paths = node_paths(item)[1:]
+    if not paths:
+        return draw(json_value)
+    holder, k = _parent_of(item, draw(hs.sampled_from(paths)))
+    if draw(hs.booleans()):
+        del holder[k]
+    else:
+        holder[k] = draw(json_value | NASTY_TEXT | hs.sampled_from([10 ** 400, "\ud800", -1, [], {}]))
+    return item
+
+
+def one_hostile_item(routes: list[tuple[str, str, bytes]], pages: list[tuple[str, str, tuple]],
+                     server: FixtureServer, make: Callable[[], Any]) -> None:
+    """Each listing (an entry point, the route it reads, the path to its item list) with one hostile item
+    inserted among its good ones: no exception, every good parent kept. ``make`` builds a fresh adapter."""
+    rs = RoutedServer(server, routes)
+    listings = []
+    for name, rx, at in pages:
+        route = next(i for i, (_, r, _) in enumerate(routes) if r == rx)
+        rs.override = {}
+        good = {p.id for p in LISTINGS[name](make())}
+        assert good, f"{name}: the fixtures name no parent to keep"
+        listings.append((name, route, at, good))
+
+    @HOSTILE_FUZZ
+    @given(data=hs.data())
+    def check(data: hs.DataObject) -> None:
+        name, route, at, good = data.draw(hs.sampled_from(listings), label="listing")
+        doc = json.loads(routes[route][2])
+        page = _get(doc, at)
+        hostile = data.draw(hostile_item(copy.deepcopy(page)), label="hostile")
+        page.insert(data.draw(hs.integers(0, len(page)), label="at"), hostile)
+        rs.override = {route: Reply(body=doc)}
+        got = {p.id for p in LISTINGS[name](make())}
+        assert good <= got, f"{name}: {sorted(good - got)} lost to {hostile!r:.300}"
+
+    check()

@@ -226,8 +226,9 @@ class SlackWorld:
         return out
 
 
-def _ok(**kw: Any) -> JSONResponse:
-    return JSONResponse({"ok": True, **kw})
+def _ok(**kw: Any) -> Response:
+    # ASCII-escaped JSON (as json.dumps writes it): a test's lone surrogate reaches the client as "\ud800".
+    return Response(json.dumps({"ok": True, **kw}), media_type="application/json")
 
 
 def _err(code: str, status: int = 200, **headers: str) -> JSONResponse:

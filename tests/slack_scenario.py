@@ -1,4 +1,4 @@
-"""Issue 23's Slack scenario with real OS processes: two replicas, every message by every path, faults, a SIGKILL.
+"""The Slack scenario with real OS processes: two replicas, every message by every path, faults, a SIGKILL.
 
 ``run(kind, …)`` starts the fake Slack (Web API, Events API sender, Socket Mode server) in this process
 and two bot replicas as subprocesses: replica ``a`` receives the Events API (every delivery retried

@@ -16,6 +16,7 @@ from replyd.config import Config
 from replyd.daemon import Daemon
 from replyd.errors import ConfigError, ContentionError
 from replyd.store import Store
+from replyd.transitions import planting
 from tests.api_harness import TOKEN, TOKEN_ENV, Harness, replyd_cli, running, sim_world, write_config
 
 
@@ -382,7 +383,7 @@ def test_confirm_and_status_of_an_unconfirmed_key_via_api(h):
     assert post(h, pid, "x" * 600).status_code == 409  # a rejected row, then moved as the sweep would move it
     s = h.daemon.store
     key = st.Key(h.instance, h.bot.id, pid)
-    with s.transaction() as tx:
+    with planting(), s.transaction() as tx:  # planted: no event moves a rejected row to unconfirmed
         assert tx.cas_event(key, states=[st.REJECTED], attempt=1, values={"state": st.UNCONFIRMED})
     with h.client() as c:
         assert any(x["state"] == "unconfirmed" and x["rows"] == 1 for x in c.get("/v1/status").json()["counts"])

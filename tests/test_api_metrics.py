@@ -70,6 +70,9 @@ def test_metrics_count_a_real_run(h):
     assert value(m, "replyd_platform_errors_total", platform=inst, op="send", kind="rejected") == 1
     assert value(m, "replyd_platform_errors_total", platform=inst, op="send", kind="maybe_sent") == 2
     assert value(m, "replyd_send_seconds_count", platform=inst) == 4
+    # Post-to-answer latency: one answer posted, timed from the parent's creation on the platform.
+    assert value(m, "replyd_answer_latency_seconds_count", platform=inst) == 1
+    assert 0 <= value(m, "replyd_answer_latency_seconds_sum", platform=inst) < 60
     assert value(m, "replyd_rows", platform=inst, state="closed") == 1
     assert value(m, "replyd_rows", platform=inst, state="rejected") == 1
     assert value(m, "replyd_rows", platform=inst, state="open") == 2

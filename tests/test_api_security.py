@@ -84,6 +84,42 @@ def test_token_needed_on_every_route_but_healthz(h):
             {"bearerAuth": []}, {"basicAuth": []}]
 
 
+def test_an_opened_metrics_scraped_without_the_token_reads_the_store_once_per_window(tmp_path, monkeypatch):
+    """Anyone may scrape an opened /metrics as often as they like: the row gauges come from one read every few
+    seconds (counted on the store), while a scrape with the token reads the store each time."""
+    with running(tmp_path, monkeypatch, api_extra='open_routes = ["metrics"]') as h:
+        store, reads = h.daemon.store, []
+        counts = store.counts
+        monkeypatch.setattr(store, "counts", lambda *a, **kw: reads.append(1) or counts(*a, **kw))
+        with h.client(token=None) as anon, h.client() as authed:
+            pages = [anon.get("/metrics") for _ in range(20)]
+            anonymous = len(reads)
+            assert all(r.status_code == 200 and "replyd_store_up 1.0" in r.text for r in pages)
+            for _ in range(3):
+                assert "replyd_store_up 1.0" in authed.get("/metrics").text
+        assert anonymous == 1 and len(reads) == 4
+
+
+def test_the_store_gauges_read_once_per_window_and_again_after_it(store, clock):
+    """StoreCollector's kept rows: one read per window however many scrapes, a new read once it passed."""
+    from prometheus_client import generate_latest
+
+    from replyd import metrics
+
+    reads: list[int] = []
+    counts = store.counts
+    store.counts = lambda *a, **kw: reads.append(1) or counts(*a, **kw)
+    reg = metrics.registry(store, store_cache_s=5.0)
+    for _ in range(5):
+        generate_latest(reg)
+    clock.advance(4.9)
+    generate_latest(reg)
+    assert len(reads) == 1
+    clock.advance(0.2)
+    generate_latest(reg)
+    assert len(reads) == 2
+
+
 def test_open_routes_serve_probes_without_the_token(tmp_path, monkeypatch):
     """api.open_routes opens /readyz and /metrics (and nothing else); an unknown route name is a config error."""
     with running(tmp_path, monkeypatch, api_extra='open_routes = ["readyz", "metrics"]') as h:

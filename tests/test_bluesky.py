@@ -12,6 +12,7 @@ answered in the dev-env network.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 from datetime import datetime, timezone
@@ -449,6 +450,19 @@ def test_create_record_fixture_send(fixture_server: FixtureServer, http_client: 
     assert "atproto-proxy" not in req.headers
 
 
+def test_a_prompt_injection_posts_no_mention_facet(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """Bluesky notifies only by a mention facet: a reply echoing @handles carries none, so it pings nobody."""
+    from tests.test_mentions import INJECTION, injected
+
+    body = fx("createRecord.json")
+    fixture_server.route("POST", CREATE, Reply(body=body))
+    parent = dataclasses.replace(parent_from(fx("getPostThread.json")["thread"]["post"]),
+                                 text=f"{INJECTION} @alice.bsky.social")
+    make(fixture_server, http_client).send(parent, injected(parent), provider_key=body["uri"].rsplit("/", 1)[1])
+    [req] = fixture_server.requests_to("POST", CREATE)
+    assert "@mallory" in req.form()["record"]["text"] and "facets" not in req.form()["record"]
+
+
 # --- send: what the PDS answers, mapped ----------------------------------------------------
 
 
@@ -654,7 +668,7 @@ def test_secrets_never_in_errors_logs_or_repr(fixture_server: FixtureServer, htt
 
 
 def test_malformed_items_skipped_with_warning(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
-    """Malformed notifications are skipped with replyd.bluesky.skipped; the rest still parse."""
+    """Malformed notifications are skipped with replyd.poller.unreadable; the rest still parse."""
     body = fx("listNotifications.json")
     broken = copy.deepcopy(body)
     mentions = [n for n in broken["notifications"] if n["reason"] == "mention"]
@@ -665,7 +679,7 @@ def test_malformed_items_skipped_with_warning(fixture_server: FixtureServer, htt
     fixture_server.route("GET", NOTIFS, Reply(body=broken))
     with capture_logs() as logs:
         page = make(fixture_server, http_client).inbox(None)
-    skipped = [e for e in logs if e["event"] == "replyd.bluesky.skipped"]
+    skipped = [e for e in logs if e["event"] == "replyd.poller.unreadable"]
     assert len(skipped) == 4 and all(e["log_level"] == "warning" for e in skipped)
     assert any("author.did" in e["problem"] for e in skipped)
     assert len(page.parents) == 18

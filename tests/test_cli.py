@@ -91,6 +91,20 @@ def test_explain_shows_timeline(answered, env):
     assert [e["kind"] for e in doc["events"]] == ["claimed", "maybe_sent"]
 
 
+def test_explain_of_a_one_post_answer_shows_no_parts(env):
+    """A composed one-post answer reads as one story: no "0 of 1 parts landed" table after "closed, reply ..."."""
+    store = Store.open()
+    plat = MemoryPlatform(instance="memory:cli")
+    Guard(store, plat, plat.whoami()).post(plat.add_parent("0042"), lambda _p: "hello")  # composed: text stored
+    store.dispose()
+    r = replyd("explain", "0042", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "closed attempt 1 reply" in r.stdout
+    assert "parts landed" not in r.stdout and "not claimed" not in r.stdout
+    doc = json.loads(replyd("explain", "0042", "--json", env=env).stdout)[0]
+    assert doc["row"]["state"] == "closed" and "parts" not in doc
+
+
 # Ids from a platform and the API's free-form path, made of what a terminal would act on: OSC (set the title),
 # CSI (clear the screen), a one-byte C1 CSI, BEL, a newline that would fake a row, a bidi override.
 EVIL_ID = "9\x1b]0;owned\x07\x1b[2J\x9b31m\nfake row\u202edi"

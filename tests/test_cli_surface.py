@@ -70,6 +70,61 @@ def test_version_and_short_help():
     assert "Exit codes: 0" in run("-h", env={}).stdout
 
 
+# What a command that reads nothing must never load: the store, the log, any adapter, the API.
+HEAVY = ("sqlalchemy", "sqlmodel", "alembic", "structlog", "httpx", "prometheus_client",
+         "replyd.platforms", "replyd.api", "replyd.guard", "replyd.daemon")
+
+
+# Runs one CLI command in a fresh interpreter, then prints every module it loaded (a lazy one not yet used
+# counts as not loaded) on stderr.
+_PROBE = ("import sys, importlib.util\n"
+          "sys.argv = ['replyd', *sys.argv[1:]]\n"
+          "from replyd.cli import main\n"
+          "try:\n    main()\nexcept SystemExit:\n    pass\n"
+          "lazy = importlib.util._LazyModule\n"
+          "loaded = sorted(m for m, mod in list(sys.modules.items()) if mod is not None and type(mod) is not lazy)\n"
+          "sys.stderr.write('\\n'.join(loaded))\n")
+
+
+def _loaded(args: tuple[str, ...], env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    r = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, **env, "PYTHONPATH": str(ROOT)}, timeout=60)
+    return r, r.stderr.split()
+
+
+@pytest.mark.parametrize("args", [("--version",), ("-h",), ("status", "-h")])
+def test_version_and_help_import_no_store_adapter_or_api(args):
+    """`replyd --version` and `-h` start at once: they load none of the heavy modules. Timing lives in
+    bench/clistart.py; this test holds the cause."""
+    r, loaded = _loaded(args, {})
+    assert r.returncode == 0, r.stderr[-2000:]
+    heavy = sorted(m for m in loaded if m.startswith(HEAVY))
+    assert not heavy, f"replyd {' '.join(args)} loaded {heavy[:10]}"
+
+
+# What a read command on a current store must never load: migrations, the guard, adapters, the API.
+READ_HEAVY = ("alembic", "replyd.guard", "replyd.core", "replyd.library", "replyd.daemon", "replyd.platforms.mastodon",
+              "replyd.api", "httpx")
+
+
+@pytest.mark.parametrize("args", [("log",), ("check", "0042"), ("explain", "0042"), ("status",)])
+def test_read_commands_import_neither_alembic_nor_the_guard(args, store_env):
+    """The read commands answer from the store alone: a current schema is one SELECT, not alembic's import, and
+    no guard or adapter is loaded. Timing lives in bench/clistart.py; this test holds the cause."""
+    r, loaded = _loaded(args, store_env)
+    assert r.stdout.strip() and "Traceback" not in r.stderr, (r.stdout, r.stderr[-2000:])
+    heavy = sorted(m for m in loaded if m.startswith(READ_HEAVY))
+    assert not heavy, f"replyd {' '.join(args)} loaded {heavy[:10]}"
+
+
+def test_schema_head_is_alembics_head():
+    """``SCHEMA_HEAD`` (what read commands compare the store with) is the newest migration."""
+    from replyd import migrate
+    from replyd.store.model import SCHEMA_HEAD
+
+    assert SCHEMA_HEAD == migrate.head()
+
+
 def test_read_commands_on_an_absent_store_create_nothing_and_name_it(tmp_path, bot_config):
     """status, log, explain, check, export, db current: exit 2, no file or directory created, the path named;
     no platform token needed to get that far."""
@@ -248,3 +303,35 @@ def test_brackets_survive_and_online_check_reaches_the_store(tmp_path):
     r = run("config", "check", "--online", str(p), env={})
     assert r.returncode == 2 and "store postgresql+psycopg://nobody@127.0.0.1:1/replyd" in r.stderr, r.stderr
     assert len(r.stderr.splitlines()) == 1 and not CLASS_NAMES.search(r.stderr)
+
+
+def test_log_of_an_unknown_kind_is_an_error_naming_the_kinds(store_env):
+    """`log --kind bogus` is a mistake, not "no events": exit 2, one line naming the kinds this store holds."""
+    r = run("log", "--kind", "bogus", env=store_env)
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
+    line = r.stderr.strip()
+    assert "\n" not in line and "'bogus'" in line and "claimed" in line and "closed" in line, line
+    ok = run("log", "--kind", "closed", "--json", env=store_env)  # a kind the store holds still answers
+    assert ok.returncode == 0 and [e["kind"] for e in json.loads(ok.stdout)] == ["closed"]
+
+
+@pytest.mark.parametrize("token", ["", "wrong-token-5e1a"])
+def test_status_names_the_api_token_variable_when_the_daemon_refuses(tmp_path, store_env, token):
+    """The daemon answers 401: status says which variable to set (or that its token is refused), never the value
+    and never "not reachable"; without --config it says a config is needed, not that [api] is off."""
+    _Refusing.status, _Refusing.seen = 401, []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    cfg = tmp_path / "api.toml"
+    cfg.write_text(f'[api]\nenabled = true\nhost = "127.0.0.1"\nport = {srv.server_port}\ntoken_env = "OPS_API_TOKEN"\n')
+    try:
+        r = run("status", "--config", str(cfg), env={**store_env, **({"OPS_API_TOKEN": token} if token else {})})
+    finally:
+        srv.shutdown()
+    assert r.returncode == 0, r.stderr
+    daemon_line = next(line for line in r.stdout.splitlines() if line.startswith("daemon:"))
+    assert "OPS_API_TOKEN" in daemon_line and "401" in daemon_line, daemon_line
+    assert ("set OPS_API_TOKEN" in daemon_line) == (not token), daemon_line
+    assert "not reachable" not in daemon_line and (not token or token not in r.stdout + r.stderr)
+    bare = run("status", env=store_env)
+    assert "no config given" in bare.stdout and "does not enable [api]" not in bare.stdout, bare.stdout

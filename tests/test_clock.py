@@ -14,6 +14,7 @@ from replyd.guard import Guard, Status
 from replyd.platforms.memory import MemoryPlatform
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
+from replyd.transitions import planting
 
 
 class Ticks:
@@ -76,7 +77,7 @@ def test_a_fast_replica_sweeps_early_only_on_its_own_clock(pg_url):
     guard = Guard(store_a, plat, plat.whoami(), clock=DatabaseClock(store_a.db_epoch), send_timeout_s=5.0)
     out = guard.post(plat.add_parent("p-skew"), "hello")
     assert out.status is Status.POSTED
-    with store_a.transaction() as tx:  # as if the response was lost: open, due in 10 s of database time
+    with planting(), store_a.transaction() as tx:  # planted as if the response was lost: open, due in 10 s
         assert tx.cas_event(guard.key("p-skew"), states=["closed"], attempt=1,
                            values={"state": "open", "reply_id": None, "deadline_at": store_a.db_epoch() + 10.0})
     fast = Sweeper(Store.open(pg_url, clock=Ahead(30.0)), [Bot(plat, plat.whoami())], clock=Ahead(30.0), owner="b")

@@ -3,7 +3,7 @@
 The parents are search hits only (no mention: the inbox and re-find's notification pass never see them),
 the responder is a real child process that takes 1.2 s, and each kill lands while a row is ``composing``;
 the daemon restarts at once, inside the compose lease, so its search sees the row in flight and saves its
-cursor past it. Only the row itself can bring the parent back (issue 21). Replies are counted by the sim.
+cursor past it. Only the row itself can bring the parent back. Replies are counted by the sim.
 """
 
 from __future__ import annotations

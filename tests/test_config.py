@@ -55,6 +55,21 @@ def test_bad_value_names_key(tmp_path):
         Config.load(p)
 
 
+@pytest.mark.parametrize("word", ["yes", "on", "y", "no"])
+def test_a_boolean_is_true_or_false_never_yes(tmp_path, word):
+    """pydantic's lax mode reads "yes" and "on" as true; a config says true or false, so they are refused."""
+    p = tmp_path / "c.toml"
+    p.write_text(f'[store]\nauto_migrate = "{word}"\n')
+    with pytest.raises(ConfigError, match=rf"store: auto_migrate: '{word}' is not a boolean \(use true or false\)"):
+        Config.load(p)
+
+
+def test_a_boolean_from_the_environment_is_true_false_1_or_0(monkeypatch):
+    for text, want in (("false", False), ("TRUE", True), ("0", False), ("1", True)):
+        monkeypatch.setenv("REPLYD_STORE__AUTO_MIGRATE", text)
+        assert Config.load(None).store.auto_migrate is want
+
+
 def test_invalid_toml_is_reported(tmp_path):
     """A syntax error names the file and says it is not TOML."""
     p = tmp_path / "c.toml"

@@ -98,7 +98,7 @@ def unit_sections(path: Path = UNIT) -> dict[str, dict[str, list[str]]]:
 
 
 def test_systemd_unit_is_hardened_and_outlives_the_grace():
-    """The unit: dynamic user, state and config dirs, strict sandbox, no reload claim, stop timeout > grace."""
+    """The unit: dynamic user, state and config dirs, strict sandbox, a reload by SIGHUP, stop timeout > grace."""
     svc = unit_sections()["Service"]
     one = {k: v[-1] for k, v in svc.items()}
     assert one["DynamicUser"] == "yes" or "User" in one
@@ -111,7 +111,11 @@ def test_systemd_unit_is_hardened_and_outlives_the_grace():
     assert set(one["RestrictAddressFamilies"].split()) == {"AF_INET", "AF_INET6", "AF_UNIX"}
     assert "@system-service" in svc["SystemCallFilter"]
     assert one["EnvironmentFile"].lstrip("-").startswith("%E/replyd/")
-    assert "ExecReload" not in svc  # no config re-read exists: a restart is the reload
+    # Reload: root copies the TOML where the service user reads it, then SIGHUP (a credential would be frozen).
+    assert svc["ExecReload"][-1] == "/bin/kill -HUP $MAINPID" and "LoadCredential" not in svc
+    copy = shlex.split(svc["ExecReload"][0])
+    assert copy[0] == "+/usr/bin/install" and copy[-1] == env["REPLYD_CONFIG"], copy
+    assert any(shlex.split(c) == copy for c in svc["ExecStartPre"])  # the same copy before the start's check
     start = shlex.split(one["ExecStart"])
     assert start[1:3] == ["run", "--grace-s"]
     assert duration_s(one["TimeoutStopSec"]) > grace_s(start)
@@ -467,3 +471,19 @@ def test_operations_doc_names_only_real_settings_and_commands():
     for cmd in sorted(commands):
         r = CliRunner().invoke(app, [*cmd.split(), "--help"])
         assert r.exit_code == 0, (cmd, r.output[-500:])
+
+
+def test_grafana_dashboard_queries_only_metrics_replyd_exports():
+    """deploy/grafana/replyd.json: valid JSON, and every metric its queries name is one replyd/metrics.py defines
+    (a renamed metric would leave an empty panel)."""
+    import json
+    import re
+
+    dash = json.loads((ROOT / "deploy" / "grafana" / "replyd.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert len(exprs) >= 8
+    source = (ROOT / "replyd" / "metrics.py").read_text()
+    defined = set(re.findall(r'"(replyd_[a-z_]+)"', source))
+    used = {re.sub(r"_(total|bucket|count|sum)$", "", m) for e in exprs for m in re.findall(r"replyd_[a-z_]+", e)}
+    assert used and used <= defined, sorted(used - defined)
+    assert "replyd_answer_latency_seconds" in used and "replyd_breaker_open" in used

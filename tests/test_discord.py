@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ import pytest
 from replyd.clock import SystemClock
 from replyd.errors import ConfigError, DefinitelyNotSent, MaybeSent, RateLimited, Rejected
 from replyd.platforms.base import Pending, ProviderKeys, make_platform
-from replyd.platforms.discord import NONCE_LEN, DiscordPlatform, discord_nonce
+from replyd.platforms.discord import NONCE_LEN, DiscordPlatform, _resume_url, discord_nonce
 from tests.discord_fake import BOT_ID, BOT_TOKENS, DiscordRest, DiscordWorld, Gateway
 
 ALICE, BOB = "53908099506183680", "53908099506183681"
@@ -67,6 +69,27 @@ def test_identity_and_a_reply_carries_nonce_reference_and_no_everyone_ping(world
     assert sent.reply_id == f"{cid}:{reply.id}" and reply.nonce == key
     assert reply.reference == pid.partition(":")[2]
     assert "everyone" not in reply.mentions
+
+
+def test_a_prompt_injection_pings_nobody_but_the_replied_author(world, rest, http) -> None:
+    """A reply echoing @everyone, @here, a role and a stranger notifies only the author it replies to, sent and
+    edited (the fake applies allowed_mentions as Discord does); ``allow_mentions`` lets them through."""
+    from tests.test_mentions import INJECTION, injected
+
+    p = adapter(rest, http)
+    cid = world.add_channel()
+    pid = world.say(cid, ALICE, f"{INJECTION} <@175928847299117063> <@&41771983423143936>")
+    parent = p.resolve(pid)
+    sent = p.send(parent, injected(parent), provider_key=send_key(p, pid))
+    p.edit(parent, sent.reply_id, injected(parent) + " (edited)")
+    [reply] = world.bot_replies(pid)
+    assert reply.pinged == [ALICE] and reply.edits
+    assert all(not re.search(r"@(everyone|here)\b", t) for t in world.history(sent.reply_id))
+    loose = adapter(rest, http, allow_mentions=True)
+    pid = world.say(cid, ALICE, f"{INJECTION} <@175928847299117063>")
+    loose.send(loose.resolve(pid), injected(loose.resolve(pid)), provider_key=send_key(loose, pid))
+    [reply] = world.bot_replies(pid)
+    assert "everyone" in reply.pinged and "175928847299117063" in reply.pinged
 
 
 def test_a_lost_answer_retried_with_the_same_nonce_gets_the_earlier_message(world, rest, http) -> None:
@@ -353,6 +376,86 @@ def test_gateway_zombie_connection_is_closed_and_resumed(world, http) -> None:
         gw.close()
 
 
+def test_a_stored_session_resumes_after_a_restart_from_the_last_recorded_seq(world, http) -> None:
+    """A process that yielded a DM but never came back for the next frame (it died before recording it) stored
+    the seq before that DM: a new process RESUMEs the stored session (no IDENTIFY) and Discord replays the DM.
+    Plant: counting a frame's seq before its parents are yielded stores the DM's seq and it is never replayed."""
+    gw = Gateway(world, heartbeat_ms=300)
+    slot: dict[str, str] = {}
+    try:
+        with DiscordRest(world, gateway_url=gw.url) as api:
+            first = adapter(api, http)
+            first.hold_session(lambda: slot.get("v"), lambda v: slot.__setitem__("v", v), "process-1")
+            g = first.stream(threading.Event())
+            got: list[Any] = []
+            t = threading.Thread(target=lambda: got.append(next(g)), daemon=True)
+            t.start()
+            _until(lambda: gw.connections == 1)
+            dm = world.say(world.add_channel(dm=True), ALICE, "hello?", mention=False)
+            t.join(10)
+            assert [x.id for x in got] == [dm]
+            g.close()  # the reader stops here: the DM was read, never recorded
+            stored = json.loads(slot["v"])
+            (sid, session), = gw.sessions.items()
+            dm_seq = next(n for n, f in session.events if f.get("t") == "MESSAGE_CREATE")
+            assert stored["session_id"] == sid and stored["seq"] < dm_seq and BOT_TOKENS[0] not in slot["v"]
+            second = adapter(api, http)
+            second.hold_session(lambda: slot.get("v"), lambda v: slot.__setitem__("v", v), "process-2")
+            again: list[str] = []
+            stop = threading.Event()
+            t2 = _collect(second, again, stop)
+            _until(lambda: dm in again)
+            assert gw.identifies == 1 and gw.resumes == [(sid, stored["seq"])]
+            _until(lambda: json.loads(slot["v"])["seq"] >= dm_seq and json.loads(slot["v"])["holder"] == "process-2")
+            stop.set()
+            t2.join(3)
+    finally:
+        gw.close()
+
+
+def test_a_process_that_loads_a_live_session_takes_the_slot_and_the_other_identifies(world, http) -> None:
+    """Two processes on one slot (replica_id left empty): B, starting, RESUMEs the session A stored and holds the
+    slot; A, at its next connect, sees its session taken and IDENTIFYs a new one, and never writes over B's.
+    Plant: saving without the holder check makes A write its new session over B's and the slot flips."""
+    gw = Gateway(world, heartbeat_ms=200)
+    slot: dict[str, str] = {}
+    stops = [threading.Event(), threading.Event()]
+
+    def hold(p: DiscordPlatform, name: str) -> DiscordPlatform:
+        p.hold_session(lambda: slot.get("v"), lambda v: slot.__setitem__("v", v), name)
+        return p
+
+    try:
+        with DiscordRest(world, gateway_url=gw.url) as api:
+            got_a: list[str] = []
+            t_a = _collect(hold(adapter(api, http), "A"), got_a, stops[0])
+            _until(lambda: "v" in slot and json.loads(slot["v"])["holder"] == "A")
+            first = json.loads(slot["v"])["session_id"]
+            got_b: list[str] = []
+            t_b = _collect(hold(adapter(api, http), "B"), got_b, stops[1])
+            _until(lambda: gw.resumes and json.loads(slot["v"])["holder"] == "B")
+            assert gw.resumes[0][0] == first and gw.identifies == 1
+            gw.force_reconnect()  # both reconnect: B resumes the session, A identifies afresh
+            _until(lambda: gw.identifies == 2 and gw.connections == 2)
+            time.sleep(1.0)  # five heartbeats: A's saves meet B's fresh slot
+            stored = json.loads(slot["v"])
+            assert stored["holder"] == "B" and stored["session_id"] == first
+            dm = world.say(world.add_channel(dm=True), ALICE, "to both", mention=False)
+            _until(lambda: dm in got_a and dm in got_b)
+            for stop, t in zip(stops, (t_a, t_b)):
+                stop.set()
+                t.join(3)
+    finally:
+        gw.close()
+
+
+def test_a_resume_url_the_token_must_not_travel_to_is_never_kept() -> None:
+    """READY's (or the stored) resume URL: wss://, or ws:// to loopback only (RESUME carries the token)."""
+    assert _resume_url("wss://gateway-us-east1-b.discord.gg") == "wss://gateway-us-east1-b.discord.gg"
+    assert _resume_url("ws://127.0.0.1:8080") == "ws://127.0.0.1:8080"
+    assert [_resume_url(u) for u in ("ws://gateway.example.com", "https://discord.gg", "wss://", 7, None)] == [None] * 5
+
+
 def test_thread_depth_walks_the_reference_chain_one_request_a_level(world, rest, http) -> None:
     """ThreadDepth: a top-level message is 0; a reply three deep is 3; the walk stops at limit + 1."""
     from replyd.platforms.base import ThreadDepth
@@ -371,7 +474,7 @@ def test_thread_depth_walks_the_reference_chain_one_request_a_level(world, rest,
     assert p.thread_depth(deepest, 0) == 1  # a reply with limit 0: no request needed
 
 
-# --- edits (EditReply) and answers in parts (PostLimit), issue 32 -------------------------------
+# --- edits (EditReply) and answers in parts (PostLimit) -----------------------------------------
 
 
 def _sent(p: DiscordPlatform, world: DiscordWorld, text: str = "first words") -> tuple[Any, str]:

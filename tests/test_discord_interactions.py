@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -26,6 +28,20 @@ def _signed(key: SigningKey, body: dict, stamp: int | None = None) -> tuple[dict
     raw = json.dumps(body).encode()
     ts = str(stamp if stamp is not None else int(time.time()))
     return {"x-signature-ed25519": key.sign(ts.encode() + raw).signature.hex(), "x-signature-timestamp": ts}, raw
+
+
+@contextlib.contextmanager
+def _interacting(world, rest) -> Iterator[tuple[DiscordPlatform, InteractionSender, str, FakeClock]]:  # noqa: ANN001
+    """An adapter on the fake clock, an interaction sender and a channel; the sender closed at the end."""
+    clock = FakeClock(time.time())
+    with httpx.Client(trust_env=False) as http:
+        p = make_platform("discord", {"api_url": rest.url, "token": BOT_TOKENS[0]}, http=http, clock=clock)
+        assert isinstance(p, DiscordPlatform)
+        sender = InteractionSender(world, [])
+        try:
+            yield p, sender, world.add_channel(), clock
+        finally:
+            sender.close()
 
 
 def test_ed25519_check_refuses_forged_altered_stale_and_malformed() -> None:
@@ -71,31 +87,45 @@ def test_receiver_pings_defers_and_drops_forged_deliveries(world, rest) -> None:
 def test_an_answer_past_the_token_life_is_reported_not_sent(world, rest) -> None:
     """The token lives 15 minutes from receipt: a send after 14:55 (with a 15 s timeout) is Rejected with no
     request; one in time edits the deferred response once and the read-back sees it."""
-    clock = FakeClock(time.time())
-    with httpx.Client(trust_env=False) as http:
-        p = make_platform("discord", {"api_url": rest.url, "token": BOT_TOKENS[0]}, http=http, clock=clock)
-        assert isinstance(p, DiscordPlatform)
-        sender = InteractionSender(world, [])
-        try:
-            cid = world.add_channel()
-            late, ok = (sender.payload(cid, ALICE, q) for q in ("late", "ok"))
-            [late_parent] = p.parse_webhook("", late)  # type: ignore[misc]
-            for body in (late, ok):
-                it = world.interactions[body["id"]]
-                it.acks, it.original = 1, Msg(world.snowflake(), cid, BOT_ID, "")  # as after a type 5 answer
-            clock.advance(900 - 5)
-            with pytest.raises(Rejected, match="15 minutes"):
-                p.send(late_parent, "too late", provider_key="k")
-            assert world.interactions[late["id"]].edits == 0 and rest.calls.get("original PATCH", 0) == 0
-            [ok_parent] = p.parse_webhook("", ok)  # type: ignore[misc]
-            sent = p.send(ok_parent, "in time", provider_key="k")
-            assert world.interactions[ok["id"]].edits == 1
-            from replyd.platforms.base import Pending
+    with _interacting(world, rest) as (p, sender, cid, clock):
+        late, ok = (sender.payload(cid, ALICE, q) for q in ("late", "ok"))
+        [late_parent] = p.parse_webhook("", late)  # type: ignore[misc]
+        for body in (late, ok):
+            it = world.interactions[body["id"]]
+            it.acks, it.original = 1, Msg(world.snowflake(), cid, BOT_ID, "")  # as after a type 5 answer
+        clock.advance(900 - 5)
+        with pytest.raises(Rejected, match="15 minutes"):
+            p.send(late_parent, "too late", provider_key="k")
+        assert world.interactions[late["id"]].edits == 0 and rest.calls.get("original PATCH", 0) == 0
+        [ok_parent] = p.parse_webhook("", ok)  # type: ignore[misc]
+        sent = p.send(ok_parent, "in time", provider_key="k")
+        assert world.interactions[ok["id"]].edits == 1
+        from replyd.platforms.base import Pending
 
-            rb = p.read_back([Pending(ok_parent, clock.now())], sender_id=BOT_ID)
-            assert [r.reply_id for r in rb.found[ok_parent.id]] == [sent.reply_id]
-        finally:
-            sender.close()
+        rb = p.read_back([Pending(ok_parent, clock.now())], sender_id=BOT_ID)
+        assert [r.reply_id for r in rb.found[ok_parent.id]] == [sent.reply_id]
+
+
+def test_expired_interaction_tokens_are_forgotten_and_an_answer_pings_nobody(world, rest) -> None:
+    """A token past its 15 minutes (and the last request's timeout) is dropped: log lines stop being masked with
+    it and memory stops growing; an interaction's answer echoing mentions notifies nobody."""
+    from tests.test_mentions import INJECTION, injected
+
+    with _interacting(world, rest) as (p, sender, cid, clock):
+        old = [sender.payload(cid, ALICE, f"q{i}") for i in range(20)]
+        for body in old:
+            p.parse_webhook("", body)
+        assert all(body["token"] in p._secrets() for body in old)
+        clock.advance(900 + 15 + 61)
+        new = sender.payload(cid, ALICE, INJECTION)
+        [parent] = p.parse_webhook("", new)  # type: ignore[misc]
+        held = p._secrets()
+        assert new["token"] in held and not any(body["token"] in held for body in old)
+        assert len(p._interactions) == 1
+        it = world.interactions[new["id"]]
+        it.acks, it.original = 1, Msg(world.snowflake(), cid, BOT_ID, "")  # as after a type 5 answer
+        p.send(parent, injected(parent) + " <@175928847299117063> <@&41771983423143936>", provider_key="k")
+        assert it.edits == 1 and it.original.pinged == [] and "@everyone" not in it.original.content
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Issue 34 end to end: two `replyd run` replicas on PostgreSQL, the Gateway with RESUME replays, the backstop
+"""Discord end to end: two `replyd run` replicas on PostgreSQL, the Gateway with RESUME replays, the backstop
 poll, lost create answers and a SIGKILL mid-send; replies counted on the Discord fake."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tests import discord_scenario
 def _truncate(url: str) -> None:
     eng = sa.create_engine(url)
     with eng.begin() as c:
-        c.exec_driver_sql("TRUNCATE replies, events, cursors, listing_lag, listing_delay")
+        c.exec_driver_sql("TRUNCATE replies, events, cursors, listing_lag, listing_delay, replicas, bot_leases")
     eng.dispose()
 
 

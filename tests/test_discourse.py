@@ -29,6 +29,7 @@ from tests.fakes_forum import (  # noqa: F401  (pytest finds the fixtures by nam
     FakeDiscourse,
     FakeHost,
     fresh_store,
+    injection_pings_only_the_author,
     iso_ms,
     nodelay_fixture_server_session,
     shared_tls_http_client,
@@ -417,7 +418,7 @@ def test_inbox_skips_gone_posts_for_good(fixture_server: FixtureServer, http_cli
     with capture_logs() as logs:
         page = make(fixture_server.url, http_client).inbox("600")
     assert [p.id for p in page.parents] == ["7002"] and page.cursor == "602"
-    assert any(e["event"] == "replyd.discourse.skipped" for e in logs)
+    assert any(e["event"] == "replyd.poller.unreadable" for e in logs)
 
 
 def test_refind_pages_back_until_since(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
@@ -826,6 +827,15 @@ def _answered(w: dict[str, Any], text: str = "Looking") -> tuple[Any, Parent, st
     out = w["guard"].post(p, text)
     assert out.status is Status.POSTED
     return post, p, out.reply_id
+
+
+def test_e2e_a_prompt_injection_pings_nobody_but_the_author(world: dict[str, Any]) -> None:
+    """A reply echoing every mention form (users, teams, groups) keeps only the author's @name live, posted and
+    edited, as the fake stores it; ``allow_mentions`` lets them through."""
+    from tests.test_mentions import INJECTION
+
+    world["fake"].create_topic(world["alice"], "Widgets", f"@replybot {INJECTION} @alice")
+    injection_pings_only_the_author(world)
 
 
 def test_e2e_edit_replaces_the_raw_and_read_back_still_finds_one_reply(world: dict[str, Any]) -> None:

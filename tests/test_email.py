@@ -107,17 +107,24 @@ def test_loop_policy_refuses_what_rfc3834_says_not_to_answer(headers: dict[str, 
 
 
 def test_inbox_offers_human_mail_only_and_one_parent_per_thread(desk: Desk) -> None:
-    """On the server: auto-replies, bulk and list mail are read past; a follow-up in a thread keys on its root."""
+    """On the server: auto-replies, bulk and list mail come marked refused, each its own row (the policy skips
+    them with that reason); a follow-up to the desk's reply keys on the reply's ticket."""
     root = desk.ask("first question")
-    desk.ask("out of office", Auto_Submitted="auto-replied")
+    ooo = desk.ask("out of office", Auto_Submitted="auto-replied")
     desk.ask("newsletter", Precedence="bulk")
     desk.ask("digest", List_Id="<list.example.org>")
-    follow = desk.ask("Re: first question", In_Reply_To=root, References=root)
-    page = desk.adapter().inbox(None)
-    assert [p.id for p in page.parents] == [root]
+    adapter = desk.adapter()
+    parent = next(p for p in adapter.inbox(None).parents if "refused" not in p.extra)
+    reply = adapter.send(parent, "here is how", provider_key=adapter.provider_key(desk.bot, root)).reply_id  # type: ignore[attr-defined]
+    desk.mail.wait_for(desk.bot, lambda ms: reply in {str(m.get("Message-ID")) for m in ms})  # the desk's copy
+    follow = desk.ask("Re: first question", In_Reply_To=reply, References=f"{root} {reply}")
+    page = adapter.inbox(None)
+    assert [p.id for p in page.parents if "refused" not in p.extra] == [root]
+    assert [p.extra.get("refused") for p in page.parents][1:] == ["auto_reply", "bulk_mail", "bulk_mail"]
+    assert page.parents[1].id == ooo  # keyed on itself, never on a thread's root
     assert page.parents[0].extra["message_id"] == root  # the follow-up was read and keyed on the root
     per_message = desk.adapter(answer="message").inbox(None)
-    assert [p.id for p in per_message.parents] == [root, follow]
+    assert [p.id for p in per_message.parents if "refused" not in p.extra] == [root, follow]
 
 
 def test_seen_set_by_a_person_does_not_hide_a_ticket_and_replyd_sets_no_flag(desk: Desk) -> None:

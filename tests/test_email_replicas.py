@@ -1,4 +1,4 @@
-"""Issue 35 end to end: two `replyd run` replicas on PostgreSQL answering a support desk on a real Postfix and Dovecot.
+"""Email end to end: two `replyd run` replicas on PostgreSQL answering a support desk on a real Postfix and Dovecot.
 
 Mails from several senders (some follow-ups in threads, some auto-replies and bulk mail that must get none),
 IDLE push with the poll as backstop, every fifth send's ``250`` lost, one replica SIGKILLed while its send
@@ -55,6 +55,7 @@ smtp_tls = "none"
 smtp_auth = false
 listing_delay_s = 1.5
 timeout_s = 6.0
+loop_max_answers = 1000  # each sender opens ten tickets in a minute here: no loop
 
 [bots.push]
 kind = "imap_idle"
@@ -73,18 +74,18 @@ template = "Thanks, we have your ticket."
     return path
 
 
-MAILS, SENDERS = 200, 20  # the scale issue 35 asks for
+MAILS, SENDERS = 200, 20  # a support desk's scale, not a toy's: 200 mails from 20 senders
 
 
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_two_replicas_lost_250s_sigkill_and_idle_cut_answer_each_ticket_once(mail_server: MailServer, pg_url: str,
                                                                              tmp_path: Path) -> None:
-    """200 mails from 20 senders (a sixth follow-ups, a sixth auto or bulk): each thread root answered exactly once on the
-    server, no answer to any auto-submitted or bulk mail, with lost 250s, a SIGKILL mid-send and an IDLE cut."""
+    """200 mails from 20 senders (a sixth follow-ups to the desk's reply, a sixth auto or bulk): each thread answered
+    once on the server, no answer to any auto-submitted or bulk mail, with lost 250s, a SIGKILL mid-send and an IDLE cut."""
     eng = sa.create_engine(pg_url)
     with eng.begin() as c:
-        c.exec_driver_sql("TRUNCATE replies, events, cursors, listing_lag, listing_delay")
+        c.exec_driver_sql("TRUNCATE replies, events, cursors, listing_lag, listing_delay, replicas, bot_leases")
     eng.dispose()
     bot = mail_server.add_user("desk")
     senders = [mail_server.add_user(f"s{i}") for i in range(SENDERS)]
@@ -109,6 +110,7 @@ def test_two_replicas_lost_250s_sigkill_and_idle_cut_answer_each_ticket_once(mai
 
     roots: dict[str, tuple[str, set[str]]] = {}  # root id -> (sender, ids of its thread)
     ineligible: list[tuple[str, str]] = []
+    follow_ups: list[str] = []  # roots a customer answered the desk's reply in
     try:
         for r in replicas.values():
             r.start()
@@ -124,14 +126,18 @@ def test_two_replicas_lost_250s_sigkill_and_idle_cut_answer_each_ticket_once(mai
                 kind = ({"Auto_Submitted": "auto-replied"}, {"Precedence": "bulk"}, {"List_Id": "<l.example>"})[i % 3]
                 msg = person_mail(sender, bot, f"no answer {i}", **kind)
                 ineligible.append((sender, str(msg["Message-ID"])))
-            elif i % 6 == 4 and roots:  # a sixth follow-ups in an earlier thread of the same sender
+            elif i % 6 == 4 and roots:  # a sixth answer the desk's reply in an earlier thread of the same sender
                 root = next((k for k, (s, _ids) in roots.items() if s == sender), None)
-                if root is None:
+                reply = None if root is None else next(
+                    (str(m["Message-ID"]) for m in mail_server.messages(sender) if bot in str(m.get("From", ""))
+                     and str(m.get("In-Reply-To", "")).strip() in roots[root][1]), None)
+                if root is None or reply is None:  # no answer to follow up yet: a new ticket
                     msg = person_mail(sender, bot, f"ticket {i}")
                     roots[str(msg["Message-ID"])] = (sender, {str(msg["Message-ID"])})
                 else:
-                    msg = person_mail(sender, bot, f"Re: ticket {i}", In_Reply_To=root, References=root)
+                    msg = person_mail(sender, bot, f"Re: ticket {i}", In_Reply_To=reply, References=f"{root} {reply}")
                     roots[root][1].add(str(msg["Message-ID"]))
+                    follow_ups.append(root)
             else:
                 msg = person_mail(sender, bot, f"ticket {i}")
                 roots[str(msg["Message-ID"])] = (sender, {str(msg["Message-ID"])})
@@ -163,6 +169,7 @@ def test_two_replicas_lost_250s_sigkill_and_idle_cut_answer_each_ticket_once(mai
     assert sum(1 for r in "ab" for f in smtp[r].met if f == "lost") >= 4, [smtp[r].met for r in "ab"]
     wrong = {k: n for k, n in counts.items() if n != 1}
     assert not wrong, (wrong, logs)
+    assert len(follow_ups) >= 5, follow_ups  # follow-ups to the desk's replies were among the mails
     to_ineligible = [mid for sender, mid in ineligible for m in mail_server.messages(sender)
                      if str(m.get("In-Reply-To", "")).strip() == mid]
     assert not to_ineligible

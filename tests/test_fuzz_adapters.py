@@ -31,7 +31,7 @@ from tests.fixtures_server import (  # noqa: F401  (pytest fixtures by name)
     http_client,
 )
 from tests.conftest import IN_CI
-from tests.fuzz_harness import Call, RoutedServer, mutated, run_call
+from tests.fuzz_harness import Call, RoutedServer, mutated, one_hostile_item, run_call
 
 # Under CI=true the examples are the same every run (a landing must not hang on a lucky draw); locally they
 # are fresh each time, which is how the fuzz keeps finding new mutations (two adapter bugs this way so far).
@@ -159,9 +159,9 @@ def test_fuzzed_matrix(synapse: Any, fixture_server: FixtureServer, http_client:
     fuzz("matrix", RoutedServer(fixture_server, matrix_routes(synapse)), fixture_server, http_client)
 
 
-def matrix_routes(hs: Any) -> list[tuple[str, str, bytes]]:
-    """Record each response the Matrix adapter reads from Synapse, for a fresh bot in one room."""
-    bot = hs.register(f"fuzzbot{os.getpid()}{len(hs.people)}x{id(hs) % 997}")
+def matrix_routes(hs: Any, tag: str = "") -> list[tuple[str, str, bytes]]:
+    """Record each response the Matrix adapter reads from Synapse, for a fresh bot (named with ``tag``) in one room."""
+    bot = hs.register(f"fuzzbot{tag}{os.getpid()}{len(hs.people)}x{id(hs) % 997}")
     alice = hs.people["alice"]
     room = hs.create_room(alice, invite_bot=False)
     hs.api("POST", f"/rooms/{room}/invite", alice, json_body={"user_id": bot.user_id})
@@ -234,3 +234,35 @@ def test_matrix_relation_ignores_ids_that_are_not_strings() -> None:
     assert _relation({"m.relates_to": {"m.in_reply_to": {"event_id": "$a"}, "rel_type": "m.thread",
                                        "event_id": "$root"}}) == ("$a", "$root")
     assert _relation("not a dict") == (None, None)
+
+
+# -- one hostile item among good ones ----------------------------------------------------------------------
+# Where each listing keeps its items: (entry point, the route it reads, the path to the item list in its body).
+HOSTILE_PAGES: dict[str, list[tuple[str, str, tuple]]] = {
+    "discourse": [("inbox", r"/notifications\.json", ("notifications",)), ("search", r"/search\.json", ("posts",)),
+                  ("refind", r"/notifications\.json", ("notifications",))],
+    "github": [("inbox", r"/notifications", ()), ("search", r"/search/issues", ("items",)),
+               ("refind", r"/repos/[^/]+/[^/]+/issues", ())],
+    "bluesky": [("inbox", r"/xrpc/app\.bsky\.notification\.listNotifications", ("notifications",)),
+                ("search", r"/xrpc/app\.bsky\.feed\.searchPosts", ("posts",)),
+                ("refind", r"/xrpc/app\.bsky\.notification\.listNotifications", ("notifications",))],
+}
+@pytest.mark.parametrize("kind", [k for k in PRESENT if k in HOSTILE_PAGES])
+def test_one_hostile_item_never_costs_the_good_ones(kind: str, fixture_server: FixtureServer,
+                                                    http_client: httpx.Client) -> None:
+    """A page with one item of an unexpected shape: the listing returns, with every parent the page had."""
+    one_hostile_item(SPECS[kind]["routes"](), HOSTILE_PAGES[kind], fixture_server,
+                     lambda: build(kind, fixture_server.url, http_client))
+
+
+def test_matrix_one_hostile_item_never_costs_the_good_ones(synapse: Any, fixture_server: FixtureServer,
+                                                           http_client: httpx.Client) -> None:
+    """Matrix's sync timeline, search results and room messages, each with one hostile event among good ones."""
+    routes = matrix_routes(synapse, "hostile")
+    sync = json.loads(next(body for _, rx, body in routes if rx.endswith("/sync")))
+    room = next(iter(sync["rooms"]["join"]))
+    api = r"/_matrix/client/v3"
+    one_hostile_item(routes, [("inbox", api + r"/sync", ("rooms", "join", room, "timeline", "events")),
+                              ("search", api + r"/search", ("search_categories", "room_events", "results")),
+                              ("refind", api + r"/rooms/[^/]+/messages", ("chunk",))],
+                     fixture_server, lambda: build("matrix", fixture_server.url, http_client))

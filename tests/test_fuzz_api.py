@@ -1,4 +1,4 @@
-"""Fuzzing the sidecar API with what a hostile caller sends as ids and the free-form ``path`` (issue 30).
+"""Fuzzing the sidecar API with what a hostile caller sends as ids and the free-form ``path``.
 
 A running daemon serves the API over real HTTP against the sim. Drawn strings are
 dense in terminal controls, escape sequences, bidi overrides and digits of other

@@ -27,7 +27,7 @@ from tests.fixtures_server import (  # noqa: F401  (pytest fixtures by name)
     http_client,
     load_fixture,
 )
-from tests.fuzz_harness import Call, RoutedServer, mutated, run_call
+from tests.fuzz_harness import Call, RoutedServer, mutated, one_hostile_item, run_call
 
 SENDER = "117020565966271181"
 CTX_PARENT = "110446983926957470"
@@ -132,3 +132,10 @@ def test_fuzzed_inbox_never_sends_to_a_half_parsed_parent(m, fixture_server_sess
         pollers.refind()
     store.dispose()
     assert len(sent_to) == len(set(sent_to))
+
+
+def test_one_hostile_item_never_costs_the_good_ones(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """A notification or search page with one item of an unexpected shape: every good parent still returned."""
+    one_hostile_item(routes(), [("inbox", r"/api/v1/notifications", ()), ("refind", r"/api/v1/notifications", ()),
+                                ("search", r"/api/v2/search", ("statuses",))],
+                     fixture_server, lambda: make(fixture_server.url, http_client))

@@ -27,6 +27,7 @@ from tests.fakes_forum import (  # noqa: F401  (pytest finds the fixtures by nam
     FakeGitHub,
     FakeHost,
     fresh_store,
+    injection_pings_only_the_author,
     iso_s,
     nodelay_fixture_server_session,
     shared_tls_http_client,
@@ -632,6 +633,15 @@ def _answered(w: dict[str, Any], text: str = "Looking") -> tuple[Any, Parent, st
     out = w["guard"].post(p, text)
     assert out.status is Status.POSTED
     return issue, p, out.reply_id
+
+
+def test_e2e_a_prompt_injection_pings_nobody_but_the_author(world: dict[str, Any]) -> None:
+    """A reply echoing every mention form (users, teams, groups) keeps only the author's @name live, posted and
+    edited, as the fake stores it; ``allow_mentions`` lets them through."""
+    from tests.test_mentions import INJECTION
+
+    world["fake"].open_issue(world["alice"], "acme/widgets", "Widgets", f"@replyd-bot {INJECTION} @alice")
+    injection_pings_only_the_author(world)
 
 
 def test_e2e_edit_replaces_the_body_and_read_back_still_finds_one_comment(world: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ that runs past its deadline while the other replica sweeps, an open commit whose
 row's deadline while the other replica sweeps and answers, clock moves, sweeps
 and failed read-backs — and process death at every step of a post: before and
 after each store write (claim, open, close, release ...), during the compose,
-before the request leaves and after the platform acted — also in pages (issue 36): a page posted through the
+before the request leaves and after the platform acted — also in pages: a page posted through the
 group claim (texts, parents to compose, both) and a page a discovery path offers to its pipeline, the replica
 dying before/after each write of the page or in a compose. A dead replica restarts
 as a new guard (new owner, nothing in memory) and its page is not re-read once a
@@ -20,7 +20,7 @@ After every step:
 
 * at most one reply per parent exists on the platform;
 * every row's history (its events, in order) follows the allowed transitions
-  of docs/ARCHITECTURE.md ("States of a row"), attempts never go down and never exceed ``max_attempts``, and
+  of replyd/transitions.py (docs/ARCHITECTURE.md, "States"), attempts never go down and never exceed ``max_attempts``, and
   the last event's state is the row's state;
 * states that say "nothing landed" (released, not_landed, gave_up, rejected,
   declined) have no reply on the platform, and a closed row names a reply that
@@ -191,7 +191,7 @@ class DyingStore:
             yield tx
         self._after()
 PARENTS = ["p1", "p2", "p3"]
-# A streamed answer (issue 32): the platform's posts are STREAM_CHARS long, so it is two parts, each posted once
+# A streamed answer: the platform's posts are STREAM_CHARS long, so it is two parts, each posted once
 # and grown by edits; a plain reply ("a reply") is one post.
 STREAM_CHARS = 24
 STREAM_WORDS = ["alpha", " beta", " gamma", " delta", " epsilon", " zeta"]
@@ -214,17 +214,17 @@ ALLOWED = {
     st.DECLINED: set(),
 }
 NOTHING_LANDED = (st.RELEASED, st.NOT_LANDED, st.GAVE_UP, st.REJECTED, st.DECLINED, st.SKIPPED)
-# Late results and ways out added for issue 21: a late maybe-sent reopens a judged row at its attempt, a late
+# Late results and ways out, so every row moves on: a late maybe-sent reopens a judged row at its attempt, a late
 # success closes it, a waiting row the policy rules out for good ends skipped, an expired lease is retaken.
 ALLOWED[st.NOT_LANDED] = ALLOWED[st.NOT_LANDED] | {st.OPEN, st.SKIPPED}
 ALLOWED[st.GAVE_UP] = {st.OPEN, st.CLOSED}
 ALLOWED[st.RELEASED] = ALLOWED[st.RELEASED] | {st.SKIPPED}
 ALLOWED[st.COMPOSING] = ALLOWED[st.COMPOSING] | {st.SKIPPED}
-# Added for issue 32: an answer composed (or streamed) longer than a post is stored in parts, and ends in the
+# Answers in parts: an answer composed (or streamed) longer than a post is stored in parts, and ends in the
 # state its parts end in.
 ALLOWED[st.COMPOSING] = ALLOWED[st.COMPOSING] | {st.PARTS}
 ALLOWED[st.PARTS] = {st.CLOSED, st.REJECTED, st.GAVE_UP, st.SKIPPED}
-# Added for issue 28: a send too late to leave gives a judged row's attempt back (released); a late landing closes
+# The send deadline: a send too late to leave gives a judged row's attempt back (released); a late landing closes
 # a row released at a later attempt.
 ALLOWED[st.NOT_LANDED] = ALLOWED[st.NOT_LANDED] | {st.RELEASED}
 ALLOWED[st.GAVE_UP] = ALLOWED[st.GAVE_UP] | {st.RELEASED}
@@ -421,7 +421,7 @@ class GuardModel(RuleBasedStateMachine):
           mode=hs.sampled_from(["text", "compose", "mixed"]),
           die=hs.one_of(hs.none(), hs.tuples(hs.sampled_from(["before", "after"]), hs.integers(1, 6))))
     def post_page(self, g: int, steps: list[str], mode: str, die: tuple[str, int] | None) -> None:
-        """Replica ``g`` posts a page of the parents (issue 36: one claim transaction, the sends, one close
+        """Replica ``g`` posts a page of the parents (the group claim: one claim transaction, the sends, one close
         transaction; parents to compose claimed in it too, each composed under its own lease); the platform answers
         ``steps`` in turn; the replica may die before/after its n-th write."""
         pids = self._page_pids()
@@ -437,9 +437,9 @@ class GuardModel(RuleBasedStateMachine):
           die=hs.one_of(hs.none(), hs.tuples(hs.sampled_from(["before", "after"]), hs.integers(1, 8)),
                         hs.tuples(hs.just("compose"), hs.integers(0, 2))))
     def offer_page(self, g: int, steps: list[str], mode: str, die: tuple[str, int] | None) -> None:
-        """Replica ``g``'s discovery path offers a page of the parents to its pipeline (issue 36: the per-parent steps,
-        then one group claim, each row's lease, compose, open, send and close); the platform answers ``steps`` in
-        turn; the replica may die before/after its n-th write or in its k-th compose."""
+        """Replica ``g``'s discovery path offers a page of the parents to its pipeline (the page path: the
+        per-parent steps, then one group claim, each row's lease, compose, open, send and close); the platform
+        answers ``steps`` in turn; the replica may die before/after its n-th write or in its k-th compose."""
         pids = self._page_pids()
         if not pids:
             return

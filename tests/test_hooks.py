@@ -408,7 +408,7 @@ def test_two_replicas_every_delivery_three_times_one_reply_one_call(fake, host, 
 
     eng = sa.create_engine(pg_url)
     with eng.begin() as c:
-        c.exec_driver_sql("TRUNCATE replies, events, cursors")
+        c.exec_driver_sql("TRUNCATE replies, events, cursors, replicas, bot_leases")
     eng.dispose()
     alice = fake.add_user("alice")
     issues = [fake.open_issue(alice, "acme/widgets", f"Widget {i} broke", "help please") for i in range(10)]
@@ -430,6 +430,9 @@ def test_two_replicas_every_delivery_three_times_one_reply_one_call(fake, host, 
     try:
         with httpx.Client(timeout=5.0) as http:
             assert _wait(lambda: all(_up(http, p) for p in ports), 30), (tmp_path / "a.log").read_text()[-2000:]
+            # Each replica reads its own replies back before it answers (adopting at start): until then a
+            # delivery gets 503, which the platform retries. This test sends each delivery once per try.
+            assert _wait(lambda: all(_ready(http, p) for p in ports), 60), (tmp_path / "a.log").read_text()[-2000:]
             sends = [delivery(fake, "issues" if i % 2 else "issue_comment", issue, n=k)
                      for i, issue in enumerate(issues) for k in range(3)]
             rng = random.Random(11)
@@ -460,6 +463,13 @@ def _free_port() -> int:
 def _up(http: httpx.Client, port: int) -> bool:
     try:
         return http.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _ready(http: httpx.Client, port: int) -> bool:
+    try:
+        return http.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -530,6 +540,26 @@ def test_discourse_signature_header_is_the_one_checked() -> None:
     ok = rec.receive("d", {**head, KINDS["discourse"].signature: sign(SECRET, body)}, body)
     rec.close(wait=True)
     assert (ok.status, ok.body["parents"], offered) == (202, ["29"], ["29"])
+
+
+def test_refused_deliveries_write_one_warning_a_minute_with_the_count_held_back() -> None:
+    """Anyone can post forged deliveries: each is refused (and counted), but the log gets one line per event and
+    minute, the next one carrying how many were held back."""
+    from structlog.testing import capture_logs
+
+    from replyd.hooks import Hook, Receiver
+
+    clock = FakeClock()
+    rec = Receiver({"d": Hook("d", "discourse", SECRET, _discourse(), lambda p, path: None)}, now=clock.now)
+    with capture_logs() as logs:
+        answers = [rec.receive(bot, {}, b"{}").status for bot in ("d", "nobody") for _ in range(50)]
+        clock.advance(61)
+        answers += [rec.receive("d", {}, b"{}").status, rec.receive(f"x{clock.now()}", {}, b"{}").status]
+    rec.close(wait=True)
+    assert answers == [401] * 102
+    lines = [(e["event"], e.get("suppressed")) for e in logs if e["log_level"] == "warning"]
+    assert lines == [("replyd.hooks.bad_signature", None), ("replyd.hooks.unknown_bot", None),
+                     ("replyd.hooks.bad_signature", 49), ("replyd.hooks.unknown_bot", 49)]
 
 
 def test_discourse_posts_that_notify_nobody_are_dropped_over_http(host, monkeypatch, tmp_path, capfd) -> None:

@@ -8,7 +8,7 @@ import structlog.testing
 from replyd.clock import FakeClock
 from replyd.config import SweepConfig
 from replyd.guard import Guard, Status
-from replyd.lag import ListingLag, effective_delay, percentile, summaries
+from replyd.lag import ListingLag, effective_delay, percentile
 from replyd.platforms.memory import MemoryPlatform
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
@@ -72,7 +72,7 @@ def test_learns_a_delay_above_the_real_lag(store, clock):
     again = ListingLag(store, plat.instance, 1.0, c, clock=clock)
     assert again.delay_s() == 1.0  # no I/O until refreshed
     assert again.refresh_if_due() == lag.delay_s()
-    row = next(r for r in summaries(store) if r["platform"] == plat.instance)
+    row = next(r for r in store.listing() if r["platform"] == plat.instance)
     assert row["in_use_s"] == lag.delay_s() and row["configured_s"] == 1.0 and row["samples"] == 12
 
 

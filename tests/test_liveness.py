@@ -189,7 +189,7 @@ def _wait(cond, timeout_s: float) -> float | None:
 
 FREEZES_S = (20.0, 45.0, 80.0)  # SIGSTOP lengths: shorter than, about and past the staleness bound
 INBOX_S, REFIND_S, TIMEOUT_S = 3.0, 1.0, 1.5  # refind's runs outlast their interval while frozen: skips
-# Issue 29's bound: not ready within one inbox interval of the freeze (the refind path, due every second, is
+# The readiness bound: not ready within one inbox interval of the freeze (the refind path, due every second, is
 # overdue 1 s + jitter + min(timeout, interval) after its last success, which came before the freeze).
 DOWN_BOUND_S = INBOX_S
 UP_BOUND_S = INBOX_S + 1.0  # the next run after SIGCONT succeeds (a hung one answers at once)
@@ -321,8 +321,9 @@ def _stale_everywhere(api: str, cfg, tmp_path) -> int:  # noqa: ANN001
 def test_opened_readyz_hides_detail_without_the_token_and_hooks_wait_for_a_bot_not_started(tmp_path, monkeypatch):
     """With readyz opened, a caller without the token sees ready/not ready and generic reasons only (no database
     address, no platform URL, no error text), one with it the detail; a webhook for a push bot whose platform was
-    not reached yet is 503 with Retry-After (the platform redelivers), an unknown bot still 404."""
+    not reached yet is 503 with Retry-After when signed (the platform redelivers), else the unknown bot's 401."""
     from replyd.errors import StoreError
+    from replyd.hooks import sign
     from tests.api_harness import TOKEN, TOKEN_ENV
 
     port = _free_port()  # nothing listens: the bot's login is refused at the TCP level, so it keeps retrying
@@ -357,10 +358,13 @@ def test_opened_readyz_hides_detail_without_the_token_and_hooks_wait_for_a_bot_n
         wrong = httpx.get(url + "/readyz", timeout=5, headers={"Authorization": "Bearer not-the-token"})
         assert wrong.status_code == 503 and "10.9.8.7" not in wrong.text  # a wrong token is no token
 
-        hook = httpx.post(url + "/v1/hooks/sim", content=b"{}", timeout=5, headers={"X-GitHub-Event": "issues"})
+        # An unsigned delivery gets what an unknown bot gets: nothing before authentication says which bots exist.
+        unsigned = httpx.post(url + "/v1/hooks/sim", content=b"{}", timeout=5, headers={"X-GitHub-Event": "issues"})
+        unknown = httpx.post(url + "/v1/hooks/nobody", content=b"{}", timeout=5)
+        assert (unsigned.status_code, unsigned.json()) == (401, unknown.json()) and unknown.status_code == 401
+        hook = httpx.post(url + "/v1/hooks/sim", content=b"{}", timeout=5, headers={
+            "X-GitHub-Event": "issues", "X-Hub-Signature-256": sign("hook-secret-0123456789", b"{}")})
         assert hook.status_code == 503 and hook.json()["error"] == "bot_starting", hook.text
-        assert 1 <= int(hook.headers["Retry-After"]) <= 21, hook.headers
-        # An unknown bot answers as a forged delivery (issue 30): nothing before authentication says which bots exist.
-        assert httpx.post(url + "/v1/hooks/nobody", content=b"{}", timeout=5).status_code == 401
+        assert "sim" not in hook.text and 1 <= int(hook.headers["Retry-After"]) <= 21, hook.headers
     finally:
         d.stop(grace_s=2)

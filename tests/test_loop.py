@@ -18,8 +18,10 @@ from replyd.store import Store
 ROUNDS = 8
 
 
-def bot_config(path: Path, name: str, other: str, base_url: str, db: Path, policy: str) -> Config:
-    """Write and load the config of one replyd whose template mentions the other bot."""
+def bot_config(path: Path, name: str, other: str, base_url: str, db: Path, policy: str,
+               allow_mentions: bool = True) -> Config:
+    """Write and load the config of one replyd whose template mentions the other bot (a live mention only with
+    ``allow_mentions``: the loops below are the operator's choice, stopped by policy)."""
     path.write_text(f"""
 [store]
 url = "sqlite:///{db}"
@@ -32,6 +34,7 @@ platform = "mastodon"
 base_url = "{base_url}"
 token_env = "LOOP_TOKEN_{name.upper()}"
 listing_delay_s = 0.0
+allow_mentions = {str(allow_mentions).lower()}
 
 [bots.policy]
 {policy}
@@ -44,7 +47,8 @@ template = "@{{author_handle}} hello from {name}, what do you think @{other}?"
     return Config.load(path)
 
 
-def run_loop(tmp_path: Path, *, flagged: bool, policy: str) -> tuple[list[int], World, dict[str, Store], dict]:
+def run_loop(tmp_path: Path, *, flagged: bool, policy: str,
+             allow_mentions: bool = True) -> tuple[list[int], World, dict[str, Store], dict]:
     """Run both bots' inbox poll in rounds after one human mention; return replies after each round."""
     world = World(SystemClock(), seed=5, listing_delay_s=0.0)
     accounts = {n: world.add_account(n, bot=flagged) for n in ("alpha", "beta")}
@@ -54,7 +58,8 @@ def run_loop(tmp_path: Path, *, flagged: bool, policy: str) -> tuple[list[int], 
     with SimServer(world) as srv, httpx.Client(timeout=10.0) as http:
         for name, other in (("alpha", "beta"), ("beta", "alpha")):
             os.environ[f"LOOP_TOKEN_{name.upper()}"] = accounts[name].token
-            cfg = bot_config(tmp_path / f"{name}.toml", name, other, srv.base_url, tmp_path / f"{name}.sqlite3", policy)
+            cfg = bot_config(tmp_path / f"{name}.toml", name, other, srv.base_url, tmp_path / f"{name}.sqlite3", policy,
+                             allow_mentions)
             stores[name] = Store.open(cfg.store.url, clock=SystemClock())
             bots[name] = build_bot(cfg, cfg.bots[0], stores[name], http, SystemClock(), f"replica-{name}")
         world.post(human, "anyone around to help?", mention=[accounts["alpha"], accounts["beta"]])
@@ -69,8 +74,8 @@ def run_loop(tmp_path: Path, *, flagged: bool, policy: str) -> tuple[list[int], 
 
 
 def skipped_reasons(store: Store) -> list[str]:
-    """Return the reasons of every skip event in ``store``."""
-    return [json.loads(e.detail)["reason"] for e in store.recent_events(500) if e.kind == "skipped"]
+    """Return the reasons of every skip event in ``store`` (a cap's is ``held``: the parent waits in a row)."""
+    return [json.loads(e.detail)["reason"] for e in store.recent_events(500) if e.kind in ("skipped", "held")]
 
 
 def test_bots_flagged_as_bots_stop_after_one_answer_each(tmp_path):
@@ -90,6 +95,14 @@ def test_unflagged_bots_stop_at_max_depth(tmp_path):
     for name in ("alpha", "beta"):
         assert skipped_reasons(stores[name]).count("too_deep") == 1
         stores[name].dispose()
+
+
+def test_a_mention_the_operator_did_not_allow_starts_no_loop(tmp_path):
+    """By default a bot's mention of another account is defused: the other bot is never called, no loop starts."""
+    totals, world, stores, _ = run_loop(tmp_path, flagged=False, policy="", allow_mentions=False)
+    assert totals == [2] * ROUNDS  # each bot answered the human once, and nothing after
+    for s in stores.values():
+        s.dispose()
 
 
 def test_unflagged_bots_loop_without_a_policy(tmp_path):

@@ -1,4 +1,4 @@
-"""Many bots in one daemon (issue 36): a bounded thread count, one reply per mention, empty polls that touch no store."""
+"""Many bots in one daemon: a bounded thread count, one reply per mention, empty polls that touch no store."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import email.utils
 import json
 from datetime import datetime, timezone
@@ -304,6 +305,24 @@ def test_status_post_reply_fixture_send(fixture_server: FixtureServer, http_clie
         "visibility": "public",
     }
     assert rec.headers["idempotency-key"] == "key-1"
+
+
+def test_a_prompt_injection_in_a_direct_thread_addresses_only_the_author(
+        fixture_server: FixtureServer, http_client: httpx.Client) -> None:
+    """A direct status goes to every account it mentions: a reply echoing mentions names only the author, posted
+    and edited; ``allow_mentions`` lets them through."""
+    from tests.test_mentions import INJECTION, at_pings, injected
+
+    fixture_server.route("POST", STATUSES, Reply(body=fx("status_post_reply.json")))
+    fixture_server.route("PUT", f"{STATUSES}/117020583258292382", Reply(body={"id": "117020583258292382"}))
+    p = dataclasses.replace(parent(visibility="direct"), text=f"{INJECTION} @mastodonpy_test_2")
+    make(fixture_server.url, http_client).send(p, injected(p), provider_key="key-1")
+    make(fixture_server.url, http_client).edit(p, "117020583258292382", injected(p))
+    make(fixture_server.url, http_client, allow_mentions=True).send(p, injected(p), provider_key="key-2")
+    sent, edited, loose = (rec.form() for rec in fixture_server.requests)
+    assert sent["visibility"] == "direct"
+    assert at_pings(sent["status"]) == at_pings(edited["status"]) == ["mastodonpy_test_2"]
+    assert "mallory@evil.example" in at_pings(loose["status"])
 
 
 def test_account_statuses_fixture_read_back(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
@@ -705,7 +724,7 @@ def test_malformed_items_skipped_with_warning(fixture_server: FixtureServer, htt
         page = make(fixture_server.url, http_client).inbox(None)
     assert [p.id for p in page.parents] == ["700"]
     assert page.cursor == "32"  # the bad item is reported and passed, not retried for ever
-    skipped = [e for e in logs if e["event"] == "replyd.mastodon.skipped"]
+    skipped = [e for e in logs if e["event"] == "replyd.poller.unreadable"]
     assert skipped[0]["problem"] == "inbox: field status.account.id missing"
     assert skipped[0]["item_id"] == "32"
     assert skipped[0]["log_level"] == "warning"
@@ -761,7 +780,8 @@ def test_mention_not_repeated_and_direct_stays_direct(fixture_server: FixtureSer
     forms = [r.form() for r in fixture_server.requests_to("POST", STATUSES)]
     assert forms[0]["status"] == "hi @MastodonPy_Test_2!"
     assert forms[0]["visibility"] == "direct"
-    assert forms[1]["status"] == "@bob@remote.example @bob@remote.example.org hi"
+    # A longer handle is another account: the author is named, the other one defused (a zero-width space).
+    assert forms[1]["status"] == "@bob@remote.example @\u200bbob@remote.example.org hi"
     assert forms[1]["visibility"] == "unlisted"
 
 

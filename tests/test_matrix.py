@@ -9,6 +9,7 @@ forwards a send and hangs up before answering.
 from __future__ import annotations
 
 import multiprocessing as mp
+import re
 import signal
 import uuid
 from collections.abc import Iterator
@@ -132,6 +133,23 @@ def test_send_replies_in_the_room_with_the_relation_and_read_back_finds_it(world
     assert parent.id in rb.checked and [r.reply_id for r in rb.found[parent.id]] == [sent.reply_id]
     assert isinstance(world.platform, ReplyLinks) and world.platform.reply_url(sent.reply_id, world.me) == sent.url
     assert world.adapter().reply_url(sent.reply_id, world.me) == ""  # a process that never saw its room
+
+
+def test_a_prompt_injection_pings_nobody_but_the_author(world: World) -> None:
+    """A reply echoing ``@room`` and every other mention form names only the author in ``m.mentions`` and shows no
+    live ``@room`` in its body, posted and edited, as carol reads the room; ``allow_mentions`` keeps the text."""
+    from tests.test_mentions import INJECTION, injected
+
+    carol = world.hs.people["carol"]
+    parent = world.parent(text=INJECTION)
+    sent = world.platform.send(parent, injected(parent), provider_key=uuid.uuid4().hex)
+    ev = next(e for e in world.hs.messages(world.room, carol) if e["event_id"] == sent.reply_id)
+    assert ev["content"]["m.mentions"] == {"user_ids": [parent.author_id]} and "@mallory" in ev["content"]["body"]
+    world.platform.edit(parent, sent.reply_id, injected(parent) + " (edited)")
+    for body in (ev["content"]["body"], world.hs.reply_text(world.room, sent.reply_id, carol)):
+        assert not re.search(r"(?<!\w)@room\b", body)
+    loose = world.adapter(allow_mentions=True).send(parent, injected(parent), provider_key=uuid.uuid4().hex)
+    assert re.search(r"(?<!\w)@room\b", world.hs.reply_text(world.room, loose.reply_id, carol))
 
 
 def test_reply_to_a_threaded_parent_stays_in_the_thread(world: World) -> None:

@@ -318,7 +318,7 @@ def test_config_check_refuses_a_short_token_on_a_public_bind(lite):
     assert ok.returncode == 0, ok.stderr
 
 
-# -- scope: bots, parents, sessions, Origin (issue 30) ---------------------------------------------
+# -- scope: bots, parents, sessions, Origin --------------------------------------------------------
 
 SCOPED_TO_SIM = 'bots = ["sim"]\n'
 TWO_TOKENS = SCOPED_TO_SIM + f'\n[[mcp.tokens]]\ntoken_env = "{OTHER_TOKEN_ENV}"\nbots = ["other"]\nparents = "any"\n'
@@ -481,9 +481,9 @@ def test_stdio_default_is_addressed_and_parents_any_opens_it(two):
 
 
 def test_per_session_cap(tmp_path, monkeypatch):
-    """max_replies_per_session = 2: a session's third claim is refused (an already-answered call uses none); a
-    second session of the same token has its own two; stateless requests (no session) share one bucket."""
-    with mcp_env(tmp_path, monkeypatch, mcp_extra="max_replies_per_session = 2\n") as e, e.http_server() as srv:
+    """max_replies_per_session = 3: a session's claims stop at 3 (an already-answered call uses none), and every
+    session and stateless request of one token counts together, so a new session does not restart the count."""
+    with mcp_env(tmp_path, monkeypatch, mcp_extra="max_replies_per_session = 3\n") as e, e.http_server() as srv:
         p1, p2, p3, p4, p5, p6 = (e.post(a, "a question", mention=(BOT,)) for a in "abcdef")
 
         async def main() -> None:
@@ -492,19 +492,41 @@ def test_per_session_cap(tmp_path, monkeypatch):
                 assert (await tool(one, "reply_once", bot="sim", parent=p1, text="1"))["status"] == "posted"
                 assert (await tool(one, "reply_once", bot="sim", parent=p1, text="1"))["status"] == "already_answered"
                 assert (await tool(one, "begin_reply", bot="sim", parent=p2))["status"] == "leased"
-                line = await tool_error(one, "reply_once", bot="sim", parent=p3, text="3")
-                assert line == "session: this session has used its 2 replies (mcp.max_replies_per_session); nothing sent"
-                assert (await tool_error(one, "begin_reply", bot="sim", parent=p3)).startswith("session:")
                 assert (await tool(two_, "reply_once", bot="sim", parent=p3, text="3"))["status"] == "posted"
-            async with http_client(srv.url) as a, http_client(srv.url) as b:  # negotiated: 2026-07-28, no sessions
+                line = await tool_error(two_, "reply_once", bot="sim", parent=p4, text="4")
+                assert line.startswith("session: this client has used its 3 replies in the last 3600 s"), line
+                assert (await tool_error(one, "begin_reply", bot="sim", parent=p4)).startswith("session:")
+            async with http_client(srv.url, mode="legacy") as three:  # a new session: the token's count goes on
+                assert (await tool_error(three, "reply_once", bot="sim", parent=p5, text="5")).startswith("session:")
+            async with http_client(srv.url) as a:  # negotiated: 2026-07-28, no sessions: the same bucket
                 assert a.protocol_version >= "2026"
-                assert (await tool(a, "reply_once", bot="sim", parent=p4, text="4"))["status"] == "posted"
-                assert (await tool(b, "reply_once", bot="sim", parent=p5, text="5"))["status"] == "posted"
                 line = await tool_error(a, "reply_once", bot="sim", parent=p6, text="6")
-                assert line.startswith("session: this client has used its 2 replies in the last 3600 s"), line
+                assert line.startswith("session: this client has used its 3 replies in the last 3600 s"), line
 
         anyio.run(main)
-    assert [e.replies(p) for p in (p1, p2, p3, p4, p5, p6)] == [1, 0, 1, 1, 1, 0]
+    assert [e.replies(p) for p in (p1, p2, p3, p4, p5, p6)] == [1, 0, 1, 0, 0, 0]
+
+
+def test_a_tokens_sessions_share_its_count_and_each_session_keeps_its_own() -> None:
+    """Over HTTP a token's sessions draw on one rolling count: a second session is refused while the first's claims
+    are in the window, served after it; a session past its own cap stays refused (a refused claim takes nothing)."""
+    from replyd.clock import FakeClock
+    from replyd.mcp import Scope, Service, ToolFailure
+
+    clock = FakeClock()
+    service = Service(None, {}, clock)  # type: ignore[arg-type]
+    scope = Scope("mcp.tokens.0", max_replies_per_session=2, stateless_window_s=60.0)
+    one, two = service.caller(scope, "s1", per_token=True), service.caller(scope, "s2", per_token=True)
+    one.reserve()
+    one.reserve()
+    with pytest.raises(ToolFailure, match="this client has used its 2 replies in the last 60 s"):
+        two.reserve()
+    clock.advance(61)
+    with pytest.raises(ToolFailure, match="this session has used its 2 replies"):
+        one.reserve()
+    two.reserve()
+    two.reserve()
+    assert (one.used, two.used, service.caller(scope, None).used) == (2, 2, 2)
 
 
 def test_session_cap_counts_only_calls_that_claim(lite):

@@ -1,4 +1,4 @@
-"""The daemon's pipeline on the group claim (issue 36): a page of found parents (a poll's, a webhook delivery's,
+"""The daemon's pipeline on the group claim: a page of found parents (a poll's, a webhook delivery's,
 re-find's) goes through the per-parent steps and is claimed in ONE durable transaction, then composed and sent one
 by one. Replies and responder calls are counted on the platform side (``MemoryPlatform``), never from replyd's log;
 claim transactions are counted in the database (SQLite's statement trace, PostgreSQL's transaction ids).
@@ -24,6 +24,7 @@ from replyd.policy import Policy
 from replyd.pollers import Pollers
 from replyd.store import Store
 from replyd.sweep import Bot, Sweeper
+from replyd.transitions import planting
 from tests import workers
 from tests.test_store_contract import event_notes
 
@@ -141,8 +142,9 @@ def _mixed(w: dict, store: Store, clock: FakeClock) -> list[Parent]:
                                               "updated_at": now, "lease_owner": "other", "lease_until": now + 60})
         tx.insert_new(guard.key("released"), {"state": st.RELEASED, "attempt": 1, "created_at": now,
                                               "updated_at": now})
-        tx.insert_new(guard.key("judged"), {"state": st.NOT_LANDED, "attempt": 1, "created_at": now,
-                                            "updated_at": now})
+        with planting():  # a row judged earlier: no event makes not_landed from no row
+            tx.insert_new(guard.key("judged"), {"state": st.NOT_LANDED, "attempt": 1, "created_at": now,
+                                                "updated_at": now})
     return [
         mk("new-1", author_id="ann"),
         mk("own", author_id=plat.sender_id),                       # policy: the bot's own post

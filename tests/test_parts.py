@@ -1,4 +1,4 @@
-"""Answers in several parts (issue 32): the split, and the guard's walk of the parts on both faces and databases.
+"""Answers in several parts: the split, and the guard's walk of the parts on both faces and databases.
 
 The answer is composed once and stored before its first part leaves; each part has its own key (the parent id
 as served plus the part number) and is claimed, sent and closed as any reply is; part k+1 answers part k. The

@@ -20,6 +20,7 @@ from replyd.platforms.memory import MemoryPlatform
 from replyd.policy import SKIP_REASONS, Policy
 from replyd.responders import FunctionResponder
 from replyd.store import Store
+from replyd.transitions import planting
 
 ROOT = Path(__file__).resolve().parents[1]
 ME = Identity("bot-1", "replybot")
@@ -149,7 +150,7 @@ def test_precheck_spares_the_responder_for_every_blocked_state(world):
                "declined": st.DECLINED, "composing": st.COMPOSING}
     for pid, state in blocked.items():
         p = plat.add_parent(pid)
-        with store.transaction() as tx:
+        with planting(), store.transaction() as tx:  # each blocked state planted as it stands
             tx.insert_new(guard.key(pid), {
                 "state": state, "attempt": 2 if state == st.GAVE_UP else 1, "created_at": clock.now(),
                 "updated_at": clock.now(), "path": "inbox", "snapshot": "{}", "reply_id": "r" if state == st.CLOSED else None,

@@ -79,6 +79,9 @@ max_attempts = 5      # error_500_before can hit a parent's retry too; exhaustin
 send_timeout_s = {SEND_TIMEOUT_S}
 compose_lease_s = 3.0 # a claim orphaned by the SIGKILL mid-compose is claimable again after this
 
+[fleet]
+enabled = false       # every replica polls the one bot: the claim alone keeps its answers single
+
 [sweep]
 interval_s = {SWEEP_INTERVAL_S}
 batch = 5

@@ -32,7 +32,7 @@ from replyd.sim import SimServer, World
 from replyd.sim.webhooks import SenderFaults, WebhookSender
 from replyd.store import Store
 from tests.test_daemon import wait_until
-from tests.test_hooks import COUNTING_RESPONDER, ROOT, _free_port, _up
+from tests.test_hooks import COUNTING_RESPONDER, ROOT, _free_port, _ready
 from tests.test_streams import _config as stream_config
 
 BOT = "replybot"
@@ -282,7 +282,7 @@ def test_two_replicas_on_postgres_behind_a_balancer_answer_each_mention_once(tmp
 
     eng = sa.create_engine(pg_url)
     with eng.begin() as c:
-        c.exec_driver_sql("TRUNCATE replies, events, cursors")
+        c.exec_driver_sql("TRUNCATE replies, events, cursors, replicas, bot_leases")
     eng.dispose()
     world = World(SystemClock(), seed=6, listing_delay_s=0.2)
     bot = world.add_account(BOT, bot=True)
@@ -311,7 +311,8 @@ def test_two_replicas_on_postgres_behind_a_balancer_answer_each_mention_once(tmp
                                kind="discourse", account=BOT, faults=faults, seed=13)
         try:
             with httpx.Client(timeout=5.0) as http:
-                assert wait_until(lambda: all(_up(http, p) for p in ports), 30), (tmp_path / "a.log").read_text()[-2000:]
+                # Ready, not only up: a delivery to a bot still starting is answered 503 (deliver again).
+                assert wait_until(lambda: all(_ready(http, p) for p in ports), 30), (tmp_path / "a.log").read_text()[-2000:]
             sender.start()
             parents = [world.post("alice", f"question {i}?", mention=[BOT]).id for i in range(12)]
             assert wait_until(lambda: all(world.replies_by(bot.id).get(p) for p in parents), 40)

@@ -209,6 +209,20 @@ def test_send_created_lands_once_in_the_parents_thread(api, world) -> None:
     assert reply.metadata == {"event_type": "replyd_reply", "event_payload": {"parent": pid}}
 
 
+def test_a_prompt_injection_pings_nobody_but_the_author(api, world) -> None:
+    """A reply echoing <!channel>, <!here>, <!everyone>, a user group and a stranger keeps only the author's
+    mention live, sent and edited (Slack's history is the ground truth); ``allow_mentions`` lets them through."""
+    from tests.test_mentions import INJECTION, injected, slack_pings
+
+    plat = make(api)
+    parent = plat.resolve(mention(world, f"{INJECTION} <@{ALICE}>"))
+    sent = plat.send(parent, injected(parent), provider_key="key-1")
+    plat.edit(parent, sent.reply_id, injected(parent) + " (edited)")
+    assert [slack_pings(t) for t in world.history_of(sent.reply_id)] == [[f"@{ALICE}"]] * 2
+    loose = make(api, allow_mentions=True).send(parent, injected(parent), provider_key="key-2")
+    assert "!channel" in slack_pings(world.text_of(loose.reply_id))
+
+
 def test_send_lost_response_is_maybe_sent_and_the_read_back_finds_it(api, world) -> None:
     """The message was created and the answer lost: MaybeSent, and the read-back names the reply."""
     plat = make(api)
@@ -801,7 +815,7 @@ def test_a_non_ascii_digit_timestamp_is_a_401_not_a_500(api, world, tmp_path, mo
     assert SIGNING_SECRET not in out + err
 
 
-# -- answers in parts (issue 32): the real guard and sweep on the fake ---------------------------------------
+# -- answers in parts: the real guard and sweep on the fake --------------------------------------------------
 
 PART_CHARS = 120
 LONG = " ".join(f"Sentence {i} of a long answer says one more thing." for i in range(6))

@@ -1,4 +1,4 @@
-"""Issue 23 end to end: two `replyd run` replicas on PostgreSQL, every Slack path and redelivery, faults, SIGKILL."""
+"""Slack end to end: two `replyd run` replicas on PostgreSQL, every Slack path and redelivery, faults, SIGKILL."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_two_replicas_every_path_every_retry_one_reply_one_call(pg_url, tmp_path
     call per message (two at most where the SIGKILL also cut a compose short: that answer died with the process)."""
     eng = sa.create_engine(pg_url)
     with eng.begin() as c:
-        c.exec_driver_sql("TRUNCATE replies, events, cursors, listing_lag, listing_delay")
+        c.exec_driver_sql("TRUNCATE replies, events, cursors, listing_lag, listing_delay, replicas, bot_leases")
     eng.dispose()
     res = slack_scenario.run("replyd", tmp_path, store_url=pg_url, messages=12, lost=3, kill_mid_send=True)
     logs = "\n".join((tmp_path / f"{r}.log").read_text(errors="replace")[-3000:] for r in ("a", "b"))

@@ -1,6 +1,6 @@
 """A send never leaves past its row's deadline, and a late landing is counted as the duplicate it is.
 
-Issue 28 (parts 2 and 3), on the injected clock, SQLite and PostgreSQL: the database's answer to the guard's
+On the injected clock, SQLite and PostgreSQL: the database's answer to the guard's
 ``composing -> open`` commit "takes" 20 s (a store whose open write moves the fake clock), while the other
 replica's sweep judges the row and re-find sends attempt 2. Replies are counted on the platform (the memory
 platform's own list), never from replyd's log.

@@ -1,6 +1,6 @@
 """The database's answer to the open held past send timeout + listing delay, on one of two replicas, over HTTP.
 
-Issue 28 (part 2) against real servers: the sim (Mastodon-shaped, no Idempotency-Key) over HTTP, PostgreSQL
+The stalled open commit against real servers: the sim (Mastodon-shaped, no Idempotency-Key) over HTTP, PostgreSQL
 for both replicas, replica A's connections through a TCP proxy (``chaos.proxy.TcpProxy.hold_answer``) that
 holds the server's answer to A's ``composing -> open`` commit. Meanwhile replica B's sweep judges the row and
 B answers the parent again (what re-find does). Replies and duplicates are counted by the sim; every
@@ -52,7 +52,7 @@ def test_open_answer_held_on_one_replica_sends_nothing_late(pg_url, monkeypatch)
     pg = sa.engine.make_url(pg_url)
     eng = sa.create_engine(pg_url)
     with eng.begin() as c:
-        c.exec_driver_sql("TRUNCATE replies, events, cursors, listing_lag, listing_delay")
+        c.exec_driver_sql("TRUNCATE replies, events, cursors, listing_lag, listing_delay, replicas, bot_leases")
     eng.dispose()
     proxy = TcpProxy(pg.host or "127.0.0.1", pg.port or 5432).start()
     via_proxy = pg.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)

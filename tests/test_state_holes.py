@@ -1,6 +1,6 @@
 """The state machine's ways out: every non-terminal row moves on without the path that made it.
 
-Written from the reproductions of issue 21 (stuck composing, re-find starvation, a sweep racing a send
+Written from reproductions of rows that never moved on (stuck composing, re-find starvation, a sweep racing a send
 still in flight, a stale composer, the library's clock). Each test counts replies on the platform (the
 sim over HTTP or the scripted memory platform), never in replyd's own log, and runs on SQLite and on
 the real PostgreSQL where the store is what is under test.
@@ -52,7 +52,7 @@ def test_search_hit_whose_composer_died_is_answered_once(store_url) -> None:
     """A replica dies composing a search hit and restarts inside the lease: the row is answered after the lease.
 
     The restarted replica's search sees the row in flight and saves its cursor past it; nothing but the
-    row itself can bring the parent back (issue 21, e1). Real Mastodon adapter against the sim over HTTP.
+    row itself can bring the parent back. Real Mastodon adapter against the sim over HTTP.
     """
     clock = FakeClock()
     world = World(clock=clock)
@@ -130,7 +130,7 @@ def _not_landed(g: Guard, plat: MemoryPlatform, pid: str) -> None:
 def test_refind_reaches_a_fresh_row_behind_rows_the_policy_skips(store_url) -> None:
     """A full page of rows the policy skips for good ends ``skipped``; the fresh not_landed row behind it is answered.
 
-    Issue 21, e4: 500 rows past ``max_age_s`` filled every re-find page for ever.
+    Before the fix, 500 rows past ``max_age_s`` filled every re-find page for ever.
     """
     clock = FakeClock()
     store = Store.open(store_url, clock=clock)
@@ -219,7 +219,7 @@ class SlowFirstSend(MemoryPlatform):
 
 
 def _race(store: Store, clock: FakeClock, *, watch: bool) -> tuple[SlowFirstSend, Guard, Sweeper, Pollers]:
-    """Drive issue 21's e2: the platform acts at t0+35 on a send still running, the sweep looks at t0+40."""
+    """Drive a sweep racing a send: the platform acts at t0+35 on a send still running, the sweep looks at t0+40."""
     plat = SlowFirstSend(clock=clock, listing_delay_s=10.0)
     parent = plat.add_parent("p1")
     ident = plat.whoami()

@@ -80,3 +80,28 @@ def test_status_page_in_headless_chromium(tmp_path, monkeypatch):
         assert r.returncode == 0, r.stderr[-2000:]
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_outage_headline_says_what_is_wrong_in_chromium(tmp_path, monkeypatch):
+    """The sim refuses every send (503): the page leads with "sending is paused on bot …" in red, the sending
+    tile reads PAUSED, and parent ids link to their history. Screenshots of both states are kept."""
+    chromium()
+    ARTIFACTS.mkdir(exist_ok=True)
+    with running(tmp_path, monkeypatch) as h:
+        page_url = h.url.replace("http://", f"http://ops:{TOKEN}@") + "/"
+        with h.client() as c:
+            assert c.post("/v1/replies", json={"platform": "sim", "parent_id": h.parent(), "text": "hi"}).status_code == 201
+            healthy = browse(page_url, tmp_path, "--dump-dom").stdout
+            assert 'id="headline" data-level="ok"' in healthy and "All well" in healthy, healthy[:3000]
+            assert browse(page_url, tmp_path, f"--screenshot={ARTIFACTS / 'statuspage-healthy.png'}").returncode == 0
+            h.world.queue_faults(next_creates=["error_503_before"] * 12)
+            for _ in range(8):
+                c.post("/v1/replies", json={"platform": "sim", "parent_id": h.parent(), "text": "hi"})
+            status = c.get("/v1/status").json()
+        assert any((b.get("breaker") or {}).get("open") for b in status["liveness"].values()), status["liveness"]
+        page = browse(page_url, tmp_path, "--dump-dom").stdout
+        assert 'id="headline" data-level="bad"' in page and "Sending is paused on bot" in page, page[:3000]
+        assert re.search(r'id="card-sending">sending<b>PAUSED</b>', page)
+        assert re.search(r'<a href="/v1/replies/[^"]+/[^"]+"><code>', page)  # parent ids link to their history
+        assert browse(page_url, tmp_path, f"--screenshot={ARTIFACTS / 'statuspage-outage.png'}").returncode == 0
+    assert (ARTIFACTS / "statuspage-outage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

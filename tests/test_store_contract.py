@@ -28,6 +28,7 @@ from replyd.errors import SchemaError, StoreError
 from replyd.guard import Status
 from replyd.platforms.memory import MemoryPlatform
 from replyd.store import AnsweredLog, Key, PostgresStore, SQLiteStore, Store
+from replyd.transitions import planting
 from tests.aio_harness import BlockingAsyncGuard, StoreOnFace, face, raw, store_on  # noqa: F401  (face: both faces)
 
 P, S = "memory:contract", "bot-1"
@@ -49,7 +50,7 @@ def seed(store: Store, pid: str, **values) -> Key:  # noqa: ANN003
     """Insert a row for ``pid`` with ``values`` (no event), as an earlier writer left it."""
     now = store.clock.now()
     k = key(pid)
-    with store.transaction() as tx:
+    with planting(), store.transaction() as tx:  # as an earlier writer left it: any state
         assert tx.insert_new(k, {"state": st.OPEN, "attempt": 1, "created_at": now, "updated_at": now, **values})
     return k
 
@@ -730,7 +731,7 @@ def test_a_delayed_renewal_never_shortens_a_lease(store, clock):
 def test_senders_due_and_waiting_name_every_bot_with_rows_due(store, clock):
     """One query for all bots: the (platform, sender) of every bot whose lease_due / reoffer_due would return rows."""
     seed(store, "o1", deadline_at=10.0)
-    with store.transaction() as tx:
+    with planting(), store.transaction() as tx:
         for sender, values in (("later", {"deadline_at": 500.0}),
                                ("held", {"deadline_at": 1.0, "lease_owner": "other", "lease_until": 200.0}),
                                ("nl", {"state": st.NOT_LANDED}),

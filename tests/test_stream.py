@@ -1,4 +1,4 @@
-"""Streamed answers (issue 32): a responder that yields text as it comes, shown by one post per part and edits.
+"""Streamed answers: a responder that yields text as it comes, shown by one post per part and edits.
 
 On the memory platform (both faces, SQLite and PostgreSQL): the first part is posted once when text arrives and
 edited as more comes; a part that fills is frozen and the next part answers it; the last edit carries the

@@ -163,3 +163,50 @@ def test_a_first_empty_inbox_poll_marks_the_start_so_a_burst_is_read_whole(sim) 
         time.sleep(0.3)  # the sim lists new posts after its 0.2 s listing delay
         page = plat.inbox(first.cursor)
         assert [p.id for p in page.parents] == burst
+
+
+def test_a_kept_stream_records_each_parent_before_reading_on_and_a_failed_record_ends_it() -> None:
+    """With ``keep`` (a ``ResumableStream``): each parent is recorded before the source is asked for the next,
+    its offer runs on the other thread; a record that fails closes the source at that parent, never offered.
+    Plant: offering before keeping (or keeping after asking for the next) breaks the order asserted here."""
+    from replyd.platforms.base import Parent
+    from replyd.streams import StreamRunner
+
+    trail: list[str] = []
+    offered = threading.Event()
+
+    class Source:
+        instance = "fake"
+
+        connects = 0
+
+        def stream(self, stop: threading.Event):  # noqa: ANN202
+            self.connects += 1
+            if self.connects > 1:  # the reconnect after the failure: nothing more to read
+                stop.wait()
+                return
+            try:
+                for pid in ("p1", "p2", "p3"):
+                    trail.append(f"yield {pid}")
+                    yield Parent(id=pid, author_id="u")
+                    trail.append(f"resumed after {pid}")
+            finally:
+                trail.append("closed")
+
+    def keep(parents) -> None:  # noqa: ANN001
+        trail.append(f"kept {parents[0].id}")
+        if parents[0].id == "p2":
+            raise OSError("the store is gone")
+
+    def offer(parent, path):  # noqa: ANN001, ANN202
+        trail.append(f"offered {parent.id} by {threading.current_thread().name}")
+        offered.set()
+        return type("Out", (), {"status": type("S", (), {"value": "posted"})})()
+
+    runner = StreamRunner("b", Source(), offer, lambda: None, keep=keep).start()  # type: ignore[arg-type]
+    assert wait_until(lambda: "closed" in trail and offered.is_set() and runner._offers.empty(), 5)
+    time.sleep(0.3)  # an offer taken from the queue is written to the trail by now
+    runner.stop()
+    reads = [t for t in trail if not t.startswith("offered")]
+    assert reads == ["yield p1", "kept p1", "resumed after p1", "yield p2", "kept p2", "closed"], trail
+    assert [t for t in trail if t.startswith("offered")] == ["offered p1 by replyd-stream-offer-b"], trail

@@ -23,6 +23,7 @@ BY_NAME = {"getattr", "hasattr", "attrgetter", "methodcaller", "__getattribute__
 # getattr with a computed name could compute "send": each one outside the guard is listed with why it cannot.
 DYNAMIC_GETATTR_OK = {
     ("__init__.py", "getattr(importlib.import_module(module), name)"): "lazy re-export of replyd's own names",
+    ("store/__init__.py", "getattr(importlib.import_module(module), name)"): "lazy re-export of the store's names",
     ("log.py", "getattr(logging, level.upper())"): "a logging level constant",
     ("core.py", "getattr(parent, n)"): "a Parent's dataclass fields (snapshot_json)",
     ("metrics.py", "getattr(res, name, 0)"): "a SweepResult counter",
@@ -33,6 +34,9 @@ DYNAMIC_GETATTR_OK = {
     ("sim/world.py", "getattr(Knobs, name)"): "the sim's knob defaults",
     ("sim/__main__.py", "getattr(args, f.name)"): "the sim's parsed arguments",
     ("api/app.py", "getattr(self, op.handler)"): "the API's handler names in api.openapi.ROUTES",
+    ("cli/common.py", "getattr(self._console, name)"): "the CLI's rich Console, made on first use",
+    ("sim/discord.py", "getattr(self.world, lost_count)"): "the Discord fake's lost-answer counters",
+    ("sim/telegram.py", "getattr(self, f'_m_{method}', None)"): "the Bot API fake's method handlers",
 }
 # A ``.send`` that is no platform's send, each listed with why: (module, the attribute expression).
 NOT_A_PLATFORM_SEND = {

@@ -212,6 +212,53 @@ def test_send_faults_map_by_the_error_table(api, world, fault, error, created) -
         assert world.send_requests == 1
 
 
+def test_a_first_name_is_never_a_handle_and_never_passes_the_allow_list(api, world) -> None:
+    """A sender without a username has no handle: its chosen first name is shown, never matched."""
+    from replyd.policy import Policy
+
+    plat = make(api)
+    forged = world.post(GROUP, "let me in", user_id=5000000066, username=None, first_name="@alice_admin")
+    real = world.post(GROUP, "hello", user_id=5000000042, username="alice_admin")
+    page = {p.id: p for p in plat.inbox(None).parents}
+    assert page[forged].author_handle == "" and page[forged].extra["author_name"] == "@alice_admin"
+    policy = Policy.build(allow_accounts=["alice_admin"])
+    me, clock = plat.whoami(), FakeClock()
+    assert policy.reason_to_skip(page[forged], me, clock) == "account_not_allowed"
+    assert policy.reason_to_skip(page[real], me, clock) is None
+
+
+def test_chats_lists_the_chats_answered_in_by_poll_and_by_webhook(api, world) -> None:
+    """With ``chats`` set, an update from any other chat (another group, a private chat) is no parent."""
+    other = -1005555555555
+    world.chat(other, type="supergroup", title="strangers")
+    listed, dm, stray = world.post(GROUP, "hi"), world.post(DM, "hi"), world.post(other, "hi")
+    plat = make(api, chats=[GROUP])
+    assert [p.id for p in plat.inbox(None).parents] == [listed]
+    assert {p.id for p in make(api).inbox(None).parents} == {listed, dm, stray}
+    update = {"update_id": 1, "message": world.chats[other].messages[int(stray.partition(":")[2])]}
+    assert plat.parse_webhook("", update) == "chat_not_listed"
+
+
+def test_a_prompt_injection_pings_nobody_but_the_author(api, world) -> None:
+    """A reply echoing every mention form keeps only the author's @name live, when sent and when edited;
+    ``allow_mentions`` lets them through."""
+    from tests.test_mentions import INJECTION, at_pings, injected
+
+    plat = make(api)
+    pid = world.post(GROUP, f"{INJECTION} @grace")
+    [parent] = plat.inbox(None).parents
+    sent = plat.send(parent, injected(parent), provider_key="k")
+    chat, _, mid = sent.reply_id.partition(":")
+    msg = world.chats[int(chat)].messages[int(mid)]
+    assert world.bot_replies(pid) == 1 and at_pings(msg["text"]) == ["grace"]
+    plat.edit(parent, sent.reply_id, injected(parent) + " (edited)")
+    assert at_pings(msg["text"]) == ["grace"] and msg["text"].endswith("(edited)")
+    loose = make(api, allow_mentions=True)
+    sent = loose.send(parent, injected(parent), provider_key="k2")
+    chat, _, mid = sent.reply_id.partition(":")
+    assert "mallory@evil.example" in at_pings(world.chats[int(chat)].messages[int(mid)]["text"])
+
+
 def test_send_refusals_and_an_unreachable_api(api, world) -> None:
     """A reply to a missing message is 400 Rejected; a refused connection provably sent nothing."""
     plat = make(api)
@@ -440,7 +487,7 @@ def _outcome(fn: Any) -> Any:
         return exc
 
 
-# -- edits (EditReply) and answers in parts (PostLimit), issue 32 ----------------------------------
+# -- edits (EditReply) and answers in parts (PostLimit) --------------------------------------------
 
 
 def _sent(plat: TelegramPlatform, world: TelegramWorld, text: str = "first words") -> tuple[Parent, str]:

@@ -116,3 +116,14 @@ def test_the_thread_fires_runs_and_stops() -> None:
     tt.stop()
     assert fired.count("bad") >= 2  # it kept firing after the first raised
     assert tt._thread is not None and not tt._thread.is_alive()  # stopped: nothing left that could fire
+
+
+def test_a_removed_job_runs_no_more_and_the_others_keep_their_slots() -> None:
+    """A reload removes a bot's polls: its job is never due again; the other jobs' grid does not move."""
+    now = Mono()
+    tt = Timetable(lambda j: None, now=now)
+    tt.add("a:inbox", 1.0, phase_s=1.0)
+    tt.add("b:inbox", 1.0, phase_s=1.0)
+    assert sorted(tt.due(now.t)) == ["a:inbox", "b:inbox"]
+    assert tt.remove("a:inbox") and not tt.remove("a:inbox")
+    assert tt.due(now.t + 1.0) == ["b:inbox"] and tt.due(now.t + 2.0) == ["b:inbox"]

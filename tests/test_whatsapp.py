@@ -93,7 +93,9 @@ def test_the_documented_payloads_parse_to_parents_and_receipts(api) -> None:
                                           http=httpx.Client(), clock=SystemClock())
     [p] = plat.parse_webhook("", fixture("webhook_text_message"))
     assert p.id == "wamid.HBgLMTY1MDM4Nzk0MzkVAgASGBQzQTRBNjU5OUFFRTAzODEwMTQ0RgA="
-    assert (p.author_id, p.author_handle, p.text) == ("16505551234", "Sheena Nelson", "Does it come in another color?")
+    # The profile name is the sender's pick: shown (author_name), never the handle the policy matches.
+    assert (p.author_id, p.author_handle, p.text) == ("16505551234", "16505551234", "Does it come in another color?")
+    assert p.extra["author_name"] == "Sheena Nelson"
     assert p.extra["phone_number_id"] == "106540352242922" and p.created_at == 1749416383.0
     assert plat.parse_webhook("", fixture("webhook_status_sent")) == "statuses_only"
     [r] = plat.webhook_receipts(fixture("webhook_status_failed"))

@@ -1,4 +1,4 @@
-"""Issue 33 (WhatsApp) end to end: two `replyd run` replicas on PostgreSQL against the Cloud API fake.
+"""WhatsApp end to end: two `replyd run` replicas on PostgreSQL against the Cloud API fake.
 
 Every customer message arrives by webhook, POSTed to a random replica, signed; 30 % of the 2xx acks are treated
 as lost and 20 % of deliveries repeated, out of order among the first three pending, so deliveries repeat (to

@@ -1,4 +1,4 @@
-"""Adapter contract for ``EditReply`` (issue 32's streamed answers): an edit replaces the bot's reply's text,
+"""Adapter contract for ``EditReply`` (for streamed answers): an edit replaces the bot's reply's text,
 never adds a reply; doing it again (after a lost answer) is harmless; a failure maps into the error tree.
 
 Runs on every adapter whose class offers ``EditReply`` (``FEATURE``); the text and the reply count are read on
