@@ -1,11 +1,13 @@
 # replyd — two commands do everything on a fresh machine:
 #   make run    the demo on the embedded default (SQLite + the simulated platform)
 #   make test   every test (creates .venv, installs Python and npm dependencies)
+#   make ts-client  the TypeScript client (clients/typescript): npm ci, types check, build, tests
 
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BSKY   := tests/bsky
+TS     := clients/typescript
 
 RUNS ?= 20
 SEED ?= 1
@@ -14,7 +16,7 @@ JOBS ?= 1
 TEST_WORKERS ?= 3
 PYTEST_XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: install install-bench run test test-fast bsky-deps bench chaos clean
+.PHONY: install install-bench run test test-fast examples bsky-deps bench chaos clean ts-client ts-openapi
 
 # The runtime only (what `make run` needs): no test extras, no -q (pip's lines are the progress).
 $(VENV)/.installed-runtime: pyproject.toml
@@ -46,6 +48,21 @@ test: install bsky-deps
 test-fast: install
 	$(PY) -m pytest -q $(PYTEST_XDIST) -m "not slow"
 
+# Every runnable example of README.md and docs/*.md, as written, from outside the checkout (about a minute).
+examples: install
+	$(PY) tools/doc_examples.py
+
+# The TypeScript client against a real `replyd run` on the sim: types up to date, build, node --test.
+ts-client: $(VENV)/.installed-runtime
+	cd $(TS) && npm ci --no-audit --no-fund
+	cd $(TS) && npm run generate:check
+	cd $(TS) && REPLYD_PYTHON=$(abspath $(PY)) npm test
+
+# After an API change: rewrite the client's OpenAPI document and regenerate its types (commit both).
+ts-openapi: $(VENV)/.installed-runtime
+	$(PY) -c 'import json; from replyd.api.openapi import openapi_document; print(json.dumps(openapi_document(), indent=1))' > $(TS)/openapi.json
+	cd $(TS) && npm run generate
+
 $(VENV)/.installed-bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[test,bench]'
 	touch $@
@@ -61,4 +78,4 @@ chaos: install
 	$(PY) -m chaos --runs $(RUNS) --seed $(SEED) --jobs $(JOBS)
 
 clean:
-	rm -rf $(VENV) $(BSKY)/node_modules .pytest_cache
+	rm -rf $(VENV) $(BSKY)/node_modules $(TS)/node_modules $(TS)/dist .pytest_cache

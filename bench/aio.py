@@ -1,4 +1,4 @@
-"""The asyncio face against the sync face, side by side in one run (issue 31), the send stubbed (memory platform).
+"""The asyncio face against the sync face, side by side in one run, the send stubbed (memory platform).
 
     PYTHONPATH=. python -m bench.aio [--posts 2000] [--pg postgresql+psycopg://postgres@127.0.0.1:5432/postgres]
 
@@ -10,7 +10,7 @@ the same with the stub send a coroutine (``asend``: a bot's own async send, no t
 ``--concurrent`` posts gathered at once on the async face, and through the same posts made with the sync
 guard called inside the loop (the naive side: its stall measured the same way).
 
-``--lag-parents N`` (issue 31's run): the sim in its own process losing 20 % of create answers, N parents,
+``--lag-parents N`` (the loop-lag run): the sim in its own process losing 20 % of create answers, N parents,
 ``await g.post`` on each plus 3 rival posts per parent from other tasks (4N posts in flight together, started
 50 per loop turn), through a bot's own ``httpx.AsyncClient`` (``OwnPlatform``); the probe runs from the first
 post to the last outcome; then the daemon's way on (sweep once due, offer again) until every row is closed, and
@@ -199,7 +199,7 @@ def run(url: str, posts: int, concurrent: int, durability: str = "as_asked") -> 
 
 
 def lag_run(url: str, parents: int, platform: str = "own") -> dict[str, Any]:
-    """Issue 31's loop-lag run on one database: 4 posts per parent in flight at once, 20 % of answers lost;
+    """The loop-lag run on one database: 4 posts per parent in flight at once, 20 % of answers lost;
     ``platform`` "own" (a bot's own httpx.AsyncClient behind OwnPlatform) or "mastodon" (the adapter's asend)."""
     import gc
     import random
@@ -268,7 +268,7 @@ def lag_run(url: str, parents: int, platform: str = "own") -> dict[str, Any]:
     return got
 
 
-# The issue-31 targets (docs/BENCHMARKS.md sections 11 and 12).
+# The asyncio face's targets (docs/BENCHMARKS.md sections 11 and 12).
 RATIO_MAX = 1.2
 LAG_P99_MS, LAG_MAX_MS = 5.0, 20.0
 DBS = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
@@ -295,7 +295,7 @@ def _lag_cell(lag: dict[str, float]) -> str:
 def tables(res: dict[str, Any], cmd: str) -> list[Table]:
     """Section 11: the faces' cost per post side by side, the loop's lag and the naive stall."""
     t = Table(f"11. The asyncio face against the sync face, send stubbed: {res['posts']:,} posts each, "
-              f"{res['concurrent']:,} gathered for the loop lag (issue 31)",
+              f"{res['concurrent']:,} gathered for the loop lag",
               ["database", "durability", "sync per post", "async, stub send on a thread", "ratio",
                "async, stub `asend`", "ratio", "one store-thread round trip, empty", "loop lag, async face (p99 / max)",
                "sync guard in the loop: longest stall"])
@@ -372,7 +372,7 @@ def lag_tables(res: dict[str, Any], cmd: str) -> list[Table]:
     """Section 12: the loop's lag through 4 posts per parent in flight, replies counted on the sim."""
     n = res["parents"]
     t = Table(f"12. The loop's lag through {4 * n:,} concurrent posts on {n:,} parents, 20 % of answers lost, "
-              "counted on the sim (issue 31)",
+              "counted on the sim",
               ["database", "platform", "posts", "posting, s", "outcomes", "answers lost (sim)", "rows closed",
                "parents without exactly one reply", "duplicates (sim)", "loop lag p99", "loop lag max",
                "max with the collector's pauses taken out", "full collections; longest pause", "probes", "load (1 min) at start"])
@@ -426,7 +426,7 @@ def main() -> None:
     ap.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--sqlite", default=f"sqlite:////tmp/replyd-bench-aio-{uuid.uuid4().hex[:8]}.sqlite3")
     ap.add_argument("--durability", default="as_asked", choices=["as_asked", "durable", "relaxed"])
-    ap.add_argument("--lag-parents", type=int, default=0, help="run issue 31's loop-lag run instead (1000)")
+    ap.add_argument("--lag-parents", type=int, default=0, help="run the loop-lag run instead (1000)")
     ap.add_argument("--lag-platform", default="own", choices=["own", "mastodon"])
     ap.add_argument("--lag-url", default="", help="with --lag-parents: one run on this store URL only")
     a = ap.parse_args()

@@ -1,4 +1,4 @@
-"""Many bots in one daemon (issue 36): idle cost and a burst of one mention per bot, against the sim.
+"""Many bots in one daemon: idle cost and a burst of one mention per bot, against the sim.
 
     PYTHONPATH=. python -m bench.manybots --bots 10,100,300,1000 [--idle-s 40] [--job-threads 16]
 
@@ -283,8 +283,8 @@ def measure(counts: list[int], *, idle_s: float = 40.0, settle_s: float = 12.0, 
 
 
 def tables(res: dict[str, Any], cmd: str) -> list[Table]:
-    """The many-bots table with its verdicts against the issue's goals."""
-    t = Table("15. Many bots in one daemon: 10 to 1,000 bots on the sim (issue 36)",
+    """The many-bots table with its verdicts against the many-bots targets."""
+    t = Table("15. Many bots in one daemon: 10 to 1,000 bots on the sim",
               ["bots", "RSS MB", "threads (max)", "idle CPU % of a core", "CPU ms per empty poll", "polls (sim)",
                "answered", "duplicates (sim)", "answer p50 s", "answer max s", "load average"])
     for r in res["rows"]:

@@ -1,4 +1,4 @@
-"""The group claim (issue 36): guarded posts of a 16-parent page against one claim per commit, side by side.
+"""The group claim: guarded posts of a 16-parent page against one claim per commit, side by side.
 
 ``PYTHONPATH=. python -m bench.pageclaim --rounds 40``. Per database, four variants post a fresh page of
 ``--page`` parents each round (the send stubbed): ``Guard.post_page`` (the page's new keys claimed in one
@@ -268,7 +268,7 @@ def measure(url: str, floor: tuple[Callable[[int], None], Callable[[], None]], p
     return out
 
 
-# Issue 36's targets (docs/BENCHMARKS.md section 13).
+# The group claim's targets (docs/BENCHMARKS.md section 13).
 PAGE_FLOOR_MAX = 0.5
 PAGE_OF_1_MAX = 1.05
 PAGE_POWERTOOLS_MAX = 0.8
@@ -312,12 +312,12 @@ def measure_all(page: int = 16, rounds: int = 40, seed: int = 1) -> dict[str, An
 
 def tables(res: dict[str, Any], cmd: str) -> list[Table]:
     """Section 13: a page's guarded posts against single posts and the raw floor, per parent."""
-    t = Table(f"13. The group claim: a {res['page']}-parent page against one claim per commit, {res['rounds']} rounds "
-              "(issue 36)", ["database", "page, per parent", "single posts, per parent", "raw floor, per parent",
-                             "Powertools (Redis appendfsync always), per parent", "page / floor", "page / Powertools",
-                             "page / single", "single / floor", "a page of 1 / one post",
-                             "raw page (its statements, no Python), per parent", "raw page / floor",
-                             "page / raw page"])
+    t = Table(f"13. The group claim: a {res['page']}-parent page against one claim per commit, {res['rounds']} rounds",
+              ["database", "page, per parent", "single posts, per parent", "raw floor, per parent",
+               "Powertools (Redis appendfsync always), per parent", "page / floor", "page / Powertools",
+               "page / single", "single / floor", "a page of 1 / one post",
+               "raw page (its statements, no Python), per parent", "raw page / floor",
+               "page / raw page"])
     for m in res["rows"]:
         pt, raw = "powertools" in m, "raw_page" in m
         t.rows.append([m["database"], f"{fmt_us(m['page'])} µs", f"{fmt_us(m['single'])} µs",

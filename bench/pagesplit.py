@@ -1,4 +1,4 @@
-"""Where a 16-parent page's time goes (issue 36): each statement of the raw page, the floor and the guarded page.
+"""Where a 16-parent page's time goes: each statement of the raw page, the floor and the guarded page.
 
 ``PYTHONPATH=. python -m bench.pagesplit --rounds 60``. Per database, the same three variants as section 13,
 timed in one process in freshly shuffled rounds: the raw page (``bench.pageclaim``'s replay of the page's own

@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 from bench.common import Table, configure_quiet_logs, machine  # noqa: E402
 
 SECTIONS = ("overhead", "races", "readback", "growth", "economy", "profile", "commitlevels", "timetoanswer", "slack",
-            "aio", "aiolag", "pageclaim", "telegram", "manybots")
+            "aio", "aiolag", "pageclaim", "telegram", "manybots", "clistart", "prune")
 
 
 def _load() -> str:
@@ -166,9 +166,24 @@ def main(argv: list[str] | None = None) -> int:
         res = m.measure([10, 100] if q else [10, 100, 300, 1000], idle_s=20 if q else 40)
         return res, m.tables(res, cmd)
 
+    def clistart() -> tuple[Any, list[Table]]:
+        """Section 16: the CLI's start, each command beside `python -c pass`."""
+        from bench import clistart as cs
+
+        res = cs.measure(5 if q else 15)
+        return res, cs.tables(res, cmd)
+
+    def prune() -> tuple[Any, list[Table]]:
+        """Section 17: `replyd prune` on a large log, on both stores."""
+        from bench import prune as pr
+
+        res = pr.measure(20_000 if q else 1_000_000, ["sqlite", "postgres"])
+        return res, pr.tables(res, cmd)
+
     plan = {"overhead": overhead, "races": races, "readback": readback, "growth": growth, "economy": economy,
             "profile": profile, "commitlevels": commitlevels, "timetoanswer": timetoanswer, "slack": slack,
-            "aio": aio, "aiolag": aiolag, "pageclaim": pageclaim, "telegram": telegram, "manybots": manybots}
+            "aio": aio, "aiolag": aiolag, "pageclaim": pageclaim, "telegram": telegram, "manybots": manybots,
+            "clistart": clistart, "prune": prune}
     started = datetime.now(timezone.utc)
     t_all = time.monotonic()
     info = machine()

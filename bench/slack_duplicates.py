@@ -1,4 +1,4 @@
-"""Slack, issue 23: replyd against the frameworks' TTL seen-set, on one scenario, counted by the fake Slack.
+"""Slack: replyd against the frameworks' TTL seen-set, on one scenario, counted by the fake Slack.
 
 Each run is ``tests/slack_scenario.py``: 12 messages (8 channel mentions, 4 DMs) pushed by the Events API
 (every delivery retried 3 times as Slack does on a lost ack, plus one more event id per message) to

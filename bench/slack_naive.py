@@ -1,6 +1,6 @@
 """A naive Slack bot, as the agent frameworks build one: ack at once, dedupe on a TTL seen-set marked on receipt.
 
-What it does is what the reports in issue 23 describe (vercel/chat, agno, Bolt apps): every Events API
+It does what the frameworks' Slack bots are reported to do (vercel/chat, agno, Bolt apps): every Events API
 delivery or Socket Mode envelope is acknowledged at once; its key (``event_id``, or the message's
 ``client_msg_id``) is marked in a shared Redis seen-set with a 10-minute TTL (``SET NX EX``) *on
 receipt*; if the mark is new the bot answers ``app_mention`` and DM messages in the thread. Posts go

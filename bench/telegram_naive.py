@@ -1,4 +1,4 @@
-"""Telegram, naive gateway against replyd, side by side on the Bot API fake (issue 33).
+"""Telegram, naive gateway against replyd, side by side on the Bot API fake.
 
 The naive gateway does what the frameworks do (python-telegram-bot's ``Updater``, aiogram's polling):
 the ``getUpdates`` offset lives in memory (confirmed by the next poll), and a ``sendMessage`` that fails
@@ -159,7 +159,7 @@ def tables(res: dict[str, Any], cmd: str) -> list[Table]:
     """Section 14: duplicates, unanswered parents and reported lost landings, counted on the fake."""
     seeds = len(res["seeds"])
     t = Table(f"14. Telegram: a naive gateway and replyd side by side, {res['parents']} parents × {seeds} "
-              f"seed{'s' if seeds != 1 else ''} (issue 33)",
+              f"seed{'s' if seeds != 1 else ''}",
               ["gateway", "parents", "duplicates", "unanswered", "lost landings", "reported as unconfirmed",
                "sendMessage requests"])
     for name, v in res["variants"].items():

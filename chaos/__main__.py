@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --limits: only runs with provider idempotency on, off, or both (default)")
     p.add_argument("--learned", action="store_true",
                    help="with --limits: the learned listing delay rows instead (no idempotency, real delay 2x and 4x "
-                        "the configured one, learned delay off and on); prints the RELIABILITY.md table")
+                        "the configured one, learned delay off and on); prints the docs/CAMPAIGNS.md table")
     p.add_argument("--learned-parents", type=int, default=100, help="with --learned: parents per run (default 100)")
     p.add_argument("--learned-traffic-s", type=float, default=40.0,
                    help="with --learned: seconds the parents arrive over (default 40)")

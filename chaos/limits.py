@@ -234,7 +234,7 @@ def measure_learned(seed: int, repeats: int = 1, workdir: Path | None = None, ve
 
 
 def learned_table(rows: list[dict[str, Any]]) -> str:
-    """The RELIABILITY.md table of the learned-delay rows."""
+    """The docs/CAMPAIGNS.md table of the learned-delay rows."""
     out = ["| real delay | learned delay | parents | lost responses | duplicates made (sim) | detected by replyd "
            f"| duplicates after parent {WARM_UP_PARENTS} | parents answered (sim) | gave_up but answered (sim) "
            "| delay in use at the end |",
