@@ -43,7 +43,7 @@ run: $(VENV)/.installed-runtime
 	$(VENV)/bin/replyd demo
 
 test: install bsky-deps
-	$(PY) -m pytest -q $(PYTEST_XDIST)
+	$(PY) -m pytest -q --durations=25 $(PYTEST_XDIST)
 
 test-fast: install
 	$(PY) -m pytest -q $(PYTEST_XDIST) -m "not slow"

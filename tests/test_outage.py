@@ -4,11 +4,13 @@ the outage ends, and no attempt spent on the outage (the store's rows and events
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -95,6 +97,22 @@ def start(cfg: Path, rid: str, env: dict[str, str], log: Path) -> subprocess.Pop
 def events_in(log: Path, name: str) -> int:
     """How many JSON log lines of a replica carry the event ``name``."""
     return sum(1 for line in log.read_text(errors="replace").splitlines() if f'"{name}"' in line)
+
+
+def breaker_story(log: Path, since: float, until: float) -> list[tuple[float, str, str]]:
+    """A replica's breaker and send events between two instants, seconds from ``since``: what a timing
+    failure needs to say why the first answer after the outage came late."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+            at = datetime.fromisoformat(rec["timestamp"].replace("Z", "+00:00")).timestamp()
+        except (ValueError, KeyError, TypeError):
+            continue
+        name = rec.get("event", "")
+        if since <= at <= until and name.startswith(("replyd.breaker.", "replyd.guard.", "replyd.sweep.")):
+            out.append((round(at - since, 2), name, str(rec.get("parent_id", rec.get("next_probe_s", "")))))
+    return out[:60]
 
 
 def open_rows(url: str, platform: str, sender_id: str) -> list[str]:
@@ -212,5 +230,7 @@ def test_outage_pauses_sends_and_spends_no_attempt(outage_s, rate_per_s, fresh_p
     print(f"breaker opened {opened}, closed {closed}; not-landed proofs excused {excused}")
     assert opened >= 2 and closed >= 1  # both replicas paused (the killed one too); they resumed
     # Timing last: a slow drain on a loaded machine must not hide the counts above.
-    assert first_s <= resume_bound_s and last_s <= bound_s
+    late = {rid: breaker_story(log, end_at, end_at + first_s + 1.0) for rid, log in logs.items()}
+    assert first_s <= resume_bound_s, f"first answer {first_s:.1f} s after the end: {late}"
+    assert last_s <= bound_s
     assert report["outages"] == [[start_at, end_at]]
