@@ -1,10 +1,10 @@
 """Many bots in one daemon: idle cost and a burst of one mention per bot, against the sim.
 
-    PYTHONPATH=. python -m bench.manybots --bots 10,100,300,1000 [--idle-s 40] [--job-threads 16]
+    PYTHONPATH=. python -m bench.manybots --bots 10,100,300,1000 [--refind 1000] [--idle-s 40] [--job-threads 16]
 
 Per bot count N: the sim runs in its own process (``python -m bench.manybots --serve-sim N``: replyd's
 simulated platform with N bot accounts and one user, plus a request counter and a burst route); one config
-with N bots (one sim account each, inbox every 5 s, search and re-find off, SQLite) is run by ``replyd run``
+with N bots (one sim account each, inbox every 5 s, search off, re-find off or every ``--refind-s``, SQLite) is run by ``replyd run``
 as a subprocess. Once it logged ``replyd.daemon.started`` and settled, the daemon process is watched idle
 for ``--idle-s``: RSS and thread count (``/proc/<pid>/status``, the largest seen), CPU as a share of one
 core (``/proc/<pid>/stat`` utime + stime over the window), and CPU per empty poll (that CPU, everything the
@@ -26,6 +26,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -120,11 +121,16 @@ def serve_sim(n: int) -> int:
 # ----- the daemon side ---------------------------------------------------------------------------
 
 
-def write_config(path: Path, base_url: str, db: Path, n: int, job_threads: int | None, *, inbox_s: float = INBOX_S,
-                 jitter_s: float | None = None, sweep_s: float | None = None, level: str = "info") -> Path:
+def write_config(path: Path, base_url: str, db: Path | str, n: int, job_threads: int | None, *,
+                 inbox_s: float = INBOX_S, jitter_s: float | None = None, sweep_s: float | None = None,
+                 level: str = "info", refind_s: float = 0.0, fleet: str = "") -> Path:
     """One daemon config with ``n`` bots, each its own sim account (token in ``MB_TOKEN_<i>``); inbox every
-    ``inbox_s``, search and re-find off; the daemon's defaults unless given (also ``tests/test_manybots.py``'s)."""
-    out = [f'[store]\nurl = "sqlite:///{db}"\n', f'[log]\nformat = "json"\nlevel = "{level}"\n']
+    ``inbox_s``, search off, re-find every ``refind_s`` (0: off); the daemon's defaults unless given (also
+    ``tests/test_manybots.py``'s). ``db`` is a SQLite file or a store URL; ``fleet`` a ``[fleet]`` table's body."""
+    url = db if isinstance(db, str) else f"sqlite:///{db}"
+    out = [f'[store]\nurl = "{url}"\n', f'[log]\nformat = "json"\nlevel = "{level}"\n']
+    if fleet:
+        out.append(f"[fleet]\n{fleet}\n")
     if job_threads is not None:
         out.append(f"[daemon]\njob_threads = {job_threads}\n")
     if sweep_s is not None:
@@ -142,7 +148,7 @@ timeout_s = 10.0
 [bots.pollers]
 inbox_interval_s = {inbox_s}
 search_interval_s = 0
-refind_interval_s = 0
+refind_interval_s = {refind_s}
 {jitter}[bots.responder]
 kind = "template"
 template = "Thanks @{{author_handle}}."
@@ -204,14 +210,15 @@ def _wait_started(log_path: Path, proc: subprocess.Popen[Any], timeout_s: float)
 
 
 def measure_one(n: int, *, idle_s: float, settle_s: float, answer_timeout_s: float,
-                job_threads: int | None) -> dict[str, Any]:
+                job_threads: int | None, refind_s: float = 0.0) -> dict[str, Any]:
     """Idle cost and burst answer time of one daemon with ``n`` bots."""
     sim, base_url = _start_sim(n)
     http = httpx.Client(base_url=base_url, timeout=60)
     daemon: subprocess.Popen[bytes] | None = None
     try:
         with tmpdir("manybots") as tmp:
-            cfg = write_config(tmp / "replyd.toml", base_url, tmp / "replyd.sqlite3", n, job_threads)
+            cfg = write_config(tmp / "replyd.toml", base_url, tmp / "replyd.sqlite3", n, job_threads,
+                               refind_s=refind_s)
             env = {**os.environ, **{f"MB_TOKEN_{i:04d}": bot_token(i) for i in range(n)},
                    "PYTHONPATH": str(ROOT)}
             log_path = tmp / "replyd.log"
@@ -257,7 +264,7 @@ def measure_one(n: int, *, idle_s: float, settle_s: float, answer_timeout_s: flo
     waits = got.get("waits") or []
     window = t1 - t0
     return {
-        "bots": n, "job_threads": job_threads, "start_s": round(start_s, 1), "idle_s": round(window, 1),
+        "bots": n, "refind_s": refind_s, "job_threads": job_threads, "start_s": round(start_s, 1), "idle_s": round(window, 1),
         "rss_mb": round(busy["rss_mb"], 1), "threads_max": busy["threads"],
         "cpu_pct_idle": round(100 * (c1 - c0) / window, 1),
         "polls": polls, "polls_expected": round(n * window / INBOX_S),
@@ -272,11 +279,15 @@ def measure_one(n: int, *, idle_s: float, settle_s: float, answer_timeout_s: flo
 
 
 def measure(counts: list[int], *, idle_s: float = 40.0, settle_s: float = 12.0, answer_timeout_s: float = 90.0,
-            job_threads: int | None = None) -> dict[str, Any]:
-    """One daemon per bot count, one after the other; each result also printed as one JSON line."""
+            job_threads: int | None = None, refind_counts: Sequence[int] = (), refind_s: float = 60.0) -> dict[str, Any]:
+    """One daemon per bot count, one after the other, re-find off; then each of ``refind_counts`` with re-find
+    every ``refind_s`` (as the shipped configs run). Each result also printed as one JSON line."""
     rows = []
-    for n in counts:
-        r = measure_one(n, idle_s=idle_s, settle_s=settle_s, answer_timeout_s=answer_timeout_s, job_threads=job_threads)
+    runs = [(n, 0.0) for n in counts] + [(n, refind_s) for n in refind_counts]
+    for n, every_s in runs:
+        # With re-find on, the idle window holds one whole re-find interval: each bot's re-find counts once.
+        r = measure_one(n, idle_s=max(idle_s, every_s), settle_s=settle_s, answer_timeout_s=answer_timeout_s,
+                        job_threads=job_threads, refind_s=every_s)
         print(json.dumps(r), flush=True)
         rows.append(r)
     return {"rows": rows, "idle_s": idle_s, "inbox_s": INBOX_S}
@@ -285,17 +296,35 @@ def measure(counts: list[int], *, idle_s: float = 40.0, settle_s: float = 12.0, 
 def tables(res: dict[str, Any], cmd: str) -> list[Table]:
     """The many-bots table with its verdicts against the many-bots targets."""
     t = Table("15. Many bots in one daemon: 10 to 1,000 bots on the sim",
-              ["bots", "RSS MB", "threads (max)", "idle CPU % of a core", "CPU ms per empty poll", "polls (sim)",
+              ["bots", "re-find", "RSS MB", "threads (max)", "idle CPU % of a core", "CPU ms per empty poll", "polls (sim)",
                "answered", "duplicates (sim)", "answer p50 s", "answer max s", "load average"])
     for r in res["rows"]:
-        t.rows.append([f"{r['bots']:,}", f"{r['rss_mb']:.0f}", str(r["threads_max"]), f"{r['cpu_pct_idle']:.1f}",
+        refind = f"every {r['refind_s']:.0f} s" if r.get("refind_s") else "off"
+        t.rows.append([f"{r['bots']:,}", refind, f"{r['rss_mb']:.0f}", str(r["threads_max"]), f"{r['cpu_pct_idle']:.1f}",
                        "–" if r["cpu_ms_per_poll"] is None else f"{r['cpu_ms_per_poll']:.2f}", f"{r['polls']:,}",
                        f"{r['answered']:,}/{r['bots']:,}", str(r["duplicates"]),
                        "–" if r["answer_s_p50"] is None else f"{r['answer_s_p50']:.1f}",
                        "–" if r["answer_s_max"] is None else f"{r['answer_s_max']:.1f}", r["load"]])
-    big = max(res["rows"], key=lambda r: r["bots"])
-    n = f"{big['bots']:,} bots"
-    t.verdicts += [
+    for big in _biggest(res["rows"]):
+        t.verdicts += _verdicts(big)
+    t.notes.append(f"Command: `{cmd}`.")
+    return [t]
+
+
+def _biggest(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The largest run with re-find off, and the largest with it on (when one ran)."""
+    out = []
+    for on in (False, True):
+        runs = [r for r in rows if bool(r.get("refind_s")) is on]
+        if runs:
+            out.append(max(runs, key=lambda r: r["bots"]))
+    return out
+
+
+def _verdicts(big: dict[str, Any]) -> list[str]:
+    """One run's figures against the many-bots goals."""
+    n = f"{big['bots']:,} bots" + (f", re-find every {big['refind_s']:.0f} s" if big.get("refind_s") else "")
+    return [
         verdict(big["rss_mb"] <= GOALS["rss_mb"], f"{n}: {big['rss_mb']:.0f} MB RSS (goal ≤ 250 MB)"),
         verdict(big["threads_max"] <= GOALS["threads"], f"{n}: {big['threads_max']} threads (goal ≤ 64)"),
         verdict(big["cpu_pct_idle"] <= GOALS["cpu_pct"], f"{n}: idle CPU {big['cpu_pct_idle']:.1f} % of a core (goal ≤ 25 %)"),
@@ -304,8 +333,6 @@ def tables(res: dict[str, Any], cmd: str) -> list[Table]:
         verdict(big["answered"] == big["bots"] and (big["answer_s_max"] or 99) <= GOALS["answer_s"],
                 f"{n}: last mention answered {big['answer_s_max']} s after the burst (goal ≤ 10 s)"),
     ]
-    t.notes.append(f"Command: `{cmd}`.")
-    return [t]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,12 +343,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle-s", type=float, default=12.0, help="wait after the start before measuring")
     ap.add_argument("--answer-timeout-s", type=float, default=90.0)
     ap.add_argument("--job-threads", type=int, default=None, help="write [daemon] job_threads (default: the daemon's)")
+    ap.add_argument("--refind", default="", help="comma-separated bot counts run again with re-find on")
+    ap.add_argument("--refind-s", type=float, default=60.0, help="the re-find interval of those runs")
     ap.add_argument("--serve-sim", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.serve_sim is not None:
         return serve_sim(a.serve_sim)
     measure([int(x) for x in a.bots.split(",") if x.strip()], idle_s=a.idle_s, settle_s=a.settle_s,
-            answer_timeout_s=a.answer_timeout_s, job_threads=a.job_threads)
+            answer_timeout_s=a.answer_timeout_s, job_threads=a.job_threads,
+            refind_counts=[int(x) for x in a.refind.split(",") if x.strip()], refind_s=a.refind_s)
     return 0
 
 

@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 from bench.common import Table, configure_quiet_logs, machine  # noqa: E402
 
 SECTIONS = ("overhead", "races", "readback", "growth", "economy", "profile", "commitlevels", "timetoanswer", "slack",
-            "aio", "aiolag", "pageclaim", "telegram", "manybots", "clistart", "prune")
+            "aio", "aiolag", "pageclaim", "telegram", "manybots", "clistart", "prune", "fleet")
 
 
 def _load() -> str:
@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         """Section 15: many bots in one daemon on the sim."""
         from bench import manybots as m
 
-        res = m.measure([10, 100] if q else [10, 100, 300, 1000], idle_s=20 if q else 40)
+        res = m.measure([10, 100] if q else [10, 100, 300, 1000], idle_s=20 if q else 40,
+                        refind_counts=[100] if q else [1000], refind_s=60.0)
         return res, m.tables(res, cmd)
 
     def clistart() -> tuple[Any, list[Table]]:
@@ -172,6 +173,13 @@ def main(argv: list[str] | None = None) -> int:
 
         res = cs.measure(5 if q else 15)
         return res, cs.tables(res, cmd)
+
+    def fleet() -> tuple[Any, list[Table]]:
+        """Section 18: three replicas on one PostgreSQL share 1,000 bots, against one replica alone."""
+        from bench import fleet as fl
+
+        res = fl.measure(100 if q else 1000, 3, idle_s=20 if q else 60, refind_s=60.0, settle_s=5 if q else 20)
+        return res, fl.tables(res, cmd)
 
     def prune() -> tuple[Any, list[Table]]:
         """Section 17: `replyd prune` on a large log, on both stores."""
@@ -183,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = {"overhead": overhead, "races": races, "readback": readback, "growth": growth, "economy": economy,
             "profile": profile, "commitlevels": commitlevels, "timetoanswer": timetoanswer, "slack": slack,
             "aio": aio, "aiolag": aiolag, "pageclaim": pageclaim, "telegram": telegram, "manybots": manybots,
-            "clistart": clistart, "prune": prune}
+            "clistart": clistart, "prune": prune, "fleet": fleet}
     started = datetime.now(timezone.utc)
     t_all = time.monotonic()
     info = machine()
