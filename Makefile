@@ -2,12 +2,14 @@
 #   make run    the demo on the embedded default (SQLite + the simulated platform)
 #   make test   every test (creates .venv, installs Python and npm dependencies)
 #   make ts-client  the TypeScript client (clients/typescript): npm ci, types check, build, tests
+#   make agents-js  replyd's MCP server under LangGraph JS, the OpenAI Agents SDK and Mastra (clients/agents-js)
 
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BSKY   := tests/bsky
 TS     := clients/typescript
+AGENTS_JS := clients/agents-js
 
 RUNS ?= 20
 SEED ?= 1
@@ -16,7 +18,7 @@ JOBS ?= 1
 TEST_WORKERS ?= 3
 PYTEST_XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: install install-bench run test test-fast examples bsky-deps bench chaos clean ts-client ts-openapi
+.PHONY: install install-bench run test test-fast examples bsky-deps bench chaos clean ts-client ts-openapi agents-js
 
 # The runtime only (what `make run` needs): no test extras, no -q (pip's lines are the progress).
 $(VENV)/.installed-runtime: pyproject.toml
@@ -57,6 +59,12 @@ ts-client: $(VENV)/.installed-runtime
 	cd $(TS) && npm ci --no-audit --no-fund
 	cd $(TS) && npm run generate:check
 	cd $(TS) && REPLYD_PYTHON=$(abspath $(PY)) npm test
+
+# The JS agent SDKs over `replyd mcp` (stdio) on the sim: a re-run posting step replies once (node --test).
+# It needs the mcp extra, which the test extras include.
+agents-js: install
+	cd $(AGENTS_JS) && npm ci --no-audit --no-fund
+	cd $(AGENTS_JS) && REPLYD_PYTHON=$(abspath $(PY)) npm test
 
 # After an API change: rewrite the client's OpenAPI document and regenerate its types (commit both).
 ts-openapi: $(VENV)/.installed-runtime
