@@ -710,7 +710,8 @@ class GuardCore:
         if hold:
             now = self.clock.now()
             values = {"state": st.RELEASED, "attempt": 1, "created_at": now, "updated_at": now, "path": path,
-                      "snapshot": snapshot_json(parent), "author_id": parent.author_id[:255], "owner": self.owner,
+                      "snapshot": snapshot_json(parent), "author_id": parent.author_id[:255],
+                      "origin_id": parent.origin_id, "owner": self.owner,
                       "provider_key": self.provider_key(parent.id), "not_before": now + wait_s,
                       "error": "breaker open: sends paused"}
             reason = self.breaker.reason
@@ -793,6 +794,7 @@ class GuardCore:
             "path": path,
             "snapshot": snapshot_json(parent),
             "author_id": parent.author_id[:255],
+            "origin_id": parent.origin_id,  # the sender, when the answer goes elsewhere: the caps count both
             "owner": self.owner,
             **extra,
         }

@@ -126,6 +126,7 @@ class Guard(GuardCore):
         now = self.clock.now()
         rows = [(self.key(p.id), {"state": st.RELEASED, "attempt": 1, "created_at": now, "updated_at": now,
                                   "path": path, "snapshot": snapshot_json(p), "author_id": p.author_id[:255],
+                                  "origin_id": p.origin_id,
                                   "owner": self.owner, "provider_key": self.provider_key(p.id)})
                 for p in parents]
         return self.store.insert_absent(rows, {"kind": "received", "owner": self.owner,

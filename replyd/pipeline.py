@@ -140,7 +140,8 @@ class Pipeline:
         error = f"policy: {reason}"
         held = {"not_before": until, "error": error, "updated_at": now, "lease_owner": None, "lease_until": None}
         new = {**held, "state": RELEASED, "attempt": 1, "created_at": now, "path": path,
-               "snapshot": snapshot_json(parent), "author_id": parent.author_id[:255], "owner": guard.owner,
+               "snapshot": snapshot_json(parent), "author_id": parent.author_id[:255], "origin_id": parent.origin_id,
+               "owner": guard.owner,
                "provider_key": guard.provider_key(parent.id)}
         note = {"path": path, "reason": reason, "until": until}
         with guard.store.transaction(doing="holding a parent a limit holds back") as tx:

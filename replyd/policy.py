@@ -160,10 +160,10 @@ class Policy:
                 if n >= self.max_per_hour:
                     return "hourly_cap"
             if self.max_per_author_per_hour is not None:
-                author = parent.author_id[:255]
-                n = store.count_opened_since(platform.instance, me.sender_id, since, author_id=author)
-                if n + sum(1 for p in pending if p.author_id[:255] == author) >= self.max_per_author_per_hour:
-                    return "author_cap"
+                for who in _counted(parent):  # the destination and, when another, the sender: each has its cap
+                    n = store.count_opened_since(platform.instance, me.sender_id, since, author_id=who)
+                    if n + sum(1 for p in pending if who in _counted(p)) >= self.max_per_author_per_hour:
+                        return "author_cap"
         if _loop_broken(parent, store, platform, me, clock, pending):
             return "loop_breaker"
         if self.max_depth is not None and parent.thread_depth >= 1:
@@ -186,29 +186,38 @@ class Policy:
         if reason not in CAP_SKIPS:
             return now + DEPTH_RETRY_S
         breaker = getattr(platform, "loop_breaker", None)
-        if reason == "loop_breaker" and isinstance(breaker, tuple):  # its own window, counted per address
-            window_s = float(breaker[1])
-            oldest = store.oldest_opened_since(platform.instance, me.sender_id, now - window_s,
-                                               author_id=parent.author_id[:255])
-            return max(now, oldest if oldest is not None else now) + window_s + 1.0
-        author = parent.author_id[:255] if reason == "author_cap" else None
-        oldest = store.oldest_opened_since(platform.instance, me.sender_id, now - HOUR_S, author_id=author)
+        window_s = float(breaker[1]) if reason == "loop_breaker" and isinstance(breaker, tuple) else HOUR_S
+        # Per address (the destination, the sender): the first time one of their counted replies leaves the window.
+        # A parent the other address still holds back waits again then.
+        whom: tuple[str | None, ...] = (None,) if reason == "hourly_cap" else _counted(parent)
+        found = [store.oldest_opened_since(platform.instance, me.sender_id, now - window_s, author_id=who)
+                 for who in whom]
+        oldest = min((t for t in found if t is not None), default=None)
         # Only the page's own posts fill it (none opened yet): they open now. A cap counts a reply exactly an
-        # hour old, so the room comes a second later.
-        return max(now, oldest if oldest is not None else now) + HOUR_S + 1.0
+        # hour (a window) old, so the room comes a second later.
+        return max(now, oldest if oldest is not None else now) + window_s + 1.0
+
+
+def _counted(parent: Parent) -> tuple[str, ...]:
+    """The addresses a reply to ``parent`` counts against: its author (where the answer goes) and, when another,
+    the sender the platform verified (``Parent.origin_id``). A sender naming many destinations stays one sender."""
+    origin = parent.origin_id
+    return (parent.author_id[:255],) if origin is None else (parent.author_id[:255], origin)
+
 
 def _loop_broken(parent: Parent, store: Store, platform: Platform, me: Identity, clock: Clock,
                  pending: Sequence[Parent]) -> bool:
     """Whether the adapter's loop breaker (``platform.loop_breaker``: answers, window in seconds) holds ``parent``'s
-    author back: that many answers to it in the window, whatever the policy's caps say."""
+    author or sender back: that many answers counted to one of them in the window, whatever the policy's caps say."""
     breaker = getattr(platform, "loop_breaker", None)
     if not isinstance(breaker, tuple):  # an adapter without one (a test double's attribute is no tuple either)
         return False
     most, window_s = breaker
-    author = parent.author_id[:255]
-    n = store.count_opened_since(platform.instance, me.sender_id, clock.now() - window_s, author_id=author)
-    n += sum(1 for p in pending if p.author_id[:255] == author)
-    if n < most:
-        return False
-    log.warning("replyd.policy.loop_broken", platform=platform.instance, author=author, answers=n, window_s=window_s)
-    return True
+    for who in _counted(parent):  # the destination, then the sender when another
+        n = store.count_opened_since(platform.instance, me.sender_id, clock.now() - window_s, author_id=who)
+        n += sum(1 for p in pending if who in _counted(p))
+        if n >= most:
+            log.warning("replyd.policy.loop_broken", platform=platform.instance, author=who, answers=n,
+                        window_s=window_s)
+            return True
+    return False

@@ -176,6 +176,43 @@ def test_the_author_cap_counts_the_destination(desks: Any, mail_server: MailServ
     assert len(desk.answers(target)) == 1
 
 
+def test_the_author_cap_counts_the_sender_too(desks: Any, mail_server: MailServer) -> None:
+    """One sender naming a fresh Reply-To in its own domain on each mail, max_per_author_per_hour = 1: one answer in
+    all; the others wait with ``author_cap``, within one poll and in the next (counted from the store)."""
+    desk = desks(Policy.build(max_per_author_per_hour=1), reply_to="checked")
+    sender = mail_server.add_user("sender")
+    colleagues = [mail_server.add_user(f"colleague{i}") for i in range(4)]
+    for i, colleague in enumerate(colleagues[:2]):
+        desk.mail_in(sender, f"for a colleague {i}", Reply_To=colleague)
+    first = desk.poll()
+    assert [o.status for o in first] == [Status.POSTED, Status.SKIPPED] and first[1].detail == "author_cap", first
+    for i, colleague in enumerate(colleagues[2:], 2):
+        desk.mail_in(sender, f"for a colleague {i}", Reply_To=colleague)
+    later = desk.poll()
+    assert [(o.status, o.detail) for o in later] == [(Status.SKIPPED, "author_cap")] * 2, later
+    assert _held(desk) == ["author_cap"] * 3  # events the operator sees (``replyd explain``)
+    assert [len(desk.answers(c)) for c in colleagues] == [1, 0, 0, 0]
+    assert desk.answers(sender) == []
+
+
+def test_the_loop_breaker_counts_the_sender_too(desks: Any, mail_server: MailServer,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """No policy caps, ``loop_max_answers = 1``: one sender naming a new Reply-To each time gets one answer in the
+    window; its next mail waits with ``loop_breaker``, reported."""
+    desk = desks(loop_max_answers=1, loop_window_s=600.0, reply_to="checked")
+    sender = mail_server.add_user("sender")
+    colleagues = [mail_server.add_user(f"colleague{i}") for i in range(2)]
+    desk.mail_in(sender, "first", Reply_To=colleagues[0])
+    assert [o.status for o in desk.poll()] == [Status.POSTED]
+    desk.mail_in(sender, "second", Reply_To=colleagues[1])
+    outcomes = desk.poll()
+    assert [(o.status, o.detail) for o in outcomes] == [(Status.SKIPPED, "loop_breaker")], outcomes
+    assert _held(desk) == ["loop_breaker"]
+    out = capsys.readouterr().out
+    assert "replyd.policy.loop_broken" in out and f"author={sender}" in out  # the sender named, not a colleague
+    assert [len(desk.answers(c)) for c in colleagues] == [1, 0]
+
+
 @pytest.mark.parametrize("headers,reason", [
     ({"Precedence": "auto_reply"}, "auto_reply"),
     ({"X_Autoreply": "yes"}, "auto_reply"),

@@ -654,6 +654,23 @@ def test_row_reads(store, clock):
     assert [e["kind"] for e in ev] == ["claimed"] and set(ev[0]) == set(st.EXPORT_TABLES["events"])
 
 
+def test_a_row_counts_for_its_author_and_for_its_origin(store, clock):
+    """The per-author counts (caps, the loop breaker) find a row by its author_id (where the answer went) or by its
+    origin_id (the sender, set when that is someone else); the bot's own count still counts each row once."""
+    seed(store, "a", opened_at=10.0, author_id="r1@x.example", origin_id="s@x.example")
+    seed(store, "b", opened_at=20.0, author_id="r2@x.example", origin_id="s@x.example")
+    seed(store, "c", opened_at=30.0, author_id="s@x.example")
+    seed(store, "d", state=st.RELEASED, author_id="r3@x.example", origin_id="s@x.example")  # not sent: not counted
+    assert store.count_opened_since(P, S, 0.0, author_id="s@x.example") == 3
+    assert store.count_opened_since(P, S, 15.0, author_id="s@x.example") == 2
+    assert store.count_opened_since(P, S, 0.0, author_id="r1@x.example") == 1
+    assert store.count_opened_since(P, S, 0.0, author_id="r3@x.example") == 0
+    assert store.count_opened_since(P, S, 0.0) == 3
+    assert store.oldest_opened_since(P, S, 0.0, author_id="s@x.example") == 10.0
+    assert store.oldest_opened_since(P, S, 15.0, author_id="r2@x.example") == 20.0
+    assert store.get(key("a")).origin_id == "s@x.example" and store.get(key("c")).origin_id is None
+
+
 def test_overdue_lists_rows_past_their_bound(store, clock):
     """Each waiting state's bound (lease, deadline, back-off, last change), most overdue first, terminal ones never."""
     seed(store, "comp", state=st.COMPOSING, lease_until=100.0, updated_at=0.0)

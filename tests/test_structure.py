@@ -137,3 +137,39 @@ def test_migrations_match_models_on_postgres(pg_url):
         diff = compare_metadata(MigrationContext.configure(conn), METADATA)
     eng.dispose()
     assert diff == [], diff
+
+
+def test_the_origin_migration_keeps_rows_both_ways(tmp_path):
+    """0009 adds replies.origin_id, NULL on the rows 0008 left (their author is their only sender); its downgrade
+    drops the column and keeps the rows."""
+    from alembic import command
+
+    from replyd import migrate
+
+    url = f"sqlite:///{tmp_path / 'm.sqlite3'}"
+    eng = sa.create_engine(url)
+
+    def to(revision: str, how: str = "upgrade") -> None:
+        cfg = migrate._config()
+        with eng.connect() as conn:
+            cfg.attributes["connection"] = conn
+            getattr(command, how)(cfg, revision)
+            conn.commit()
+
+    def columns() -> set[str]:
+        return {c["name"] for c in sa.inspect(eng).get_columns("replies")}
+
+    to("0008")
+    with eng.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO replies (platform, sender_id, parent_id, state, attempt, created_at,"
+                             " updated_at, path, snapshot, author_id) VALUES ('sim', 's', 'p1', 'closed', 1, 1.0, 1.0,"
+                             " 'inbox', '{}', 'a@x.example')")
+    to("0009")
+    assert "origin_id" in columns()
+    with eng.connect() as conn:
+        assert conn.exec_driver_sql("SELECT author_id, origin_id FROM replies").all() == [("a@x.example", None)]
+    to("0008", "downgrade")
+    assert "origin_id" not in columns()
+    with eng.connect() as conn:
+        assert conn.exec_driver_sql("SELECT parent_id, author_id FROM replies").all() == [("p1", "a@x.example")]
+    eng.dispose()

@@ -41,8 +41,18 @@ class Parent:
     url: str = ""
     created_at: float | None = None
     thread_depth: int = 0
-    # Platform data a reply needs later (CIDs, root refs, topic ids, repo/number).
+    # Platform data a reply needs later (CIDs, root refs, topic ids, repo/number). ``extra["from"]``: the sender
+    # the platform verified, when the answer may go to someone else (email's From; ``author_id`` is the destination).
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def origin_id(self) -> str | None:
+        """Who sent this parent when that is not ``author_id`` (email: the From, the answer going to a checked
+        Reply-To), cut to the store's 255 characters; None when the author sent it. Caps count both."""
+        origin = self.extra.get("from")
+        if not isinstance(origin, str) or not origin or origin[:255] == self.author_id[:255]:
+            return None
+        return origin[:255]
 
     def snapshot(self) -> dict[str, Any]:
         """Return a JSON-safe dict that ``from_snapshot`` turns back into this parent."""

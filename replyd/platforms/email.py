@@ -18,7 +18,8 @@ harmless). ``stream`` holds IMAP IDLE open for push (``replyd.streams.StreamRunn
 Loop policy (RFC 3834 and vendor markers, ``email_checks``): an auto-reply, bulk or list mail, a robot sender or
 an ``X-Loop`` naming the desk is offered marked ``extra["refused"]``, which the policy skips with that reason; the
 bot's own mail is never offered. The author is the From address (never the display name); the author id is
-where the answer goes (``reply_to``: the From, or a checked Reply-To), so the caps count that mailbox.
+where the answer goes (``reply_to``: the From, or a checked Reply-To), so the caps count that mailbox; they count
+the From too (``extra["from"]``, kept on the row as ``origin_id`` when it differs), so one sender is one sender.
 
 Send and read-back: the reply carries ``In-Reply-To``, ``References``, ``Auto-Submitted: auto-replied`` and a
 ``Message-ID`` made from the guard's provider key (``<replyd.<key>@<bot's domain>>``: the same on every attempt).

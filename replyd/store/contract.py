@@ -111,7 +111,7 @@ class AnsweredLog(Protocol):
     def decidable(self, states: Sequence[str], limit: int = 20) -> list[Row]:
         """Rows waiting for an operator's decision, the most recently changed first."""
     def count_opened_since(self, platform: str, sender_id: str, since: float, author_id: str | None = None) -> int:
-        """A bot's rows opened since ``since`` (per author)."""
+        """A bot's rows opened since ``since`` (per author: ``author_id`` as the row's author or its origin)."""
     def oldest_opened_since(self, platform: str, sender_id: str, since: float,
                             author_id: str | None = None) -> float | None:
         """The earliest open time of the rows ``count_opened_since`` counts."""

@@ -50,7 +50,7 @@ CLAIM_COMMIT_LEVELS = ("local", "on", "remote_write", "remote_apply")
 
 # The newest migration (replyd/migrations/versions). A read command compares the store's revision with it
 # without importing alembic or SQLAlchemy; a test keeps it equal to alembic's head.
-SCHEMA_HEAD = "0008"
+SCHEMA_HEAD = "0009"
 
 # How commits wait for the disk. "as_asked": the claim and the open durable, closes and notes relaxed (a lost
 # close leaves the row open for the sweep). "durable" / "relaxed": every commit so (the benchmarks' variants).

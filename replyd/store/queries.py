@@ -26,10 +26,11 @@ def _waiting(now: float) -> Any:
 
 
 def _opened_since(platform: str, sender_id: str, since: float, author_id: str | None) -> list[Any]:
-    """A bot's rows opened (sent or being sent) at or after ``since``, optionally for one author: what caps count."""
+    """A bot's rows opened (sent or being sent) at or after ``since``, optionally for one author: what caps count.
+    A row counts for ``author_id`` when it is the row's author (where the answer went) or its origin (who sent it)."""
     c = REPLIES.c
     cond = [c.platform == platform, c.sender_id == sender_id, c.opened_at >= since, c.state.in_((OPEN, CLOSED))]
-    return cond if author_id is None else [*cond, c.author_id == author_id]
+    return cond if author_id is None else [*cond, sa.or_(c.author_id == author_id, c.origin_id == author_id)]
 
 
 class Reads(Reader):
@@ -60,7 +61,8 @@ class Reads(Reader):
             return [dict(m) for m in conn.exec_driver_sql(for_driver(sql, style), dict(params)).mappings()]
 
     def count_opened_since(self, platform: str, sender_id: str, since: float, author_id: str | None = None) -> int:
-        """Count this bot's rows opened (sent or being sent) at or after ``since``, optionally for one author."""
+        """Count this bot's rows opened (sent or being sent) at or after ``since``, optionally for one author (as
+        the row's author or its origin)."""
         q = sa.select(sa.func.count()).select_from(REPLIES).where(*_opened_since(platform, sender_id, since, author_id))
         with self._tx(write=False, doing="counting recent replies") as conn:
             return int(conn.execute(q).scalar_one())

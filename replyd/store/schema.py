@@ -44,6 +44,9 @@ class ReplyTable(SQLModel, table=True):
     # Attempts whose send an outage swallowed (proven not landed, marked by the breaker): not counted
     # against max_attempts; the parent is retried until guard.retry_horizon_s instead.
     excused: int = 0
+    # Who sent the parent, when the answer goes to someone else (email: the From, with a checked Reply-To as
+    # author_id); None when it is author_id. Per-author caps and the loop breaker count a name in either column.
+    origin_id: str | None = Field(default=None, max_length=255)
 
 
 class EventTable(SQLModel, table=True):

@@ -543,6 +543,8 @@ export interface components {
             author_id: string | null;
             /** @default 0 */
             excused: number;
+            /** @default null */
+            origin_id: string | null;
         };
         /**
          * StateCount
