@@ -221,6 +221,12 @@ def test_the_loop_breaker_counts_the_sender_too(desks: Any, mail_server: MailSer
     ({"List_Unsubscribe": "<mailto:leave@example.org>"}, "bulk_mail"),
     ({"Precedence": "junk"}, "bulk_mail"),
     ({"Auto_Submitted": "auto-generated"}, "auto_reply"),
+    ({"X_Mail_Autoreply": "yes"}, "auto_reply"),
+    ({"X_Autoreply_From": "someone@example.org"}, "auto_reply"),
+    ({"X_Precedence": "auto_reply"}, "auto_reply"),
+    ({"X_Precedence": "bulk"}, "bulk_mail"),
+    ({"X_Precedence": "junk"}, "bulk_mail"),
+    ({"X_Precedence": "list"}, "bulk_mail"),
 ])
 def test_auto_responders_are_skipped_with_a_reason(desks: Any, mail_server: MailServer, headers: dict[str, str],
                                                    reason: str) -> None:
