@@ -70,7 +70,6 @@ import hmac
 import json
 import re
 import secrets
-import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -85,6 +84,7 @@ from replyd.log import get_logger
 from replyd.platforms import unreadable
 from replyd.platforms.base import Parent, Receipt, WebhookAnswer, WebhookChallenge, WebhookReceipts, WebhookSource
 from replyd.policy import FINAL_SKIPS
+from replyd.quiet import Quiet
 
 if TYPE_CHECKING:
     from replyd.guard import Guard, Outcome
@@ -257,29 +257,6 @@ class Hook:
         return f"Hook(bot={self.bot!r}, kind={self.kind!r}, instance={self.instance!r})"  # never the secrets
 
 
-class _Quiet:
-    """Warnings anyone on the network can cause: at most one per event per ``window_s``, the rest counted.
-
-    The next warning after the window carries ``suppressed``, how many were held back since the last one."""
-
-    def __init__(self, now: Callable[[], float], window_s: float = 60.0) -> None:
-        self._now, self._window_s = now, window_s
-        self._lock = threading.Lock()
-        self._last: dict[str, float] = {}
-        self._held: dict[str, int] = {}
-
-    def warning(self, event: str, **kw: Any) -> None:
-        now = self._now()
-        with self._lock:
-            last = self._last.get(event)
-            if last is not None and 0 <= now - last < self._window_s:
-                self._held[event] = self._held.get(event, 0) + 1
-                return
-            self._last[event] = now
-            held = self._held.pop(event, 0)
-        log.warning(event, **kw, **({"suppressed": held} if held else {}))
-
-
 class Receiver:
     """Checks, parses and hands deliveries to the bots' pipelines in the background (two worker threads)."""
 
@@ -289,7 +266,7 @@ class Receiver:
         # Push bots configured but not started yet: name -> (kind, secret), to check a delivery before a 503.
         self.waiting = dict(waiting or {})
         self.now = now  # the wall clock: Slack's timestamps are the sender's wall time
-        self._quiet = _Quiet(now)
+        self._quiet = Quiet(log, now)  # refusals anyone can cause: one warning a minute per event
         self.max_body_bytes = max_body_bytes
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="replyd-hook")
 

@@ -64,6 +64,45 @@ def test_configured_host_names_are_served(tmp_path):
     store.dispose()
 
 
+def test_wrong_tokens_write_one_warning_a_minute_with_the_count_held_back(tmp_path):
+    """Anyone can send a wrong token: each request is refused, but the log gets one line a minute, the next one
+    carrying how many were held back. Over HTTP, the API's gates (the routes' and the opened probes') share it."""
+    from starlette.requests import Request
+    from structlog.testing import capture_logs
+
+    from replyd.api.gate import Gate, HostCheck, log
+    from replyd.clock import FakeClock
+    from replyd.quiet import Quiet
+
+    clock = FakeClock()
+    gate = Gate(None, token=LONG_TOKEN, hosts=HostCheck("127.0.0.1"), open_paths=frozenset(),
+                quiet=Quiet(log, clock.now))
+
+    def ask(token: str) -> int:
+        headers = [(b"host", b"127.0.0.1:8787"), (b"authorization", f"Bearer {token}".encode())]
+        refusal = gate.admit(Request({"type": "http", "method": "GET", "path": "/v1/status", "query_string": b"",
+                                      "headers": headers}))
+        return 200 if refusal is None else refusal.status_code
+
+    def warnings(logs: list[dict]) -> list[tuple[str, int | None]]:
+        return [(e["event"], e.get("suppressed")) for e in logs if e["log_level"] == "warning"]
+
+    with capture_logs() as logs:
+        answers = [ask("wrong") for _ in range(50)]
+        clock.advance(61)
+        answers += [ask("wrong"), ask(LONG_TOKEN)]
+    assert answers == [401] * 51 + [200]
+    assert warnings(logs) == [("replyd.api.unauthorized", None), ("replyd.api.unauthorized", 49)]
+
+    store = Store.open(f"sqlite:///{tmp_path / 'r.sqlite3'}")
+    api = Api(store, {}, expected=[], token=TOKEN, open_routes=["readyz"])
+    wrong = {"Authorization": "Bearer wrong"}
+    with capture_logs() as logs, ApiServer(api.app) as srv, httpx.Client(base_url=srv.url, headers=wrong) as c:
+        assert [c.get(path).status_code for path in ("/v1/status", "/readyz") * 10] == [401, 200] * 10
+    assert warnings(logs) == [("replyd.api.unauthorized", None)]
+    store.dispose()
+
+
 def test_token_needed_on_every_route_but_healthz(h):
     """On a loopback bind with a token, every route but /healthz answers 401 without it and 200 with it."""
     with h.client(token=None) as c:

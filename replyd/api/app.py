@@ -30,6 +30,7 @@ from replyd.guard import Guard
 from replyd.hooks import BAD_SIGNATURE
 from replyd.liveness import Liveness
 from replyd.log import get_logger
+from replyd.quiet import Quiet
 from replyd.store import Reply, Store
 
 if TYPE_CHECKING:
@@ -68,9 +69,12 @@ class Api:
         self.guards = guards
         self.expected = list(expected) if expected is not None else None
         self.token = token or None
-        gate = {"token": self.token, "hosts": HostCheck(host, hosts), "open_paths": open_paths(open_routes)}
+        # Both gates share one quiet log: a wrong token writes one warning a minute, whichever gate saw it.
+        gate = {"token": self.token, "hosts": HostCheck(host, hosts), "open_paths": open_paths(open_routes),
+                "quiet": Quiet(log)}
         # The same gate with nothing opened: whether an opened probe's caller showed the token (then: detail).
-        self._token_gate = Gate(None, token=self.token, hosts=gate["hosts"], open_paths=frozenset())
+        self._token_gate = Gate(None, token=self.token, hosts=gate["hosts"], open_paths=frozenset(),
+                                quiet=gate["quiet"])
         self.refresh_s = refresh_s
         self.max_body_bytes = max_body_bytes
         self.registry = metrics.registry(store, liveness)

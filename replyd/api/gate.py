@@ -19,6 +19,7 @@ from replyd.config import MIN_PUBLIC_TOKEN
 from replyd.errors import ConfigError
 from replyd.log import get_logger
 from replyd.platforms._http import is_loopback
+from replyd.quiet import Quiet
 
 log = get_logger("replyd.api")
 
@@ -100,11 +101,14 @@ class HostCheck:
 class Gate:
     """ASGI middleware in front of every route: the Host check and the token, and the security headers."""
 
-    def __init__(self, app: Any, *, token: str | None, hosts: HostCheck, open_paths: frozenset[str]) -> None:
+    def __init__(self, app: Any, *, token: str | None, hosts: HostCheck, open_paths: frozenset[str],
+                 quiet: Quiet | None = None) -> None:
         self.app = app
         self.token = token
         self.hosts = hosts
         self.open_paths = open_paths
+        # A wrong token is anyone's to send: one warning a minute, the next one counting those held back.
+        self.quiet = quiet if quiet is not None else Quiet(log)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """Refuse or pass one request; add the security headers to whatever answers it."""
@@ -165,6 +169,6 @@ class Gate:
         else:
             return refuse("unsupported authorization scheme: use Bearer")
         if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self.token.encode()):
-            log.warning("replyd.api.unauthorized", path=request.url.path, method=request.method)
+            self.quiet.warning("replyd.api.unauthorized", path=request.url.path, method=request.method)
             return refuse("invalid token")
         return None
