@@ -3,6 +3,7 @@
 #   make test   every test (creates .venv, installs Python and npm dependencies)
 #   make ts-client  the TypeScript client (clients/typescript): npm ci, types check, build, tests
 #   make agents-js  replyd's MCP server under LangGraph JS, the OpenAI Agents SDK and Mastra (clients/agents-js)
+#   make hermes     hermes-agent's Telegram adapter through replyd (tests/test_hermes.py, in its own venv)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -10,6 +11,9 @@ PY     := $(VENV)/bin/python
 BSKY   := tests/bsky
 TS     := clients/typescript
 AGENTS_JS := clients/agents-js
+# hermes-agent pins openai 2.x, websockets 15, pydantic 2.13...: older than the test extras', so its own venv.
+HERMES_VENV ?= .venv-hermes
+HERMES_VERSION ?= 0.19.0
 
 RUNS ?= 20
 SEED ?= 1
@@ -18,7 +22,7 @@ JOBS ?= 1
 TEST_WORKERS ?= 3
 PYTEST_XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: install install-bench run test test-fast examples bsky-deps bench chaos clean ts-client ts-openapi agents-js
+.PHONY: install install-bench run test test-fast examples bsky-deps bench chaos clean ts-client ts-openapi agents-js hermes
 
 # The runtime only (what `make run` needs): no test extras, no -q (pip's lines are the progress).
 $(VENV)/.installed-runtime: pyproject.toml
@@ -66,6 +70,16 @@ agents-js: install
 	cd $(AGENTS_JS) && npm ci --no-audit --no-fund
 	cd $(AGENTS_JS) && REPLYD_PYTHON=$(abspath $(PY)) npm test
 
+# hermes-agent's real Telegram adapter against the Bot API fake, naive and through replyd.integrations.hermes.
+$(HERMES_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(HERMES_VENV)
+	$(HERMES_VENV)/bin/python -m pip install -q --disable-pip-version-check -e . \
+	  'hermes-agent[messaging]==$(HERMES_VERSION)' 'pytest>=8,<9.2' 'pytest-timeout>=2.3,<3'
+	touch $@
+
+hermes: $(HERMES_VENV)/.installed
+	REPLYD_HERMES_REQUIRED=1 $(HERMES_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_hermes.py
+
 # After an API change: rewrite the client's OpenAPI document and regenerate its types (commit both).
 ts-openapi: $(VENV)/.installed-runtime
 	$(PY) -c 'import json; from replyd.api.openapi import openapi_document; print(json.dumps(openapi_document(), indent=1))' > $(TS)/openapi.json
@@ -86,4 +100,4 @@ chaos: install
 	$(PY) -m chaos --runs $(RUNS) --seed $(SEED) --jobs $(JOBS)
 
 clean:
-	rm -rf $(VENV) $(BSKY)/node_modules $(TS)/node_modules $(TS)/dist .pytest_cache
+	rm -rf $(VENV) $(HERMES_VENV) $(BSKY)/node_modules $(TS)/node_modules $(TS)/dist .pytest_cache
