@@ -4,6 +4,7 @@
 #   make ts-client  the TypeScript client (clients/typescript): npm ci, types check, build, tests
 #   make agents-js  replyd's MCP server under LangGraph JS, the OpenAI Agents SDK and Mastra (clients/agents-js)
 #   make hermes     hermes-agent's Telegram adapter through replyd (tests/test_hermes.py, in its own venv)
+#   make openclaw   openclaw's reconcileUnknownSend and final sends through replyd, on the Telegram fake (clients/openclaw)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -14,6 +15,7 @@ AGENTS_JS := clients/agents-js
 # hermes-agent pins openai 2.x, websockets 15, pydantic 2.13...: older than the test extras', so its own venv.
 HERMES_VENV ?= .venv-hermes
 HERMES_VERSION ?= 0.19.0
+OPENCLAW := clients/openclaw
 
 RUNS ?= 20
 SEED ?= 1
@@ -22,7 +24,7 @@ JOBS ?= 1
 TEST_WORKERS ?= 3
 PYTEST_XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: install install-bench run test test-fast examples bsky-deps bench chaos clean ts-client ts-openapi agents-js hermes
+.PHONY: install install-bench run test test-fast examples bsky-deps bench chaos clean ts-client ts-openapi agents-js hermes openclaw
 
 # The runtime only (what `make run` needs): no test extras, no -q (pip's lines are the progress).
 $(VENV)/.installed-runtime: pyproject.toml
@@ -79,6 +81,13 @@ $(HERMES_VENV)/.installed: pyproject.toml
 
 hermes: $(HERMES_VENV)/.installed
 	REPLYD_HERMES_REQUIRED=1 $(HERMES_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_hermes.py
+
+# openclaw's channel hooks (clients/openclaw) against a real `replyd run` on the Telegram Bot API fake (node --test).
+# openclaw is a devDependency for its published types only: it runs on Node 24.16+, not here (docs/INTEGRATIONS.md).
+openclaw: $(VENV)/.installed-runtime
+	cd $(TS) && npm ci --no-audit --no-fund && npm run build
+	cd $(OPENCLAW) && npm ci --no-audit --no-fund
+	cd $(OPENCLAW) && REPLYD_PYTHON=$(abspath $(PY)) npm test
 
 # After an API change: rewrite the client's OpenAPI document and regenerate its types (commit both).
 ts-openapi: $(VENV)/.installed-runtime
