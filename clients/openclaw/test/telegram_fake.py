@@ -27,11 +27,11 @@ class Control(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(raw)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._answer({"replies": dict(world.reply_counts()), "lost_parents": list(world.lost_parents),
                       "send_requests": world.send_requests, "unanswered": list(world.unanswered)})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
         if self.path == "/post":
             world.chat(int(body["chat_id"]), type="private")
