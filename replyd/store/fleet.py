@@ -22,6 +22,17 @@ from replyd.store.schema import BOT_LEASES, REPLICAS, REPLIES
 _CHUNK = 500  # SQLite's bound-parameter limit, with room to spare
 
 
+def _batches(conn: Connection, bots: Sequence[str]) -> list[sa.ColumnElement[bool]]:
+    """``bot IN (...)`` conditions covering ``bots``: one array parameter on PostgreSQL (a statement with
+    thousands of placeholders costs more to convert than to run), chunks under SQLite's parameter limit."""
+    col = BOT_LEASES.c.bot
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import ARRAY
+
+        return [col == sa.any_(sa.bindparam("bots", list(bots), type_=ARRAY(sa.Text)))]
+    return [col.in_(bots[i:i + _CHUNK]) for i in range(0, len(bots), _CHUNK)]
+
+
 @dataclass
 class Beat:
     """What one heartbeat saw and did: the live replicas, the bots held (and until when), the dead freed."""
@@ -63,9 +74,8 @@ class FleetLeases:
             dead = {o: self._free_dead(conn, o, now, lease_s) for o in seen if o not in live}
             dead = {o: n for o, n in dead.items() if n >= 0}  # -1: another replica freed it first
             rows: dict[str, tuple[str | None, float, str | None]] = {}
-            for i in range(0, len(bots), _CHUNK):
-                q = self._lock_rows(sa.select(b.bot, b.holder, b.until, b.wanted_by)
-                                    .where(b.bot.in_(bots[i:i + _CHUNK])).order_by(b.bot))
+            for names in _batches(conn, bots):
+                q = self._lock_rows(sa.select(b.bot, b.holder, b.until, b.wanted_by).where(names).order_by(b.bot))
                 rows.update({name: (holder, until, wanted) for name, holder, until, wanted in conn.execute(q)})
             out = Beat(live=live, held={}, dead=dead)
             inserts, sets, asks = [], [], []
@@ -90,9 +100,14 @@ class FleetLeases:
             if asks:
                 conn.execute(sa.update(BOT_LEASES).where(b.bot == sa.bindparam("k"))
                              .values(wanted_by=owner), asks)
-            if sets:
-                conn.execute(sa.update(BOT_LEASES).where(b.bot == sa.bindparam("k"))
-                             .values(holder=sa.bindparam("h"), until=sa.bindparam("u"), wanted_by=None), sets)
+            # One statement per (holder, until): a heartbeat's renewals share both, so a replica holding
+            # thousands of bots renews them in one UPDATE, not one each.
+            groups: dict[tuple[str | None, float], list[str]] = {}
+            for row in sets:
+                groups.setdefault((row["h"], row["u"]), []).append(row["k"])
+            for (holder, until), names in groups.items():
+                for cond in _batches(conn, names):
+                    conn.execute(sa.update(BOT_LEASES).where(cond).values(holder=holder, until=until, wanted_by=None))
             for row in inserts:
                 # A row another replica inserted meanwhile wins: this one settles it at its next heartbeat.
                 ins = sa.insert(BOT_LEASES).values(**row).prefix_with("OR IGNORE", dialect="sqlite")
@@ -103,7 +118,8 @@ class FleetLeases:
                 if conn.execute(ins).rowcount == 1 and row["holder"] == owner:
                     out.taken.append(row["bot"])
             q = sa.select(b.bot, b.until).where(b.holder == owner, b.until > now)
-            out.held = {name: until for name, until in conn.execute(q) if name in set(bots)}
+            served = set(bots)  # once: a set built per row made a beat quadratic in the bots
+            out.held = {name: until for name, until in conn.execute(q) if name in served}
             out.taken = [t for t in out.taken if t in out.held]
         return out
 
