@@ -8,7 +8,8 @@ Shipped in the package so the docs' examples run anywhere: ``TelegramApi(Telegra
   client (lost, 5xx after creating, held). ``send_faults`` (popped per ``sendMessage``): ``"lost"`` created then
   the connection drops, ``"error_after"`` created then HTTP 502, ``"error_before"`` 502 and nothing created,
   ``"ratelimited"`` 429 with ``parameters.retry_after``, ``"blocked"`` 403, ``"hold"`` created and the answer
-  held until ``release_held`` (then the connection drops). ``lose_fraction`` loses that share of the answers
+  held until ``release_held`` (then the connection drops). Without ``reply_parameters`` the message is a plain
+  one in the chat (``bot_messages(chat_id)`` counts those too). ``lose_fraction`` loses that share of the answers
   at random (seeded). A text longer than 4,096 UTF-16 code units is refused ("message is too long").
 - ``editMessageText`` on the bot's own messages: ``edit_faults`` as ``send_faults`` (``"lost"`` edited then the
   connection drops, ``"error_after"`` edited then 502, ``"error_before"`` 502 and nothing edited,
@@ -178,6 +179,12 @@ class TelegramWorld:
             return sum(1 for m in chat.messages.values() if m["from"]["id"] == BOT_ID
                        and (m.get("reply_to_message") or {}).get("message_id") == int(mid))
 
+    def bot_messages(self, chat_id: int) -> int:
+        """How many messages the bot sent in chat ``chat_id``, replies or not."""
+        chat = self.chats.get(chat_id)
+        with self.lock:
+            return sum(1 for m in chat.messages.values() if m["from"]["id"] == BOT_ID) if chat else 0
+
     def reply_counts(self) -> Counter[str]:
         """Bot replies per parent id."""
         out: Counter[str] = Counter()
@@ -210,6 +217,8 @@ class TelegramWorld:
         if fault == "blocked":
             return _err("error_403_blocked")
         chat_id = args.get("chat_id")
+        if isinstance(chat_id, str) and chat_id.isascii() and chat_id.removeprefix("-").isdigit():
+            chat_id = int(chat_id)  # "Integer or String": a JSON body may carry the id as a string
         chat = self.chats.get(chat_id) if isinstance(chat_id, int) else None
         if chat is None:
             return JSONResponse({"ok": False, "error_code": 400, "description": "Bad Request: chat not found"},
@@ -230,22 +239,24 @@ class TelegramWorld:
         rp = args.get("reply_parameters") or {}
         target = rp.get("message_id") if isinstance(rp, dict) else None
         with self.lock:
-            if target not in chat.messages:
+            if target is not None and target not in chat.messages:
                 return "", _err("error_400_reply_not_found")
             mid = chat.next_id
             chat.next_id += 1
             msg = {"message_id": mid, "from": {"id": BOT_ID, "is_bot": True, "first_name": "Replyd Test",
                                                "username": BOT_USERNAME},
-                   "chat": chat.json(), "date": int(self.now()), "text": text,
-                   "reply_to_message": copy.deepcopy({k: v for k, v in chat.messages[target].items()
-                                                      if k != "reply_to_message"})}
+                   "chat": chat.json(), "date": int(self.now()), "text": text}
+            if target is not None:  # without reply_parameters: a plain message in the chat, as Telegram sends it
+                msg["reply_to_message"] = copy.deepcopy({k: v for k, v in chat.messages[target].items()
+                                                         if k != "reply_to_message"})
             if isinstance(args.get("message_thread_id"), int):
                 msg["message_thread_id"] = args["message_thread_id"]
             chat.messages[mid] = msg
-            self.send_times.append((time.monotonic(), f"{chat.id}:{target}"))
+            parent = f"{chat.id}:{target}" if target is not None else str(chat.id)  # a plain message: its chat
+            self.send_times.append((time.monotonic(), parent))
             if fault in ("lost", "error_after", "hold"):
                 self.unanswered.append(f"{chat.id}:{mid}")
-                self.lost_parents.append(f"{chat.id}:{target}")
+                self.lost_parents.append(parent)
         return fault or "", msg
 
     def edit_message(self, args: dict[str, Any]) -> tuple[str, dict[str, Any] | JSONResponse]:
