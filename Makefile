@@ -5,6 +5,7 @@
 #   make agents-js  replyd's MCP server under LangGraph JS, the OpenAI Agents SDK and Mastra (clients/agents-js)
 #   make hermes     hermes-agent's Telegram adapter through replyd (tests/test_hermes.py, in its own venv)
 #   make openclaw   openclaw's reconcileUnknownSend and final sends through replyd, on the Telegram fake (clients/openclaw)
+#   make chat-sdk   Vercel's Chat SDK on a Telegram fake, naive and through replyd (clients/chat-sdk)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -16,6 +17,7 @@ AGENTS_JS := clients/agents-js
 HERMES_VENV ?= .venv-hermes
 HERMES_VERSION ?= 0.19.0
 OPENCLAW := clients/openclaw
+CHAT_SDK := clients/chat-sdk
 
 RUNS ?= 20
 SEED ?= 1
@@ -24,7 +26,7 @@ JOBS ?= 1
 TEST_WORKERS ?= 3
 PYTEST_XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: install install-bench run test test-fast examples bsky-deps bench chaos clean ts-client ts-openapi agents-js hermes openclaw
+.PHONY: install install-bench run test test-fast examples bsky-deps bench chaos clean ts-client ts-openapi agents-js hermes openclaw chat-sdk
 
 # The runtime only (what `make run` needs): no test extras, no -q (pip's lines are the progress).
 $(VENV)/.installed-runtime: pyproject.toml
@@ -88,6 +90,13 @@ openclaw: $(VENV)/.installed-runtime
 	cd $(TS) && npm ci --no-audit --no-fund && npm run build
 	cd $(OPENCLAW) && npm ci --no-audit --no-fund
 	cd $(OPENCLAW) && REPLYD_PYTHON=$(abspath $(PY)) npm test
+
+# Vercel's Chat SDK (chat + @chat-adapter/telegram) on replyd's Telegram fake: naive posts twice under the SDK's
+# retries and redeliveries; through @replyd/client (built from $(TS)) once, a lost answer `unconfirmed` (node --test).
+chat-sdk: $(VENV)/.installed-runtime
+	cd $(TS) && npm ci --no-audit --no-fund && npm run build
+	cd $(CHAT_SDK) && npm ci --no-audit --no-fund
+	cd $(CHAT_SDK) && REPLYD_PYTHON=$(abspath $(PY)) npm test
 
 # After an API change: rewrite the client's OpenAPI document and regenerate its types (commit both).
 ts-openapi: $(VENV)/.installed-runtime
