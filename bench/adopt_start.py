@@ -52,7 +52,7 @@ def main() -> None:
                 for t in ("replies", "events", "cursors"):
                     c.exec_driver_sql(f"DELETE FROM {t}")
             seen: Counter[str] = Counter()
-            with httpx.Client(event_hooks={"request": [lambda r: seen.update([r.url.path])]}) as http:
+            with httpx.Client(event_hooks={"request": [lambda r: seen.update([r.url.path])]}) as http:  # noqa: B023 - the client closes in this iteration
                 plat = make_platform("mastodon", bc.settings, http=http, clock=SystemClock())
                 ident = plat.whoami()
                 if known:

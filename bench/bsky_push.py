@@ -26,15 +26,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import httpx  # noqa: E402
-import libipld  # noqa: E402
-from websockets.sync.client import connect  # noqa: E402
+import httpx
+import libipld
+from websockets.sync.client import connect
 
-from bench.bsky_lag import _login, cli  # noqa: E402
-from replyd.clock import SystemClock  # noqa: E402
-from replyd.platforms.bluesky import BlueskyPlatform  # noqa: E402
-from replyd.platforms.bluesky_firehose import Firehose, commit_posts, firehose_url  # noqa: E402
-from tests.bsky_network import BskyNetwork  # noqa: E402
+from bench.bsky_lag import _login, cli
+from replyd.clock import SystemClock
+from replyd.platforms.bluesky import BlueskyPlatform
+from replyd.platforms.bluesky_firehose import Firehose, commit_posts, firehose_url
+from tests.bsky_network import BskyNetwork
 
 SOURCES = ("firehose frame", "firehose parent", "listNotifications")
 

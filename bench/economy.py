@@ -44,7 +44,7 @@ def measure(n: int = 200, *, rate_per_s: float = 25.0, poll_s: float = 0.5, resp
     calls: Counter[str] = Counter()
     lock = threading.Lock()
 
-    async def respond(parent):  # noqa: ANN001, ANN202
+    async def respond(parent):
         with lock:
             calls[parent.id] += 1
         await asyncio.sleep(responder_s)  # a stand-in for a model call, on the shared responder loop
@@ -80,7 +80,7 @@ def measure(n: int = 200, *, rate_per_s: float = 25.0, poll_s: float = 0.5, resp
                     pollers.search()
                     pollers.refind()
                     sweeper.run_once()
-                except Exception as exc:  # noqa: BLE001 - report, keep going
+                except Exception as exc:  # report, keep going
                     errors.append(f"{type(exc).__name__}: {exc}"[:200])
                 stop.wait(poll_s)
 

@@ -178,7 +178,7 @@ def child(url: str, n: int, claims: int, checks: int) -> dict[str, Any]:
     marks: dict[str, float] = {}
     orig_send = stub.send
 
-    def send(parent, text, *, provider_key):  # noqa: ANN001, ANN202
+    def send(parent, text, *, provider_key):
         marks["sent"] = time.perf_counter()
         return orig_send(parent, text, provider_key=provider_key)
 
@@ -252,7 +252,7 @@ def interleaved(urls: dict[int, str], *, claims: int, checks: int, sweeps: int, 
         stub = StubPlatform(listing_delay_s=10.0)
         orig = stub.send
 
-        def send(parent, text, *, provider_key, _orig=orig):  # noqa: ANN001, ANN202
+        def send(parent, text, *, provider_key, _orig=orig):
             marks["sent"] = time.perf_counter()
             return _orig(parent, text, provider_key=provider_key)
 

@@ -24,12 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import httpx  # noqa: E402
+import httpx
 
-from replyd.clock import SystemClock  # noqa: E402
-from replyd.platforms.base import Pending  # noqa: E402
-from replyd.platforms.matrix import MatrixPlatform  # noqa: E402
-from tests.synapse_server import start_synapse  # noqa: E402
+from replyd.clock import SystemClock
+from replyd.platforms.base import Pending
+from replyd.platforms.matrix import MatrixPlatform
+from tests.synapse_server import start_synapse
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -468,16 +468,16 @@ def scenarios(n: int) -> dict[str, Any]:
         parents = {pid: plat.add_parent(pid) for pid in ids}
 
         def make(crash: bool) -> Callable[..., dict]:
-            layer = RedisCachePersistenceLayer(client=client)
+            layer = RedisCachePersistenceLayer(client=client)  # noqa: B023 - make() runs in this iteration
             if crash:
                 def save_success(*_a: Any, **_k: Any) -> None:
                     raise SimulatedCrash("died after the send returned, before the record was completed")
                 layer.save_success = save_success  # type: ignore[method-assign]
             config = IdempotencyConfig(event_key_jmespath="id", expires_after_seconds=ttl)
 
-            @idempotent_function(data_keyword_argument="post", persistence_store=layer, config=config, key_prefix=prefix)
+            @idempotent_function(data_keyword_argument="post", persistence_store=layer, config=config, key_prefix=prefix)  # noqa: B023
             def send_once(post: dict) -> dict:
-                return {"reply_id": plat.send(parents[post["id"]], post["text"], provider_key=post["id"]).reply_id}
+                return {"reply_id": plat.send(parents[post["id"]], post["text"], provider_key=post["id"]).reply_id}  # noqa: B023
 
             return send_once
 

@@ -30,7 +30,7 @@ from replyd.sweep import Bot, Sweeper
 class PerParentRead(MastodonPlatform):
     """The card's design: no own-feed listing, one ``/context`` read per open row."""
 
-    def _scan_own_feed(self, sender_id, opened, found):  # noqa: ANN001, ANN202
+    def _scan_own_feed(self, sender_id, opened, found):
         return None
 
 
@@ -39,7 +39,7 @@ class FeedToHorizon(MastodonPlatform):
 
     READBACK_MAX_PAGES = 250  # 10,000 own statuses per sweep pass at most
 
-    def _scan_own_feed(self, sender_id, opened, found):  # noqa: ANN001, ANN202
+    def _scan_own_feed(self, sender_id, opened, found):
         saved = self._max_pages
         self._max_pages = max(saved, self.READBACK_MAX_PAGES)
         try:

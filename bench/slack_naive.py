@@ -89,7 +89,7 @@ class NaiveBot:
         bot, secret = self, os.environ[self.args.secret_env]
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("content-length") or 0))
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 if not slack_verify(secret, raw, headers, time.time()):
@@ -106,7 +106,7 @@ class NaiveBot:
                 self.wfile.write(out)
                 bot.receive(body)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 self.send_response(200)
                 self.end_headers()
 
@@ -132,7 +132,7 @@ class NaiveBot:
                             break
                         if msg.get("type") == "events_api":
                             self.receive(msg.get("payload") or {})
-            except Exception:  # noqa: BLE001 - reconnect like the SDK's client does
+            except Exception:  # reconnect like the SDK's client does
                 time.sleep(1.0)
 
 

@@ -27,7 +27,7 @@ def _guard(url: str, journal: str) -> Guard:
     return Guard(store, plat, plat.whoami(), send_timeout_s=5.0)
 
 
-def race_one(url: str, journal: str, parent_ids: list[str], barrier, results) -> None:  # noqa: ANN001
+def race_one(url: str, journal: str, parent_ids: list[str], barrier, results) -> None:
     """For each parent: wait at the barrier with every other process, then post it once."""
     g = _guard(url, journal)
     g.store.get(g.key("warm-up"))  # open the pooled connection before the clock starts
@@ -41,7 +41,7 @@ def race_one(url: str, journal: str, parent_ids: list[str], barrier, results) ->
     results.put(out)
 
 
-def race_many(url: str, journal: str, n_parents: int, seed: int, barrier, results) -> None:  # noqa: ANN001
+def race_many(url: str, journal: str, n_parents: int, seed: int, barrier, results) -> None:
     """Post every parent in a shuffled order after the barrier; report sends and timestamps."""
     g = _guard(url, journal)
     g.store.get(g.key("warm-up"))

@@ -52,7 +52,7 @@ def _stall_opens(path: str) -> None:
     real = guard.Guard._open_composed
     taken = [0]
 
-    def stalled(self, key, row, text):  # noqa: ANN001, ANN202
+    def stalled(self, key, row, text):
         out = real(self, key, row, text)
         if isinstance(out, guard.Outcome):
             return out

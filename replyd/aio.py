@@ -39,7 +39,6 @@ from typing import Any
 from replyd import deadline, metrics
 from replyd.admission import Admission
 from replyd import store as st
-from replyd.clock import Clock
 from replyd.core import (PAGE_CLOSES, PAGE_MAX, Call, Compose, Drive, Edit, Effect, GuardCore, Lease, Outcome, Pull, Respond, Send,
                          Status, Steps, page_chunks)
 from replyd.errors import BadResponse, MaybeSent, PlatformError

@@ -68,7 +68,7 @@ REFUSED = Ticket(Admit.REFUSED)
 class BreakerListener(Protocol):
     """Told when a bot's breaker opens or closes (the readiness record shows it)."""
 
-    def set_breaker(self, bot: str, open: bool, reason: str) -> None:  # noqa: A002  (the state's name)
+    def set_breaker(self, bot: str, open: bool, reason: str) -> None:  # the state's name
         """Record that ``bot``'s breaker is now ``open`` (True) or closed, and why."""
         ...
 

@@ -49,7 +49,7 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 import httpx
 import stamina
@@ -376,12 +376,12 @@ class Daemon:
             self.scheduler.start()
             self.timetable.start()
             first = self._first_logins(prepared)
-            for p, got in zip(prepared, first):
+            for got in first:
                 # A refused login or a platform that answers "no" (not an outage) stops the daemon, in config order.
                 if isinstance(got, BaseException) and not (isinstance(got, PlatformError) and _passing(got)
                                                            or isinstance(got, NotAdopted)):
                     raise got
-            for p, got in zip(prepared, first):
+            for p, got in zip(prepared, first, strict=True):
                 if isinstance(got, Identity):
                     self._start_bot(p, got)
                 else:
@@ -607,7 +607,7 @@ class Daemon:
             sc = self.cfg.sweep
             self.scheduler.add_job(self.reoffer_tick, "interval", seconds=sc.interval_s, id="reoffer",
                                    next_run_time=_now_dt())
-        for p, got in zip(prepared, self._first_logins(prepared)):
+        for p, got in zip(prepared, self._first_logins(prepared), strict=True):
             if isinstance(got, Identity):
                 self._start_bot(p, got)
             elif isinstance(got, NotAdopted) or isinstance(got, PlatformError) and _passing(got):
@@ -665,7 +665,7 @@ class Daemon:
         bot.guard.close()
         log.info("replyd.bot.stopped", bot=bot.cfg.name, platform=bot.platform.instance)
 
-    def _once(self, job_id: str, fn, *args: object, urgent: bool = False) -> bool:  # noqa: ANN001
+    def _once(self, job_id: str, fn, *args: object, urgent: bool = False) -> bool:
         """Run ``fn(*args)`` once on the pool (``urgent``: a poll, on the pool's first lane), unless the run of
         ``job_id`` before is still queued or running.
 
@@ -838,7 +838,7 @@ class Daemon:
                 except Exception as exc:  # the watch must outlive any one failure
                     log.error("replyd.guard.watch_failed", bot=name, error=f"{type(exc).__name__}: {exc}"[:300])
 
-    def _tracked(self, bot: str, path: str, fn):  # noqa: ANN001, ANN202
+    def _tracked(self, bot: str, path: str, fn):
         """Wrap a job so liveness sees its run in flight (a run that hangs counts while it hangs)."""
         live = self.liveness
         assert live is not None
@@ -1099,7 +1099,7 @@ def _poll_bound_s(p: Prepared) -> float:
     return p.timeout_s + float(p.cfg.settings.get("long_poll_s", 0) or 0)
 
 
-def _with_context(fn, **context: str):  # noqa: ANN001, ANN202
+def _with_context(fn, **context: str):
     """Run ``fn`` with ``context`` bound to every log line it emits (the guard's and the adapter's included)."""
 
     def job() -> None:
@@ -1115,7 +1115,7 @@ def _nothing() -> Iterator[None]:
     yield
 
 
-def _now_dt(in_s: float = 0.0):  # noqa: ANN202
+def _now_dt(in_s: float = 0.0):
     from datetime import datetime, timedelta, timezone
 
     return datetime.now(timezone.utc) + timedelta(seconds=in_s)

@@ -26,7 +26,7 @@ T = TypeVar("T")
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("replyd_deadline", default=None)
 
 
-class within:  # noqa: N801  (used as ``with deadline.within(s) as at:``, like a function)
+class within:  # used as ``with deadline.within(s) as at:``, like a function
     """Run the body under a budget of ``seconds`` (monotonic); ``as`` gives the absolute deadline.
 
     A class, not ``@contextmanager``: it wraps every send, and a generator-based manager costs about a
@@ -58,7 +58,7 @@ def remaining() -> float | None:
 _LEFT: contextvars.ContextVar[list[asyncio.Future[Any]] | None] = contextvars.ContextVar("replyd_left", default=None)
 
 
-class outliving:  # noqa: N801  (used as ``with deadline.outliving() as left:``)
+class outliving:  # used as ``with deadline.outliving() as left:``
     """Collect, in ``left``, the ``to_thread`` calls cut (cancelled) inside the block while their thread still ran.
 
     A thread cannot be stopped: a send cut at its budget on the loop may still act from its thread (an SDK whose

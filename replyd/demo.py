@@ -185,7 +185,7 @@ class ReplydBot:
         self.lag = ListingLag(self.store, self.platform.instance, sc.configured_delay_s, cfg, clock=self.clock)
         self.guard = Guard(self.store, self.platform, self.identity, clock=self.clock, send_timeout_s=0.5, lag=self.lag)
 
-        def responder(parent):  # noqa: ANN001, ANN202
+        def responder(parent):
             calls.append(parent.id)
             return f"answer to {parent.id}"
 

@@ -456,7 +456,7 @@ class Receiver:
             got = hook.offers(parents, "webhook")
         except Exception as exc:  # the poll backstop finds them again (their rows are kept); a worker must not die
             got = [exc]
-        for parent, out in zip(parents, got):
+        for parent, out in zip(parents, got, strict=False):  # shorter when the page failed (logged below)
             if isinstance(out, Exception):
                 failed(parent, out)
                 continue

@@ -25,7 +25,7 @@ from replyd import store as st
 from replyd.clock import Clock, DatabaseClock, SystemClock
 from replyd.config import resolve_env
 from replyd.errors import BadResponse, ConfigError, PlatformError
-from replyd.guard import Compose, Guard, Lease, Outcome, Status, _classify, snapshot_json
+from replyd.guard import Compose, Guard, Lease, Outcome, snapshot_json
 from replyd.log import get_logger
 from replyd.platforms.base import Identity, OwnReply, Parent, Pending, Platform, ReadBack, make_platform
 from replyd.platforms._http import make_client
@@ -398,7 +398,7 @@ def adopt(
     ids = list(unique)
     for at in range(0, len(ids), 500):  # one statement per 500 parents, not one per parent
         chunk = ids[at:at + 500]
-        for pid, row in zip(chunk, store.rows_of([Key(platform.instance, identity.sender_id, i) for i in chunk])):
+        for pid, row in zip(chunk, store.rows_of([Key(platform.instance, identity.sender_id, i) for i in chunk]), strict=True):
             if row is not None:
                 result.tracked.append(pid)
             else:

@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol
 
 from replyd import metrics
 from replyd import store as st
@@ -214,7 +214,7 @@ class Liveness:
             at = b.next_try_at if b is not None and b.state == STARTING else None
         return None if at is None else max(0.0, at - self.clock.now())
 
-    def set_breaker(self, bot: str, open: bool, reason: str = "") -> None:  # noqa: A002
+    def set_breaker(self, bot: str, open: bool, reason: str = "") -> None:
         """Record ``bot``'s write breaker state (``breaker.BreakerListener``); open makes the bot not ready."""
         now = self.clock.now()
         with self._lock:
@@ -379,7 +379,7 @@ class BotHeartbeat:
         """Record a failed run of ``path``."""
         self.live.failed(self.bot, path, error)
 
-    def breaker(self, open: bool, reason: str = "") -> None:  # noqa: A002
+    def breaker(self, open: bool, reason: str = "") -> None:
         """Record this bot's write breaker state (for a guard that knows only its own bot)."""
         self.live.set_breaker(self.bot, open, reason)
 

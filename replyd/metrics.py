@@ -251,7 +251,7 @@ def _send_children(platform: str) -> tuple[Any, Any]:
     return _SEND_CHILDREN.setdefault(platform, (_child(SENDS, platform), _child(SEND_SECONDS, platform)))
 
 
-class watching_send:  # noqa: N801  (used as ``with metrics.watching_send(...)``, like a function)
+class watching_send:  # used as ``with metrics.watching_send(...)``, like a function
     """Context manager around one platform send: counts it, times it, and counts its error kind."""
 
     __slots__ = ("platform", "seconds", "t0")

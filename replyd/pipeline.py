@@ -232,4 +232,4 @@ class _Page:
                 else:
                     self.stop = failed
             finally:
-                self.got.update(zip(group, done))
+                self.got.update(zip(group, done, strict=False))  # done stops at the failed one

@@ -78,7 +78,7 @@ class Pollers:
         exception is raised once the parents before it are counted (the cursor is not saved either)."""
         page = list(parents)
         offered, busy = 0, []
-        for p, out in zip(page, self.pipeline.offer_page(page, path)):
+        for p, out in zip(page, self.pipeline.offer_page(page, path), strict=False):  # an exception ends the page early
             if isinstance(out, ContentionError):
                 busy.append(p.id)  # nothing was written or sent for it: the page is read again
                 continue
@@ -102,7 +102,7 @@ class Pollers:
         else:
             self.heartbeat.failed(path, error_words(exc))
 
-    def _guarded(self, path: str, fn) -> None:  # noqa: ANN001
+    def _guarded(self, path: str, fn) -> None:
         try:
             with unreadable.reporting(path, self.unreadable):  # one unreadable item is recorded; the page goes on
                 fn()

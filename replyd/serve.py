@@ -97,7 +97,7 @@ class ThreadedServer:
         """The thread's body: serve until told to exit; keep what killed it for ``start``'s error."""
         try:
             server.run(sockets=[sock])
-        except BaseException as exc:  # noqa: BLE001 - reported by start(), the thread has nowhere else to say it
+        except BaseException as exc:  # reported by start(), the thread has nowhere else to say it
             self._failure = exc
         finally:
             sock.close()

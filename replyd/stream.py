@@ -104,7 +104,7 @@ async def aclose(stream: Stream) -> None:
             await asyncio.wait_for(source.aclose(), 5)
         elif isinstance(source, Generator):
             source.close()
-    except Exception:  # noqa: BLE001  (closing is best effort: the stream is abandoned either way)
+    except Exception:  # closing is best effort: the stream is abandoned either way
         pass
 
 
@@ -118,5 +118,5 @@ def close(stream: Stream) -> None:
 
     try:
         asyncio.run_coroutine_threadsafe(aclose(stream), responder_loop()).result(timeout=10)
-    except Exception:  # noqa: BLE001  (best effort, as aclose)
+    except Exception:  # best effort, as aclose
         pass

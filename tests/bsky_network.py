@@ -60,7 +60,7 @@ def _redis_ping(hostport: str) -> str | None:
     return None if reply.startswith(b"+PONG") else f"unexpected reply {reply!r}"
 
 
-def _pg_admin():  # noqa: ANN202
+def _pg_admin():
     import psycopg
 
     return psycopg.connect(host=PG_HOST, port=PG_PORT, user=PG_USER, dbname="postgres", autocommit=True,

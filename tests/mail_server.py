@@ -128,7 +128,7 @@ class MailServer:
                 return got
             time.sleep(0.05)
 
-    def wait_for(self, address: str, ok, timeout_s: float = 10.0) -> list[EmailMessage]:  # noqa: ANN001
+    def wait_for(self, address: str, ok, timeout_s: float = 10.0) -> list[EmailMessage]:
         """Read ``address``'s mailbox until ``ok(messages)`` or ``timeout_s``; return the last read."""
         deadline = time.monotonic() + timeout_s
         while True:

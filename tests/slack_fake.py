@@ -397,7 +397,7 @@ class SlackWebApi:
             out = [m.json(metadata=meta) for m in page]
         return _ok(messages=out, has_more=bool(nxt), response_metadata={"next_cursor": nxt})
 
-    async def _chat_postMessage(self, args: dict[str, Any], token: str) -> Response:  # noqa: N802
+    async def _chat_postMessage(self, args: dict[str, Any], token: str) -> Response:
         w = self.world
         with w.lock:
             w.post_requests += 1

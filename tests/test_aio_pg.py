@@ -77,7 +77,7 @@ def test_an_unreachable_server_is_a_store_error_on_the_async_path(pg_store):
         g.hot_path._conninfo = "postgresql://nobody@127.0.0.1:1/none"  # a port nothing listens on
         try:
             await g.post(plat.add_parent("p1"), "hi")
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             return exc
         finally:
             await g.aclose()

@@ -35,7 +35,7 @@ def test_openapi_document_is_valid_openapi_31():
         assert doc["openapi"] == "3.1.0"
         # Components refer to components at any depth: every reference is resolved inside $defs.
         defs = json.loads(json.dumps(doc["components"]["schemas"]).replace("#/components/schemas/", "#/$defs/"))
-        for name, schema in defs.items():
+        for schema in defs.values():
             jsonschema_rs.validator_for({**schema, "$defs": defs})  # raises if invalid
         body = doc["paths"]["/v1/replies"]["post"]["requestBody"]["content"]["application/json"]["schema"]
         assert body["required"] == ["platform", "parent_id", "text"] and body["additionalProperties"] is False

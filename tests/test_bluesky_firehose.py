@@ -99,7 +99,7 @@ def ws_server(messages: list[bytes | str]) -> Iterator[tuple[str, list[str]]]:
     clients asked for (with their cursor)."""
     paths: list[str] = []
 
-    def handler(conn) -> None:  # noqa: ANN001
+    def handler(conn) -> None:
         paths.append(conn.request.path)
         for m in messages:
             conn.send(m)

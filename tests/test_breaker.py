@@ -22,7 +22,7 @@ class Listener:
     def __init__(self) -> None:
         self.calls: list[tuple[str, bool, str]] = []
 
-    def set_breaker(self, bot: str, open: bool, reason: str) -> None:  # noqa: A002
+    def set_breaker(self, bot: str, open: bool, reason: str) -> None:
         """Note the call."""
         self.calls.append((bot, open, reason))
 

@@ -207,7 +207,7 @@ def test_a_kill_on_create_whose_sender_is_gone_waits_for_the_next_create(over):
     host = SimHost(World(), daemon_pids=lambda: [os.getpid()], on_kill=lambda pid: pytest.fail(f"killed {pid}"))
     host.kill_on_create, host.faults_over = True, over
 
-    async def app(scope, receive, send):  # noqa: ANN001, ANN202
+    async def app(scope, receive, send):
         await receive()
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
@@ -216,10 +216,10 @@ def test_a_kill_on_create_whose_sender_is_gone_waits_for_the_next_create(over):
         sent: list = []
         body = iter([{"type": "http.request", "body": b"in_reply_to_id=p1", "more_body": False}])
 
-        async def receive():  # noqa: ANN202
+        async def receive():
             return next(body)
 
-        async def send(message):  # noqa: ANN001, ANN202
+        async def send(message):
             sent.append(message)
 
         # Port 1 is nobody's socket: the sender is gone.

@@ -243,7 +243,7 @@ class _Refusing(BaseHTTPRequestHandler):
     status = 401
     seen: list[str] = []
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:  # http.server's naming
         """Answer 401/403 with a Mastodon-style error body."""
         type(self).seen.append(self.path)
         body = b'{"error":"The access token is invalid"}'

@@ -87,7 +87,7 @@ def _start(cfg: Path, log: Path) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=log.open("ab"), env=env, cwd=ROOT)
 
 
-def _wait(cond, timeout_s: float) -> bool:  # noqa: ANN001
+def _wait(cond, timeout_s: float) -> bool:
     """Poll ``cond`` until true or timeout (waiting on real processes, not on replyd logic)."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
@@ -121,7 +121,7 @@ def test_sigkill_during_composition_every_search_hit_answered_once(tmp_path: Pat
                 while kills < 3:
                     seen = calls.read_text().count("start ")
                     # Kill while the responder of a new parent is running (the row is composing).
-                    if not _wait(lambda: calls.read_text().count("start ") > seen, 30):
+                    if not _wait(lambda: calls.read_text().count("start ") > seen, 30):  # noqa: B023 - _wait calls it at once
                         break
                     time.sleep(0.3)
                     proc.send_signal(signal.SIGKILL)

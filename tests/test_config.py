@@ -413,7 +413,7 @@ def test_bot_instance_without_secrets(path, monkeypatch):
         monkeypatch.setenv(var, value)
     full = Config.load(path)
     with httpx.Client() as http:
-        for b, fb in zip(bare.bots, full.bots):
+        for b, fb in zip(bare.bots, full.bots, strict=True):
             want = make_platform(fb.platform, {"listing_delay_s": 10.0, **fb.settings}, http=http,
                                  clock=SystemClock()).instance
             assert _instance_of(bare, b.name) == want

@@ -442,7 +442,7 @@ def test_a_process_that_loads_a_live_session_takes_the_slot_and_the_other_identi
             assert stored["holder"] == "B" and stored["session_id"] == first
             dm = world.say(world.add_channel(dm=True), ALICE, "to both", mention=False)
             _until(lambda: dm in got_a and dm in got_b)
-            for stop, t in zip(stops, (t_a, t_b)):
+            for stop, t in zip(stops, (t_a, t_b), strict=True):
                 stop.set()
                 t.join(3)
     finally:
@@ -575,7 +575,7 @@ LONG = " ".join(f"Sentence {i} of a long answer, which says something worth read
 
 
 @pytest.fixture
-def clock():  # noqa: ANN201
+def clock():
     """The store's fake clock at today's time: the fake's snowflakes are made on it."""
     from replyd.clock import FakeClock
 
@@ -583,7 +583,7 @@ def clock():  # noqa: ANN201
 
 
 @pytest.fixture
-def chain(store, clock, http):  # noqa: ANN001, ANN201
+def chain(store, clock, http):
     """A Discord fake on the fake clock, its adapter, a guard and a sweeper over ``store``."""
     from replyd.guard import Guard
     from replyd.sweep import Bot, Sweeper

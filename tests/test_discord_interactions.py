@@ -31,7 +31,7 @@ def _signed(key: SigningKey, body: dict, stamp: int | None = None) -> tuple[dict
 
 
 @contextlib.contextmanager
-def _interacting(world, rest) -> Iterator[tuple[DiscordPlatform, InteractionSender, str, FakeClock]]:  # noqa: ANN001
+def _interacting(world, rest) -> Iterator[tuple[DiscordPlatform, InteractionSender, str, FakeClock]]:
     """An adapter on the fake clock, an interaction sender and a channel; the sender closed at the end."""
     clock = FakeClock(time.time())
     with httpx.Client(trust_env=False) as http:

@@ -107,7 +107,7 @@ class NotificationFeed:
         })
 
 
-def posts_by_id(bodies: dict[int, dict[str, Any]]):  # noqa: ANN201
+def posts_by_id(bodies: dict[int, dict[str, Any]]):
     """Route handler factory: /posts/{id}.json answers from ``bodies``."""
 
     def handler(rec: Recorded) -> Reply:
@@ -727,7 +727,7 @@ def host() -> Iterator[FakeHost]:
 
 
 @pytest.fixture
-def world(host: FakeHost, tmp_path, http_client: httpx.Client, store_template) -> Iterator[dict[str, Any]]:  # noqa: ANN001
+def world(host: FakeHost, tmp_path, http_client: httpx.Client, store_template) -> Iterator[dict[str, Any]]:
     """A fresh fake forum, an adapter on it, and guard + sweeper over a SQLite store in tmp_path."""
     clock = FakeClock()
     fake = FakeDiscourse(clock)

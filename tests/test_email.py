@@ -161,7 +161,7 @@ def test_a_mail_replyd_polled_and_answered_stays_unread(desk: Desk) -> None:
     assert flags and not any(b"\\Seen" in f for f in flags.values()), flags
 
 
-def test_lost_250_is_found_by_the_sweep_and_never_sent_again(desk: Desk, store_template: Path,  # noqa: F811
+def test_lost_250_is_found_by_the_sweep_and_never_sent_again(desk: Desk, store_template: Path,
                                                              tmp_path: Path) -> None:
     """Postfix queued the reply and its 250 was lost: the sweep finds the Bcc copy; one reply in the customer's box."""
     adapter = desk.adapter()
@@ -185,7 +185,7 @@ def test_lost_250_is_found_by_the_sweep_and_never_sent_again(desk: Desk, store_t
 
 
 def test_two_bots_that_auto_reply_to_each_other_stop_after_one_exchange(mail_server: MailServer,
-                                                                        store_template: Path,  # noqa: F811
+                                                                        store_template: Path,
                                                                         tmp_path: Path) -> None:
     """Bot A answers bot B's mail (Auto-Submitted: auto-replied); B reads it and answers nothing; A gets nothing new."""
     clock = FakeClock(SystemClock().now())
@@ -270,7 +270,7 @@ def _naive_responder(desk: Desk) -> None:
             c.add_flags([uid], [b"\\Seen"])
 
 
-def test_naive_side_resends_a_lost_250_and_replyd_does_not(desk: Desk, store_template: Path,  # noqa: F811
+def test_naive_side_resends_a_lost_250_and_replyd_does_not(desk: Desk, store_template: Path,
                                                            tmp_path: Path) -> None:
     """One run, two sides, the same two lost 250s in five tickets: the naive script duplicates both; replyd none."""
     mids = [desk.ask(f"naive ticket {i}") for i in range(5)]

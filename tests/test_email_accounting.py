@@ -111,7 +111,7 @@ def _bot_replies(desk: Desk, customer: str) -> list[Any]:
     return [m for m in desk.mail.messages(customer) if desk.bot in str(m.get("From", ""))]
 
 
-def test_poison_mails_are_reported_and_every_ticket_after_them_answered(desk: Desk, store: Store,  # noqa: F811
+def test_poison_mails_are_reported_and_every_ticket_after_them_answered(desk: Desk, store: Store,
                                                                         clock: FakeClock) -> None:
     """An encoded CR LF in From or Reply-To, a 1,000-deep multipart, then 10 tickets: all 10 answered once, each poison
     mail a ``skipped`` event (reason ``unreadable``), a log line with its UID and a count on /metrics."""
@@ -150,7 +150,7 @@ def test_idle_and_refind_read_past_a_poison_mail(desk: Desk) -> None:
         try:
             for p in adapter.stream(stop):  # type: ignore[attr-defined]
                 got.append(p)
-        except BaseException as exc:  # noqa: BLE001 - the test reports it
+        except BaseException as exc:  # the test reports it
             failed.append(exc)
 
     t = threading.Thread(target=run, daemon=True)
@@ -172,7 +172,7 @@ def test_idle_and_refind_read_past_a_poison_mail(desk: Desk) -> None:
     assert [p.id for p in found if "unreadable" not in p.extra] == [mid]
 
 
-def test_a_follow_up_naming_only_the_desks_reply_gets_no_second_answer(desk: Desk, store: Store,  # noqa: F811
+def test_a_follow_up_naming_only_the_desks_reply_gets_no_second_answer(desk: Desk, store: Store,
                                                                        clock: FakeClock) -> None:
     """A customer answers the desk's reply with In-Reply-To alone, then with References trimmed to it: both key
     on the first ticket, so the thread holds the desk's one reply."""
@@ -193,7 +193,7 @@ def test_a_follow_up_naming_only_the_desks_reply_gets_no_second_answer(desk: Des
     assert [p.id for p in page] == [root]  # every follow-up is the root's ticket
 
 
-def test_two_customers_answering_one_mass_mail_are_two_tickets(desk: Desk, store: Store,  # noqa: F811
+def test_two_customers_answering_one_mass_mail_are_two_tickets(desk: Desk, store: Store,
                                                                clock: FakeClock) -> None:
     """Two customers answer the same newsletter (its id in In-Reply-To and References): each gets one answer."""
     other = desk.mail.add_user("cust")
@@ -205,7 +205,7 @@ def test_two_customers_answering_one_mass_mail_are_two_tickets(desk: Desk, store
     assert [len(_bot_replies(desk, c)) for c in (desk.customer, other)] == [1, 1]
 
 
-def test_a_stranger_naming_a_ticket_in_references_does_not_take_its_answer(desk: Desk, store: Store,  # noqa: F811
+def test_a_stranger_naming_a_ticket_in_references_does_not_take_its_answer(desk: Desk, store: Store,
                                                                           clock: FakeClock) -> None:
     """A stranger who names another customer's Message-ID (or a forged desk id) in References is a ticket of its
     own: the customer whose ticket it named still gets the answer."""
@@ -239,7 +239,7 @@ def test_forged_desk_ids_cost_a_few_lookups_once(desk: Desk) -> None:
     assert len(looked) == 3, looked
 
 
-def test_a_mail_without_message_id_is_answered_once(desk: Desk, store: Store, clock: FakeClock) -> None:  # noqa: F811
+def test_a_mail_without_message_id_is_answered_once(desk: Desk, store: Store, clock: FakeClock) -> None:
     """A mail with no Message-ID gets a key from its content: answered once over polls, a re-find and a sweep."""
     raw = (f"From: {desk.customer}\r\nTo: {desk.bot}\r\nSubject: no id here\r\nDate: {formatdate()}\r\n\r\n"
            "how do widgets work?\r\n").encode()
@@ -257,7 +257,7 @@ def test_a_mail_without_message_id_is_answered_once(desk: Desk, store: Store, cl
     assert len(calls) == 1
 
 
-def test_an_encoded_crlf_in_the_subject_is_cleaned_and_answered_once(desk: Desk, store: Store,  # noqa: F811
+def test_an_encoded_crlf_in_the_subject_is_cleaned_and_answered_once(desk: Desk, store: Store,
                                                                      clock: FakeClock) -> None:
     """A Subject whose encoded word holds CR LF is answered once, on one line, with no header injected."""
     raw = (f"From: {desk.customer}\r\nTo: {desk.bot}\r\nSubject: =?utf-8?q?Hi=0D=0ABcc:_x@replyd.test?=\r\n"
@@ -271,7 +271,7 @@ def test_an_encoded_crlf_in_the_subject_is_cleaned_and_answered_once(desk: Desk,
     assert guard.check("<crlf-subject@client.example>").status is Status.ALREADY_ANSWERED
 
 
-def test_a_reply_that_cannot_be_composed_is_rejected_before_any_connection(desk: Desk, store: Store,  # noqa: F811
+def test_a_reply_that_cannot_be_composed_is_rejected_before_any_connection(desk: Desk, store: Store,
                                                                           clock: FakeClock) -> None:
     """Compose raising (a header the cleaning missed) is Rejected for that parent before any SMTP connection: no
     uncertain send, so no not_landed cycle and no platform failure for the write breaker."""

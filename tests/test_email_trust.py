@@ -75,7 +75,7 @@ class Desk:
 
 
 @pytest.fixture
-def desks(mail_server: MailServer, store_template: Path, tmp_path: Path) -> Iterator[Any]:  # noqa: F811
+def desks(mail_server: MailServer, store_template: Path, tmp_path: Path) -> Iterator[Any]:
     """Build desks on one store (closed at the end)."""
     stores: list[Store] = []
 
@@ -154,7 +154,7 @@ def test_a_checked_reply_to_refuses_robots_the_desk_and_other_domains(desks: Any
     desk.mail_in(senders[1], "to the desk", Reply_To=desk.bot.upper())
     desk.mail_in(senders[2], "to a colleague", Reply_To=f"Colleague <{colleague}>")
     far = mail_server.add_user("far")
-    desk.mail_in(f"someone@elsewhere.example", "to another domain", Reply_To=far)
+    desk.mail_in("someone@elsewhere.example", "to another domain", Reply_To=far)
     outcomes = desk.poll()
     # The last answer goes to its From, which this test server refuses (it delivers only to its own domain).
     assert [o.status for o in outcomes] == [Status.POSTED] * 3 + [Status.REJECTED], outcomes

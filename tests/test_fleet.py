@@ -66,7 +66,7 @@ def test_two_contenders_one_holder_each_bot_even_share(store: Store, clock: Fake
 
 def test_never_two_holders_during_handover(store: Store, clock: FakeClock) -> None:
     fleets = [fleet(store, "a", clock)]
-    for i, name in enumerate(["b", "c", "d"]):
+    for name in ["b", "c", "d"]:
         fleets.append(fleet(store, name, clock))
         for _ in range(4):
             for f in fleets:

@@ -148,7 +148,7 @@ def _poll_peak(adapter: Platform, cursor: str | None) -> tuple[Any, float]:
         f.write("5")  # VmHWM starts again from the current RSS
     try:
         got: Any = adapter.inbox(cursor)
-    except Exception as exc:  # noqa: BLE001 - judged by the caller
+    except Exception as exc:  # judged by the caller
         got = exc
     return got, _rss("VmHWM:") - before
 

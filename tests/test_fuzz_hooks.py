@@ -67,7 +67,7 @@ def _receiver(offered: list[tuple[str, Parent]]) -> tuple[Receiver, dict[str, An
             offered.append((bot, parent))
 
             class Out:
-                class status:  # noqa: N801
+                class status:
                     value = "posted"
             return Out()
         return offer

@@ -21,15 +21,15 @@ from hypothesis import HealthCheck, given, settings
 
 pytest.importorskip("mcp")
 
-from mcp import Client  # noqa: E402
+from mcp import Client
 
-from replyd.api import HostCheck  # noqa: E402
-from replyd.clock import SystemClock  # noqa: E402
-from replyd.config import origin_of  # noqa: E402
-from replyd.library import open_guard  # noqa: E402
-from replyd.mcp import TOOLS, BotHandle, Gate, OriginCheck, Scope, Service, make_server  # noqa: E402
-from replyd.platforms.memory import MemoryPlatform  # noqa: E402
-from replyd.policy import Policy  # noqa: E402
+from replyd.api import HostCheck
+from replyd.clock import SystemClock
+from replyd.config import origin_of
+from replyd.library import open_guard
+from replyd.mcp import TOOLS, BotHandle, Gate, OriginCheck, Scope, Service, make_server
+from replyd.platforms.memory import MemoryPlatform
+from replyd.policy import Policy
 
 ALLOWED = ["http://app.example:3000", "https://ui.example"]
 TOKEN = "fuzz-token-0123456789abcdef"

@@ -352,7 +352,7 @@ def test_write_pacing_per_minute_blocks_without_network(fixture_server: FixtureS
     fixture_server.route("POST", COMMENTS, Reply(status=201, body=fx("issue_comment_created.json")))
     clock = FakeClock()
     p = make(fixture_server.url, http_client, clock, writes_per_minute=3)
-    for i in range(3):
+    for _ in range(3):
         p.send(parent(), "x", provider_key="k")
         clock.advance(10)
     with pytest.raises(RateLimited) as err:
@@ -512,7 +512,7 @@ def host() -> Iterator[FakeHost]:
 
 
 @pytest.fixture
-def world(host: FakeHost, tmp_path, http_client: httpx.Client, store_template) -> Iterator[dict[str, Any]]:  # noqa: ANN001
+def world(host: FakeHost, tmp_path, http_client: httpx.Client, store_template) -> Iterator[dict[str, Any]]:
     """A fresh fake GitHub with acme/widgets, an adapter on it, and guard + sweeper over SQLite in tmp_path."""
     clock = FakeClock()
     fake = FakeGitHub(clock)

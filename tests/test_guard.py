@@ -166,7 +166,7 @@ def test_the_keepers_thread_renews_a_held_lease_on_its_own(store, clock):
     class Signalling:
         """The store, telling the test when a renewal committed."""
 
-        def renew_leases(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+        def renew_leases(self, *args, **kwargs):
             held = store.renew_leases(*args, **kwargs)
             renewed.set()
             return held
@@ -191,7 +191,7 @@ def test_a_slow_renewal_does_not_push_the_next_one_back(store, clock):
     class Slow:
         """The store, its renewal write taking 0.09 s of the keeper's clock."""
 
-        def renew_leases(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+        def renew_leases(self, *args, **kwargs):
             ticks[0] += 0.09
             return store.renew_leases(*args, **kwargs)
 

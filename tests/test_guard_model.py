@@ -78,7 +78,7 @@ class Crash(BaseException):
 class ModelPlatform(MemoryPlatform):
     """The scripted platform, with the crash steps raising ``Crash`` in the calling replica instead of SIGKILL."""
 
-    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.during_send = None  # called once the request has reached the platform (a slow send)
         # A page's step per parent: the async face sends a page's parents at once, in no set order.
@@ -93,7 +93,7 @@ class ModelPlatform(MemoryPlatform):
             assert self._idle.wait_for(lambda: self.in_flight == 0, timeout=60.0), "a request never returned"
 
     @contextmanager
-    def _request(self):  # noqa: ANN202
+    def _request(self):
         with self._idle:
             self.in_flight += 1
         try:
@@ -104,12 +104,12 @@ class ModelPlatform(MemoryPlatform):
                 self.in_flight -= 1
                 self._idle.notify_all()
 
-    def edit(self, parent, reply_id, text):  # noqa: ANN001, ANN201
+    def edit(self, parent, reply_id, text):
         """Follow the edit script, counted as a request under way."""
         with self._request():
             return super().edit(parent, reply_id, text)
 
-    def send(self, parent, text, *, provider_key):  # noqa: ANN001, ANN201
+    def send(self, parent, text, *, provider_key):
         """Follow the script (a page's per-parent step first); ``crash_*`` kill the caller before or after the
         platform acted."""
         with self._request():
@@ -117,7 +117,7 @@ class ModelPlatform(MemoryPlatform):
                 self.script.insert(0, self.by_parent.pop(parent.id))
             return self._scripted(parent, text, provider_key)
 
-    def _scripted(self, parent, text, provider_key):  # noqa: ANN001, ANN202
+    def _scripted(self, parent, text, provider_key):
         step = self.script[0] if self.script else "ok"
         if step == "crash_before":
             self.script.pop(0)
@@ -154,10 +154,10 @@ class DyingStore:
         # would still reach the store thread after the death otherwise).
         self.dead = False
 
-    def __getattr__(self, name: str):  # noqa: ANN204
+    def __getattr__(self, name: str):
         attr = getattr(self._inner, name)
         if name in self.WRITES:
-            def write(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            def write(*args, **kwargs):
                 self._before()
                 out = attr(*args, **kwargs)
                 self._after()
@@ -184,7 +184,7 @@ class DyingStore:
             raise Crash()
 
     @contextmanager
-    def transaction(self, **kwargs):  # noqa: ANN003, ANN201
+    def transaction(self, **kwargs):
         """The store's transaction, with death before it begins or after it commits."""
         self._before()
         with self._inner.transaction(**kwargs) as tx:
@@ -428,7 +428,7 @@ class GuardModel(RuleBasedStateMachine):
         if not pids:
             return
         texts = {"text": ["a reply"] * 3, "compose": [None] * 3, "mixed": ["a reply", None, "a reply"]}[mode]
-        items = [(self.parents[p], t if t is not None else (lambda parent: "a reply")) for p, t in zip(pids, texts)]
+        items = [(self.parents[p], t if t is not None else (lambda parent: "a reply")) for p, t in zip(pids, texts, strict=False)]
         self._page(g, pids, steps, die, lambda guard: guard.post_page(items))
 
     @rule(g=hs.integers(0, 1), steps=hs.lists(hs.sampled_from(["ok", "ok", "lost", "not_sent"]), min_size=3,
@@ -470,7 +470,7 @@ class GuardModel(RuleBasedStateMachine):
         """Replica ``g`` runs a page of ``pids`` (``run(guard)`` returns the outcomes), the platform answering
         ``steps``, the replica dying before/after its n-th write (``die``), or wherever ``run`` raises ``Crash``."""
         guard = self.guards[g]
-        self.plat.by_parent = dict(zip(pids, steps))
+        self.plat.by_parent = dict(zip(pids, steps, strict=False))
         calls = self.plat.send_calls
         store: DyingStore = guard.store  # type: ignore[assignment]
         store.writes, store.die_at, store.after = 0, None, False

@@ -57,7 +57,7 @@ def fake(host):
     host.fake = None
 
 
-def delivery(fake: FakeGitHub, event: str, issue, *, n: int = 0) -> tuple[dict[str, str], bytes]:  # noqa: ANN001
+def delivery(fake: FakeGitHub, event: str, issue, *, n: int = 0) -> tuple[dict[str, str], bytes]:
     """Headers and body of a signed delivery of ``event`` about ``issue`` (GitHub's example, our issue)."""
     body = copy.deepcopy(payload("issues.opened" if event == "issues" else "issue_comment.created"))
     body["issue"] = fake._issue_json(issue)
@@ -229,7 +229,7 @@ def scraped(api_url: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-def published(fake: FakeGitHub, name: str, issue, comment=None, *, n: int = 0) -> tuple[dict[str, str], bytes]:  # noqa: ANN001
+def published(fake: FakeGitHub, name: str, issue, comment=None, *, n: int = 0) -> tuple[dict[str, str], bytes]:
     """A signed delivery of GitHub's published example ``name`` with the fake's issue (and comment) in it."""
     body = copy.deepcopy(payload(name))
     body["issue"] = fake._issue_json(issue)
@@ -528,7 +528,7 @@ def test_discourse_signature_header_is_the_one_checked() -> None:
 
     plat = _discourse()
     offered: list[str] = []
-    def offer(parent, path):  # noqa: ANN001, ANN202
+    def offer(parent, path):
         """The pipeline's offer, recorded; the answer a pipeline gives for a parent it declined."""
         offered.append(parent.id)
         return Outcome(Status.DECLINED, Key("d", "7", parent.id))

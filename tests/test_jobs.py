@@ -32,9 +32,9 @@ def _blocked(pool: JobPool) -> threading.Event:
     return release
 
 
-def _recorder(order: list[str], done: threading.Event, last: str):  # noqa: ANN202
+def _recorder(order: list[str], done: threading.Event, last: str):
     """A run factory: each run appends its name; the one named ``last`` sets ``done``."""
-    def make(name: str):  # noqa: ANN202
+    def make(name: str):
         def run() -> None:
             order.append(name)
             if name == last:
@@ -43,7 +43,7 @@ def _recorder(order: list[str], done: threading.Event, last: str):  # noqa: ANN2
     return make
 
 
-def _order(queue, last: str) -> list[str]:  # noqa: ANN001
+def _order(queue, last: str) -> list[str]:
     """The order the runs ``queue(pool, ticks, run)`` queued behind a busy thread ran in (``last`` ends it)."""
     ticks = Ticks()
     pool = JobPool(1, patience_s=10.0, monotonic=ticks)
@@ -61,7 +61,7 @@ def _order(queue, last: str) -> list[str]:  # noqa: ANN001
 
 def test_polls_run_before_upkeep_queued_earlier() -> None:
     """With the thread busy, upkeep queued first and polls after: the polls run first, then the upkeep in order."""
-    def queue(pool: JobPool, ticks: Ticks, run) -> None:  # noqa: ANN001
+    def queue(pool: JobPool, ticks: Ticks, run) -> None:
         pool.run_soon(run("sweep-1"))
         pool.run_soon(run("sweep-2"))
         pool.run_soon(run("poll-1"), urgent=True)
@@ -72,7 +72,7 @@ def test_polls_run_before_upkeep_queued_earlier() -> None:
 
 def test_upkeep_past_its_patience_goes_before_polls() -> None:
     """Upkeep that waited ``patience_s`` is taken before the polls queued behind it: late, never starved."""
-    def queue(pool: JobPool, ticks: Ticks, run) -> None:  # noqa: ANN001
+    def queue(pool: JobPool, ticks: Ticks, run) -> None:
         pool.run_soon(run("sweep-old"))
         ticks.t = 9.0
         pool.run_soon(run("sweep-young"))

@@ -82,7 +82,7 @@ def test_api_status_reports_the_live_delay_in_use(tmp_path, monkeypatch):
         assert after["in_use_s"] == 6.0 and after["configured_s"] == 0.2  # 2 x p99, the default factor
 
 
-def test_status_text_shows_the_listing_delay_table(env):  # noqa: F811
+def test_status_text_shows_the_listing_delay_table(env):
     """`replyd status` prints configured, in use and observed p50 / p99 per platform instance."""
     clock = FakeClock()
     store = Store.open(clock=clock)

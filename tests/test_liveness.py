@@ -274,7 +274,7 @@ def test_frozen_sim_turns_readiness_status_page_and_cli_failing_then_stale(tmp_p
     assert [f for f, _, _ in figures] == list(FREEZES_S)
 
 
-def _failing_everywhere(api: str, cfg, tmp_path) -> None:  # noqa: ANN001
+def _failing_everywhere(api: str, cfg, tmp_path) -> None:
     """Not stale yet, but failing: `status --json`, the page (DOM) and /metrics all say so."""
     cli = replyd_cli("status", "--json", "--config", str(cfg), env={"SIM_TOKEN": ""})
     assert cli.returncode == 0, cli.stderr
@@ -291,7 +291,7 @@ def _failing_everywhere(api: str, cfg, tmp_path) -> None:  # noqa: ANN001
     assert 'replyd_bot_up{platform="sim"} 1.0' in metrics  # the bot runs: its platform is what fails
 
 
-def _stale_everywhere(api: str, cfg, tmp_path) -> int:  # noqa: ANN001
+def _stale_everywhere(api: str, cfg, tmp_path) -> int:
     """Past the staleness bound: /readyz, `status --json`, the page (DOM, screenshot) and /metrics say STALE."""
     body = _ready(api)[1]
     assert any(re.match(r"bot sim: (inbox|refind): .*STALE", r) for r in body["reasons"]), body

@@ -70,7 +70,7 @@ def test_a_configure_racing_with_a_build_is_followed_on_the_next_call(monkeypatc
         def __init__(self, name: str) -> None:
             self.proxy = real(name)
 
-        def bind(self):  # noqa: ANN201
+        def bind(self):
             built = self.proxy.bind()
             monkeypatch.setattr(structlog, "get_logger", real)
             log.configure(fmt="json", level="info", stream=io.StringIO())  # a new processor chain

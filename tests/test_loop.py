@@ -108,7 +108,7 @@ def test_a_mention_the_operator_did_not_allow_starts_no_loop(tmp_path):
 def test_unflagged_bots_loop_without_a_policy(tmp_path):
     """The control: with skip_bots on but no flag and no depth limit the loop really runs, growing every round."""
     totals, _, stores, _ = run_loop(tmp_path, flagged=False, policy="")
-    assert totals[-1] >= 2 * ROUNDS and all(b > a for a, b in zip(totals, totals[1:]))
+    assert totals[-1] >= 2 * ROUNDS and all(b > a for a, b in zip(totals, totals[1:], strict=False))
     for s in stores.values():
         s.dispose()
 

@@ -107,7 +107,7 @@ def run_daemon(sc: Scene, base_url: str, tmp_path: Path, monkeypatch: pytest.Mon
     offered: dict[str, set[str]] = {}
     real_offer = Pipeline.offer_page
 
-    def spy(self: Pipeline, parents, path: str):  # noqa: ANN001, ANN202
+    def spy(self: Pipeline, parents, path: str):
         """Note which path found each parent of a page (one alone is a page of one), then offer it as the daemon
         would."""
         for parent in parents:

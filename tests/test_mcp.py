@@ -16,9 +16,9 @@ import httpx
 import jsonschema
 import pytest
 from mcp import types
+from mcp.shared.exceptions import MCPError
 
 from replyd import store as st
-from replyd.errors import ConfigError
 from replyd.mcp import bearer_ok
 from replyd.store import Store
 from tests.api_harness import BOT, ROOT
@@ -256,9 +256,10 @@ def test_http_refuses_missing_token_and_wrong_host(lite):
                 assert ok.status_code == 200, (name, ok.text)
 
         async def main() -> None:
-            with pytest.raises(Exception):
+            with pytest.raises(ExceptionGroup) as refused:  # the SDK's task groups wrap the refusal
                 async with http_client(srv.url, token=None) as c:
                     await c.call_tool("reply_once", {"bot": "sim", "parent": pid, "text": "sneaky"})
+            assert refused.group_contains(MCPError), refused.value
             async with http_client(srv.url) as c:
                 assert (await tool(c, "check_parent", bot="sim", parent=pid))["status"] == "free"
 
@@ -381,7 +382,7 @@ def test_prompt_injected_model_reaches_no_bot_and_no_parent_outside_its_scope(tw
             finished, done = await obedient_model(c, "sim", injected)
             assert finished["status"] == "posted"
             assert len(done) == len(first_words), done
-            for (name, kw, r), word in zip(done, first_words):
+            for (name, kw, r), word in zip(done, first_words, strict=True):
                 text = r.content[0].text
                 assert r.is_error, (name, kw, text)
                 assert "\n" not in text and text.split(":")[0] == word, text

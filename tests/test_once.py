@@ -53,7 +53,7 @@ class Chat:
             return sum(1 for m in self.sent if m["reply_to"] == parent_id)
 
 
-def _sender(url: str):  # noqa: ANN202
+def _sender(url: str):
     """A bot's own send: one POST of its SDK (here httpx), returning the message id."""
     def send(parent_id: str, text: str, provider_key: str) -> str:
         r = httpx.post(f"{url}/send", json={"reply_to": parent_id, "text": text, "key": provider_key}, timeout=5.0)

@@ -135,7 +135,7 @@ LONG = os.environ.get("REPLYD_LONG_OUTAGE") == "1"  # the 30-minute case: 35 min
         pytest.mark.timeout(3000),
         pytest.mark.skipif(not LONG, reason="a 30-minute outage takes 35 minutes: set REPLYD_LONG_OUTAGE=1")]),
 ])
-def test_outage_pauses_sends_and_spends_no_attempt(outage_s, rate_per_s, fresh_pg, tmp_path):  # noqa: F811
+def test_outage_pauses_sends_and_spends_no_attempt(outage_s, rate_per_s, fresh_pg, tmp_path):
     """Every parent is answered exactly once, within the bound after the outage's end; no row gave up and
     every row's counted attempts (attempt - excused) is its one landing send."""
     url = fresh_pg
@@ -197,7 +197,7 @@ def test_outage_pauses_sends_and_spends_no_attempt(outage_s, rate_per_s, fresh_p
     # The drain's pace is the machine's: on a loaded one (a parallel suite) each send takes longer than
     # DRAIN_S, so the pace measured between the replies after the end is used when slower; what the bound
     # guards is a parent left waiting (a back-off, an attempt spent), not the machine's speed.
-    gaps = sorted(b - a for a, b in zip(after, after[1:]))
+    gaps = sorted(b - a for a, b in zip(after, after[1:], strict=False))
     pace_s = max(DRAIN_S, gaps[len(gaps) // 2] if gaps else 0.0)
     bound_s = (PROBE_MAX_S + SEND_TIMEOUT_S + LISTING_DELAY_S + 1.0 + BACKOFF_MAX_S + 2 * REFIND_S
                + SWEEP_LEASE_S + pace_s * len(held))

@@ -105,7 +105,7 @@ def test_a_page_stopped_by_an_exception_hands_back_what_it_had_not_reached(store
     parents = [plat.add_parent(f"x{i}") for i in range(4)]
     send = g._send
 
-    def failing_send(key, parent, row, text):  # noqa: ANN001, ANN202
+    def failing_send(key, parent, row, text):
         if parent.id == "x1":
             raise RuntimeError("a bug before the request")
         return send(key, parent, row, text)
@@ -133,7 +133,7 @@ def test_an_exception_in_an_async_page_lets_the_other_posts_end(store, clock):
         parents = [plat.add_parent(f"y{i}") for i in range(4)]
         send = g._g._send  # the async face's own seam (a coroutine function): awaited by the harness
 
-        def failing_send(key, parent, row, text):  # noqa: ANN001, ANN202
+        def failing_send(key, parent, row, text):
             if parent.id == "y1":
                 raise RuntimeError("a bug before the request")
             return send(key, parent, row, text)

@@ -58,7 +58,7 @@ def claim_transactions(store: Store, store_url: str) -> Iterator[Callable[[], di
         return
     trace: list[tuple[int, str]] = []
     store.dispose()  # connections opened from here on are traced
-    remove = store.on_connect(lambda dbc: dbc.set_trace_callback(lambda sql, c=id(dbc): trace.append((c, sql))))
+    remove = store.on_connect(lambda dbc: dbc.set_trace_callback(lambda sql, c=id(dbc): trace.append((c, sql))))  # noqa: B008 - each connection's id, bound when it opens
 
     def read() -> dict[str, int]:
         tx: dict[int, int] = {}
@@ -251,10 +251,10 @@ class FailingOpen:
         self._inner, self.exc = inner, exc
         self.fail_next = False
 
-    def __getattr__(self, name: str):  # noqa: ANN204
+    def __getattr__(self, name: str):
         attr = getattr(self._inner, name)
         if name == "cas_event":
-            def cas(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+            def cas(*a, **kw):
                 if self.fail_next and (kw.get("event") or {}).get("kind") == "opened":
                     self.fail_next = False
                     raise self.exc

@@ -125,14 +125,14 @@ class Counting:
     def __init__(self, text: str) -> None:
         self.text, self.calls = text, 0
 
-    def __call__(self, parent):  # noqa: ANN001
+    def __call__(self, parent):
         """Answer (and count the call)."""
         self.calls += 1
         return self.text
 
 
 @pytest.fixture
-def world(store, clock, face):  # noqa: ANN001
+def world(store, clock, face):
     """A memory platform limited to LIMIT characters, a guard of ``face`` over it and a sweeper."""
     plat = MemoryPlatform(clock=clock, post_chars=LIMIT, listing_delay_s=1.0)
     g = face(store, plat, plat.whoami(), clock=clock, send_timeout_s=5.0, watch_interval_s=None)
@@ -245,7 +245,7 @@ def test_an_answer_in_parts_is_offered_again_but_never_a_part_itself(world, stor
     assert [r.parent_id for r in rows] == ["p8"]
 
 
-def test_a_platform_without_a_limit_sends_one_post(store, clock, face):  # noqa: F811, ANN001
+def test_a_platform_without_a_limit_sends_one_post(store, clock, face):
     """No PostLimit (or no limit set): the answer is one post, whatever its length, as before."""
     plat = MemoryPlatform(clock=clock)
     g = face(store, plat, plat.whoami(), clock=clock, watch_interval_s=None)

@@ -176,7 +176,7 @@ jitter_s = 0
             for _ in range(BURSTS):
                 parents += [s.id for s in world.generate(BURST, target="skewbot", users=10)]
                 assert wait_until(lambda: all(world.replies_by(bot.id).get(q) for q in parents), 150, 0.5), \
-                    log.read_text()[-3000:]
+                    log.read_text()[-3000:]  # noqa: B023 - called at once
             assert wait_until(lambda: open_rows(store_url) == 0, 90, 0.5), log.read_text()[-3000:]
             time.sleep(3.0)  # a late retry would land by now (listing delay, send timeout, retry_s)
             offset = measured(port)
@@ -253,7 +253,7 @@ jitter_s = 0
         for b in range(BURSTS):
             issues += [gh.open_issue(people[i % 10], "acme/widgets", f"burst {b} issue {i}", "it broke")
                        for i in range(BURST)]
-            assert wait_until(lambda: all(gh.replies(i) for i in issues), 120, 0.5), log.read_text()[-3000:]
+            assert wait_until(lambda: all(gh.replies(i) for i in issues), 120, 0.5), log.read_text()[-3000:]  # noqa: B023 - called at once
         assert wait_until(lambda: open_rows(store_url) == 0, 120, 0.5), log.read_text()[-3000:]
         time.sleep(3.0)  # a late retry would land by now
         offset = measured(port)
@@ -267,7 +267,7 @@ jitter_s = 0
           f"creates, {gh.lost_responses} responses lost, duplicates on the fake {made}, detected {detected(store_url)}, measured offset {offset:+.2f} s, "
           f"status {shown}")
     assert gh.lost_responses > 0.15 * len(issues)  # responses really were lost
-    assert made == 0, [(i.number, n) for i, n in zip(issues, counts) if n > 1]
+    assert made == 0, [(i.number, n) for i, n in zip(issues, counts, strict=True) if n > 1]
     assert counts == [1] * len(issues)
     assert offset == pytest.approx(skew_s, abs=1.5)
     assert shown["offset_s"] == pytest.approx(skew_s, abs=1.5) and shown["source"] == "created"

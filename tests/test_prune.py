@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from replyd.guard import Guard, Status
 from replyd.pipeline import Pipeline

@@ -79,7 +79,7 @@ class _Reads:
     def max_gap_s(self, start: float, end: float) -> float:
         """The longest time without a new read between ``start`` and ``end``."""
         times = [start, *(t for t, _ in self.seen if start < t < end), end]
-        return max(b - a for a, b in zip(times, times[1:]))
+        return max(b - a for a, b in zip(times, times[1:], strict=False))
 
     def stop(self) -> None:
         self._stop.set()
@@ -101,7 +101,7 @@ def test_sighup_adds_refuses_and_removes_bots(tmp_path):
                              stdout=subprocess.DEVNULL, stderr=log.open("ab"), env=env, cwd=ROOT)
         reads = _Reads(world, alpha.id)
         try:
-            def answered(bot, parents) -> bool:  # noqa: ANN001
+            def answered(bot, parents) -> bool:
                 got = world.replies_by(bot.id)
                 return all(got.get(x.id) for x in parents)
 
@@ -134,7 +134,7 @@ def test_sighup_adds_refuses_and_removes_bots(tmp_path):
                 n = len(_events(log, "replyd.daemon.reload_refused"))
                 cfg.write_text(good + broken)
                 p.send_signal(signal.SIGHUP)
-                assert wait_until(lambda: len(_events(log, "replyd.daemon.reload_refused")) == n + 1, 10)
+                assert wait_until(lambda: len(_events(log, "replyd.daemon.reload_refused")) == n + 1, 10)  # noqa: B023 - called at once
                 refused = _events(log, "replyd.daemon.reload_refused")[-1]
                 assert words in refused["error"], refused
             assert len(_events(log, "replyd.daemon.reloaded")) == 1 and "replyd.bot.stopping" not in log.read_text()

@@ -96,7 +96,7 @@ def test_a_failure_is_one_masked_line(fixture_server: FixtureServer, reply: Repl
 
 
 def test_the_guard_posts_the_stream_once_per_part_and_edits_it_to_the_whole_answer(
-        fixture_server: FixtureServer, tmp_path) -> None:  # noqa: ANN001
+        fixture_server: FixtureServer, tmp_path) -> None:
     """Through the sync guard on the sim (what the daemon runs): each part posted once, grown by edits; the
     parts are the model's whole answer."""
     tokens = [f" word{i:02d}" for i in range(80)]

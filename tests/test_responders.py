@@ -682,7 +682,7 @@ def test_webhook_connect_retry_reaches_a_server_that_came_up(transport_calls: li
     class Handler(http.server.BaseHTTPRequestHandler):
         """Answers every POST with {"text": "second try"}."""
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             """Record the body and answer."""
             hits.append(self.rfile.read(int(self.headers["content-length"])))
             body = b'{"text": "second try"}'

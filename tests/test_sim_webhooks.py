@@ -42,7 +42,7 @@ SECRET = "sim-hook-secret-0123456789abcdef"
 class CountingReceiver:
     """replyd's Receiver behind a real HTTP route that counts what arrives (delivery id, answer) before answering."""
 
-    def __init__(self, platform, kind: str) -> None:  # noqa: ANN001
+    def __init__(self, platform, kind: str) -> None:
         self.kind = kind
         self.arrivals: list[tuple[str, int, list[str]]] = []  # (delivery id, HTTP status, parent ids)
         self.offered: list[Parent] = []
@@ -82,7 +82,7 @@ def world_on_fake_clock():
         yield world, plat
 
 
-def _receiver(plat, kind: str):  # noqa: ANN001, ANN202
+def _receiver(plat, kind: str):
     rec = CountingReceiver(plat, kind)
     rec.server.start()
     return rec

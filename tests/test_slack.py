@@ -504,7 +504,7 @@ def test_inbox_finds_a_mention_inside_a_thread_new_or_older_than_the_cursor(api,
 
 def _receiver(plat: SlackPlatform, now: float, offered: list) -> Receiver:
     class Out:  # the Outcome the receiver logs
-        class status:  # noqa: N801
+        class status:
             value = "posted"
 
     def offer(parent: Parent, path: str) -> Any:

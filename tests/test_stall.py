@@ -47,14 +47,14 @@ class StalledStore:
             self.stalls += 1
             hook()
 
-    def claim(self, key, new, reclaim, event, **kw):  # noqa: ANN001, ANN003, ANN201
+    def claim(self, key, new, reclaim, event, **kw):
         """The claim; held when it commits an open row (a post with its text given)."""
         out = self._inner.claim(key, new, reclaim, event, **kw)
         if out[0] and out[2] is not None and out[2].get("state") == st.OPEN:
             self._stall()
         return out
 
-    def cas_event(self, key, **kw):  # noqa: ANN001, ANN003, ANN201
+    def cas_event(self, key, **kw):
         """A compare-and-set; held when it is the composing -> open commit."""
         ok = self._inner.cas_event(key, **kw)
         if ok and (kw.get("event") or {}).get("kind") == "opened":
@@ -130,7 +130,7 @@ def test_short_stall_sends_with_what_is_left_of_the_budget(store, clock, monkeyp
 
     real_within = guard_mod.deadline.within
 
-    def spy(seconds: float):  # noqa: ANN202
+    def spy(seconds: float):
         budgets.append(seconds)
         return real_within(seconds)
 
@@ -153,7 +153,7 @@ def test_late_landing_on_a_verified_close_is_a_duplicate(store, clock) -> None:
     real_send = plat.send
     late: list = []
 
-    def held_send(p, text, *, provider_key):  # noqa: ANN001, ANN202
+    def held_send(p, text, *, provider_key):
         # A's request is held up (past every deadline the watch could push) while B answers and is verified.
         plat.send = real_send  # type: ignore[method-assign]
         clock.advance(SEND_TIMEOUT_S + LISTING_DELAY_S + 1)
@@ -192,7 +192,7 @@ def test_late_landing_closes_a_row_judged_at_a_later_attempt(store, clock) -> No
     parent = Parent(id="p-judged", author_id="u")
     real_send = plat.send
 
-    def held_send(p, text, *, provider_key):  # noqa: ANN001, ANN202
+    def held_send(p, text, *, provider_key):
         plat.send = real_send  # type: ignore[method-assign]
         clock.advance(SEND_TIMEOUT_S + LISTING_DELAY_S + 1)
         assert sweeper.run_once().not_landed == 1

@@ -70,7 +70,7 @@ def test_open_answer_held_on_one_replica_sends_nothing_late(pg_url, monkeypatch)
                 proxy.hold_answer(OPEN_COMMIT, HOLD_S)
                 held_before = proxy.held
                 out: list = []
-                t = threading.Thread(target=lambda: out.append(a.guard.post(parent, lambda p: "attempt from A")))
+                t = threading.Thread(target=lambda out=out, parent=parent: out.append(a.guard.post(parent, lambda p: "attempt from A")))
                 t.start()
                 t_end = time.monotonic() + 10
                 while proxy.held == held_before and time.monotonic() < t_end:

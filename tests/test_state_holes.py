@@ -40,7 +40,7 @@ class Crash(BaseException):
 class MentionsOnlyRefind(MemoryPlatform):
     """Re-find re-reads mentions only (as Mastodon, Discourse and Bluesky do): a search hit is not re-found."""
 
-    def refind(self, since):  # noqa: ANN001, ANN201
+    def refind(self, since):
         """Nothing: the parents of these tests are search hits."""
         return []
 
@@ -62,7 +62,7 @@ def test_search_hit_whose_composer_died_is_answered_once(store_url) -> None:
     parent = world.post("alice", "anyone know about widgets?")  # a search hit, not a mention
     with SimServer(world) as srv, httpx.Client(timeout=5.0) as http:
 
-        def replica(owner: str, responder):  # noqa: ANN001, ANN202
+        def replica(owner: str, responder):
             store = Store.open(store_url, clock=clock)
             plat = make_platform("mastodon", {"base_url": srv.base_url, "token": world.account("bot").token,
                                               "listing_delay_s": 1.0, "timeout_s": 5.0}, http=http, clock=clock)
@@ -84,12 +84,18 @@ def test_search_hit_whose_composer_died_is_answered_once(store_url) -> None:
         calls: list[str] = []
         store, g, pol, sw = replica("replica-A-restarted", lambda p: (calls.append(p.id), "answer")[1])
         try:
-            pol.search(); pol.inbox(); pol.refind(); sw.run_once()
+            pol.search()
+            pol.inbox()
+            pol.refind()
+            sw.run_once()
             assert pol.outcomes == {"in_flight": 1}
             assert store.get_cursor(g.platform.instance, g.identity.sender_id, "search:widgets") == parent.id
             for _ in range(6):  # an hour of normal operation
                 clock.advance(600)
-                pol.search(); pol.inbox(); pol.refind(); sw.run_once()
+                pol.search()
+                pol.inbox()
+                pol.refind()
+                sw.run_once()
             assert world.replies_by(bot_id).get(parent.id, 0) == 1
             assert calls == [parent.id]
             assert store.peek(g.key(parent.id)).state == st.CLOSED
@@ -182,7 +188,7 @@ def test_refind_pages_rotate_past_rows_that_wait(store, clock) -> None:
     class CapOnAB(Policy):
         """A transient cap on parents a and b (it never lifts in this test)."""
 
-        def limit_reason(self, parent, *args, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        def limit_reason(self, parent, *args, **kwargs):
             """Skip a and b for a cap, let others through."""
             return "hourly_cap" if parent.id in ("a", "b") else None
 
@@ -201,13 +207,13 @@ def test_refind_pages_rotate_past_rows_that_wait(store, clock) -> None:
 class SlowFirstSend(MemoryPlatform):
     """The first send reaches the platform late and its answer is lost later still (threads drive it)."""
 
-    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.created = threading.Event()
         self.release = threading.Event()
         self.first = True
 
-    def send(self, parent, text, *, provider_key):  # noqa: ANN001, ANN201
+    def send(self, parent, text, *, provider_key):
         """Block until told, create the reply, block again, then fail ambiguously."""
         if self.first:
             self.first = False
@@ -277,7 +283,7 @@ def test_late_success_closes_a_row_that_gave_up(store, clock) -> None:
     parent = plat.add_parent("p1")
     real_send = plat.send
 
-    def send_judged_meanwhile(parent, text, *, provider_key):  # noqa: ANN001, ANN202
+    def send_judged_meanwhile(parent, text, *, provider_key):
         clock.advance(16)
         sw.run_once()  # the sweep reads back before the reply exists: gave_up (no attempt left)
         return real_send(parent, text, provider_key=provider_key)
@@ -348,7 +354,7 @@ def test_send_ends_within_send_timeout_however_the_server_trickles(store, clock)
 # -- 4. stale composers and the library's clock ---------------------------------------------------
 
 
-def _wait_for(cond, what: str) -> None:  # noqa: ANN001
+def _wait_for(cond, what: str) -> None:
     """Wait (real time, for another thread to get there) until ``cond()`` holds."""
     for _ in range(500):
         if cond():

@@ -273,7 +273,7 @@ def test_the_chart_reads_one_index_range(tmp_path):
     store = st.Store.open(f"sqlite:///{tmp_path / 'r.sqlite3'}")
     seen: list[tuple[str, object]] = []
 
-    def grab(conn, cursor, statement, params, context, executemany):  # noqa: ANN001 (SQLAlchemy's hook)
+    def grab(conn, cursor, statement, params, context, executemany):  # SQLAlchemy's hook
         if "FROM events" in statement:
             seen.append((statement, params))
 

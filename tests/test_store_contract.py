@@ -46,7 +46,7 @@ def key(pid: str) -> Key:
     return Key(P, S, pid)
 
 
-def seed(store: Store, pid: str, **values) -> Key:  # noqa: ANN003
+def seed(store: Store, pid: str, **values) -> Key:
     """Insert a row for ``pid`` with ``values`` (no event), as an earlier writer left it."""
     now = store.clock.now()
     k = key(pid)
@@ -60,7 +60,7 @@ def kinds(store: Store, k: Key) -> list[str]:
     return [e.kind for e in store.history(k)]
 
 
-def open_row(clock: FakeClock, owner: str = "me", **more) -> dict:  # noqa: ANN003
+def open_row(clock: FakeClock, owner: str = "me", **more) -> dict:
     """The values of a freshly claimed open row."""
     return {"state": st.OPEN, "attempt": 1, "created_at": clock.now(), "updated_at": clock.now(), "owner": owner,
             **more}
@@ -142,7 +142,7 @@ def test_claim_is_atomic_when_a_rival_commits_between_read_and_write(store_url, 
     won: dict[str, bool] = {}
     real_peek = b._peek_with  # the row read a claim decides on; the rival commits right after it
 
-    def read_then_rival_commits(fairy, kk):  # noqa: ANN001, ANN202
+    def read_then_rival_commits(fairy, kk):
         row = real_peek(fairy, kk)
         if "A" not in won:
             won["A"] = a.claim(k, open_row(clock, "A"), lambda r: None, {"kind": "claimed", "owner": "A"}).won
@@ -258,7 +258,7 @@ def test_cas_event_is_a_compare_and_set_with_its_event(store, clock):
 def test_cas_lease_due_by_and_deadline_at_least(store, clock, inside):
     """The lease owner must match; ``due_by`` needs the deadline passed; ``deadline_at_least`` keeps an open row's
     later deadline and sets any other row's (on the store's own transaction and inside a shared one alike)."""
-    def cas(k: Key, **kw) -> bool:  # noqa: ANN003
+    def cas(k: Key, **kw) -> bool:
         if not inside:
             return store.cas_event(k, attempt=1, **kw)
         with store.transaction() as tx:
@@ -815,7 +815,7 @@ def _sqlite_commits(store: Store, posts: int, face: type, *, page: bool = False)
     trace: list[tuple[int, str]] = []
     store.dispose()  # connections opened from here on are traced
     # Per connection: the async face writes closes on its loop's own connection, claims on the store thread's.
-    store.on_connect(lambda dbc: dbc.set_trace_callback(lambda sql, c=id(dbc): trace.append((c, sql))))
+    store.on_connect(lambda dbc: dbc.set_trace_callback(lambda sql, c=id(dbc): trace.append((c, sql))))  # noqa: B008 - each connection's id, bound when it opens
     plat = MemoryPlatform(clock=store.clock)
     g = face(store, plat, plat.whoami(), clock=store.clock, watch_interval_s=None)
     parents = [plat.add_parent(f"p{i}") for i in range(posts)]
@@ -965,7 +965,7 @@ KEYS = 40
 RACERS = 4
 
 
-def _racer(url: str, me: str, seed_: int, barrier, out, on_async_face: bool) -> None:  # noqa: ANN001
+def _racer(url: str, me: str, seed_: int, barrier, out, on_async_face: bool) -> None:
     """One replica process: claim every key (in its own order) and lease due rows; report what it won."""
     opened = Store.open(url, migrate=False)
     store = StoreOnFace(opened) if on_async_face else opened

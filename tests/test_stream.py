@@ -33,13 +33,13 @@ class Streamer:
     """A streamed responder: yields ``words`` one at a time, moving the fake clock ``step_s`` before each;
     ``crash_after``: raise Crash after that many words (the process "dies" mid-stream). Counts its calls."""
 
-    def __init__(self, clock, words=WORDS, step_s: float = 0.4, crash_after: int | None = None,  # noqa: ANN001
+    def __init__(self, clock, words=WORDS, step_s: float = 0.4, crash_after: int | None = None,
                  fail_after: int | None = None, asynchronous: bool = True) -> None:
         self.clock, self.words, self.step_s = clock, list(words), step_s
         self.crash_after, self.fail_after, self.asynchronous = crash_after, fail_after, asynchronous
         self.calls = 0
 
-    def _chunks(self):  # noqa: ANN202
+    def _chunks(self):
         for i, w in enumerate(self.words):
             if self.crash_after is not None and i == self.crash_after:
                 raise Crash
@@ -48,13 +48,13 @@ class Streamer:
             self.clock.advance(self.step_s)
             yield (" " if i else "") + w
 
-    def __call__(self, parent):  # noqa: ANN001
+    def __call__(self, parent):
         """Start one streamed answer (and count the call)."""
         self.calls += 1
         if not self.asynchronous:
             return self._chunks()
 
-        async def agen():  # noqa: ANN202
+        async def agen():
             for chunk in self._chunks():
                 yield chunk
 
@@ -67,7 +67,7 @@ def _text(chain: list[dict]) -> str:
 
 
 @pytest.fixture
-def world(store, clock, face):  # noqa: ANN001
+def world(store, clock, face):
     """A memory platform limited to LIMIT characters, a guard of ``face`` over it (edits at most every 1 s)."""
     plat = MemoryPlatform(clock=clock, post_chars=LIMIT, listing_delay_s=1.0)
     g = face(store, plat, plat.whoami(), clock=clock, send_timeout_s=5.0, watch_interval_s=None,
@@ -193,7 +193,7 @@ class NoEdits(MemoryPlatform):
     edit = None  # type: ignore[assignment]
 
 
-def test_without_edits_the_stream_is_sent_whole_when_it_ends(store, clock, face):  # noqa: F811
+def test_without_edits_the_stream_is_sent_whole_when_it_ends(store, clock, face):
     """A platform that cannot edit gets the parts when the stream ends: one post per part, no edit."""
     plat = NoEdits(clock=clock, post_chars=LIMIT, listing_delay_s=1.0)
     g = face(store, plat, plat.whoami(), clock=clock, send_timeout_s=5.0, watch_interval_s=None)

@@ -10,8 +10,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -53,7 +51,7 @@ class StreamingLLM:
             self.calls += 1
             self.asked[question] += 1
 
-        async def events():  # noqa: ANN202
+        async def events():
             with self.lock:
                 self.running += 1
             try:

@@ -180,7 +180,7 @@ def test_a_kept_stream_records_each_parent_before_reading_on_and_a_failed_record
 
         connects = 0
 
-        def stream(self, stop: threading.Event):  # noqa: ANN202
+        def stream(self, stop: threading.Event):
             self.connects += 1
             if self.connects > 1:  # the reconnect after the failure: nothing more to read
                 stop.wait()
@@ -193,12 +193,12 @@ def test_a_kept_stream_records_each_parent_before_reading_on_and_a_failed_record
             finally:
                 trail.append("closed")
 
-    def keep(parents) -> None:  # noqa: ANN001
+    def keep(parents) -> None:
         trail.append(f"kept {parents[0].id}")
         if parents[0].id == "p2":
             raise OSError("the store is gone")
 
-    def offer(parent, path):  # noqa: ANN001, ANN202
+    def offer(parent, path):
         trail.append(f"offered {parent.id} by {threading.current_thread().name}")
         offered.set()
         return type("Out", (), {"status": type("S", (), {"value": "posted"})})()

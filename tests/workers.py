@@ -12,7 +12,7 @@ from replyd.platforms.memory import MemoryPlatform
 from replyd.store import Store
 
 
-def run_until_sigkilled(target, *args) -> None:  # noqa: ANN001
+def run_until_sigkilled(target, *args) -> None:
     """Run ``target(*args)`` in a spawned child process and check that it died by SIGKILL (its planned crash)."""
     import multiprocessing as mp
 
@@ -113,7 +113,7 @@ def crash_in_pipeline_page(url: str, journal: str, n: int, kill_at: int, where: 
     from replyd.policy import Policy
     from replyd.pollers import Pollers
 
-    def die(*a, **k):  # noqa: ANN002, ANN003, ANN202
+    def die(*a, **k):
         os.kill(os.getpid(), signal.SIGKILL)
 
     sends = {"before_send": "crash_before", "after_send": "crash_after"}
@@ -133,7 +133,7 @@ def crash_in_pipeline_page(url: str, journal: str, n: int, kill_at: int, where: 
         closes: list[object] = []
         close = g._close
 
-        def dying_close(*a):  # noqa: ANN002, ANN202
+        def dying_close(*a):
             if len(closes) == kill_at:
                 die()
             closes.append(a)

@@ -31,7 +31,6 @@ from replyd.terminal import shown
 
 if TYPE_CHECKING:
     from replyd.config import Config
-    from replyd.store import Store
 
 st = lazy("replyd.store")
 NO_CONFIG = "no config given (--config FILE or REPLYD_CONFIG): the daemon's liveness comes from its [api]"
@@ -205,7 +204,7 @@ def _print_liveness(daemon: dict[str, Any]) -> None:
         if brk and brk["open"]:
             out.print(Text(f"  {bot} write breaker open{': ' + brk['reason'] if brk.get('reason') else ''}",
                            style="bold red"))
-        for path, p in sorted(b["paths"].items()):
+        for _path, p in sorted(b["paths"].items()):
             style = "bold red" if p["stale"] or p.get("failing") else ("yellow" if p["failures"] else "green")
             _say(f"  {bot} {p['words']}", style)
         pc = b.get("platform_clock")

@@ -139,7 +139,7 @@ class SecretAuth(httpx.Auth):
         return "SecretAuth(<redacted>)"
 
 
-def BearerAuth(token: str, scheme: str = "Bearer") -> SecretAuth:  # noqa: N802 (was a class; callers unchanged)
+def BearerAuth(token: str, scheme: str = "Bearer") -> SecretAuth:  # was a class; callers unchanged
     """``Authorization: <scheme> <token>`` as a :class:`SecretAuth`."""
     return SecretAuth({"Authorization": SecretStr(f"{scheme} {token}")})
 
@@ -493,7 +493,7 @@ def make_async_client(timeout_s: float, *, connect_s: float = 10.0, **kwargs: An
 
     Slow (~20 ms: the CA bundle, and the import below): the adapters call it on a thread, not on the loop."""
     try:  # what a client's first request imports (anyio's asyncio backend, ~20 ms): here, not on the loop
-        import anyio._backends._asyncio  # noqa: F401
+        import anyio._backends._asyncio
         import anyio.streams.tls  # noqa: F401
     except ImportError:  # another anyio layout: the first request imports what it needs, as before
         pass
@@ -1493,7 +1493,7 @@ class HttpPlatform:
         covered_after: float | None = None
         page_no = 0
         try:
-            for page_no, times in enumerate(pages, start=1):
+            for page_no, times in enumerate(pages, start=1):  # noqa: B007 - the except below logs the page it failed on
                 if times:
                     covered_after = min(times if covered_after is None else [covered_after, *times])
                     if covered_after < horizon:

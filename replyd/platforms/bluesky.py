@@ -709,7 +709,8 @@ class BlueskyPlatform(_http.HttpPlatform):
                 self.log.info("replyd.bluesky.already_landed", parent_id=parent.id, reply_id=landed, status=exc.status)
                 raise AlreadyLanded(f"{what}: our reply is already at rkey {rkey} ({exc.detail})",
                                     status=exc.status, reply_id=landed) from None
-            raise self._send_failed(parent, exc)
+            self._send_failed(parent, exc)
+            raise
         expected = str(AtUri(did, POST_NSID, rkey))
         try:
             uri = _http.field(_http.json_body(resp, what, dict), "uri", what)

@@ -151,8 +151,8 @@ class Firehose:
             # A commit or a post record that cannot be read is reported; the frame's other posts go on.
             _, posts = unreadable.read_one(self.instance, "stream", body, lambda b: list(commit_posts(b)), id_field="seq")
             for uri, record in posts or ():
-                _, wanted = unreadable.read_one(self.instance, "stream", record,
-                                                lambda r: _did_of(uri) != bot_did and about(r, bot_did), ident=uri)
+                _, wanted = unreadable.read_one(self.instance, "stream", record,  # read_one calls it at once
+                                                lambda r: _did_of(uri) != bot_did and about(r, bot_did), ident=uri)  # noqa: B023
                 parent = self._hydrate(uri, stop) if wanted else None
                 if parent is not None:
                     yield parent

@@ -267,7 +267,7 @@ class EmailPlatform:
     def _bye(c: IMAPClient) -> None:
         try:
             c.logout()
-        except Exception:  # noqa: BLE001 - the connection is done with either way
+        except Exception:  # the connection is done with either way
             pass
 
     # --- discovery ------------------------------------------------------------------------------------
@@ -297,7 +297,7 @@ class EmailPlatform:
             return self._parent(raw, uid, uidvalidity, internal)
         except PlatformError:
             raise  # the look-up of a reply's ticket failed: the page is read again
-        except Exception as exc:  # noqa: BLE001 - a stranger's bytes: ValueError, RecursionError, anything
+        except Exception as exc:  # a stranger's bytes: ValueError, RecursionError, anything
             return self._unreadable(raw, uid, uidvalidity, exc)
 
     def _unreadable(self, raw: bytes, uid: int, uidvalidity: int, exc: BaseException) -> Parent:
@@ -348,7 +348,7 @@ class EmailPlatform:
             try:
                 copy = BytesParser().parsebytes(head, headersonly=True) if isinstance(head, bytes) else None
                 named = [*(copy.get_all(TICKET_HEADER) or []), copy.get("In-Reply-To"), copy.get("References")]
-            except Exception:  # noqa: BLE001 - an unreadable copy names no ticket
+            except Exception:  # an unreadable copy names no ticket
                 continue
             for ticket in msgids(" ".join(str(n) for n in named if n is not None)):
                 if hmac.compare_digest(self.provider_key(self.me, ticket), key):
@@ -561,7 +561,7 @@ class EmailPlatform:
         try:
             msg = self.compose(parent, text, provider_key=provider_key)
             return msg, msg.as_bytes()
-        except Exception as exc:  # noqa: BLE001 - a header built from a stranger's mail
+        except Exception as exc:  # a header built from a stranger's mail
             detail = self._clean(f"compose: {type(exc).__name__}: {exc}")
             self.log.warning("replyd.email.compose_failed", parent_id=parent.id, problem=detail)
             raise Rejected(detail) from None

@@ -429,7 +429,7 @@ class MatrixPlatform(_http.StepSend, _http.HttpPlatform):
                     found.setdefault(p.id, p)
         return sorted(found.values(), key=lambda p: (p.created_at or 0.0, p.id))
 
-    def _pages_back(self, room_id: str, since: float, *, what: str, filt: str, complete: list[bool] | None = None):  # noqa: ANN202
+    def _pages_back(self, room_id: str, since: float, *, what: str, filt: str, complete: list[bool] | None = None):
         """Yield ``/messages`` chunks newest first until one reaches before epoch ``since`` or the room begins.
 
         ``complete`` (if given) gets ``True`` appended when the listing really reached back that far.

@@ -88,7 +88,7 @@ def report(platform: str, what: str, item_ident: str | None, problem: BaseExcept
             if installed[1](bad) is False:
                 log.debug("replyd.poller.unreadable_again", platform=platform, path=path, item_id=item_ident)
                 return
-        except Exception as exc:  # noqa: BLE001  (the report is still logged and counted: the page goes on)
+        except Exception as exc:  # the report is still logged and counted: the page goes on
             log.error("replyd.poller.unreadable_not_recorded", platform=platform, path=path, item_id=item_ident,
                       error=f"{type(exc).__name__}: {exc}"[:200])
     log.warning("replyd.poller.unreadable", platform=platform, path=path, what=what, item_id=item_ident,

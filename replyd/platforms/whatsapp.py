@@ -231,7 +231,7 @@ class WhatsAppPlatform(_http.StepSend, _http.HttpPlatform):
             messages = value.get("messages")
             for msg in messages if isinstance(messages, list) else []:
                 # One message that cannot be read is reported and left out; the others of the delivery go on.
-                found = self._read("webhook", msg, lambda m: self._parent(m, value), _wamid(msg))
+                found = self._read("webhook", msg, lambda m: self._parent(m, value), _wamid(msg))  # noqa: B023 - _read calls it at once
                 if isinstance(found, Parent):
                     parents.append(found)
                 else:

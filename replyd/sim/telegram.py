@@ -386,10 +386,10 @@ class TelegramApi:
             args = {**args, "_tag": request.path_params.get("tag", "")}
         return await handler(args)
 
-    async def _m_getMe(self, args: dict[str, Any]) -> Response:  # noqa: N802
+    async def _m_getMe(self, args: dict[str, Any]) -> Response:
         return JSONResponse(fixture("getMe"))
 
-    async def _m_getUpdates(self, args: dict[str, Any]) -> Response:  # noqa: N802
+    async def _m_getUpdates(self, args: dict[str, Any]) -> Response:
         w = self.world
         if w.webhook is not None:
             return _err("error_409_webhook")
@@ -436,7 +436,7 @@ class TelegramApi:
             return JSONResponse({"ok": False, "error_code": 502, "description": "Bad Gateway"}, status_code=502)
         return None
 
-    async def _m_sendMessage(self, args: dict[str, Any]) -> Response:  # noqa: N802
+    async def _m_sendMessage(self, args: dict[str, Any]) -> Response:
         fault, out = self.world.send_message(args)
         if (answer := self._answer(fault, out)) is not None:
             return answer
@@ -448,11 +448,11 @@ class TelegramApi:
             return DropResponse(status_code=200)
         return JSONResponse({"ok": True, "result": out})
 
-    async def _m_editMessageText(self, args: dict[str, Any]) -> Response:  # noqa: N802
+    async def _m_editMessageText(self, args: dict[str, Any]) -> Response:
         fault, out = self.world.edit_message(args)
         return self._answer(fault, out) or JSONResponse({"ok": True, "result": out})
 
-    async def _m_deleteMessage(self, args: dict[str, Any]) -> Response:  # noqa: N802
+    async def _m_deleteMessage(self, args: dict[str, Any]) -> Response:
         w = self.world
         chat = w.chats.get(args.get("chat_id"))  # type: ignore[arg-type]
         with w.lock:
@@ -463,7 +463,7 @@ class TelegramApi:
             del chat.messages[msg["message_id"]]  # type: ignore[union-attr]
         return JSONResponse({"ok": True, "result": True})
 
-    async def _m_setWebhook(self, args: dict[str, Any]) -> Response:  # noqa: N802
+    async def _m_setWebhook(self, args: dict[str, Any]) -> Response:
         w = self.world
         with w.lock:
             w.webhook = {"url": args.get("url"), "secret_token": args.get("secret_token")}
@@ -473,7 +473,7 @@ class TelegramApi:
         w.webhook_changed.set()
         return JSONResponse(fixture("setWebhook"))
 
-    async def _m_deleteWebhook(self, args: dict[str, Any]) -> Response:  # noqa: N802
+    async def _m_deleteWebhook(self, args: dict[str, Any]) -> Response:
         w = self.world
         with w.lock:
             w.webhook = None

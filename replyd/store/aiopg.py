@@ -110,5 +110,5 @@ class AsyncHotPath:
 async def _close(conn: psycopg.AsyncConnection[Any]) -> None:
     try:
         await conn.close()
-    except Exception:  # closing a broken connection may fail too: nothing left to release  # noqa: BLE001
+    except Exception:  # closing a broken connection may fail too: nothing left to release
         pass

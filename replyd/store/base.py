@@ -466,7 +466,7 @@ class Store(Reads, Retention, FleetLeases):
         """The compare-and-set as statements; by default one call of ``_cas_with`` on ``fairy`` (SQLite's
         transaction is not a statement list; only PostgreSQL's hot path is run by the async face)."""
         return self._cas_with(fairy, key, states, attempt, values, lease_owner, event, otherwise, relaxed, answer)
-        yield  # a generator all the same  # noqa: unreachable
+        yield  # never reached: it makes this a generator all the same
 
     def cas_event(self, key: Key, *, states: Sequence[str], attempt: int | None, values: Mapping[str, Any],
                   event: Mapping[str, Any] | None = None, otherwise: Mapping[str, Any] | None = None,

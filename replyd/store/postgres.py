@@ -47,7 +47,7 @@ def _pg_idle_dead(dbapi_conn: Any) -> str | None:
             pgconn.consume_input()  # raises at end of file
             if pgconn.status != 0:  # CONNECTION_OK
                 return "the connection is lost"
-    except Exception as exc:  # no socket any more, or the server closed it  # noqa: BLE001
+    except Exception as exc:  # no socket any more, or the server closed it
         return str(exc).strip() or type(exc).__name__
     return "the server keeps sending data while the connection is idle"
 
@@ -156,7 +156,7 @@ class PostgresStore(Store):
         if fairy.is_valid:
             try:
                 fairy.driver_connection.autocommit = False
-            except Exception:  # a broken connection refuses: never pool it again  # noqa: BLE001
+            except Exception:  # a broken connection refuses: never pool it again
                 fairy.invalidate()
         fairy.close()
 

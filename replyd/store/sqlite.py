@@ -100,7 +100,7 @@ class SQLiteStore(Store):
             fairy = self._now_all.pop()
             try:
                 fairy.close()
-            except Exception:  # a connection another thread holds or already closed: nothing to release  # noqa: BLE001
+            except Exception:  # a connection another thread holds or already closed: nothing to release
                 pass
         self._now = threading.local()
         super()._reset_pool()

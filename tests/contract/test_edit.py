@@ -16,7 +16,7 @@ from tests.contract.harnesses import Harness
 FEATURE = EditReply
 
 
-def _sent(harness: Harness):  # noqa: ANN202
+def _sent(harness: Harness):
     """A fresh adapter, a parent and the bot's reply to it (the platform's own count: one)."""
     adapter = harness.adapter()
     parent = harness.parent(adapter)

@@ -9,7 +9,7 @@ NEW_POSTS = 3
 MAX_POLLS = 8
 
 
-def _follow(fetch, cursor: str | None, want: set[str], harness: Harness) -> tuple[list[str], str | None]:  # noqa: ANN001
+def _follow(fetch, cursor: str | None, want: set[str], harness: Harness) -> tuple[list[str], str | None]:
     """Poll ``fetch(cursor)`` until every wanted id was offered and a page offered none of them; return all offered."""
     offered: list[str] = []
     for _ in range(MAX_POLLS if not harness.patience_s else MAX_POLLS * 4):
@@ -29,7 +29,7 @@ def _new_posts(harness: Harness, word: str) -> list[Post]:
     return posts
 
 
-def _check(adapter: Platform, fetch, harness: Harness, word: str, backstop=None) -> None:  # noqa: ANN001
+def _check(adapter: Platform, fetch, harness: Harness, word: str, backstop=None) -> None:
     # A first poll on a platform with something to find: the cursor it returns is the starting point.
     seed = harness.post(f"{word} first question")
     harness.settle([seed])
