@@ -32,18 +32,19 @@ import inspect
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from replyd import deadline, metrics
 from replyd.admission import Admission
 from replyd import store as st
-from replyd.core import (PAGE_CLOSES, PAGE_MAX, Call, Compose, Drive, Edit, Effect, GuardCore, Lease, Outcome, Pull, Respond, Send,
-                         Status, Steps, page_chunks)
+from replyd.core import (PAGE_CLOSES, PAGE_MAX, Call, Compose, Drive, Edit, Effect, GuardCore, Lease, Pull, Respond, Send,
+                         Steps, page_chunks)
 from replyd.errors import BadResponse, MaybeSent, PlatformError
 from replyd.log import get_logger
-from replyd.platforms.base import AsyncSend, Identity, LoopBound, Parent, Platform, Sent
+from replyd.outcome import Outcome, Status
+from replyd.platforms.base import AsyncSend, EditReply, Identity, LoopBound, Parent, Platform, Sent
 from replyd import stream as streams
 from replyd.responders.base import Responder, _checked
 from replyd.store import Event, Key, Reply, Store
@@ -57,6 +58,8 @@ log = get_logger("replyd.aio")
 # The most claims one group commit takes (what waits beyond it forms the next group).
 GROUP_MAX = 64
 SETTLE_PER_TURN = 4  # claims of a group settled per loop turn (``_settle_some``)
+
+T = TypeVar("T")
 
 __all__ = ["AsyncGuard", "AsyncGuardSession", "Lease", "Outcome", "Status", "StoreThread", "open_guard"]
 
@@ -89,7 +92,9 @@ class StoreThread:
             if self._group is None or call[2] != self._claim:
                 self._one(call)
                 continue
-            claims, others, stop = [call], [], False
+            claims: list[tuple[Any, ...]] = [call]
+            others: list[tuple[Any, ...]] = []
+            stop = False
             while len(claims) < GROUP_MAX:  # what else is waiting: calls of other tasks, any order is a valid one
                 try:
                     nxt = calls.get_nowait()
@@ -139,10 +144,10 @@ class StoreThread:
             except RuntimeError:  # the loop closed: nobody left to tell
                 pass
 
-    async def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` on the store's thread and await its result (or exception)."""
         loop = asyncio.get_running_loop()
-        fut = loop.create_future()
+        fut: asyncio.Future[T] = loop.create_future()
         self._calls.put((loop, fut, fn, args, kwargs))
         return await fut
 
@@ -216,7 +221,7 @@ class AsyncGuard(GuardCore):
         run = Drive(steps)
         while not run.done:
             try:
-                got = await self._do(run.effect)  # type: ignore[arg-type]
+                got = await self._do(cast(Effect, run.effect))  # not None until done
             except BaseException as exc:
                 run.fail(exc)
             else:
@@ -254,7 +259,8 @@ class AsyncGuard(GuardCore):
             try:
                 async with asyncio.timeout(effect.budget_s) as cut:
                     if self._awaits_send:
-                        return await platform.asend(effect.parent, effect.text, provider_key=effect.provider_key)
+                        return await cast(AsyncSend, platform).asend(effect.parent, effect.text,
+                                                                     provider_key=effect.provider_key)
                     # The copied context carries the deadline: the thread's HTTP client (replyd's) ends by it.
                     return await deadline.to_thread(platform.send, effect.parent, effect.text,
                                                     provider_key=effect.provider_key)
@@ -306,7 +312,7 @@ class AsyncGuard(GuardCore):
         with deadline.within(effect.budget_s):
             try:
                 async with asyncio.timeout(effect.budget_s):
-                    await asyncio.to_thread(self.platform.edit, effect.parent, effect.reply_id,  # type: ignore[attr-defined]
+                    await asyncio.to_thread(cast(EditReply, self.platform).edit, effect.parent, effect.reply_id,
                                             effect.text)
             except TimeoutError:
                 raise MaybeSent(f"edit: the whole deadline ({effect.budget_s:.1f} s) passed (outcome unknown)") from None
@@ -317,23 +323,24 @@ class AsyncGuard(GuardCore):
         ``Stream`` (``stream``: the core shows it as it comes) or drained to its whole text."""
         t0 = time.perf_counter()
         try:
+            raw: object  # what the responder gave: text, None, an awaitable of it, or a stream
             if isinstance(compose, Responder):
-                text = await compose.respond(parent)
+                raw = await compose.respond(parent)
             elif inspect.iscoroutinefunction(compose) or inspect.isasyncgenfunction(compose):
-                text = compose(parent)  # an async generator is made here, read on this loop
-                if inspect.isawaitable(text):
-                    text = await text
+                raw = compose(parent)  # an async generator is made here, read on this loop
+                if inspect.isawaitable(raw):
+                    raw = await raw
             else:
-                text = await asyncio.to_thread(compose, parent)  # a plain function may block (an LLM call)
-                if inspect.isawaitable(text):
-                    text = await text
-            got = streams.as_stream(text)
+                raw = await asyncio.to_thread(compose, parent)  # a plain function may block (an LLM call)
+                if inspect.isawaitable(raw):
+                    raw = await raw
+            got = streams.as_stream(raw)
             if got is not None:
                 if stream:
                     metrics.responder_called(self.platform.instance, time.perf_counter() - t0, "stream")
                     return got
-                text = await streams.adrain(got, self.stream_idle_s)
-            text = _checked(text)
+                raw = await streams.adrain(got, self.stream_idle_s)
+            text = _checked(raw)
         except BaseException:
             metrics.responder_called(self.platform.instance, time.perf_counter() - t0, failed=True)
             raise
@@ -344,18 +351,18 @@ class AsyncGuard(GuardCore):
 
     async def check(self, parent_id: str) -> Outcome | None:
         """Return what blocks ``post`` for ``parent_id``, read-only; None if a post would claim it."""
-        return await self._run(self.check_steps(parent_id))
+        return cast("Outcome | None", await self._run(self.check_steps(parent_id)))
 
     async def retire(self, parent_id: str, reason: str) -> bool:
         """End a row that waits to be offered again as ``skipped`` with ``reason``; True if this call moved it."""
-        return await self._run(self.retire_steps(parent_id, reason))
+        return cast(bool, await self._run(self.retire_steps(parent_id, reason)))
 
     @metrics.observe_post
     async def post(self, parent: Parent, text: str | Compose, *, path: str = "api") -> Outcome:
         """Reply to ``parent`` at most once; ``text`` is the reply or a responder (sync or async) to call once."""
         await self._slots.enter()
         try:
-            return await self._run(self.post_steps(parent, text, path=path))
+            return cast(Outcome, await self._run(self.post_steps(parent, text, path=path)))
         finally:
             self._slots.leave()
 
@@ -385,19 +392,20 @@ class AsyncGuard(GuardCore):
                 for t in tasks:
                     t.cancel()
                 raise
-            got = [t.exception() or t.result() for t in tasks]
-            first = next((i for i, o in enumerate(got) if isinstance(o, BaseException)), len(got))
+            errors = [t.exception() for t in tasks]  # each one read: none is left to asyncio's "never retrieved"
+            first = next((i for i, e in enumerate(errors) if e is not None), len(tasks))
             fixed = await self._run(self.close_page_steps(page))  # the page's closes: one relaxed commit
-            outs += [fixed.get(o.key, o) for o in got[:first]]
-            if first < len(got):  # the page stops here: what it sent is closed all the same
-                raise got[first]
+            outs += [fixed.get(o.key, o) for o in (t.result() for t in tasks[:first])]
+            failed = errors[first] if first < len(errors) else None
+            if failed is not None:  # the page stops here: what it sent is closed all the same
+                raise failed
         return outs
 
     async def claim_page(self, items: Sequence[tuple[Parent, str | Compose]], *,
                          path: str = "api") -> list[st.Row | None]:
         """Claim the new keys of ``items`` (at most ``PAGE_MAX``) in one transaction; per item its row or None."""
-        return await self._run(self.claim_page_steps([(p, t if isinstance(t, str) else None) for p, t in items],
-                                                     path))
+        steps = self.claim_page_steps([(p, t if isinstance(t, str) else None) for p, t in items], path)
+        return cast("list[st.Row | None]", await self._run(steps))
 
     @metrics.observe_post
     async def post_claimed(self, parent: Parent, text: str | Compose, *, path: str = "api",
@@ -405,43 +413,43 @@ class AsyncGuard(GuardCore):
         """``post`` after ``claim_page`` (``claimed`` None: this post claims alone, as ``post`` does)."""
         await self._slots.enter()
         try:
-            return await self._run(self.post_steps(parent, text, path=path, claimed=claimed))
+            return cast(Outcome, await self._run(self.post_steps(parent, text, path=path, claimed=claimed)))
         finally:
             self._slots.leave()
 
     async def begin(self, parent: Parent, *, owner: str, path: str = "api") -> Lease | Outcome:
         """Claim ``parent``'s key as ``composing`` for ``owner`` (nothing is sent); else say what blocks it."""
         holder = self if self.dry_run or not self.claiming else self._as_holder(owner)
-        return await holder._run(holder.begin_steps(parent, owner=owner, path=path))
+        return cast("Lease | Outcome", await holder._run(holder.begin_steps(parent, owner=owner, path=path)))
 
     async def finish(self, lease: Lease, text: str) -> Outcome:
         """Post ``text`` under ``lease`` (raises ``LeaseLost``, nothing sent, when it is not held any more)."""
         if not text or not text.strip():
             raise ValueError("text: must not be empty")
         holder = self._as_holder(lease.owner)
-        return await holder._run(holder.finish_steps(lease, text))
+        return cast(Outcome, await holder._run(holder.finish_steps(lease, text)))
 
     async def watch_sends(self) -> int:
         """Push the deadline of every row whose send has run past half its budget; return how many moved."""
-        return await self._run(self.watch_steps())
+        return cast(int, await self._run(self.watch_steps()))
 
     # -- the seams (Step) ---------------------------------------------------------------------------
 
     async def _claim(self, key: Key, parent: Parent, path: str, text: str | None) -> st.Row | Outcome:
         """Take the key atomically; return the claimed row, or an Outcome if not ours."""
-        return await self._run(self.claim_steps(key, parent, path, text))
+        return cast("st.Row | Outcome", await self._run(self.claim_steps(key, parent, path, text)))
 
     async def _open_composed(self, key: Key, row: Reply | st.Row, text: str) -> st.Row | Outcome:
         """Turn our composing claim into a durable open row, unless the lease was lost."""
-        return await self._run(self.open_steps(key, row, text))
+        return cast("st.Row | Outcome", await self._run(self.open_steps(key, row, text)))
 
     async def _send(self, key: Key, parent: Parent, row: Reply | st.Row, text: str) -> Outcome:
         """Send an open row's text and record its fate."""
-        return await self._run(self.send_steps(key, parent, row, text))
+        return cast(Outcome, await self._run(self.send_steps(key, parent, row, text)))
 
     async def _close(self, key: Key, attempt: int, reply_id: str, kind: str, status: Status = Status.POSTED) -> Outcome:
         """Close our row with the reply id; a lost close is left to the sweep."""
-        return await self._run(self.close_steps(key, attempt, reply_id, kind, status))
+        return cast(Outcome, await self._run(self.close_steps(key, attempt, reply_id, kind, status)))
 
     # -- the send watch task ----------------------------------------------------------------------
 
@@ -580,7 +588,7 @@ async def open_guard(store_url: str | None, platform: str | Platform, settings: 
         await out.aclose()
 
 
-async def _all_or_dying(tasks: list[asyncio.Future[Any]]) -> None:
+async def _all_or_dying(tasks: Sequence[asyncio.Future[Any]]) -> None:
     """Wait until every task ended; a task that dies (a ``BaseException`` that is not an ``Exception``) cancels the
     others, and its exception is raised once they ended."""
     pending = set(tasks)

@@ -43,7 +43,7 @@ import json
 import threading
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from typing import Any
+from typing import Any, cast, final
 
 from pydantic_core import PydanticSerializationError, to_json
 
@@ -102,6 +102,7 @@ CLOSE_LOST = "posted; close not recorded, the sweep will close it"
 PAGE_CLOSES: contextvars.ContextVar[PageCloses | None] = contextvars.ContextVar("replyd_page_closes", default=None)
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Call:
     """Run ``fn(*args, **kwargs)``: a store call (or a whole transaction); blocking, so off the loop."""
@@ -111,6 +112,7 @@ class Call:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Send:
     """Send ``text`` to ``parent`` through the adapter, the whole send within ``budget_s`` (replyd.deadline)."""
@@ -122,6 +124,7 @@ class Send:
     token: int  # the send's entry in ``GuardCore.sends`` (its key and attempt): a face's late close finds it there
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Respond:
     """Call the responder once for ``parent``; the result is the text (None or "" declines), or with ``stream``
@@ -132,6 +135,7 @@ class Respond:
     stream: bool = False
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Pull:
     """The next chunk of a streamed answer (None at its end), within ``timeout_s``; ``close``: stop it instead."""
@@ -141,6 +145,7 @@ class Pull:
     close: bool = False
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Edit:
     """Replace the text of the bot's reply ``reply_id`` (to ``parent``) through the adapter, within ``budget_s``."""
@@ -151,6 +156,7 @@ class Edit:
     budget_s: float
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Step:
     """Run the face's own method ``name`` (a seam crash-injection tests and the chaos shim wrap)."""
@@ -399,7 +405,7 @@ class GuardCore:
     def provider_key(self, parent_id: str) -> str:
         """Return the idempotency key for this parent: the same on every attempt."""
         if _offers_provider_keys(type(self.platform)):
-            return self.platform.provider_key(self.identity.sender_id, parent_id)  # type: ignore[attr-defined]
+            return cast(ProviderKeys, self.platform).provider_key(self.identity.sender_id, parent_id)
         return default_provider_key(self.platform.instance, self.identity.sender_id, parent_id)
 
     def _claimable(self, row: Reply | st.Row, now: float, *, backoff: bool = True) -> bool:
@@ -518,7 +524,7 @@ class GuardCore:
                     return written
                 body = written
             else:
-                body = text  # type: ignore[assignment]
+                body = cast(str, text)  # no responder: the text itself (too long for one post)
             paused = yield from self._paused_steps(key, row, ticket)
             if paused is not None:
                 return paused
@@ -534,7 +540,7 @@ class GuardCore:
             if isinstance(row, Outcome):
                 return row
         else:
-            body = text
+            body = cast(str, text)  # no responder: the text itself
         out = yield Step("_send", (key, parent, row, body))
         yield from self._record_steps(ticket, key, row.attempt, out)
         return out
@@ -546,7 +552,7 @@ class GuardCore:
         it is too long for one post."""
         if not _offers_post_limit(type(self.platform)):
             return [text]
-        limit = self.platform.post_limit(parent)  # type: ignore[attr-defined]
+        limit = cast(PostLimit, self.platform).post_limit(parent)
         if limit is None:
             return [text]
         try:
@@ -645,7 +651,7 @@ class GuardCore:
             seen.append(PartOutcome(k, st.CLOSED, prow.reply_id))
             first = first or prow.reply_id
             if k < n:
-                target = self.platform.part_parent(parent, prow.reply_id)  # type: ignore[attr-defined]
+                target = cast(PostLimit, self.platform).part_parent(parent, prow.reply_id)
         closed = yield from self._answered_steps(key, header, seen)
         if isinstance(closed, Outcome):
             return closed
@@ -733,11 +739,12 @@ class GuardCore:
         if self.breaker is None or ticket.kind is not Admit.SEND or not self.breaker.is_open:
             return None
         wait_s = self.breaker.retry_in_s()
-        detail = {"error": "breaker open: sends paused", "not_before": self.clock.now() + wait_s}
+        error = "breaker open: sends paused"
+        detail = {"error": error, "not_before": self.clock.now() + wait_s}
         if not (yield from self._transition_steps(key, [st.COMPOSING], row.attempt, st.RELEASED, "held", detail,
                                                   relaxed=True, lease_owner=_holder(row))):
             return (yield from self._lost_lease_steps(key))
-        return Outcome(Status.NOT_SENT, key, st.RELEASED, row.attempt, detail=detail["error"], retry_after_s=wait_s)
+        return Outcome(Status.NOT_SENT, key, st.RELEASED, row.attempt, detail=error, retry_after_s=wait_s)
 
     def _record_steps(self, ticket: Ticket, key: Key, attempt: int, out: Outcome) -> Steps:
         """Tell the breaker the send's fate; mark the sends an outage swallowed (the sweep excuses them)."""
@@ -747,7 +754,8 @@ class GuardCore:
             failed: bool | None = None if out.retry_after_s is not None else True  # a 429 says nothing
         else:
             failed = out.status is Status.UNCERTAIN
-        for k, a in self.breaker.record(ticket, (key, attempt), failed):  # type: ignore[misc]
+        for ref in self.breaker.record(ticket, (key, attempt), failed):
+            k, a = cast("tuple[Key, int]", ref)  # the refs are the (key, attempt) pairs handed to record
             try:
                 yield io(self._mark_outage, k, a)
             except StoreError as exc:  # the sweep's own look at the breaker still excuses it in this process
@@ -1076,7 +1084,7 @@ class GuardCore:
 
     def _limit(self, parent: Parent) -> Limit | None:
         """The adapter's post limit for a reply to ``parent`` (None: one post of any length)."""
-        return self.platform.post_limit(parent) if _offers_post_limit(type(self.platform)) else None  # type: ignore[attr-defined]
+        return cast(PostLimit, self.platform).post_limit(parent) if _offers_post_limit(type(self.platform)) else None
 
     def _renew_lease_steps(self, key: Key, row: Reply | st.Row) -> Steps:
         """Push our composing lease on (while a stream still comes; as a page's row starts its compose); False if
@@ -1118,7 +1126,8 @@ class GuardCore:
     def _next_target(self, parent: Parent, k: int, shown: dict[int, str | None], targets: list[Parent]) -> None:
         """Part ``k`` has its reply: the part after it answers that (a thread chain where the platform has one)."""
         if len(targets) == k and _offers_post_limit(type(self.platform)):
-            targets.append(self.platform.part_parent(targets[0], shown[k]))  # type: ignore[attr-defined]
+            reply_id = cast(str, shown[k])  # set: both callers saw part k's reply
+            targets.append(cast(PostLimit, self.platform).part_parent(targets[0], reply_id))
 
     def _edit_steps(self, pkey: Key, target: Parent, reply_id: str, text: str, *, record: bool) -> Steps:
         """Edit a part's reply to ``text``: "edited", "refused" (the platform will not: logged and noted on the

@@ -8,8 +8,8 @@ face, over the same core, is ``replyd.aio.AsyncGuard``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from replyd import deadline, metrics
 from replyd.core import (  # noqa: F401  (the names callers have always imported from here)
@@ -23,22 +23,21 @@ from replyd.core import (  # noqa: F401  (the names callers have always imported
     Effect,
     GuardCore,
     Lease,
-    Outcome,
     Edit,
     Pull,
     Respond,
     Send,
     SendWatch,
-    Status,
     Step,
     Steps,
     page_chunks,
-    _classify,
     snapshot_json,
     text_hash,
 )
+from replyd.outcome import Outcome, Status
+from replyd.outcome import classify as _classify  # noqa: F401  (as above: core's name for it)
 from replyd.log import get_logger
-from replyd.platforms.base import Parent
+from replyd.platforms.base import EditReply, Parent
 from replyd.responders.base import settled
 from replyd import stream as streams
 from replyd.store import Key, Reply
@@ -47,7 +46,7 @@ from replyd import store as st
 log = get_logger("replyd.guard")
 
 
-def _sync_compose(compose: Compose, effect: Respond, idle_s: float) -> Compose:
+def _sync_compose(compose: Compose, effect: Respond, idle_s: float) -> Callable[[Parent], object]:
     """``compose`` as a sync call: an ``async def`` responder (or one returning an awaitable) is awaited; a
     streamed answer is handed back as a ``Stream`` (``effect.stream``) or drained to its whole text."""
 
@@ -58,7 +57,7 @@ def _sync_compose(compose: Compose, effect: Respond, idle_s: float) -> Compose:
             return got
         return stream if effect.stream else streams.drain(stream, idle_s)
 
-    return call  # type: ignore[return-value]
+    return call
 
 
 class Guard(GuardCore):
@@ -106,18 +105,18 @@ class Guard(GuardCore):
             return streams.pull(effect.stream, effect.timeout_s)
         if type(effect) is Edit:
             with deadline.within(effect.budget_s):
-                return self.platform.edit(effect.parent, effect.reply_id, effect.text)  # type: ignore[attr-defined]
+                return cast(EditReply, self.platform).edit(effect.parent, effect.reply_id, effect.text)
         return getattr(self, effect.name)(*effect.args)  # a Step: the face's own (maybe wrapped) method
 
     # -- the public face ------------------------------------------------------------------------------
 
     def check(self, parent_id: str) -> Outcome | None:
         """Return what blocks ``post`` for ``parent_id``, read-only; None if a post would claim it."""
-        return self._run(self.check_steps(parent_id))
+        return cast("Outcome | None", self._run(self.check_steps(parent_id)))
 
     def retire(self, parent_id: str, reason: str) -> bool:
         """End a row that waits to be offered again as ``skipped`` with ``reason``; True if this call moved it."""
-        return self._run(self.retire_steps(parent_id, reason))
+        return cast(bool, self._run(self.retire_steps(parent_id, reason)))
 
     def keep_received(self, parents: Sequence[Parent], *, path: str, detail: dict[str, Any], doing: str) -> int:
         """Record ``parents`` as ``released`` rows (their snapshot, no attempt spent, event ``received``) where their
@@ -135,7 +134,7 @@ class Guard(GuardCore):
     @metrics.observe_post
     def post(self, parent: Parent, text: str | Compose, *, path: str = "api") -> Outcome:
         """Reply to ``parent`` at most once; ``text`` is the reply or a responder to call once."""
-        return self._run(self.post_steps(parent, text, path=path))
+        return cast(Outcome, self._run(self.post_steps(parent, text, path=path)))
 
     def post_page(self, items: Sequence[tuple[Parent, str | Compose]], *, path: str = "api",
                   done: list[Outcome] | None = None) -> list[Outcome]:
@@ -180,35 +179,36 @@ class Guard(GuardCore):
 
     def claim_page(self, items: Sequence[tuple[Parent, str | Compose]], *, path: str = "api") -> list[st.Row | None]:
         """Claim the new keys of ``items`` (at most ``PAGE_MAX``) in one transaction; per item its row or None."""
-        return self._run(self.claim_page_steps([(p, t if isinstance(t, str) else None) for p, t in items], path))
+        steps = self.claim_page_steps([(p, t if isinstance(t, str) else None) for p, t in items], path)
+        return cast("list[st.Row | None]", self._run(steps))
 
     @metrics.observe_post
     def post_claimed(self, parent: Parent, text: str | Compose, *, path: str = "api",
                      claimed: st.Row | None = None) -> Outcome:
         """``post`` after ``claim_page`` (``claimed`` None: this post claims alone, as ``post`` does)."""
-        return self._run(self.post_steps(parent, text, path=path, claimed=claimed))
+        return cast(Outcome, self._run(self.post_steps(parent, text, path=path, claimed=claimed)))
 
     def watch_sends(self) -> int:
         """Push the deadline of every row whose send has run past half its budget; return how many moved."""
-        return self._run(self.watch_steps())
+        return cast(int, self._run(self.watch_steps()))
 
     # -- the seams (Step): each a method, so a test or the chaos shim can wrap it --------------------
 
     def _claim(self, key: Key, parent: Parent, path: str, text: str | None) -> st.Row | Outcome:
         """Take the key atomically; return the claimed row, or an Outcome if not ours."""
-        return self._run(self.claim_steps(key, parent, path, text))
+        return cast("st.Row | Outcome", self._run(self.claim_steps(key, parent, path, text)))
 
     def _open_composed(self, key: Key, row: Reply | st.Row, text: str) -> st.Row | Outcome:
         """Turn our composing claim into a durable open row, unless the lease was lost."""
-        return self._run(self.open_steps(key, row, text))
+        return cast("st.Row | Outcome", self._run(self.open_steps(key, row, text)))
 
     def _send(self, key: Key, parent: Parent, row: Reply | st.Row, text: str) -> Outcome:
         """Send an open row's text and record its fate."""
-        return self._run(self.send_steps(key, parent, row, text))
+        return cast(Outcome, self._run(self.send_steps(key, parent, row, text)))
 
     def _close(self, key: Key, attempt: int, reply_id: str, kind: str, status: Status = Status.POSTED) -> Outcome:
         """Close our row with the reply id; a lost close is left to the sweep."""
-        return self._run(self.close_steps(key, attempt, reply_id, kind, status))
+        return cast(Outcome, self._run(self.close_steps(key, attempt, reply_id, kind, status)))
 
     # -- the send watch thread ---------------------------------------------------------------------
 

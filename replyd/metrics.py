@@ -17,7 +17,7 @@ import inspect
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from prometheus_client import PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -265,7 +265,7 @@ class watching_send:  # used as ``with metrics.watching_send(...)``, like a func
         sends.inc()
         self.t0 = time.perf_counter()
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, _tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, _tb: Any) -> Literal[False]:
         self.seconds.observe(time.perf_counter() - self.t0)
         if exc is not None:
             platform_error(self.platform, "send", exc)
@@ -273,6 +273,8 @@ class watching_send:  # used as ``with metrics.watching_send(...)``, like a func
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+P = TypeVar("P")
+R = TypeVar("R")
 
 
 def _count_post(guard: Any, out: Any = None, exc: BaseException | None = None, parent: Any = None) -> None:
@@ -331,7 +333,7 @@ def responder_called(platform: str, seconds: float, text: object = None, *, fail
     _child(RESPONDER_CALLS, platform, result).inc()
 
 
-def timed_responder(compose: Callable[[Any], str | None], parent: Any, platform: str) -> str | None:
+def timed_responder(compose: Callable[[P], R], parent: P, platform: str) -> R:
     """Call the responder once, counting the call by result and timing it; errors propagate."""
     t0 = time.perf_counter()
     try:

@@ -20,7 +20,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Literal
 
-from replyd.store.model import PART_PATH  # noqa: F401  (a part row's path: re-find offers its answer, not it)
+from replyd.store.model import PART_PATH as PART_PATH  # a part row's path: re-find offers its answer, not it
 
 Unit = Literal["graphemes", "chars", "utf16"]
 

@@ -59,11 +59,12 @@ _END = object()
 
 async def apull(stream: Stream, timeout_s: float) -> str | None:
     """The stream's next chunk, None at its end; a ResponderError if none came within ``timeout_s``."""
+    source = stream.source
     try:
-        if stream.is_async:
-            value = await asyncio.wait_for(anext(stream.source, _END), timeout_s)  # type: ignore[arg-type]
+        if isinstance(source, AsyncIterator):  # stream.is_async, written out so the type narrows
+            value = await asyncio.wait_for(anext(source, _END), timeout_s)
         else:
-            value = await asyncio.wait_for(asyncio.to_thread(next, stream.source, _END), timeout_s)  # type: ignore[arg-type]
+            value = await asyncio.wait_for(asyncio.to_thread(next, source, _END), timeout_s)
     except TimeoutError:
         raise ResponderError(f"a streamed answer sent nothing for {timeout_s:g} s") from None
     return None if value is _END else _chunk(value)
@@ -71,8 +72,9 @@ async def apull(stream: Stream, timeout_s: float) -> str | None:
 
 def pull(stream: Stream, timeout_s: float) -> str | None:
     """``apull`` from a thread that has no loop: an async stream is read on the shared responder loop."""
-    if not stream.is_async:
-        value = next(stream.source, _END)  # type: ignore[call-overload]
+    source = stream.source
+    if not isinstance(source, AsyncIterator):  # not stream.is_async, written out so the type narrows
+        value = next(source, _END)
         return None if value is _END else _chunk(value)
     from replyd.responders.base import responder_loop
 
