@@ -26,7 +26,7 @@ JOBS ?= 1
 TEST_WORKERS ?= 3
 PYTEST_XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: install install-bench run test test-fast examples bsky-deps bench chaos clean ts-client ts-openapi agents-js hermes openclaw chat-sdk
+.PHONY: install install-bench run test test-fast lint examples bsky-deps bench chaos clean ts-client ts-openapi agents-js hermes openclaw chat-sdk
 
 # The runtime only (what `make run` needs): no test extras, no -q (pip's lines are the progress).
 $(VENV)/.installed-runtime: pyproject.toml
@@ -57,6 +57,10 @@ test: install bsky-deps
 
 test-fast: install
 	$(PY) -m pytest -q $(PYTEST_XDIST) -m "not slow"
+
+# ruff on the whole tree, mypy strict on the core modules (both configured in pyproject.toml).
+lint: install
+	$(PY) -m ruff check . && $(PY) -m mypy
 
 # Every runnable example of README.md and docs/*.md, as written, from outside the checkout (about a minute).
 examples: install
