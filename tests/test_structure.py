@@ -30,6 +30,9 @@ DYNAMIC_GETATTR_OK = {
     ("responders/template.py", "getattr(parent, f)"): "template fields of a Parent (_FIELDS)",
     ("demo.py", "getattr(self.pollers, p)"): "the demo's poller method names (inbox, search, refind)",
     ("sweep.py", "getattr(self, name)"): "SweepResult counters",
+    ("integrations/hermes.py", "getattr(self._real, name)"):
+        "hermes' client proxies: every name but the guarded create call goes to the real client",
+    ("integrations/hermes.py", "getattr(entry, f.name)"): "the fields of hermes' platform registry entry",
     ("sweep.py", "getattr(other, name)"): "SweepResult counters",
     ("sim/world.py", "getattr(Knobs, name)"): "the sim's knob defaults",
     ("sim/__main__.py", "getattr(args, f.name)"): "the sim's parsed arguments",
@@ -40,6 +43,8 @@ DYNAMIC_GETATTR_OK = {
 }
 # A ``.send`` that is no platform's send, each listed with why: (module, the attribute expression).
 NOT_A_PLATFORM_SEND = {
+    ("integrations/hermes.py", "adapter.send"):
+        "hermes' own adapter method, wrapped so its final answer goes through the guard",
     ("platforms/slack.py", "ws.send"): "Socket Mode's envelope ack on the adapter's own WebSocket, never a reply",
     ("platforms/discord.py", "ws.send"): "Gateway frames (identify, resume, heartbeats) on the adapter's own WebSocket",
     ("core.py", "self.steps.send"): "the generator protocol: an effect's result handed back to the decision",
