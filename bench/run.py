@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 from bench.common import Table, configure_quiet_logs, machine  # noqa: E402
 
 SECTIONS = ("overhead", "races", "readback", "growth", "economy", "profile", "commitlevels", "timetoanswer", "slack",
-            "aio", "aiolag", "pageclaim", "telegram", "manybots", "clistart", "prune", "fleet")
+            "aio", "aiolag", "pageclaim", "telegram", "manybots", "clistart", "prune", "fleet", "email")
 
 
 def _load() -> str:
@@ -181,6 +181,13 @@ def main(argv: list[str] | None = None) -> int:
         res = fl.measure(100 if q else 1000, 3, idle_s=20 if q else 60, refind_s=60.0, settle_s=5 if q else 20)
         return res, fl.tables(res, cmd)
 
+    def email() -> tuple[Any, list[Table]]:
+        """Section 19: one email poll's memory with big mails in the inbox (a real Dovecot)."""
+        from bench import email_memory as em
+
+        res = em.measure_all([(24, 8.0)] if q else [(24, 8.0), (200, 25.0)])
+        return res, em.tables(res, cmd)
+
     def prune() -> tuple[Any, list[Table]]:
         """Section 17: `replyd prune` on a large log, on both stores."""
         from bench import prune as pr
@@ -191,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = {"overhead": overhead, "races": races, "readback": readback, "growth": growth, "economy": economy,
             "profile": profile, "commitlevels": commitlevels, "timetoanswer": timetoanswer, "slack": slack,
             "aio": aio, "aiolag": aiolag, "pageclaim": pageclaim, "telegram": telegram, "manybots": manybots,
-            "clistart": clistart, "prune": prune, "fleet": fleet}
+            "clistart": clistart, "prune": prune, "fleet": fleet, "email": email}
     started = datetime.now(timezone.utc)
     t_all = time.monotonic()
     info = machine()
