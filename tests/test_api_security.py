@@ -66,7 +66,8 @@ def test_configured_host_names_are_served(tmp_path):
 
 def test_wrong_tokens_write_one_warning_a_minute_with_the_count_held_back(tmp_path):
     """Anyone can send a wrong token: each request is refused, but the log gets one line a minute, the next one
-    carrying how many were held back. Over HTTP, the API's gates (the routes' and the opened probes') share it."""
+    carrying how many were held back. Over HTTP, the API's gates (the routes' and the opened probes') share it.
+    A wrong Host header is held back the same way."""
     from starlette.requests import Request
     from structlog.testing import capture_logs
 
@@ -93,6 +94,18 @@ def test_wrong_tokens_write_one_warning_a_minute_with_the_count_held_back(tmp_pa
         answers += [ask("wrong"), ask(LONG_TOKEN)]
     assert answers == [401] * 51 + [200]
     assert warnings(logs) == [("replyd.api.unauthorized", None), ("replyd.api.unauthorized", 49)]
+
+    def from_host(host: bytes) -> int:
+        refusal = gate.admit(Request({"type": "http", "method": "GET", "path": "/v1/status", "query_string": b"",
+                                      "headers": [(b"host", host)]}))
+        return 200 if refusal is None else refusal.status_code
+
+    with capture_logs() as logs:  # a wrong Host header is anyone's to send too
+        answers = [from_host(b"evil.example") for _ in range(30)]
+        clock.advance(61)
+        answers.append(from_host(b"evil.example"))
+    assert answers == [400] * 31
+    assert warnings(logs) == [("replyd.api.bad_host", None), ("replyd.api.bad_host", 29)]
 
     store = Store.open(f"sqlite:///{tmp_path / 'r.sqlite3'}")
     api = Api(store, {}, expected=[], token=TOKEN, open_routes=["readyz"])

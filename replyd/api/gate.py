@@ -134,7 +134,7 @@ class Gate:
         if path == "/healthz":
             return None
         if not self.hosts.allows(request.headers.get("host")):
-            log.warning("replyd.api.bad_host", path=path, host=(request.headers.get("host") or "")[:100])
+            self.quiet.warning("replyd.api.bad_host", path=path, host=(request.headers.get("host") or "")[:100])
             return error(400, "bad_host", "the Host header names neither this server's address nor one of "
                          "api.hosts (add the name you use there)", field="Host")
         # A webhook is signed by the platform with the bot's secret (checked by the receiver), not by our token.
