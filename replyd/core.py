@@ -56,6 +56,7 @@ from replyd.errors import (
     ContentionError,
     DefinitelyNotSent,
     LeaseLost,
+    NotBuilt,
     PlatformError,
     RateLimited,
     Rejected,
@@ -751,7 +752,8 @@ class GuardCore:
         if self.breaker is None:
             return
         if out.status is Status.NOT_SENT:
-            failed: bool | None = None if out.retry_after_s is not None else True  # a 429 says nothing
+            # A 429, or a request never built (NotBuilt), says nothing about the platform: both set retry_after_s.
+            failed: bool | None = None if out.retry_after_s is not None else True
         else:
             failed = out.status is Status.UNCERTAIN
         for ref in self.breaker.record(ticket, (key, attempt), failed):
@@ -1155,6 +1157,15 @@ class GuardCore:
             return "edited"
         return "failed"
 
+    def _not_built_backoff_steps(self, key: Key) -> Steps:
+        """How long a parent whose request could not be built waits before it is offered again: doubling with
+        each release of its row (since an operator's rearm), from the responder's back-off up to its cap."""
+        try:
+            released = yield io(self.store.count_events, key, "released", after_kinds=("rearmed",))
+        except StoreError:
+            released = 0
+        return min(self.responder_backoff_max_s, self.responder_backoff_s * 2.0 ** released)
+
     def _lost_lease_steps(self, key: Key) -> Steps:
         """Report what stands after our compose lease was taken over (or the store refused the write)."""
         current = yield io(self.store.peek, key)
@@ -1210,6 +1221,17 @@ class GuardCore:
                 return (yield Step("_close", (key, attempt, exc.reply_id, "already_landed", Status.ALREADY_ANSWERED)))
             yield from self._note_open_steps(key, attempt, exc)
             return Outcome(Status.UNCERTAIN, key, st.OPEN, attempt, detail=exc.detail)
+        except NotBuilt as exc:
+            # The request was never handed to the transport (a value from the parent it cannot carry): a provable
+            # not-sent. Released, no attempt used, no breaker count (it says nothing about the platform), and
+            # offered again after a back-off (a new composition may build); the row's error says why.
+            wait_s = yield from self._not_built_backoff_steps(key)
+            log.warning("replyd.guard.not_built", platform=key.platform, parent_id=key.parent_id, attempt=attempt,
+                        error=exc.detail[:300], retry_in_s=wait_s)
+            yield from self._transition_steps(key, [st.OPEN], attempt, st.RELEASED, "released",
+                                              {"error": str(exc), "not_before": self.clock.now() + wait_s,
+                                               "not_built": True}, error=exc)
+            return Outcome(Status.NOT_SENT, key, st.RELEASED, attempt, detail=exc.detail, retry_after_s=wait_s)
         except RateLimited as exc:
             now = self.clock.now()
             nb = now + (60.0 if exc.retry_after_s is None else exc.retry_after_s)

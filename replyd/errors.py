@@ -13,7 +13,8 @@ library's exception::
     ├── ResponderError              a responder failed; nothing was sent (retried with backoff)
     └── PlatformError               anything a platform adapter reports
         ├── DefinitelyNotSent       the request provably never acted
-        │   └── RateLimited         refused before acting; has retry_after_s
+        │   ├── RateLimited         refused before acting; has retry_after_s
+        │   └── NotBuilt            the request could not be built; it never reached the transport
         ├── MaybeSent               the request may have landed
         │   └── AlreadyLanded       the platform says the reply exists already
         ├── Rejected                the platform refused the content or target
@@ -75,6 +76,12 @@ class RateLimited(DefinitelyNotSent):
     ) -> None:
         super().__init__(detail, status=status)
         self.retry_after_s = retry_after_s
+
+
+class NotBuilt(DefinitelyNotSent):
+    """The request could not be built from its values (a header, a body: often a value from a parent), so it
+    never reached the transport: no byte left. Says nothing about the platform's health (the write breaker
+    does not count it)."""
 
 
 class MaybeSent(PlatformError):

@@ -49,6 +49,8 @@ NOT_A_PLATFORM_SEND = {
     ("platforms/discord.py", "ws.send"): "Gateway frames (identify, resume, heartbeats) on the adapter's own WebSocket",
     ("core.py", "self.steps.send"): "the generator protocol: an effect's result handed back to the decision",
     ("platforms/_http.py", "self._steps.send"): "the generator protocol: a response handed back to a request's steps",
+    ("platforms/_http.py", "client.send"): "an httpx client's send of the request the sync driver built first",
+    ("platforms/_http.py", "aclient.send"): "an httpx client's send of the request the async driver built first",
     ("store/base.py", "steps.send"): "the generator protocol: a statement's rows handed back to the store's steps",
     ("store/aiopg.py", "steps.send"): "the generator protocol: a statement's rows handed back to the store's steps",
 }

@@ -10,6 +10,9 @@ what happened                                          acting request       read
                                                        (POST/PUT/PATCH/     (GET/HEAD/OPTIONS)
                                                        DELETE)
 =====================================================  ===================  ===================
+the request cannot be built (a header value with CR,    NotBuilt             NotBuilt
+LF or non-ASCII, a body JSON or a form cannot
+encode): it never reached the transport
 ConnectError (refused, DNS, TLS), ConnectTimeout,      DefinitelyNotSent    DefinitelyNotSent
 PoolTimeout, ProxyError, UnsupportedProtocol,
 InvalidURL: no byte reached the server
@@ -92,7 +95,8 @@ from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, model_val
 
 from replyd import deadline, metrics
 from replyd.clock import Clock
-from replyd.errors import BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
+from replyd.errors import (BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, NotBuilt, PlatformError,
+                           RateLimited, Rejected)
 from replyd.log import get_logger
 from replyd.platforms import mentions
 from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, PlatformSettings, ReadBack, Sent
@@ -303,6 +307,39 @@ class Fetch:
 HttpSteps = Generator[Fetch, httpx.Response, T]
 
 
+class _NotBuilt(Exception):
+    """Building the request raised ``cause`` (a driver's own wrapper): it was never handed to the transport."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
+# What ``client.send`` takes; the rest of a ``Fetch``'s kwargs build the request (``client.build_request``).
+_SEND_KWARGS = ("auth", "follow_redirects")
+# RFC 9110 field names and values as h11 checks them when it writes the request (CR, LF and NUL never pass).
+_FIELD_NAME = re.compile(rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
+_FIELD_VALUE = re.compile(rb"(?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?")
+
+
+def _build(client: httpx.Client | httpx.AsyncClient, fetch: Fetch) -> tuple[httpx.Request, dict[str, Any]]:
+    """The request of ``fetch`` and the arguments of its send, or ``_NotBuilt``: an exception raised here (a
+    header value or a body a parent's value made unencodable) comes before any byte is handed to the
+    transport. The headers are checked as the HTTP/1.1 writer would, so that a CR or LF it refuses is refused
+    here, before a connection is even taken."""
+    kwargs = dict(fetch.kwargs)
+    send = {k: kwargs.pop(k) for k in _SEND_KWARGS if k in kwargs}
+    try:
+        request = client.build_request(fetch.method, fetch.url, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - whatever the build raised, nothing left
+        raise _NotBuilt(exc) from None
+    for name, value in request.headers.raw:
+        if not (_FIELD_NAME.fullmatch(name) and _FIELD_VALUE.fullmatch(value)):
+            # The value is not shown: it may be anything a stranger wrote.
+            raise _NotBuilt(ValueError(f"header {name[:40]!r}: not a valid HTTP field (CR, LF, NUL or spacing)"))
+    return request, send
+
+
 class _TooLarge(Exception):
     """A body past ``Fetch.max_bytes``: not read on (the steps say what it means)."""
 
@@ -323,6 +360,10 @@ def request_steps(method: str, url: httpx.URL | str, *, what: str, acts: bool | 
     acting = is_acting(method) if acts is None else acts
     try:
         return (yield Fetch(method, url, kwargs, max_bytes))
+    except _NotBuilt as built:
+        cause = built.cause
+        raise NotBuilt(redact(f"{what}: request not built: {type(cause).__name__}: {str(cause)[:160]} (nothing sent)",
+                              secrets)) from None
     except (*_NEVER_LEFT, httpx.HTTPError) as exc:
         raise transport_error(exc, what=what, acting=acting, secrets=secrets) from None
     except _TooLarge as big:
@@ -419,12 +460,16 @@ def run_sync(client: httpx.Client, steps: HttpSteps[T]) -> T:
     run = _Run(steps)
     while run.fetch is not None:
         try:
-            with client.stream(run.fetch.method, run.fetch.url, **run.fetch.kwargs) as resp:
+            request, send = _build(client, run.fetch)  # built whole before the transport sees it
+            resp = client.send(request, stream=True, **send)
+            try:
                 body = _Body(resp, run.fetch.max_bytes)
                 for chunk in resp.iter_bytes() if body.wanted else ():
                     if not body.take(chunk):
                         break
                 got = body.response()
+            finally:
+                resp.close()
         except BaseException as exc:  # thrown in: the steps map it (or let it pass)
             run.fail(exc)
         else:
@@ -459,14 +504,18 @@ async def _afetch(aclient: httpx.AsyncClient, fetch: Fetch) -> httpx.Response:
     kwargs = dict(fetch.kwargs)
     if left is not None:
         kwargs["timeout"] = _capped(kwargs.get("timeout"), aclient.timeout, left)
+    request, send = _build(aclient, Fetch(fetch.method, fetch.url, kwargs, fetch.max_bytes))  # before the transport
     try:
         async with asyncio.timeout(left):
-            async with aclient.stream(fetch.method, fetch.url, **kwargs) as resp:
+            resp = await aclient.send(request, stream=True, **send)
+            try:
                 body = _Body(resp, fetch.max_bytes)
                 async for chunk in resp.aiter_bytes() if body.wanted else _nothing():
                     if not body.take(chunk):
                         break
                 return body.response()
+            finally:
+                await resp.aclose()
     except TimeoutError:
         raise httpx.ReadTimeout("the send's whole deadline (guard.send_timeout_s) passed") from None
 
@@ -978,7 +1027,10 @@ def seg(value: str, what: str) -> str:
     """Quote one path segment; refuse values that would walk the path."""
     if not value or value in (".", ".."):
         raise Rejected(f"{what}: id {value!r} is not usable in a URL path")
-    return quote(value, safe="")
+    try:
+        return quote(value, safe="")
+    except UnicodeEncodeError:  # a lone surrogate: no URL can carry it, and nothing was sent
+        raise NotBuilt(f"{what}: request not built: an id in its path cannot be encoded (nothing sent)") from None
 
 
 def iso_field(obj: Any, path: str, what: str) -> float:
@@ -1265,7 +1317,11 @@ class HttpPlatform:
         bucket = bucket or self.BUCKET
         self.limits.check(self._buckets(bucket), what=what)
         kwargs["headers"] = {**self.HEADERS, **(kwargs.get("headers") or {})}
-        url = self._url(path, kwargs.pop("params", None))
+        try:
+            url = self._url(path, kwargs.pop("params", None))
+        except Exception as exc:  # noqa: BLE001 - a path or a query a value made unencodable: nothing left
+            raise NotBuilt(redact(f"{what}: request not built: {type(exc).__name__}: {str(exc)[:160]} (nothing sent)",
+                                  self._secrets())) from None
         t0 = self._clock.now()
         resp = yield from request_steps(method, url, what=what, acts=acts, secrets=self._secrets(),
                                         auth=self._auth if auth is True else (auth or None), timeout=self._timeout,
