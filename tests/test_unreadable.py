@@ -6,7 +6,9 @@ side), record the poison as an ``unreadable`` event that ``replyd status`` count
 it, so the next poll confirms the batch. Before the rule the page raised and its offset never moved.
 Then one hostile message among good ones on the Slack, Discord, Telegram and WhatsApp fakes (hypothesis),
 webhook deliveries (Telegram, WhatsApp, Slack), a poison Bluesky firehose commit through the stream runner,
-and ``replyd status``.
+and ``replyd status``. On the held streams (Discord's Gateway, Slack's Socket Mode, Mastodon's notification
+stream) one hostile event among good ones: reported under its id, the connection kept, and every good one
+answered through the guard, counted on the fake's side.
 """
 
 from __future__ import annotations
@@ -373,3 +375,146 @@ def test_a_slack_delivery_unreadable_as_a_whole_is_answered_200() -> None:
         rx.close()
     assert answer.status == 200 and answer.body["accepted"] == 0 and "event.channel" in answer.body["unreadable"]
     assert offered == [] and _count("replyd_unreadable_items_total", path="webhook") == before + 1
+
+
+# -- one hostile event among good ones on a held stream, answered through the guard -----------------------------
+
+
+def _stream_runner(store: Store, plat: Any, *, keep: bool) -> tuple[Any, Any]:
+    """The bot's stream as the daemon runs it: each parent offered to a guard (``thanks``), unreadable events kept by
+    the store's recorder, a stream whose events come once (Discord's Gateway) recording each parent first. The
+    inbox poll (the backstop) is left out: only the stream may answer."""
+    import functools
+
+    from replyd.platforms import unreadable
+    from replyd.streams import StreamRunner
+
+    me = plat.whoami()
+    guard = Guard(store, plat, me, send_timeout_s=10.0, watch_interval_s=None)
+    kept = functools.partial(guard.keep_received, path="stream", detail={}, doing="recording a streamed parent")
+    runner = StreamRunner("b", plat, lambda parent, path: guard.post(parent, "thanks", path=path), lambda: None,
+                          keep=kept if keep else None, unreadable=unreadable.recorder(store, plat.instance, me.sender_id))
+    return me, runner
+
+
+def test_discord_gateway_one_hostile_message_create_never_costs_the_good_ones(store: Store) -> None:
+    """A ``MESSAGE_CREATE`` of an unexpected shape (``type`` a list) between guild mentions and DMs on the Gateway:
+    recorded ``unreadable`` under its id, the connection kept (no reconnect), every good one answered once on the
+    fake. Plant: parsing the dispatch without ``_read`` raises, the runner reconnects, RESUME replays the poison
+    and no message after it is ever answered."""
+    from tests.discord_fake import BOT_TOKENS, DiscordRest, DiscordWorld, Gateway, Msg
+    from tests.test_daemon import wait_until
+
+    world = DiscordWorld()
+    guild, dm = world.add_channel(), world.add_channel(dm=True)
+    gw = Gateway(world, heartbeat_ms=300)
+
+    def poison(msg: Any) -> None:  # heard before the Gateway dispatches it
+        if msg.content.endswith("poison"):
+            body = Msg.json(msg, world)
+            msg.json = lambda *a, **kw: {**copy.deepcopy(body), "type": [0]}
+
+    world.on_message.insert(0, poison)
+    alice = "53908099506183680"
+    try:
+        with DiscordRest(world, gateway_url=gw.url) as api, httpx.Client(trust_env=False, timeout=5.0) as http:
+            plat = make_platform("discord", {"api_url": api.url, "token": BOT_TOKENS[0], "listing_delay_s": 0},
+                                 http=http, clock=SystemClock())
+            me, runner = _stream_runner(store, plat, keep=True)
+            runner.start()
+            try:
+                assert wait_until(lambda: gw.connections == 1, 10)
+                good = [world.say(guild, alice, "q0"), world.say(dm, alice, "q1", mention=False)]
+                bad = world.say(guild, alice, "poison")
+                good += [world.say(guild, alice, "q2"), world.say(dm, alice, "q3", mention=False)]
+                assert wait_until(lambda: all(len(world.bot_replies(p)) == 1 for p in good), 15), \
+                    [len(world.bot_replies(p)) for p in good]
+            finally:
+                runner.stop()
+    finally:
+        gw.close()
+    assert world.bot_replies(bad) == [] and runner.connects == 1
+    assert [e.kind for e in store.history(Key(plat.instance, me.sender_id, bad))] == ["unreadable"]
+    assert json.loads(store.history(Key(plat.instance, me.sender_id, bad))[0].detail)["path"] == "stream"
+
+
+def test_slack_socket_mode_one_hostile_envelope_never_costs_the_good_ones(store: Store) -> None:
+    """An envelope whose event has a ``subtype`` of another type between mentions and DMs in Socket Mode: recorded
+    ``unreadable`` under its ``<channel>:<ts>``, the connection kept, every good one answered once on the fake.
+    Plant: parsing the envelope without ``_read`` raises and ends the connection; the poison is never reported."""
+    from replyd.platforms.slack import SlackPlatform
+    from tests.slack_fake import APP_TOKEN, BOT_TOKENS, BOT_USER, SlackWebApi, SlackWorld, SocketServer
+    from tests.test_daemon import wait_until
+
+    general, dm, alice = "C0GENERAL1", "D0DM000001", "U0ALICE001"
+    world = SlackWorld()
+    world.add_channel(general, BOT_USER, alice)
+    world.add_channel(dm, BOT_USER, alice)
+    sock = SocketServer(world)
+
+    def poison(_ch: Any, msg: Any, bodies: list[dict[str, Any]]) -> None:  # before the socket server hears it
+        if msg.text.endswith("poison"):
+            for body in bodies:
+                body["event"]["subtype"] = []
+
+    world.on_user_message.insert(0, poison)
+    try:
+        with SlackWebApi(world, socket_url=sock.url) as api, httpx.Client(trust_env=False, timeout=5.0) as http:
+            plat = SlackPlatform.from_settings({"token": BOT_TOKENS[0], "app_token": APP_TOKEN, "api_url": api.url},
+                                               http=http, clock=SystemClock())
+            me, runner = _stream_runner(store, plat, keep=False)
+            runner.start()
+            try:
+                assert wait_until(lambda: sock.connections == 1, 10)
+                good = [world.say(general, alice, f"<@{BOT_USER}> q0"), world.say(dm, alice, "q1")]
+                bad = world.say(general, alice, f"<@{BOT_USER}> poison")
+                good += [world.say(general, alice, f"<@{BOT_USER}> q2"), world.say(dm, alice, "q3")]
+                assert wait_until(lambda: all(len(world.bot_replies(p)) == 1 for p in good), 15), \
+                    [len(world.bot_replies(p)) for p in good]
+            finally:
+                runner.stop()
+    finally:
+        sock.close()
+    assert world.bot_replies(bad) == [] and runner.connects == 1 and not sock.unacked
+    assert [e.kind for e in store.history(Key(plat.instance, me.sender_id, bad))] == ["unreadable"]
+
+
+def test_mastodon_stream_one_hostile_notification_never_costs_the_good_ones(store: Store, monkeypatch) -> None:
+    """A mention notification whose status has an impossible ``created_at``, pushed in one burst with good ones on
+    the sim's notification stream: recorded ``unreadable`` under its notification id, the stream kept, every good
+    one answered once on the sim. Plant: a mention read without its catch raises, the stream reconnects and the
+    good ones pushed with the poison are never answered by it."""
+    from replyd.sim import SimServer, World
+    from replyd.sim import app as sim_app
+    from tests.test_daemon import wait_until
+
+    world = World(SystemClock(), seed=4, listing_delay_s=0.2)
+    bot = world.add_account("replybot", bot=True)
+    world.add_account("alice")
+    hostile: dict[str, str] = {}
+    real = sim_app.notification_json
+
+    def served(w: Any, n: Any) -> dict[str, Any]:
+        item = real(w, n)
+        if "poison" in w.statuses[n.status_id].text:
+            hostile[n.status_id] = item["id"]
+            return {**item, "status": {**item["status"], "created_at": "2026-13-45T99:99:99Z"}}
+        return item
+
+    monkeypatch.setattr(sim_app, "notification_json", served)
+    with SimServer(world) as srv, httpx.Client(trust_env=False, timeout=5.0) as http:
+        plat = make_platform("mastodon", {"base_url": srv.base_url, "token": bot.token}, http=http,
+                             clock=SystemClock())
+        me, runner = _stream_runner(store, plat, keep=False)
+        runner.start()
+        try:
+            assert wait_until(lambda: world.streams_served == 1, 10)
+            good = [world.post("alice", "q0", mention=["replybot"]).id]
+            bad = world.post("alice", "poison", mention=["replybot"]).id
+            good += [world.post("alice", f"q{i}", mention=["replybot"]).id for i in (1, 2)]
+            assert wait_until(lambda: all(world.replies_by(bot.id).get(p) == 1 for p in good), 15), \
+                world.replies_by(bot.id)
+        finally:
+            runner.stop()
+    assert bad not in world.replies_by(bot.id) and runner.connects == 1
+    assert [e.kind for e in store.history(Key(plat.instance, me.sender_id, hostile[bad]))] == ["unreadable"]
