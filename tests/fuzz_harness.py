@@ -17,9 +17,11 @@ types and a JSON-serialisable snapshot (the guard stores it).
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import re
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +30,9 @@ import hypothesis.strategies as hs
 from hypothesis import HealthCheck, given, settings
 
 from replyd.errors import ReplydError
+from replyd.guard import Guard, Status
 from replyd.platforms.base import Identity, OwnReply, Page, Parent, ReadBack, Sent
+from replyd.store import Store
 from tests.conftest import IN_CI
 from tests.fixtures_server import FixtureServer, Recorded, Reply
 
@@ -139,6 +143,11 @@ def _get(doc: Any, path: tuple) -> Any:
     return doc
 
 
+# How a fake answers a create: the recorded body (parsed), made a new reply from the request and a sequence number
+# (its own id, the parent the request named), as the platform would.
+Answer = Callable[[Recorded, Any, int], Any]
+
+
 class RoutedServer:
     """Routes a FixtureServer by (method, path regex) to recorded bodies, one route replaced by a mutation."""
 
@@ -146,15 +155,19 @@ class RoutedServer:
         self.server = server
         self.routes = [(m, re.compile(rx), body) for m, rx, body in routes]
         self.override: dict[int, Reply] = {}
+        self.answers: dict[int, Answer] = {}  # routes answered from their request when not overridden (creates)
         self.served: list[bytes] = []
         self.hits: list[int] = []
+        self._made = itertools.count(1)
         server.reset()
         server._next = self._next  # type: ignore[method-assign]
 
     def _next(self, rec: Recorded) -> Reply:
         for i, (m, rx, body) in enumerate(self.routes):
             if m == rec.method and rx.fullmatch(rec.path):
-                reply = self.override.get(i) or Reply(body=body)
+                answer = self.answers.get(i)
+                reply = self.override.get(i) or Reply(
+                    body=answer(rec, json.loads(body), next(self._made)) if answer is not None else body)
                 self.served.append(reply.encoded())
                 self.hits.append(i)
                 return reply
@@ -244,17 +257,23 @@ def hostile_item(draw: hs.DrawFn, items: list[Any]) -> Any:
 
 
 def one_hostile_item(routes: list[tuple[str, str, bytes]], pages: list[tuple[str, str, tuple]],
-                     server: FixtureServer, make: Callable[[], Any]) -> None:
+                     server: FixtureServer, make: Callable[[], Any], *, send: tuple[str, str, Answer]) -> None:
     """Each listing (an entry point, the route it reads, the path to its item list) with one hostile item
-    inserted among its good ones: no exception, every good parent kept. ``make`` builds a fresh adapter."""
+    inserted among its good ones: no exception, every good parent kept, and every good parent answered through
+    the guard (a SQLite store): one create each on the fake (``send``: the create's method, route and
+    ``Answer``), none when offered again. ``make`` builds a fresh adapter."""
     rs = RoutedServer(server, routes)
+    method, send_rx, answer = send
+    creates = next(i for i, (m, r, _) in enumerate(routes) if m == method and r == send_rx)
+    rs.answers = {creates: answer}
     listings = []
     for name, rx, at in pages:
         route = next(i for i, (_, r, _) in enumerate(routes) if r == rx)
         rs.override = {}
-        good = {p.id for p in LISTINGS[name](make())}
+        good = {p.id: p for p in LISTINGS[name](make())}
         assert good, f"{name}: the fixtures name no parent to keep"
         listings.append((name, route, at, good))
+    runs = itertools.count(1)
 
     @HOSTILE_FUZZ
     @given(data=hs.data())
@@ -265,7 +284,30 @@ def one_hostile_item(routes: list[tuple[str, str, bytes]], pages: list[tuple[str
         hostile = data.draw(hostile_item(copy.deepcopy(page)), label="hostile")
         page.insert(data.draw(hs.integers(0, len(page)), label="at"), hostile)
         rs.override = {route: Reply(body=doc)}
-        got = {p.id for p in LISTINGS[name](make())}
-        assert good <= got, f"{name}: {sorted(good - got)} lost to {hostile!r:.300}"
+        plat = make()
+        parents = LISTINGS[name](plat)
+        got = {p.id for p in parents}
+        assert set(good) <= got, f"{name}: {sorted(set(good) - got)} lost to {hostile!r:.300}"
+        # Every good parent comes back whole, exactly as the page without the hostile item gives it (a hostile copy
+        # of one good item, under its id, may stand for that one), and is answered through the guard: each example's
+        # keys its own in the one store.
+        whole = list({p.id: p for p in parents if good.get(p.id) == p}.values())
+        twins = {p.id for p in parents if p.id in good and good[p.id] != p}
+        assert len(twins) <= 1 and set(good) - {p.id for p in whole} <= twins, \
+            f"{name}: {sorted(twins)} not whole with {hostile!r:.300}"
+        plat.instance = f"{plat.instance}#{next(runs)}"
+        guard = Guard(store, plat, plat.whoami(), send_timeout_s=5.0, watch_interval_s=None)
+        made = rs.hits.count(creates)
+        outs = guard.post_page([(p, "thanks") for p in whole], path=name)
+        assert [o.status for o in outs] == [Status.POSTED] * len(whole), f"{name}: {outs} with {hostile!r:.300}"
+        assert rs.hits.count(creates) - made == len(whole) == len({o.reply_id for o in outs}), (name, outs)
+        again = guard.post_page([(p, "thanks") for p in whole], path=name)
+        assert [o.status for o in again] == [Status.ALREADY_ANSWERED] * len(whole), (name, again)
+        assert rs.hits.count(creates) - made == len(whole)  # one create each, on the fake's side
 
-    check()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store.open(f"sqlite:///{tmp}/replyd.sqlite3")
+        try:
+            check()
+        finally:
+            store.dispose()

@@ -174,6 +174,22 @@ def test_notifications_fixture_inbox(fixture_server: FixtureServer, http_client:
     assert [r.path for r in fixture_server.requests] == ["/notifications.json", "/posts/14.json"]
 
 
+def test_a_mangled_copy_of_a_notification_never_hides_the_good_one(fixture_server: FixtureServer,
+                                                                    http_client: httpx.Client) -> None:
+    """The recorded PM notification served twice, its second copy without ``notification_type`` (one hostile item
+    of the fuzz): the copy is reported and the good one still offered. Before, the page kept the last item of
+    each id and the post was lost."""
+    body = fxj("notifications.json")
+    mangled = {k: v for k, v in body["notifications"][1].items() if k != "notification_type"}
+    body["notifications"].append(mangled)
+    fixture_server.route("GET", "/notifications.json", Reply(body=body))
+    route_posts(fixture_server, {14: post_body(14, 10, 1, user_id=-2, username="discobot")})
+    with capture_logs() as logs:
+        page = make(fixture_server.url, http_client).inbox(None)
+    assert [p.id for p in page.parents] == ["14"] and page.cursor == "3"
+    assert [e["item_id"] for e in logs if e["event"] == "replyd.poller.unreadable"] == ["2"]
+
+
 def test_post_created_fixture_send(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
     """send posts topic_id + reply_to_post_number + raw as JSON and returns the recorded post's id."""
     fixture_server.route("POST", "/posts.json", Reply(body=fx("post_created.json")))

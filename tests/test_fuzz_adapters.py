@@ -237,6 +237,18 @@ def test_matrix_relation_ignores_ids_that_are_not_strings() -> None:
 
 
 # -- one hostile item among good ones ----------------------------------------------------------------------
+# How each fake answers the create of a reply: (method, route, the recorded reply made a new one for the request).
+CREATES: dict[str, tuple[str, str, Any]] = {
+    "discourse": ("POST", r"/posts\.json", lambda rec, body, n: {
+        **body, "id": 900_000 + n, "topic_id": rec.form()["topic_id"],
+        "reply_to_post_number": rec.form()["reply_to_post_number"]}),
+    "github": ("POST", r"/repos/[^/]+/[^/]+/issues/\d+/comments", lambda rec, body, n: {
+        **body, "id": 9_000_000_000 + n, "issue_url": "https://api.github.com" + rec.path.removesuffix("/comments")}),
+    "bluesky": ("POST", r"/xrpc/com\.atproto\.repo\.createRecord", lambda rec, body, n: {
+        **body, "uri": f"at://{rec.form()['repo']}/{rec.form()['collection']}/{rec.form()['rkey']}"}),
+    "matrix": ("PUT", r"/_matrix/client/v3/rooms/[^/]+/send/m\.room\.message/[^/]+",
+               lambda rec, body, n: {**body, "event_id": f"$fuzzreply{n}"}),
+}
 # Where each listing keeps its items: (entry point, the route it reads, the path to the item list in its body).
 HOSTILE_PAGES: dict[str, list[tuple[str, str, tuple]]] = {
     "discourse": [("inbox", r"/notifications\.json", ("notifications",)), ("search", r"/search\.json", ("posts",)),
@@ -250,14 +262,16 @@ HOSTILE_PAGES: dict[str, list[tuple[str, str, tuple]]] = {
 @pytest.mark.parametrize("kind", [k for k in PRESENT if k in HOSTILE_PAGES])
 def test_one_hostile_item_never_costs_the_good_ones(kind: str, fixture_server: FixtureServer,
                                                     http_client: httpx.Client) -> None:
-    """A page with one item of an unexpected shape: the listing returns, with every parent the page had."""
+    """A page with one item of an unexpected shape: the listing returns, with every parent the page had, and
+    each of them is answered through the guard, one create each on the fake."""
     one_hostile_item(SPECS[kind]["routes"](), HOSTILE_PAGES[kind], fixture_server,
-                     lambda: build(kind, fixture_server.url, http_client))
+                     lambda: build(kind, fixture_server.url, http_client), send=CREATES[kind])
 
 
 def test_matrix_one_hostile_item_never_costs_the_good_ones(synapse: Any, fixture_server: FixtureServer,
                                                            http_client: httpx.Client) -> None:
-    """Matrix's sync timeline, search results and room messages, each with one hostile event among good ones."""
+    """Matrix's sync timeline, search results and room messages, each with one hostile event among good ones: the
+    good ones answered through the guard, one event sent each on the fake."""
     routes = matrix_routes(synapse, "hostile")
     sync = json.loads(next(body for _, rx, body in routes if rx.endswith("/sync")))
     room = next(iter(sync["rooms"]["join"]))
@@ -265,4 +279,4 @@ def test_matrix_one_hostile_item_never_costs_the_good_ones(synapse: Any, fixture
     one_hostile_item(routes, [("inbox", api + r"/sync", ("rooms", "join", room, "timeline", "events")),
                               ("search", api + r"/search", ("search_categories", "room_events", "results")),
                               ("refind", api + r"/rooms/[^/]+/messages", ("chunk",))],
-                     fixture_server, lambda: build("matrix", fixture_server.url, http_client))
+                     fixture_server, lambda: build("matrix", fixture_server.url, http_client), send=CREATES["matrix"])

@@ -7,7 +7,9 @@ and polls once, as the daemon does. What must hold:
 - the poll's peak RSS stays within its bound (``max_mail_bytes`` per mail, ``fetch_batch_bytes`` per FETCH);
 - no answer goes to an address the policy refuses: the composed reply's To is the parent's author id (what
   the policy saw), one address, never the desk, never a robot; with ``reply_to = "from"`` it is the From;
-  a denied address is skipped, and a mail marked refused is skipped and cannot be sent.
+  a denied address is skipped, and a mail marked refused is skipped and cannot be sent;
+- a good ticket appended among the drawn mails (often beside a poison one: an encoded CR LF in From, a
+  multipart 1,000 deep) is offered and answered through the guard: one reply in its sender's mailbox.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import email.utils
 import os
 import re
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -26,12 +29,14 @@ from imapclient import IMAPClient
 
 from replyd.clock import FakeClock
 from replyd.errors import Rejected, ReplydError
+from replyd.guard import Guard, Status
 from replyd.platforms.base import Platform, make_platform
 from replyd.platforms.email import EmailPlatform
 from replyd.platforms.email_checks import is_robot, one_address
 from replyd.policy import Policy
+from replyd.store import Store
 from tests.conftest import IN_CI
-from tests.mail_server import DOMAIN, MailServer
+from tests.mail_server import DOMAIN, MailServer, person_mail
 
 # No shrinking: each run appends to a real mailbox (a failure prints its draws whole).
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=IN_CI,
@@ -52,6 +57,14 @@ TEXTS = hs.sampled_from(["", " ", "=?utf-8?b?" + "QUFB" * 50 + "?=", "=?iso-8859
                          "\u00ff\u00fe", "a" * 2000, "<a@b> <c@d>", "(comment) <id@x>", "\\", "\"", "<<>>", ";;",
                          "auto-replied", "no", "bulk", "auto_reply", "list", "All", "None", "<>"]) \
     | hs.text(max_size=40)
+# Mails no parser reads whole, drawn beside the good ticket: an encoded CR LF in From, a multipart 1,000 deep.
+POISONS = [
+    b"From: =?utf-8?q?line=0D=0Abreak?= <poison@client.example>\r\nMessage-ID: <poison-from-%d@client.example>\r\n"
+    b"Subject: help\r\nContent-Type: text/plain\r\n\r\nhelp\r\n",
+    b"From: deep@client.example\r\nMessage-ID: <poison-deep-%d@client.example>\r\nSubject: help\r\n"
+    + b"".join(b'Content-Type: multipart/mixed; boundary="d%d"\r\n\r\n--d%d\r\n' % (i, i) for i in range(1000))
+    + b"Content-Type: text/plain\r\n\r\nhelp\r\n",
+]
 HEADERS = ["Auto-Submitted", "Precedence", "X-Autoreply", "X-Autorespond", "X-Auto-Response-Suppress", "List-Id",
            "List-Unsubscribe", "X-Loop", "Return-Path", "References", "In-Reply-To", "Subject", "Sender",
            "Content-Type", "Content-Transfer-Encoding", "MIME-Version", "Reply-To", "From", "Message-ID"]
@@ -103,13 +116,31 @@ def mail(draw: hs.DrawFn, n: int) -> bytes:
 
 
 class FuzzDesk:
-    """One desk's mailbox and adapter; each example polls on from the last cursor."""
+    """One desk's mailbox and adapter; each example polls on from the last cursor. Its good tickets come from one
+    customer and are answered through the guard (``guards``, one SQLite store)."""
 
-    def __init__(self, mail: MailServer) -> None:
+    def __init__(self, mail: MailServer, store: Store) -> None:
         self.mail = mail
         self.bot = mail.add_user("fuzzdesk")
+        self.customer = mail.add_user("customer")
         self.cursor: str | None = None
         self.adapters: dict[str, Platform] = {}
+        self.store = store
+        self.guards: dict[str, Guard] = {}
+        self.tickets = 0
+
+    def guard(self, mode: str) -> Guard:
+        if mode not in self.guards:
+            adapter = self.adapter(mode)
+            self.guards[mode] = Guard(self.store, adapter, adapter.whoami(), send_timeout_s=10.0,
+                                      watch_interval_s=None)
+        return self.guards[mode]
+
+    def ticket(self) -> tuple[str, bytes]:
+        """A good ticket from the customer: its Message-ID and its bytes."""
+        self.tickets += 1
+        msg = person_mail(self.customer, self.bot, f"ticket {self.tickets}", "how do widgets work?")
+        return str(msg["Message-ID"]), msg.as_bytes()
 
     def adapter(self, mode: str) -> Platform:
         if mode not in self.adapters:
@@ -188,27 +219,53 @@ def _check_parent(desk: FuzzDesk, adapter: Platform, parent: Any, mode: str, raw
 
 
 @pytest.fixture(scope="module")
-def fuzz_desk(mail_server: MailServer) -> FuzzDesk:
-    return FuzzDesk(mail_server)
+def fuzz_desk(mail_server: MailServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzDesk]:
+    store = Store.open(f"sqlite:///{tmp_path_factory.mktemp('fuzz-email') / 'replyd.sqlite3'}")
+    yield FuzzDesk(mail_server, store)
+    store.dispose()
+
+
+def _answered_once(desk: FuzzDesk, mode: str, parents: list[Any], message_id: str) -> None:
+    """The good ticket is offered whole and answered through the guard: one reply in the customer's mailbox, and
+    nothing more when it is offered again."""
+    parent = next((p for p in parents if p.extra.get("message_id") == message_id), None)
+    assert parent is not None and not parent.extra.get("unreadable") and not parent.extra.get("refused"), parent
+    guard = desk.guard(mode)
+    assert Policy().reason_to_skip(parent, guard.identity, FakeClock(0.0)) is None
+    out = guard.post(parent, "here is how", path="inbox")
+    assert out.status is Status.POSTED, out
+    got = desk.mail.wait_for(desk.customer, lambda ms: any(str(m.get("In-Reply-To", "")).strip() == message_id
+                                                           for m in ms))
+    assert len([m for m in got if str(m.get("In-Reply-To", "")).strip() == message_id]) == 1
+    assert guard.post(parent, "here is how", path="inbox").status is Status.ALREADY_ANSWERED
 
 
 @FUZZ
 @given(data=hs.data())
 def test_a_poll_of_drawn_mails_raises_nothing_else_stays_bounded_and_answers_no_refused_address(
         fuzz_desk: FuzzDesk, data: hs.DataObject) -> None:
-    """Drawn mails appended to the desk's INBOX, one poll: the three properties of this module hold."""
+    """Drawn mails appended to the desk's INBOX with a good ticket among them, one poll: the four properties of
+    this module hold."""
     raws = [data.draw(mail(i)) for i in range(data.draw(hs.integers(1, 3)))]
     mode = data.draw(hs.sampled_from(["from", "checked"]))
-    fuzz_desk.append(raws)
+    good_id, good = fuzz_desk.ticket()
+    poison = data.draw(hs.sampled_from([None, *POISONS]), label="poison")
+    after = 0  # the ticket comes after the poison mail: what a poison stopping the batch would cost
+    if poison is not None:
+        after = data.draw(hs.integers(0, len(raws)), label="poison at")
+        raws.insert(after, poison % fuzz_desk.tickets)
+        after += 1
+    at = data.draw(hs.integers(after, len(raws)), label="ticket at")
+    fuzz_desk.append([*raws[:at], good, *raws[at:]])
     adapter = fuzz_desk.adapter(mode)
     got, peak = _poll_peak(adapter, fuzz_desk.cursor)
-    if isinstance(got, ReplydError) or (not POISON and _in_the_parser(got)):
+    if not POISON and _in_the_parser(got):
         return
-    assert not isinstance(got, Exception), f"{type(got).__name__}: {got}"
+    assert not isinstance(got, Exception), f"{type(got).__name__}: {got}"  # no mail stops the poll
     fuzz_desk.cursor = got.cursor
     assert peak <= PEAK_MB, peak
     froms = {}
-    for raw in raws:
+    for raw in [*raws, good]:
         parsed = email.message_from_bytes(raw)
         froms[email.utils.unquote(str(parsed.get("Message-ID", "")))] = str(parsed.get("From", ""))
     for parent in got.parents:
@@ -216,3 +273,4 @@ def test_a_poll_of_drawn_mails_raises_nothing_else_stays_bounded_and_answers_no_
             continue
         raw_from = next((f for m, f in froms.items() if parent.extra.get("message_id") == f"<{m.strip('<>')}>"), None)
         _check_parent(fuzz_desk, adapter, parent, mode, raw_from)
+    _answered_once(fuzz_desk, mode, got.parents, good_id)

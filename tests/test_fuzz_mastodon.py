@@ -135,7 +135,10 @@ def test_fuzzed_inbox_never_sends_to_a_half_parsed_parent(m, fixture_server_sess
 
 
 def test_one_hostile_item_never_costs_the_good_ones(fixture_server: FixtureServer, http_client: httpx.Client) -> None:
-    """A notification or search page with one item of an unexpected shape: every good parent still returned."""
+    """A notification or search page with one item of an unexpected shape: every good parent still returned, and
+    answered through the guard, one status created each on the fake."""
     one_hostile_item(routes(), [("inbox", r"/api/v1/notifications", ()), ("refind", r"/api/v1/notifications", ()),
                                 ("search", r"/api/v2/search", ("statuses",))],
-                     fixture_server, lambda: make(fixture_server.url, http_client))
+                     fixture_server, lambda: make(fixture_server.url, http_client),
+                     send=("POST", r"/api/v1/statuses", lambda rec, body, n: {
+                         **body, "id": str(117_020_583_258_300_000 + n), "in_reply_to_id": rec.form()["in_reply_to_id"]}))

@@ -327,7 +327,9 @@ class DiscoursePlatform(_http.StepSend, _http.HttpPlatform):
         """
         found: dict[str, Parent] = {}
         newest = cursor
-        for nid, item in sorted(dict(fresh).items(), key=lambda t: id_order(t[0])):
+        # A notification id served twice (pages that shifted, a mangled copy): each copy is read, in the order
+        # served, so a copy that cannot be read never hides the one that can (its parents are kept once).
+        for nid, item in sorted(fresh, key=lambda t: id_order(t[0])):
             try:
                 parents = self._notification_parents(item, what)
             except (Rejected, *unreadable.ERRORS) as exc:  # gone, forbidden or unreadable: skip for good
