@@ -148,3 +148,19 @@ def test_a_parent_whose_repo_cannot_be_in_a_url_is_released_on_github(
     row = store.get(guard.key(parent.id))
     assert row is not None and row.state == st.RELEASED and row.attempt == 1, row
     assert [r for r in fixture_server.requests if r.method == "POST"] == []
+
+
+def test_a_reply_text_with_a_lone_surrogate_is_not_sent_and_never_a_crash(
+        fixture_server: FixtureServer, store: Store, clock: FakeClock) -> None:
+    """A responder's text can carry a lone surrogate (an LLM's broken output). Opening the row hashes the text:
+    that hash must not raise. The send then cannot encode its form: ``not_sent``, the row released, no POST."""
+    plat = _mastodon(fixture_server, clock)
+    guard = Guard(store, plat, plat.whoami(), clock=clock, send_timeout_s=10.0, watch_interval_s=None,
+                  responder_backoff_s=30.0, responder_backoff_max_s=3600.0)
+    parent = Parent(id="117000000000000011", author_id="91", author_handle="alice",
+                    extra={"acct": "alice@social.example", "visibility": "public"})
+    out = guard.post(parent, "thanks \ud800", path="inbox")
+    assert out.status is Status.NOT_SENT and "request not built" in out.detail, out
+    row = store.get(guard.key(parent.id))
+    assert row is not None and row.state == st.RELEASED and row.attempt == 1, row
+    assert fixture_server.requests_to("POST", STATUSES) == []
