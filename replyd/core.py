@@ -1158,28 +1158,21 @@ class GuardCore:
             return "edited"
         return "failed"
 
-    def _not_built_backoff_steps(self, key: Key) -> Steps:
-        """How long a parent whose request could not be built waits before it is offered again: doubling with
-        each release of its row (since an operator's rearm), from the responder's back-off up to its cap."""
-        try:
-            released = yield io(self.store.count_events, key, "released", after_kinds=("rearmed",))
-        except StoreError:
-            released = 0
-        return min(self.responder_backoff_max_s, self.responder_backoff_s * 2.0 ** released)
-
     def _lost_lease_steps(self, key: Key) -> Steps:
         """Report what stands after our compose lease was taken over (or the store refused the write)."""
         current = yield io(self.store.peek, key)
         log.warning("replyd.guard.lease_lost", parent_id=key.parent_id, state=current.state if current else None)
         return _classify(current, key, self.clock.now()) if current else Outcome(Status.IN_FLIGHT, key)
 
-    def _backoff_steps(self, key: Key) -> Steps:
-        """How long to wait before calling the responder again: doubling per failure in a row."""
+    def _backoff_steps(self, key: Key, kind: str = "responder_failed",
+                       after_kinds: tuple[str, ...] = ("opened", "rearmed")) -> Steps:
+        """How long to wait before offering ``key`` again: the responder's back-off, doubling per ``kind`` event
+        since the last of ``after_kinds`` (responder failures in a row; releases of an unbuildable request)."""
         try:
-            failures = yield io(self.store.count_events, key, "responder_failed", after_kinds=("opened", "rearmed"))
+            n = yield io(self.store.count_events, key, kind, after_kinds=after_kinds)
         except StoreError:
-            failures = 0
-        return min(self.responder_backoff_max_s, self.responder_backoff_s * 2.0 ** failures)
+            n = 0
+        return min(self.responder_backoff_max_s, self.responder_backoff_s * 2.0 ** n)
 
     def open_steps(self, key: Key, row: Reply | st.Row, text: str) -> Steps:
         """Turn our composing claim into a durable open row, unless the lease was lost."""
@@ -1226,7 +1219,7 @@ class GuardCore:
             # The request was never handed to the transport (a value from the parent it cannot carry): a provable
             # not-sent. Released, no attempt used, no breaker count (it says nothing about the platform), and
             # offered again after a back-off (a new composition may build); the row's error says why.
-            wait_s = yield from self._not_built_backoff_steps(key)
+            wait_s = yield from self._backoff_steps(key, "released", ("rearmed",))
             log.warning("replyd.guard.not_built", platform=key.platform, parent_id=key.parent_id, attempt=attempt,
                         error=exc.detail[:300], retry_in_s=wait_s)
             yield from self._transition_steps(key, [st.OPEN], attempt, st.RELEASED, "released",
