@@ -234,7 +234,8 @@ def _cdp_click(h: Harness, tmp_path: Path) -> str:
             # DevTools' evaluation is not page script: the page's CSP forbids script, not the debugger.
             call("Runtime.evaluate", expression="document.querySelector('tr[data-state=rejected] form.act button').click()")
             end = time.monotonic() + 20
-            while "done=" not in text() and time.monotonic() < end:
+            # The URL changes before the new page's body is there: wait for the result line itself.
+            while "rearmed parent" not in text().partition("\n")[2] and time.monotonic() < end:
                 time.sleep(0.2)
             return text()
     finally:
