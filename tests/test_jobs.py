@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -145,3 +146,95 @@ def test_a_run_that_raises_does_not_end_its_thread() -> None:
         assert len(pool._threads) == 1
     finally:
         pool.shutdown()
+
+
+def test_a_light_load_stays_on_one_thread() -> None:
+    """After a burst started all 16 threads, runs that come one after another run on one hot thread, not
+    round all 16 (each hand-over costs the interpreter's lock)."""
+    pool = JobPool(16, spread_s=0.01)
+    names: set[str] = set()
+    lock = threading.Lock()
+    try:
+        for _ in range(32):
+            def slow() -> None:
+                with lock:
+                    names.add(threading.current_thread().name)
+                time.sleep(0.5)
+
+            pool.run_soon(slow, urgent=True)
+        end = time.monotonic() + 10
+        while len(names) < 16 and time.monotonic() < end:
+            time.sleep(0.05)
+        assert len(names) == 16
+        time.sleep(1.5)  # the burst is done: every thread parked
+        names.clear()
+        for _ in range(50):
+            done = threading.Event()
+
+            def run(done: threading.Event = done) -> None:
+                names.add(threading.current_thread().name)
+                done.set()
+
+            pool.run_soon(run, urgent=True)
+            assert done.wait(10)
+            time.sleep(0.002)
+    finally:
+        pool.shutdown()
+    assert len(names) == 1, names
+
+
+def test_a_run_held_behind_a_stuck_one_is_taken_once_it_waited_the_spread() -> None:
+    """One thread is stuck in a run: the runs queued behind it wait about ``spread_s``, then other threads take
+    them, one thread each while they keep coming (the watcher wakes the next)."""
+    pool = JobPool(4, spread_s=0.2)
+    release = _blocked_any(pool)
+    took: list[float] = []
+    lock = threading.Lock()
+    all_done = threading.Event()
+    try:
+        t0 = time.monotonic()
+        for _ in range(3):
+            def run() -> None:
+                with lock:
+                    took.append(time.monotonic() - t0)
+                    if len(took) == 3:
+                        all_done.set()
+
+            pool.run_soon(run, urgent=True)
+        assert all_done.wait(10), took
+    finally:
+        release.set()
+        pool.shutdown()
+    assert 0.15 <= took[0] < 2.0, took  # not at once (a busy thread might take it), never stuck behind the run
+
+
+def test_a_busy_pool_wakes_every_thread_for_slow_runs() -> None:
+    """Slow runs (a slow platform) queue up: all 8 threads end up running, none left parked."""
+    pool = JobPool(8, spread_s=0.02)
+    names: set[str] = set()
+    lock = threading.Lock()
+    try:
+        for _ in range(40):
+            def run() -> None:
+                with lock:
+                    names.add(threading.current_thread().name)
+                time.sleep(0.1)
+
+            pool.run_soon(run, urgent=True)
+        time.sleep(1.0)
+    finally:
+        pool.shutdown()
+    assert len(names) == 8, names
+
+
+def _blocked_any(pool: JobPool) -> threading.Event:
+    """Hold one of the pool's threads until the returned event is set."""
+    release, started = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        release.wait(10)
+
+    pool.run_soon(hold, urgent=True)
+    assert started.wait(10)
+    return release
