@@ -239,3 +239,30 @@ def test_a_held_row_is_due_for_re_offer_only_once_its_not_before_passed(store, c
     assert [r.parent_id for r in store.reoffer_due("telegram", "7", now=100.0, after=None, limit=10)] == ["p"]
     assert store.senders_waiting(100.0) == {("telegram", "7")}
     assert store.waiting_reasons() == {("telegram", "hourly_cap"): 1}
+
+
+def test_the_re_offer_pages_walk_every_waiting_row_once_ties_included(store) -> None:
+    """Pages of 2 walk 7 waiting rows (three share one ``updated_at``) in order, each row once; other states,
+    other bots, part rows and a held row are never in a page."""
+    def row(pid: str, state: str, at: float, **more: object) -> None:
+        with store.transaction() as tx:
+            assert tx.insert_new(st.Key(more.pop("platform", "telegram"), "7", pid),
+                                 {"state": state, "attempt": 1, "created_at": at, "updated_at": at, **more})
+
+    for pid, at in (("a", 1.0), ("c", 2.0), ("b", 2.0), ("d", 2.0), ("e", 3.0)):
+        row(pid, st.RELEASED, at)
+    row("f", st.RELEASED, 4.0)
+    row("g", st.COMPOSING, 5.0, lease_until=10.0)
+    row("h", st.COMPOSING, 0.5, lease_until=99.0)  # its composer still holds it
+    row("i", st.OPEN, 0.5)
+    row("j", st.RELEASED, 0.5, not_before=99.0)  # held
+    row("k", st.RELEASED, 0.5, path=st.PART_PATH)  # a part: its answer's row is offered
+    row("l", st.RELEASED, 0.5, platform="mastodon")  # another bot
+    pages, after = [], None
+    for _ in range(6):
+        rows = store.reoffer_due("telegram", "7", now=50.0, after=after, limit=2)
+        pages.append([r.parent_id for r in rows])
+        if len(rows) < 2:
+            break
+        after = (rows[-1].updated_at, rows[-1].parent_id)
+    assert pages == [["a", "b"], ["c", "d"], ["e", "f"], ["g"]]

@@ -25,12 +25,28 @@ def _waiting(now: float) -> Any:
                    c.path != PART_PATH)
 
 
+# ``_waiting`` as named SQL for ``Reads.reoffer_due``: one bot's page, from the start or after a row.
+_WAITING_SQL = (f"path <> '{PART_PATH}' AND ((state IN ('{NOT_LANDED}', '{RELEASED}') "
+                "AND (not_before IS NULL OR not_before <= :now)) "
+                f"OR state = '{PARTS}' OR (state = '{COMPOSING}' AND lease_until < :now))")
+_REOFFER_PAGE = "SELECT * FROM replies WHERE platform = :platform AND sender_id = :sender_id AND {where} " \
+                "ORDER BY updated_at, parent_id LIMIT :limit"
+REOFFER_DUE = {
+    "first": _REOFFER_PAGE.format(where=_WAITING_SQL),
+    "after": _REOFFER_PAGE.format(where=_WAITING_SQL + " AND (updated_at > :after_at OR "
+                                  "(updated_at = :after_at AND parent_id > :after_id))"),
+}
+
+
 def _opened_since(platform: str, sender_id: str, since: float, author_id: str | None) -> list[Any]:
     """A bot's rows opened (sent or being sent) at or after ``since``, optionally for one author: what caps count.
     A row counts for ``author_id`` when it is the row's author (where the answer went) or its origin (who sent it)."""
     c = REPLIES.c
     cond = [c.platform == platform, c.sender_id == sender_id, c.opened_at >= since, c.state.in_((OPEN, CLOSED))]
     return cond if author_id is None else [*cond, sa.or_(c.author_id == author_id, c.origin_id == author_id)]
+
+
+_for_driver = functools.lru_cache(maxsize=256)(for_driver)  # the same few texts, rewritten once each
 
 
 class Reads(Reader):
@@ -58,7 +74,7 @@ class Reads(Reader):
         """Run one of ``Reader``'s texts in a read transaction; the rows as dicts."""
         with self._tx(write=False, doing=doing) as conn:
             style = "named" if conn.dialect.name == "sqlite" else "pyformat"
-            return [dict(m) for m in conn.exec_driver_sql(for_driver(sql, style), dict(params)).mappings()]
+            return [dict(m) for m in conn.exec_driver_sql(_for_driver(sql, style), dict(params)).mappings()]
 
     def count_opened_since(self, platform: str, sender_id: str, since: float, author_id: str | None = None) -> int:
         """Count this bot's rows opened (sent or being sent) at or after ``since``, optionally for one author (as
@@ -109,18 +125,22 @@ class Reads(Reader):
                     limit: int) -> list[Row]:
         """Return one page of a bot's rows that wait to be offered again, in (updated_at, parent_id) order.
 
-        ``not_landed`` and ``released`` rows past their ``not_before``, ``composing`` rows whose lease has expired (their composer
-        died: nothing was sent), and answers in ``parts`` (a post resumes them at their first part not closed).
-        A part's own row is never offered: its answer's row is (``replyd.parts.PART_PATH``). ``after`` is the last row of the previous page; re-find walks the whole set
-        page by page across its runs, so rows that stay where they are cannot hide the ones behind them.
+        ``not_landed`` and ``released`` rows past their ``not_before``, ``composing`` rows whose lease has expired
+        (their composer died: nothing was sent), and answers in ``parts`` (a post resumes them at their first part
+        not closed). A part's own row is never offered: its answer's row is (``replyd.parts.PART_PATH``).
+        ``after`` is the last row of the previous page. Re-find walks the whole set page by page across its
+        runs, so rows that stay where they are cannot hide the ones behind them.
+
+        Every re-find of every bot runs this, so it is named SQL run as it stands (``REOFFER_DUE``): building
+        the statement with SQLAlchemy cost more CPU than the query.
         """
-        c = REPLIES.c
-        q = sa.select(REPLIES).where(c.platform == platform, c.sender_id == sender_id, _waiting(now))
-        if after is not None:
-            q = q.where(sa.tuple_(c.updated_at, c.parent_id) > sa.tuple_(sa.literal(after[0]), sa.literal(after[1])))
-        q = q.order_by(c.updated_at, c.parent_id).limit(limit)
-        with self._tx(write=False, doing="reading rows to offer again") as conn:
-            return [Row(**dict(m)) for m in conn.execute(q).mappings()]
+        params: dict[str, Any] = {"platform": platform, "sender_id": sender_id, "now": now, "limit": limit}
+        if after is None:
+            sql = REOFFER_DUE["first"]
+        else:
+            sql = REOFFER_DUE["after"]
+            params.update(after_at=after[0], after_id=after[1])
+        return [Row(**m) for m in self._read_sql(sql, params, "reading rows to offer again")]
 
     def senders_waiting(self, now: float) -> set[tuple[str, str]]:
         """The (platform, sender id) of every bot with a row ``reoffer_due`` would return: one query for all bots."""
