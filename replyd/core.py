@@ -310,6 +310,8 @@ class SendWatch:
 
     def overdue(self, now: float, after_s: float) -> list[tuple[int, Key, int, float]]:
         """Return the sends (token, key, attempt, started) running for at least ``after_s`` at ``now``."""
+        if not self._running:  # the usual tick: nothing running, no lock taken
+            return []
         with self._lock:
             return [(t, *v) for t, v in self._running.items() if now - v[2] >= after_s]
 
