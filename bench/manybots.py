@@ -1,6 +1,9 @@
 """Many bots in one daemon: idle cost and a burst of one mention per bot, against the sim.
 
     PYTHONPATH=. python -m bench.manybots --bots 10,100,300,1000 [--refind 1000] [--idle-s 40] [--job-threads 16]
+    PYTHONPATH=. python -m bench.manybots --bots "" --refind 1000 --before /tmp/before [--rounds 3]
+
+The second form runs the daemon from the checkout ``--before`` and from this tree in turns, on one sim.
 
 Per bot count N: the sim runs in its own process (``python -m bench.manybots --serve-sim N``: replyd's
 simulated platform with N bot accounts and one user, plus a request counter and a burst route); one config
@@ -210,8 +213,8 @@ def _wait_started(log_path: Path, proc: subprocess.Popen[Any], timeout_s: float)
 
 
 def measure_one(n: int, *, idle_s: float, settle_s: float, answer_timeout_s: float,
-                job_threads: int | None, refind_s: float = 0.0) -> dict[str, Any]:
-    """Idle cost and burst answer time of one daemon with ``n`` bots."""
+                job_threads: int | None, refind_s: float = 0.0, root: Path = ROOT) -> dict[str, Any]:
+    """Idle cost and burst answer time of one daemon with ``n`` bots, its code from the tree at ``root``."""
     sim, base_url = _start_sim(n)
     http = httpx.Client(base_url=base_url, timeout=60)
     daemon: subprocess.Popen[bytes] | None = None
@@ -220,11 +223,11 @@ def measure_one(n: int, *, idle_s: float, settle_s: float, answer_timeout_s: flo
             cfg = write_config(tmp / "replyd.toml", base_url, tmp / "replyd.sqlite3", n, job_threads,
                                refind_s=refind_s)
             env = {**os.environ, **{f"MB_TOKEN_{i:04d}": bot_token(i) for i in range(n)},
-                   "PYTHONPATH": str(ROOT)}
+                   "PYTHONPATH": str(root)}
             log_path = tmp / "replyd.log"
             with log_path.open("wb") as logf:
                 daemon = subprocess.Popen([sys.executable, "-m", "replyd", "run", "--config", str(cfg)], stdout=logf,
-                                          stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+                                          stderr=subprocess.STDOUT, env=env, cwd=root)
                 start_s = _wait_started(log_path, daemon, 120 + n * 0.2)
                 time.sleep(settle_s)
                 pid = daemon.pid
@@ -293,6 +296,29 @@ def measure(counts: list[int], *, idle_s: float = 40.0, settle_s: float = 12.0, 
     return {"rows": rows, "idle_s": idle_s, "inbox_s": INBOX_S}
 
 
+def compare(n: int, before: Path, *, rounds: int = 3, refind_s: float = 60.0, idle_s: float = 40.0,
+            settle_s: float = 12.0, answer_timeout_s: float = 90.0) -> Table:
+    """``n`` bots with re-find every ``refind_s``: the code at ``before`` (a checkout) and this tree, taking
+    turns for ``rounds`` rounds on one sim build. One run alone varies by a few points of CPU here."""
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "now": []}
+    for _ in range(rounds):
+        for label, root in (("before", before), ("now", ROOT)):
+            r = measure_one(n, idle_s=max(idle_s, refind_s), settle_s=settle_s, answer_timeout_s=answer_timeout_s,
+                            job_threads=None, refind_s=refind_s, root=root)
+            print(json.dumps({"side": label, **r}), flush=True)
+            runs[label].append(r)
+    t = Table(f"{n:,} bots, re-find every {refind_s:.0f} s: the code before against now, {rounds} turns each",
+              ["code", "idle CPU % of a core (each turn)", "median", "CPU ms per empty poll (median)",
+               "answer max s (each turn)", "duplicates (sim)"])
+    med = {k: statistics.median(r["cpu_pct_idle"] for r in v) for k, v in runs.items()}
+    for label, rs in runs.items():
+        t.rows.append([label, " / ".join(f"{r['cpu_pct_idle']:.1f}" for r in rs), f"{med[label]:.1f}",
+                       f"{statistics.median(r['cpu_ms_per_poll'] or 0 for r in rs):.3f}",
+                       " / ".join(f"{r['answer_s_max']}" for r in rs), str(sum(r["duplicates"] or 0 for r in rs))])
+    t.notes.append(f"Idle CPU now / before: {med['now'] / med['before']:.2f}x (medians).")
+    return t
+
+
 def tables(res: dict[str, Any], cmd: str) -> list[Table]:
     """The many-bots table with its verdicts against the many-bots targets."""
     t = Table("15. Many bots in one daemon: 10 to 1,000 bots on the sim",
@@ -345,10 +371,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-threads", type=int, default=None, help="write [daemon] job_threads (default: the daemon's)")
     ap.add_argument("--refind", default="", help="comma-separated bot counts run again with re-find on")
     ap.add_argument("--refind-s", type=float, default=60.0, help="the re-find interval of those runs")
+    ap.add_argument("--before", type=Path, default=None,
+                    help="a checkout of older code: run the first --refind count against it and this tree, in turns")
+    ap.add_argument("--rounds", type=int, default=3, help="turns each with --before")
     ap.add_argument("--serve-sim", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.serve_sim is not None:
         return serve_sim(a.serve_sim)
+    if a.before is not None:
+        n = int(a.refind.split(",")[0]) if a.refind.strip() else 1000
+        print(compare(n, a.before.resolve(), rounds=a.rounds, refind_s=a.refind_s, idle_s=a.idle_s,
+                      settle_s=a.settle_s, answer_timeout_s=a.answer_timeout_s).markdown())
+        return 0
     measure([int(x) for x in a.bots.split(",") if x.strip()], idle_s=a.idle_s, settle_s=a.settle_s,
             answer_timeout_s=a.answer_timeout_s, job_threads=a.job_threads,
             refind_counts=[int(x) for x in a.refind.split(",") if x.strip()], refind_s=a.refind_s)
