@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -228,12 +229,39 @@ def main(argv: list[str] | None = None) -> int:
     results["seconds"] = total
     print(f"\ntotal {total:.0f} s", file=sys.stderr)
     if a.out != "-":
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(render(results, tables, timing, cmd, q, info, started, total))
+        out = Path(a.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        text = render(results, tables, timing, cmd, q, info, started, total)
+        if a.only and out.exists():  # a subset: its sections replace theirs, the rest of the file stays
+            text = splice(out.read_text(), text, started)
+        out.write_text(text)
         print(f"wrote {a.out}", file=sys.stderr)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1, default=str))
     return 0
+
+
+def _numbered(text: str) -> dict[str, tuple[int, int]]:
+    """Each numbered section (``## 15. …``) of a rendered file: its number and where it starts and ends."""
+    heads = [m for m in re.finditer(r"^## .*$", text, re.M)]
+    out = {}
+    for i, m in enumerate(heads):
+        num = re.match(r"## (\d+)\.", m.group(0))
+        if num:
+            out[num.group(1)] = (m.start(), heads[i + 1].start() if i + 1 < len(heads) else len(text))
+    return out
+
+
+def splice(old: str, new: str, started: datetime) -> str:
+    """``old`` with each numbered section ``new`` has put in its place; the header and the rest kept."""
+    fresh, kept = _numbered(new), _numbered(old)
+    for num, (a, b) in sorted(kept.items(), key=lambda kv: -kv[1][0]):  # from the end: offsets stay valid
+        if num in fresh:
+            fa, fb = fresh[num]
+            section = new[fa:fb].rstrip("\n").replace(
+                "`\n", f"` (run alone on {started:%Y-%m-%d}; not in the full run above)\n", 1) + "\n\n"
+            old = old[:a] + section + old[b:]
+    return old
 
 
 def _summary(res: dict[str, Any]) -> dict[str, Any]:
