@@ -732,6 +732,10 @@ def iso_to_epoch(value: str) -> float:
     return dt.timestamp()
 
 
+# A reset time repeats on every response of its window: parsed once per text (a str: hashable).
+_iso_to_epoch_cached = functools.lru_cache(maxsize=64)(iso_to_epoch)
+
+
 def parse_reset(value: str, now: float) -> float | None:
     """Turn a rate-limit reset header into epoch seconds, or ``None`` if unreadable.
 
@@ -743,7 +747,7 @@ def parse_reset(value: str, now: float) -> float | None:
         number = float(text)
     except ValueError:
         try:
-            return iso_to_epoch(text)
+            return _iso_to_epoch_cached(text)
         except ValueError:
             return None
     if not math.isfinite(number) or number < 0:
@@ -1307,7 +1311,9 @@ class HttpPlatform:
 
     def _raise_for_status(self, resp: httpx.Response, *, what: str, bucket: str = "", acts: bool | None = None) -> None:
         """Map a non-2xx response into ``replyd.errors``: a rate limit blocks ``bucket``, the rest the shared table."""
-        if not 200 <= resp.status_code < 300 and self._limited(resp):
+        if 200 <= resp.status_code < 300:
+            return  # the usual case: no error text to read, no secrets to mask
+        if self._limited(resp):
             wait = self._wait_s(resp)
             if wait is not None:
                 self.limits.block(bucket or self.BUCKET, wait)
