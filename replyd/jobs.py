@@ -10,9 +10,9 @@ every 2 s: the burst's median answer 4.5 s with one queue, 2.8-3.4 s with two).
 
 Threads are woken sparingly. A run queued while another runs waits up to ``spread_s`` for a busy thread to
 take it; only then is another thread woken. Idle threads park on a stack: the last to park is woken first.
-So a light load stays on one or two hot threads. Handing each run to the next of 16 threads (a condition's
-order) cost 1,000 idle bots about half again the CPU of one thread: the interpreter's lock changed hands on
-every socket read. A slow platform still gets every thread: queued runs age past ``spread_s`` and wake them.
+So a light load stays on one or two hot threads. A condition's order handed each run to the next of 16
+threads, and every run queued behind a busy one woke another. Each woken thread is one more contender for
+the interpreter's lock. A slow platform still gets every thread: queued runs age past ``spread_s`` and wake them.
 
 Not ``concurrent.futures.ThreadPoolExecutor``: it has one queue, and a run there costs a work item and a future
 nobody reads (1,000 idle bots side by side: 0.79-0.81x the CPU per empty poll with this pool). ``submit`` (a future) is kept for APScheduler's executor; the daemon's own runs use ``run_soon``.
