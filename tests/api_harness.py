@@ -153,8 +153,9 @@ def sim_world(monkeypatch, **knobs) -> Iterator[tuple[World, SimServer, Account]
 
 @contextmanager
 def running(tmp_path: Path, monkeypatch, *, token: str | None = TOKEN, host: str = "127.0.0.1",
-            pollers: bool = False, api_extra: str = "", **knobs) -> Iterator[Harness]:
-    """Start the sim and a daemon with the API on an ephemeral port; stop both afterwards."""
+            pollers: bool = False, api_extra: str = "", send_timeout_s: float = 1.0, **knobs) -> Iterator[Harness]:
+    """Start the sim and a daemon with the API on an ephemeral port; stop both afterwards.
+    ``send_timeout_s`` as ``write_config``'s: a test whose sends must land under load sets it above 3 s."""
     if token:
         monkeypatch.setenv(TOKEN_ENV, token)
     else:
@@ -162,7 +163,8 @@ def running(tmp_path: Path, monkeypatch, *, token: str | None = TOKEN, host: str
     with sim_world(monkeypatch, **knobs) as (world, srv, bot):
         db = tmp_path / "replyd.sqlite3"
         cfg_path = write_config(tmp_path / "replyd.toml", srv.base_url, db, host=host,
-                                token_env=TOKEN_ENV if token else None, pollers=pollers, api_extra=api_extra)
+                                token_env=TOKEN_ENV if token else None, pollers=pollers, api_extra=api_extra,
+                                send_timeout_s=send_timeout_s)
         d = Daemon(Config.load(cfg_path))
         d.start()
         try:
