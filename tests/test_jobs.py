@@ -187,7 +187,7 @@ def test_a_run_held_behind_a_stuck_one_is_taken_once_it_waited_the_spread() -> N
     """One thread is stuck in a run: the runs queued behind it wait about ``spread_s``, then other threads take
     them, one thread each while they keep coming (the watcher wakes the next)."""
     pool = JobPool(4, spread_s=0.2)
-    release = _blocked_any(pool)
+    release = _blocked(pool)
     took: list[float] = []
     lock = threading.Lock()
     all_done = threading.Event()
@@ -225,16 +225,3 @@ def test_a_busy_pool_wakes_every_thread_for_slow_runs() -> None:
     finally:
         pool.shutdown()
     assert len(names) == 8, names
-
-
-def _blocked_any(pool: JobPool) -> threading.Event:
-    """Hold one of the pool's threads until the returned event is set."""
-    release, started = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        started.set()
-        release.wait(10)
-
-    pool.run_soon(hold, urgent=True)
-    assert started.wait(10)
-    return release
