@@ -86,6 +86,9 @@ if TYPE_CHECKING:
     from replyd.hooks import Receiver
     from replyd.streams import StreamRunner
 
+# The timetable wakes on these ticks and fires every poll due by then (see replyd.timetable for the figures).
+POLL_TICK_S = 0.25
+
 log = get_logger("replyd.daemon")
 
 
@@ -280,7 +283,7 @@ class Daemon:
         self.sweepers: dict[str, Sweeper] = {}  # by bot name: each bot sweeps on its own job
         self.scheduler: BackgroundScheduler | None = None
         # Every bot's polls: one heap and one thread (APScheduler's job per bot and path cost 0.25 ms a run).
-        self.timetable = Timetable(self._fire_poll)
+        self.timetable = Timetable(self._fire_poll, tick_s=POLL_TICK_S)
         self._polls: dict[str, Callable[[], None]] = {}  # "bot:path" -> its run
         self.guards: dict[str, Guard] = {}  # by bot name, for the API; filled as bots log in
         self.api: ApiServer | None = None

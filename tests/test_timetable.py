@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import pytest
 
@@ -127,3 +128,57 @@ def test_a_removed_job_runs_no_more_and_the_others_keep_their_slots() -> None:
     assert sorted(tt.due(now.t)) == ["a:inbox", "b:inbox"]
     assert tt.remove("a:inbox") and not tt.remove("a:inbox")
     assert tt.due(now.t + 1.0) == ["b:inbox"] and tt.due(now.t + 2.0) == ["b:inbox"]
+
+
+def test_the_thread_wakes_on_ticks_and_a_start_poll_is_not_held() -> None:
+    """With ticks, the wait ends on the first tick at or after the earliest slot; a run due now waits for none."""
+    now = Mono()
+    tt = Timetable(lambda j: None, now=now, tick_s=0.25)
+    tt.add("a", 5.0, phase_s=5.0)
+    assert tt.wake_in_s(now.t) == 0.0  # a bot's first poll as it starts: at once
+    assert tt.due(now.t) == ["a"]
+    now.t += 0.1
+    assert tt.next_in_s(now.t) == pytest.approx(4.9)
+    assert tt.wake_in_s(now.t) == pytest.approx(4.9)  # the slot at 1005.0 is on a tick: woken right then
+    tt.add("b", 5.0, first_in_s=0.03)  # due at 1000.13: its tick is 1000.25
+    assert tt.wake_in_s(now.t) == pytest.approx(0.15)
+    assert Timetable(lambda j: None, now=now).wake_in_s(now.t) is None  # nothing booked
+    with pytest.raises(ValueError, match="tick_s"):
+        Timetable(lambda j: None, tick_s=-1.0)
+
+
+def test_the_thread_fires_runs_due_between_two_ticks_together() -> None:
+    """Runs due at different moments within one tick are fired on that tick, by the real thread."""
+    fired: list[tuple[str, float]] = []
+    lock = threading.Lock()
+    both = threading.Event()
+    tick_s = 0.2
+
+    def fire(job_id: str) -> None:
+        with lock:
+            fired.append((job_id, time.monotonic()))
+            if {j for j, _ in fired} >= {"x", "y"} and len(fired) >= 4:
+                both.set()
+
+    tt = Timetable(fire, tick_s=tick_s)
+    now = time.monotonic()
+    tick = (now // tick_s + 1) * tick_s  # both due inside the tick after this one
+    tt.add("x", 4.0, first_in_s=tick + 0.03 - now, phase_s=0.31)  # a tick of 0.2 s is a twentieth of 4 s: kept
+    tt.add("y", 4.0, first_in_s=tick + 0.10 - now, phase_s=0.17)
+    tt.start()
+    try:
+        assert both.wait(5.0), fired
+    finally:
+        tt.stop()
+    (j1, t1), (j2, t2) = fired[:2]  # due 70 ms apart, fired on one wake of the thread
+    assert {j1, j2} == {"x", "y"} and t2 - t1 < 0.03, fired
+
+
+def test_a_short_interval_gets_a_finer_tick() -> None:
+    """A job every 0.4 s is at most 0.02 s late, not a whole 0.25 s tick (a twentieth of the interval)."""
+    now = Mono()
+    tt = Timetable(lambda j: None, now=now, tick_s=0.25)
+    tt.add("slow", 5.0, phase_s=5.0)
+    assert tt.due(now.t) == ["slow"]
+    tt.add("fast", 0.4, first_in_s=0.013)
+    assert tt.wake_in_s(now.t) == pytest.approx(0.02)
