@@ -17,6 +17,7 @@ the API, MCP) never ask: the guard's claim is what keeps an answer single, lease
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +31,7 @@ log = get_logger("replyd.fleet")
 _SHOWN = 20  # bot names listed in one event; the count says the rest
 
 
+@functools.lru_cache(maxsize=65536)  # a beat asks it for every bot and live replica
 def weight(replica: str, bot: str) -> int:
     """The rendezvous weight of ``replica`` for ``bot``: stable across processes and machines."""
     return int.from_bytes(hashlib.blake2b(f"{replica}\0{bot}".encode(), digest_size=8).digest(), "big")
@@ -95,7 +97,8 @@ class Fleet:
         for dead, rows in got.dead.items():
             log.warning("replyd.fleet.replica_dead", replica=dead, rows_freed=rows)
         with self._lock:
-            self._held = {b: until for b, until in got.held.items() if b in self.bots}  # none a reload dropped
+            served = set(self.bots)  # a set: a list here made each beat quadratic in the bots
+            self._held = {b: until for b, until in got.held.items() if b in served}  # none a reload dropped
         self._announce()
 
     def _announce(self) -> None:
