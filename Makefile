@@ -86,7 +86,7 @@ $(HERMES_VENV)/.installed: pyproject.toml
 	touch $@
 
 hermes: $(HERMES_VENV)/.installed
-	REPLYD_HERMES_REQUIRED=1 $(HERMES_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_hermes.py
+	REPLYD_HERMES_REQUIRED=1 $(HERMES_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_hermes.py tests/test_hermes_discord.py
 
 # openclaw's channel hooks (clients/openclaw) against a real `replyd run` on the Telegram Bot API fake (node --test).
 # openclaw is a devDependency for its published types only: it runs on Node 24.16+, not here (docs/INTEGRATIONS.md).
