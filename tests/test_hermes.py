@@ -33,11 +33,10 @@ from gateway.config import PlatformConfig
 from plugins.platforms.telegram.adapter import _build_adapter
 
 from replyd import store as st
-from replyd.integrations.hermes import guard
 from replyd.sim.telegram import TOKEN, TelegramApi, TelegramWorld, WebhookSender
+from tests.hermes_common import connected
 
 CHAT = 5000000002  # a private chat with grace: no mention gating
-ANSWER = "It is noon."
 
 
 def free_port() -> int:
@@ -70,16 +69,7 @@ async def run_hermes(world: TelegramWorld, api: TelegramApi, store_url: str | No
         "fallback_ips": ["149.154.167.220"],  # a public Telegram address, so hermes does not look one up
     })
     adapter = _build_adapter(config)
-    if store_url is not None:
-        guard(adapter, store_url, sweep_every_s=0, send_timeout_s=1.0)
-    turns: list[str] = []
-
-    async def agent(event):  # the agent's turn: scripted, no LLM
-        turns.append(event.message_id)
-        return ANSWER
-
-    adapter.set_message_handler(agent)
-    assert await adapter.connect()
+    turns = await connected(adapter, store_url)
     parent = world.post(CHAT, "what time is it?")
     world.send_faults.append("lost")  # the first sendMessage creates the message; its answer never arrives
     sender = WebhookSender(world, lose_acks=0.4, seed=3).start()  # seed 3: the first ack lost, the second kept

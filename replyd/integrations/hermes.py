@@ -18,7 +18,8 @@ operator (``replyd confirm`` / ``replyd rearm``), and nothing is sent again. Dis
 
 How it hooks in: hermes has no hook around a platform's send, so ``guard`` wraps two calls of the one adapter
 instance it is given (no hermes file or class is changed): the adapter's ``send`` (it names the parent) and its
-client's create call (``adapter._bot.send_message``, ``adapter._client.http.send_message``: one request each).
+client's create call (``adapter._bot.send_message``; discord.py's ``send_message`` on the client's http and on its
+connection state's, which ``channel.send`` uses: one request each).
 The guard opens after the adapter's ``connect`` (the bot id is known then) and closes after ``disconnect``.
 
 Nothing here imports hermes, python-telegram-bot or discord.py until an adapter is guarded.
@@ -201,8 +202,15 @@ def _wrap_client(held: Held) -> None:
     a = held.adapter
     if held.kind == "telegram" and not isinstance(a._bot, _TelegramBot):
         a._bot = _TelegramBot(a._bot, held)
-    elif held.kind == "discord" and not isinstance(a._client.http, _DiscordHttp):
-        a._client.http = _DiscordHttp(a._client.http, held)
+    elif held.kind == "discord":
+        # discord.py's channel.send() calls the connection state's http, not the client's: wrap both.
+        state = getattr(a._client, "_connection", None)
+        http = getattr(state, "http", None) or a._client.http
+        if not isinstance(http, _DiscordHttp):
+            http = _DiscordHttp(_unwrapped_http(http), held)
+        a._client.http = http
+        if state is not None:
+            state.http = http
 
 
 def _unwrapped(bot: Any) -> Any:
