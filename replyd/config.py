@@ -28,11 +28,10 @@ from replyd import log as rlog
 from replyd.errors import ConfigError
 from replyd.lag_summary import LISTING_LAG_WINDOW
 from replyd.log import get_logger
+from replyd.net import MIN_PUBLIC_TOKEN, is_loopback  # noqa: F401  (MIN_PUBLIC_TOKEN: importable from here too)
 
 logger = get_logger("replyd.config")
 
-# Characters: a token guarding a non-loopback bind must not be guessable (the API and MCP check it).
-MIN_PUBLIC_TOKEN = 32
 
 
 # The words a boolean may be written as: TOML's own true/false, and what an environment variable carries.
@@ -349,8 +348,6 @@ class McpConfig(McpScope):
 
     def http_tokens(self, host: str | None = None) -> dict[str, McpScope]:
         """Every bearer token HTTP accepts and its scope (the main one first); ConfigError naming the bad one."""
-        from replyd.platforms._http import is_loopback
-
         bind = host or self.host
         out: dict[str, McpScope] = {}
         main = self.token()

@@ -38,7 +38,7 @@ from replyd.api.app import Api
 from replyd.api.gate import MIN_PUBLIC_TOKEN, OPENABLE_ROUTES, HostCheck, check_bind, host_name
 from replyd.api.models import ReplyIn
 from replyd.api.openapi import openapi_document
-from replyd.platforms._http import is_loopback
+from replyd.net import is_loopback
 from replyd.serve import ThreadedServer
 
 __all__ = ["MIN_PUBLIC_TOKEN", "OPENABLE_ROUTES", "Api", "ApiServer", "HostCheck", "ReplyIn", "check_bind",

@@ -15,10 +15,9 @@ from starlette.responses import Response
 
 from replyd import statuspage
 from replyd.api.answers import error
-from replyd.config import MIN_PUBLIC_TOKEN
+from replyd.net import MIN_PUBLIC_TOKEN, is_loopback
 from replyd.errors import ConfigError
 from replyd.log import get_logger
-from replyd.platforms._http import is_loopback
 from replyd.quiet import Quiet
 
 log = get_logger("replyd.api")

@@ -76,7 +76,6 @@ import asyncio
 import contextvars
 import email.utils
 import functools
-import ipaddress
 import json
 import math
 import re
@@ -96,9 +95,10 @@ from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, model_val
 
 from replyd import deadline, metrics
 from replyd.clock import Clock
-from replyd.errors import (BadResponse, ConfigError, DefinitelyNotSent, MaybeSent, NotBuilt, PlatformError,
+from replyd.errors import (BadResponse, DefinitelyNotSent, MaybeSent, NotBuilt, PlatformError,
                            RateLimited, Rejected)
 from replyd.log import get_logger
+from replyd.net import INSECURE_HTTP, is_loopback, require_https  # noqa: F401  (the platforms reach them here too)
 from replyd.platforms import mentions
 from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, PlatformSettings, ReadBack, Sent
 from replyd.platforms import unreadable
@@ -999,29 +999,6 @@ def html_to_text(html: str) -> str:
     parser.feed(html)
     parser.close()
     return "".join(parser.parts).strip()
-
-
-# --- plain http ----------------------------------------------------------------------------
-
-INSECURE_HTTP = "allow_insecure_http"  # the setting that lets a token travel over plain http:// to another host
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses; any other name or address is public."""
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def require_https(url: str, *, allowed: bool, where: str) -> None:
-    """Refuse (ConfigError) ``http://`` to a non-loopback host unless ``allowed``: the token would travel in clear."""
-    parts = urlsplit(url)
-    if parts.scheme == "http" and not allowed and not is_loopback(parts.hostname or ""):
-        raise ConfigError(f"{where}: http:// to {parts.hostname!r} would send credentials in clear text: "
-                          f"use https://, or set {INSECURE_HTTP} = true if the network is trusted")
 
 
 # --- ids and fields -------------------------------------------------------------------------

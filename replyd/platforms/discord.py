@@ -120,6 +120,7 @@ from pydantic import Field, SecretStr, field_validator
 from replyd.clock import Clock
 from replyd.errors import BadResponse, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
 from replyd.parts import Limit
+from replyd import net
 from replyd.platforms import _http, mentions
 from replyd.platforms._http import Found, id_order
 from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Token, register_platform
@@ -186,7 +187,7 @@ def _resume_url(url: Any) -> str | None:
     parts = urlsplit(url) if isinstance(url, str) else None
     if parts is None or not parts.hostname:
         return None
-    return url if parts.scheme == "wss" or (parts.scheme == "ws" and _http.is_loopback(parts.hostname)) else None
+    return url if parts.scheme == "wss" or (parts.scheme == "ws" and net.is_loopback(parts.hostname)) else None
 
 
 def _link(guild: str | None, channel: str, message: str) -> str:
@@ -241,7 +242,7 @@ class DiscordPlatform(_http.HttpPlatform):
             parts = urlsplit(v)
             if parts.scheme not in ("wss", "ws") or not parts.hostname:
                 raise ValueError("must be a wss:// URL")
-            if parts.scheme == "ws" and not _http.is_loopback(parts.hostname):
+            if parts.scheme == "ws" and not net.is_loopback(parts.hostname):
                 raise ValueError("ws:// only to loopback: the token would travel in clear text")
             return v
 
@@ -568,7 +569,7 @@ class DiscordPlatform(_http.HttpPlatform):
         resp = self._api("GET", "/gateway/bot", "/gateway/bot", what="gateway/bot")
         url = _http.field(_http.json_body(resp, "gateway/bot", dict), "url", "gateway/bot")
         parts = urlsplit(url)
-        if parts.scheme != "wss" and not (parts.scheme == "ws" and _http.is_loopback(parts.hostname or "")):
+        if parts.scheme != "wss" and not (parts.scheme == "ws" and net.is_loopback(parts.hostname or "")):
             raise BadResponse("gateway/bot: url is not a wss:// URL")
         return url
 

@@ -90,6 +90,7 @@ from pydantic import Field, SecretStr, field_validator
 from replyd.clock import Clock
 from replyd.errors import BadResponse, DefinitelyNotSent, MaybeSent, PlatformError, RateLimited, Rejected
 from replyd.parts import Limit
+from replyd import net
 from replyd.platforms import _http, mentions
 from replyd.platforms._http import Found
 from replyd.platforms.base import Identity, OwnReply, Page, Parent, Pending, ReadBack, Sent, Token, register_platform
@@ -416,7 +417,7 @@ class SlackPlatform(_http.HttpPlatform):
         data = self._api("apps.connections.open", body={}, token=self.s.app_token)
         url = _http.field(data, "url", "apps.connections.open")
         parts = urlsplit(url)
-        if parts.scheme != "wss" and not (parts.scheme == "ws" and _http.is_loopback(parts.hostname or "")):
+        if parts.scheme != "wss" and not (parts.scheme == "ws" and net.is_loopback(parts.hostname or "")):
             raise BadResponse("apps.connections.open: url is not a wss:// URL")
         self._identity()  # parse_event needs the bot user id: asked before the first envelope
         try:

@@ -13,7 +13,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from replyd import __version__
 from replyd import log as rlog
-from replyd.platforms._http import BearerAuth, require_https, retry_after_s
+from replyd.net import require_https
+from replyd.platforms._http import BearerAuth, retry_after_s
 from replyd.responders.base import NonBlank, Parent, Responder, TimeoutS, log, register_responder, secret_value
 from replyd.responders.jsonpost import MAX_RESPONSE_BYTES, HttpSettings, HttpUrlText, JsonPost
 from replyd.responders.template import TemplateResponder, TemplateText

@@ -13,7 +13,7 @@ from pydantic import Field, SecretStr, field_validator
 
 from replyd import __version__
 from replyd import log as rlog
-from replyd.platforms._http import require_https
+from replyd.net import require_https
 from replyd.responders.base import (Parent, Responder, TimeoutS, declined, register_responder, responder_payload,
                                     secret_value)
 from replyd.responders.jsonpost import HttpSettings, HttpUrlText, JsonPost
