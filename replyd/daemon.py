@@ -276,6 +276,8 @@ class Daemon:
         self.owner = cfg.replica_id or st.make_owner()
         self.stopping = threading.Event()
         self.grace_expired = False  # set by stop() when running jobs outlived the grace
+        self.fatal: str | None = None  # why the daemon must stop on its own (run_forever exits 2)
+        self._fatal_set = threading.Event()
         self._clock_stale = threading.Event()  # set on a new database connection: re-anchor the clock
         self.store: Store | None = None
         self.http: httpx.Client | None = None
@@ -763,7 +765,12 @@ class Daemon:
         grace_s = {p.cfg.name: _poll_bound_s(p) for p in prepared}
         self.fleet = Fleet(self.store, self.owner, [p.cfg.name for p in prepared], self.clock,
                            heartbeat_s=fc.heartbeat_s, bot_lease_s=fc.bot_lease_s, grace_s=grace_s,
-                           on_gain=self._gained, on_loss=self._lost).start()
+                           on_gain=self._gained, on_loss=self._lost, on_clash=self._step_aside).start()
+
+    def _step_aside(self, why: str) -> None:
+        """Another live process uses this replica id and started first: stop, and leave its fleet row alone."""
+        self.fatal = why
+        self._fatal_set.set()
 
     def _gained(self, name: str) -> None:
         """This replica now runs ``name``'s discovery: read its cursors afresh, open its stream."""
@@ -1030,7 +1037,8 @@ class Daemon:
                 self.grace_expired = True
                 log.warning("replyd.daemon.grace_expired", hint="open rows are left to the sweep")
         if self.fleet is not None:
-            self.fleet.stop(leave=not self.grace_expired)  # polls are done: the others may take the bots now
+            # Polls are done: the others may take the bots now. Not when stepping aside: the row is the other's.
+            self.fleet.stop(leave=not self.grace_expired and self.fatal is None)
         if self._watcher is not None:
             self._watcher.join(5.0)  # it saw `stopping` within its interval
         for b in [*self.bots, *self._retired]:
@@ -1065,9 +1073,12 @@ class Daemon:
         self.start()
         if load is not None:
             threading.Thread(target=self._reloads, args=(load, hup, done), name="replyd-reload", daemon=True).start()
-        while not done.wait(1.0):
+        while not done.wait(1.0) and not self._fatal_set.is_set():
             pass
         self.stop(grace_s)
+        if self.fatal is not None:
+            log.error("replyd.daemon.stopped_itself", reason=self.fatal)
+            return 2
         return 0
 
     def _reloads(self, load: Callable[[], Config], hup: threading.Event, done: threading.Event) -> None:

@@ -48,6 +48,7 @@ class Fleet:
     def __init__(self, store: Store, owner: str, bots: Sequence[str], clock: Clock, *, heartbeat_s: float,
                  bot_lease_s: float, grace_s: Mapping[str, float] | None = None,
                  on_gain: Callable[[str], None] | None = None, on_loss: Callable[[str], None] | None = None,
+                 on_clash: Callable[[str], None] | None = None,
                  target_of: Callable[[str, Sequence[str]], str] = target) -> None:
         self.store = store
         self.owner = owner
@@ -58,6 +59,8 @@ class Fleet:
         self.grace_s = dict(grace_s or {})
         self.on_gain = on_gain
         self.on_loss = on_loss
+        self.on_clash = on_clash
+        self._beaten = False  # a beat has been written: the replicas row holds this process's start time
         self.target_of = target_of
         self.live: list[str] = []
         self._held: dict[str, float] = {}  # bot -> lease end, as the last beat wrote it
@@ -90,7 +93,11 @@ class Fleet:
         if self._started_at is None:
             self._started_at = now
         got = self.store.fleet_beat(self.owner, list(self.bots), now=now, lease_s=self.bot_lease_s,
-                                    started_at=self._started_at, target=self.target_of, grace_s=self.grace_s)
+                                    started_at=self._started_at, target=self.target_of, grace_s=self.grace_s,
+                                    first=not self._beaten)
+        self._beaten = True
+        if got.clash is not None:
+            self._clashed(got.clash)
         if got.live != self.live:
             log.info("replyd.fleet.changed", replicas=len(got.live), live=got.live[:_SHOWN])
         self.live = got.live
@@ -100,6 +107,15 @@ class Fleet:
             served = set(self.bots)  # a set: a list here made each beat quadratic in the bots
             self._held = {b: until for b, until in got.held.items() if b in served}  # none a reload dropped
         self._announce()
+
+    def _clashed(self, other_started_at: float) -> None:
+        """Another live process beats under this replica id. The one that started later steps aside."""
+        newer = other_started_at < (self._started_at or 0.0)
+        log.error("replyd.fleet.replica_id_in_use", replica=self.owner, other_started_at=other_started_at,
+                  stepping_aside=newer)
+        if newer and self.on_clash is not None:
+            self.on_clash(f"replica_id {self.owner!r} is in use by another live process (started at "
+                          f"{other_started_at:.0f}): give each replica its own id, or leave replica_id empty")
 
     def _announce(self) -> None:
         """Tell the daemon which bots it gained and lost since the last announcement (expired leases too)."""

@@ -165,3 +165,27 @@ def test_set_bots_drops_a_removed_bot_and_takes_an_added_one(store: Store, clock
     f.beat()
     held = f.held()
     assert "new" in held and "bot000" not in held and len(held) == len(BOTS)
+
+
+def test_two_live_processes_with_one_replica_id_the_later_steps_aside(store: Store, clock: FakeClock) -> None:
+    """A second live process under one replica id is seen at its next beat; only the later one is told to stop.
+    A restart under the same id (the old process dead) is no clash."""
+    bots = [f"b{i}" for i in range(6)]
+    told: dict[str, list[str]] = {"old": [], "new": [], "restart": []}
+    old = Fleet(store, "same", bots, clock, heartbeat_s=1, bot_lease_s=4, on_clash=told["old"].append)
+    old.beat()
+    clock.advance(0.5)
+    new = Fleet(store, "same", bots, clock, heartbeat_s=1, bot_lease_s=4, on_clash=told["new"].append)
+    new.beat()  # its first beat: the row may be a dead predecessor's, so no clash yet
+    assert told == {"old": [], "new": [], "restart": []}
+    clock.advance(0.5)
+    old.beat()  # the row's start time is the newcomer's: a clash, but the old one started first
+    clock.advance(0.5)
+    new.beat()  # the row's start time is the old one's: the newcomer steps aside
+    assert told["old"] == [] and len(told["new"]) == 1 and "'same' is in use" in told["new"][0], told
+    clock.advance(10)  # both gone; a restart under the same id beats twice
+    restart = Fleet(store, "same", bots, clock, heartbeat_s=1, bot_lease_s=4, on_clash=told["restart"].append)
+    restart.beat()
+    clock.advance(1)
+    restart.beat()
+    assert told["restart"] == [] and restart.held() == bots

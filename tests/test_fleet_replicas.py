@@ -87,11 +87,13 @@ class Fleet:
         self.procs: dict[str, subprocess.Popen] = {}
         self.db = sa.create_engine(url)
 
-    def start(self, rid: str) -> None:
+    def start(self, rid: str, *, name: str | None = None) -> None:
+        """Start a replica with id ``rid``, kept as ``name`` (default: the id; a second process may share it)."""
         env = {**os.environ, "PYTHONPATH": str(ROOT), "REPLYD_REPLICA_ID": rid, **self.tokens}
-        self.procs[rid] = subprocess.Popen(
+        name = name or rid
+        self.procs[name] = subprocess.Popen(
             [sys.executable, "-m", "replyd", "run", "--config", str(self.cfg), "--grace-s", "5"],
-            stdout=subprocess.DEVNULL, stderr=(self.logs / f"{rid}.log").open("ab"), env=env, cwd=ROOT)
+            stdout=subprocess.DEVNULL, stderr=(self.logs / f"{name}.log").open("ab"), env=env, cwd=ROOT)
 
     def leases(self) -> dict[str, str | None]:
         """Bot -> holder, for leases live now (by the database's clock)."""
@@ -220,3 +222,34 @@ def test_fleet_shares_reads_takes_over_a_dead_replica_and_rebalances(fresh_pg, t
     for bot, p in burst.posted:
         assert world.replies_by(ids[bot]).get(p) == 1, (bot, p)
     print("fleet figures:", figures)
+
+
+def test_a_second_process_with_a_replica_id_in_use_stops_and_the_first_keeps_its_bots(fresh_pg, tmp_path):
+    """Two live processes under one replica id would both poll its bots. The later one stops with one line
+    (exit 2) and leaves the fleet's row alone; the first keeps every bot and keeps answering."""
+    world = World(SystemClock(), seed=9, listing_delay_s=0.2)
+    names = [f"b{i:04d}" for i in range(4)]
+    accounts = {n: world.add_account(n, bot=True) for n in names}
+    tokens = {f"SIM_TOKEN_{i}": accounts[n].token for i, n in enumerate(names)}
+    world.add_account("user1")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with SimServer(world) as srv:
+        fleet = Fleet(write_config(tmp_path / "fleet.toml", srv.base_url, fresh_pg, len(names)), tokens, logs, fresh_pg)
+        try:
+            fleet.start("r1")
+            assert wait_until(lambda: set(fleet.leases().values()) == {"r1"} and len(fleet.leases()) == 4, 60,
+                              every_s=0.2), tail(logs)
+            fleet.start("r1", name="twin")
+            twin = fleet.procs["twin"]
+            assert twin.wait(60) == 2, tail(logs)
+            said = (logs / "twin.log").read_text()
+            assert "replyd run: stopped: replica_id 'r1' is in use by another live process" in said, said[-2000:]
+            assert fleet.procs["r1"].poll() is None
+            time.sleep(2 * LEASE_S)  # the leases would lapse by now had the twin freed them
+            assert fleet.leases() == dict.fromkeys(names, "r1")
+            parent = world.post("user1", "still there @b0002?", mention=["b0002"]).id
+            assert wait_until(lambda: world.replies_by(accounts["b0002"].id).get(parent) == 1, 30, every_s=0.2), \
+                tail(logs)
+        finally:
+            fleet.stop()

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from replyd.cli.common import ConfigOpt, JsonOpt, _load, preflight
+from replyd.cli.common import ConfigOpt, JsonOpt, _load, err, preflight
 from replyd.errors import ConfigError
 
 
@@ -26,6 +26,8 @@ def run(config: ConfigOpt = None, grace_s: Annotated[float, typer.Option(help="S
 
     daemon = Daemon(cfg)
     code = daemon.run_forever(grace_s, load=reread)
+    if daemon.fatal is not None:
+        err.print(f"replyd run: stopped: {daemon.fatal}")
     if daemon.grace_expired:
         _exit_now(code)
     raise typer.Exit(code)

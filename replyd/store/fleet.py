@@ -42,6 +42,7 @@ class Beat:
     dead: dict[str, int] = field(default_factory=dict)  # replica id -> rows whose leases were freed
     taken: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
+    clash: float | None = None  # another live process with this replica id: its start time
 
 
 class FleetLeases:
@@ -57,18 +58,29 @@ class FleetLeases:
         return q
 
     def fleet_beat(self, owner: str, bots: Sequence[str], *, now: float, lease_s: float, started_at: float,
-                   target: Callable[[str, Sequence[str]], str], grace_s: Mapping[str, float] | None = None) -> Beat:
+                   target: Callable[[str, Sequence[str]], str], grace_s: Mapping[str, float] | None = None,
+                   first: bool = False) -> Beat:
         """One heartbeat of replica ``owner`` serving ``bots``, in one transaction; return what it holds now.
 
         Live: a heartbeat within ``lease_s``. ``target(bot, live)`` names the replica that should run a bot.
         A released bot is free from ``now + grace_s[bot]`` (its last poll may still be in flight). A bot free
         for a whole lease is taken by anyone serving it: its target may not serve it (configs that differ).
+        ``first``: this process's first beat. On a later beat, a row whose start time is not ``started_at`` means
+        another live process uses this replica id: ``Beat.clash`` is that process's start time.
         """
         grace_s = grace_s or {}
         r, b = REPLICAS.c, BOT_LEASES.c
         with self._tx(relaxed=True, doing="writing the fleet's heartbeat") as conn:
-            if conn.execute(sa.update(REPLICAS).where(r.owner == owner).values(heartbeat_at=now)).rowcount == 0:
+            clash = None
+            mine = conn.execute(self._lock_rows(sa.select(r.started_at).where(r.owner == owner))).first()
+            if mine is None:
                 conn.execute(sa.insert(REPLICAS).values(owner=owner, heartbeat_at=now, started_at=started_at))
+            else:
+                # Another process beat under this id since this one's last beat: its start time is in the row.
+                # (At a first beat the row may be a dead predecessor's: that is no clash.)
+                if not first and mine.started_at != started_at:
+                    clash = float(mine.started_at)
+                conn.execute(sa.update(REPLICAS).where(r.owner == owner).values(heartbeat_at=now, started_at=started_at))
             seen = {o: at for o, at in conn.execute(sa.select(r.owner, r.heartbeat_at))}
             live = sorted(o for o, at in seen.items() if at >= now - lease_s or o == owner)
             dead = {o: self._free_dead(conn, o, now, lease_s) for o in seen if o not in live}
@@ -77,7 +89,7 @@ class FleetLeases:
             for names in _batches(conn, bots):
                 q = self._lock_rows(sa.select(b.bot, b.holder, b.until, b.wanted_by).where(names).order_by(b.bot))
                 rows.update({name: (holder, until, wanted) for name, holder, until, wanted in conn.execute(q)})
-            out = Beat(live=live, held={}, dead=dead)
+            out = Beat(live=live, held={}, dead=dead, clash=clash)
             inserts, sets, asks = [], [], []
             for bot in bots:
                 goal = target(bot, live)
