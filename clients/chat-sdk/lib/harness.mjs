@@ -1,9 +1,7 @@
 // What the Chat SDK tests share: replyd's Telegram fake (lib/telegram_fake.py), a `replyd run` pointed at it,
 // and Chat SDK bots (the real `chat` and `@chat-adapter/telegram`) polling it or served its webhooks.
 // REPLYD_PYTHON names a Python that imports replyd (default: the checkout's .venv).
-import { spawn } from "node:child_process";
 import { createServer } from "node:http";
-import { createServer as createNetServer } from "node:net";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -12,6 +10,7 @@ import { Chat } from "chat";
 import { createTelegramAdapter } from "@chat-adapter/telegram";
 import { createMemoryState } from "@chat-adapter/state-memory";
 import { Replyd } from "@replyd/client";
+import { Processes, freePort, until } from "@replyd/testkit";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 /** The repository root: the tests run this checkout's replyd (PYTHONPATH), whatever the venv installed. */
@@ -27,52 +26,15 @@ const quiet = { debug() {}, info() {}, warn() {}, error() {}, child() { return q
 const dir = mkdtempSync(join(tmpdir(), "replyd-chat-sdk-"));
 const env = { ...process.env, HOME: dir, XDG_STATE_HOME: join(dir, "state"), TELEGRAM_BOT_TOKEN: BOT_TOKEN,
               REPLYD_API_TOKEN: API_TOKEN, PYTHONPATH: [ROOT, process.env.PYTHONPATH].filter(Boolean).join(":") };
-const procs = [];
-const logs = [];
+const procs = new Processes({ python: PYTHON, cwd: dir, env, stdin: "pipe" }); // a fake stops when stdin closes
 
-function start(args) {
-  const proc = spawn(PYTHON, args, { cwd: dir, env, stdio: ["pipe", "pipe", "pipe"] });
-  proc.stdout.on("data", (b) => logs.push(b.toString()));
-  proc.stderr.on("data", (b) => logs.push(b.toString()));
-  procs.push(proc);
-  return proc;
-}
-
-async function waitFor(what, proc, ok) {
-  const deadline = Date.now() + 60_000;
-  while (Date.now() < deadline) {
-    if (proc.exitCode !== null) throw new Error(`${what}: exited ${proc.exitCode} (REPLYD_PYTHON=${PYTHON})\n${logs.join("").slice(-3000)}`);
-    const got = await ok().catch(() => undefined);
-    if (got) return got;
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`${what}: not ready in 60 s\n${logs.join("").slice(-3000)}`);
-}
-
-function freePort() {
-  return new Promise((ok, fail) => {
-    const srv = createNetServer();
-    srv.on("error", fail);
-    srv.listen(0, "127.0.0.1", () => { const { port } = srv.address(); srv.close(() => ok(port)); });
-  });
-}
-
-/** Polls `ok()` until it is truthy (or throws after `ms`). */
-export async function until(what, ok, ms = 20_000) {
-  const deadline = Date.now() + ms;
-  while (Date.now() < deadline) {
-    const got = await ok();
-    if (got) return got;
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`${what}: not in ${ms / 1000} s`);
-}
+export { until };
 
 /** The Telegram fake and its control endpoint. */
 export async function startFake() {
-  const proc = start([join(HERE, "telegram_fake.py")]);
-  const [url, control] = await waitFor("telegram fake", proc, async () => {
-    const text = logs.join("");
+  const proc = procs.start([join(HERE, "telegram_fake.py")]);
+  const [url, control] = await procs.waitFor("telegram fake", proc, async () => {
+    const text = procs.logs.join("");
     const a = /FAKE_URL=(\S+)/.exec(text), b = /CONTROL_URL=(\S+)/.exec(text);
     return a && b ? [a[1], b[1]] : undefined;
   });
@@ -129,9 +91,9 @@ host = "127.0.0.1"
 port = ${port}
 token_env = "REPLYD_API_TOKEN"
 `);
-  const proc = start(["-m", "replyd", "run", "--config", config]);
+  const proc = procs.start(["-m", "replyd", "run", "--config", config]);
   const baseUrl = `http://127.0.0.1:${port}`;
-  await waitFor("replyd run", proc, async () =>
+  await procs.waitFor("replyd run", proc, async () =>
     (await fetch(`${baseUrl}/readyz`, { headers: { authorization: `Bearer ${API_TOKEN}` } })).status === 200);
   return new Replyd({ baseUrl, token: API_TOKEN });
 }
@@ -175,7 +137,6 @@ export async function startBot({ fakeUrl, mode, answer }) {
 
 /** Stops every process started here and removes the scratch directory. */
 export async function stopAll() {
-  for (const p of procs) if (p.exitCode === null) { p.stdin.end(); p.kill("SIGTERM"); }
-  await Promise.all(procs.map((p) => p.exitCode !== null ? null : new Promise((r) => p.once("exit", r))));
+  await procs.stopAll();
   rmSync(dir, { recursive: true, force: true });
 }

@@ -5,57 +5,26 @@
 // REPLYD_PYTHON names a Python that can import replyd (default python3).
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { ChannelMessageAdapterShape, ChannelMessageSendResult,
               ChannelMessageUnknownSendContext } from "openclaw/plugin-sdk/channel-message";
 import { Replyd } from "@replyd/client";
+import { Processes, freePort } from "@replyd/testkit";
 import { ReplydNotSentError, createReconcileUnknownSend, receiptFor, withReplyd } from "../src/index.js";
 
 const PYTHON = process.env.REPLYD_PYTHON ?? "python3";
 const API_TOKEN = "openclaw-hook-test-token";
 const BOT_TOKEN = "7000000001:AAFakeTokenForTestsOnly-0123456789ab";
 const HERE = dirname(fileURLToPath(import.meta.url));
-const procs: ChildProcess[] = [];
-const logs: string[] = [];
+let procs: Processes;
 let dir = "";
 let telegramUrl = "";
 let controlUrl = "";
 let apiUrl = "";
 let replyd: Replyd;
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.on("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const addr = srv.address();
-      srv.close(() => resolve(typeof addr === "object" && addr !== null ? addr.port : 0));
-    });
-  });
-}
-
-function start(args: string[], env: NodeJS.ProcessEnv): ChildProcess {
-  const proc = spawn(PYTHON, args, { cwd: dir, env, stdio: ["ignore", "pipe", "pipe"] });
-  proc.stdout?.on("data", (b: Buffer) => logs.push(b.toString()));
-  proc.stderr?.on("data", (b: Buffer) => logs.push(b.toString()));
-  procs.push(proc);
-  return proc;
-}
-
-async function waitFor(what: string, proc: ChildProcess | null, ok: () => Promise<boolean>, ms = 60_000): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (Date.now() < deadline) {
-    if (proc !== null && proc.exitCode !== null) throw new Error(`${what}: exited ${proc.exitCode}\n${logs.join("").slice(-3000)}`);
-    if (await ok().catch(() => false)) return;
-    await new Promise((r) => setTimeout(r, 200));
-  }
-  throw new Error(`${what}: not in ${ms} ms\n${logs.join("").slice(-3000)}`);
-}
 
 async function control(path: string, body?: unknown): Promise<any> {
   const res = await fetch(`${controlUrl}${path}`, body === undefined ? {} : { method: "POST", body: JSON.stringify(body) });
@@ -128,11 +97,11 @@ before(async () => {
   dir = mkdtempSync(join(tmpdir(), "replyd-openclaw-"));
   const env = { ...process.env, HOME: dir, XDG_STATE_HOME: join(dir, "state"), REPLYD_API_TOKEN: API_TOKEN,
                 TELEGRAM_BOT_TOKEN: BOT_TOKEN };
-  const fake = start([join(HERE, "..", "..", "test", "telegram_fake.py")], env);
-  await waitFor("telegram fake", fake, async () => {
-    const m = /TELEGRAM_URL=(\S+) CONTROL_URL=(\S+)/.exec(logs.join(""));
-    if (m?.[1] !== undefined && m[2] !== undefined) [telegramUrl, controlUrl] = [m[1], m[2]];
-    return controlUrl !== "";
+  procs = new Processes({ python: PYTHON, cwd: dir, env });
+  const fake = procs.start([join(HERE, "..", "..", "test", "telegram_fake.py")]);
+  [telegramUrl, controlUrl] = await procs.waitFor("telegram fake", fake, async () => {
+    const m = /TELEGRAM_URL=(\S+) CONTROL_URL=(\S+)/.exec(procs.logs.join(""));
+    return m?.[1] !== undefined && m[2] !== undefined ? [m[1], m[2]] as const : undefined;
   });
   const port = await freePort();
   apiUrl = `http://127.0.0.1:${port}`;
@@ -163,14 +132,13 @@ host = "127.0.0.1"
 port = ${port}
 token_env = "REPLYD_API_TOKEN"
 `);
-  const run = start(["-m", "replyd", "run", "--config", "replyd.toml"], env);
-  await waitFor("replyd run", run, async () => (await fetch(`${apiUrl}/healthz`)).status === 200);
+  const run = procs.start(["-m", "replyd", "run", "--config", "replyd.toml"]);
+  await procs.waitFor("replyd run", run, async () => (await fetch(`${apiUrl}/healthz`)).status === 200);
   replyd = new Replyd({ baseUrl: apiUrl, token: API_TOKEN });
 });
 
 after(async () => {
-  for (const p of procs) p.kill("SIGTERM");
-  await Promise.all(procs.map((p) => p.exitCode !== null ? null : new Promise((r) => p.once("exit", r))));
+  await procs?.stopAll();
   rmSync(dir, { recursive: true, force: true });
 });
 
@@ -198,7 +166,7 @@ test("a lost sendMessage answer and a replayed update: naive posts twice, throug
   assert.ok(counts.lost_parents.includes(r.parent));
 
   // Telegram has no read-back: past the send deadline the sweep moves the row to unconfirmed.
-  await waitFor("unconfirmed", null, async () => (await rowState(r.parent)) === "unconfirmed", 20_000);
+  await procs.waitFor("unconfirmed", null, async () => (await rowState(r.parent)) === "unconfirmed", 20_000);
   const reconcile = createReconcileUnknownSend(opts());
   const [chat, mid] = r.parent.split(":") as [string, string];
   const pending = await reconcile(unknownCtx(chat, mid));
@@ -245,7 +213,7 @@ test("reconcileUnknownSend answers sent, not sent and unresolved from replyd's r
   assert.equal(unknown.state, "unknown_after_send");
   const open = await reconcile(unknownCtx(String(chat), lost.split(":")[1]));
   assert.equal(open.status, "unresolved", `row ${await rowState(lost)}`);
-  await waitFor("unconfirmed", null, async () => (await rowState(lost)) === "unconfirmed", 20_000);
+  await procs.waitFor("unconfirmed", null, async () => (await rowState(lost)) === "unconfirmed", 20_000);
   assert.equal((await reconcile(unknownCtx(String(chat), lost.split(":")[1]))).status, "unresolved");
 
   // An operator who knows it did not land rearms it: released, so not sent.

@@ -2,49 +2,18 @@
 // REPLYD_PYTHON names a Python that can import replyd (default python3).
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { Processes, freePort } from "@replyd/testkit";
 import { Replyd, type PostResult } from "../src/index.js";
 
 const PYTHON = process.env.REPLYD_PYTHON ?? "python3";
 const TOKEN = "ts-client-test-token";
-const procs: ChildProcess[] = [];
-const logs: string[] = [];
+let procs: Processes;
 let dir = "";
 let simUrl = "";
 let apiUrl = "";
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.on("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const addr = srv.address();
-      srv.close(() => resolve(typeof addr === "object" && addr !== null ? addr.port : 0));
-    });
-  });
-}
-
-function start(args: string[], env: NodeJS.ProcessEnv): ChildProcess {
-  const proc = spawn(PYTHON, args, { cwd: dir, env, stdio: ["ignore", "pipe", "pipe"] });
-  proc.stdout?.on("data", (b: Buffer) => logs.push(b.toString()));
-  proc.stderr?.on("data", (b: Buffer) => logs.push(b.toString()));
-  procs.push(proc);
-  return proc;
-}
-
-async function waitFor(what: string, proc: ChildProcess, ok: () => Promise<boolean>): Promise<void> {
-  const deadline = Date.now() + 60_000;
-  while (Date.now() < deadline) {
-    if (proc.exitCode !== null) throw new Error(`${what}: exited ${proc.exitCode}\n${logs.join("").slice(-3000)}`);
-    if (await ok().catch(() => false)) return;
-    await new Promise((r) => setTimeout(r, 200));
-  }
-  throw new Error(`${what}: not ready in 60 s\n${logs.join("").slice(-3000)}`);
-}
 
 async function sim(path: string, body?: unknown): Promise<any> {
   const res = await fetch(`${simUrl}${path}`, body === undefined ? {} : { method: "POST", body: JSON.stringify(body) });
@@ -72,13 +41,10 @@ before(async () => {
   dir = mkdtempSync(join(tmpdir(), "replyd-ts-"));
   const env = { ...process.env, HOME: dir, XDG_STATE_HOME: join(dir, "state"), SIM_TOKEN: "sim-token-replybot",
                 REPLYD_API_TOKEN: TOKEN };
-  const simProc = start(["-m", "replyd.sim", "--port", "0", "--account", "replybot:sim-token-replybot:bot",
-                         "--account", "alice", "--listing-delay-s", "0"], env);
-  await waitFor("sim", simProc, async () => {
-    const m = /SIM_URL=(\S+)/.exec(logs.join(""));
-    if (m?.[1] !== undefined) simUrl = m[1];
-    return simUrl !== "";
-  });
+  procs = new Processes({ python: PYTHON, cwd: dir, env });
+  const simProc = procs.start(["-m", "replyd.sim", "--port", "0", "--account", "replybot:sim-token-replybot:bot",
+                               "--account", "alice", "--listing-delay-s", "0"]);
+  simUrl = await procs.waitFor("sim", simProc, async () => /SIM_URL=(\S+)/.exec(procs.logs.join(""))?.[1]);
   const port = await freePort();
   apiUrl = `http://127.0.0.1:${port}`;
   writeFileSync(join(dir, "replyd.toml"), `
@@ -107,14 +73,13 @@ host = "127.0.0.1"
 port = ${port}
 token_env = "REPLYD_API_TOKEN"
 `);
-  const run = start(["-m", "replyd", "run", "--config", "replyd.toml"], env);
-  await waitFor("replyd run", run, async () =>
+  const run = procs.start(["-m", "replyd", "run", "--config", "replyd.toml"]);
+  await procs.waitFor("replyd run", run, async () =>
     (await fetch(`${apiUrl}/readyz`, { headers: { authorization: `Bearer ${TOKEN}` } })).status === 200);
 });
 
 after(async () => {
-  for (const p of procs) p.kill("SIGTERM");
-  await Promise.all(procs.map((p) => p.exitCode !== null ? null : new Promise((r) => p.once("exit", r))));
+  await procs?.stopAll();
   rmSync(dir, { recursive: true, force: true });
 });
 
