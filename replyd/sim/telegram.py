@@ -23,6 +23,9 @@ Shipped in the package so the docs' examples run anywhere: ``TelegramApi(Telegra
   header, one at a time, repeating a delivery that was not answered 2xx (``lose_acks``: this share of the
   2xx answers is treated as lost, so the delivery repeats, to any of ``urls``).
 - ``restart()``: the Bot API server stops and starts on the same port (state kept: Telegram's is durable).
+- What a gateway calls around its answers (openclaw's Telegram channel): ``setMyCommands`` (validated, kept for
+  ``getMyCommands``), ``deleteMyCommands``, ``sendChatAction`` (a documented action), ``setMessageReaction`` (an
+  existing message), ``getChat``; an unknown chat is 400 "chat not found". Any other method is 404.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import copy
 import email
 import email.policy
 import json
+import re
 import random
 import threading
 import time
@@ -101,6 +105,7 @@ class TelegramWorld:
         self.now = now
         self.lock = threading.Lock()
         self.chats: dict[int, Chat] = {}
+        self.commands: list[dict[str, str]] = []  # setMyCommands' list (getMyCommands)
         self.updates: list[tuple[int, float, dict[str, Any]]] = []  # (update_id, stored_at, update)
         self.next_update = 100_000_001
         self.send_faults: list[str] = []
@@ -462,6 +467,75 @@ class TelegramApi:
                                      "not found"}, status_code=400)
             del chat.messages[msg["message_id"]]  # type: ignore[union-attr]
         return JSONResponse({"ok": True, "result": True})
+
+    # -- what a gateway calls around its answers (openclaw's Telegram channel, grammY): documented, no state kept
+    # beyond the command list. core.telegram.org/bots/api#setmycommands, #deletemycommands, #getmycommands,
+    # #sendchataction, #setmessagereaction, #getchat.
+
+    _ACTIONS = frozenset({"typing", "upload_photo", "record_video", "upload_video", "record_voice", "upload_voice",
+                          "upload_document", "choose_sticker", "find_location", "record_video_note",
+                          "upload_video_note"})
+
+    def _chat_of(self, args: dict[str, Any]) -> Chat | JSONResponse:
+        chat_id = args.get("chat_id")
+        if isinstance(chat_id, str) and chat_id.removeprefix("-").isdigit():
+            chat_id = int(chat_id)
+        chat = self.world.chats.get(chat_id) if isinstance(chat_id, int) else None
+        if chat is None:
+            return JSONResponse({"ok": False, "error_code": 400, "description": "Bad Request: chat not found"}, 400)
+        return chat
+
+    async def _m_setMyCommands(self, args: dict[str, Any]) -> Response:
+        commands = args.get("commands")
+        if isinstance(commands, str):
+            try:
+                commands = json.loads(commands)
+            except ValueError:
+                commands = None
+        ok = isinstance(commands, list) and len(commands) <= 100 and all(
+            isinstance(c, dict) and isinstance(c.get("command"), str) and re.fullmatch(r"[a-z0-9_]{1,32}", c["command"])
+            and isinstance(c.get("description"), str) and 1 <= len(c["description"]) <= 256 for c in commands)
+        if not ok:
+            return JSONResponse({"ok": False, "error_code": 400, "description": "Bad Request: BOT_COMMANDS_INVALID"}, 400)
+        with self.world.lock:
+            self.world.commands = [{"command": c["command"], "description": c["description"]} for c in commands]
+        return JSONResponse({"ok": True, "result": True})
+
+    async def _m_deleteMyCommands(self, args: dict[str, Any]) -> Response:
+        with self.world.lock:
+            self.world.commands = []
+        return JSONResponse({"ok": True, "result": True})
+
+    async def _m_getMyCommands(self, args: dict[str, Any]) -> Response:
+        with self.world.lock:
+            return JSONResponse({"ok": True, "result": list(self.world.commands)})
+
+    async def _m_sendChatAction(self, args: dict[str, Any]) -> Response:
+        chat = self._chat_of(args)
+        if isinstance(chat, JSONResponse):
+            return chat
+        if args.get("action") not in self._ACTIONS:
+            return JSONResponse({"ok": False, "error_code": 400, "description": "Bad Request: wrong parameter action "
+                                 "in request"}, 400)
+        return JSONResponse({"ok": True, "result": True})
+
+    async def _m_setMessageReaction(self, args: dict[str, Any]) -> Response:
+        chat = self._chat_of(args)
+        if isinstance(chat, JSONResponse):
+            return chat
+        mid = args.get("message_id")
+        mid = int(mid) if isinstance(mid, str) and mid.isdigit() else mid
+        with self.world.lock:
+            if mid not in chat.messages:
+                return JSONResponse({"ok": False, "error_code": 400, "description": "Bad Request: message to react "
+                                     "not found"}, 400)
+        return JSONResponse({"ok": True, "result": True})
+
+    async def _m_getChat(self, args: dict[str, Any]) -> Response:
+        chat = self._chat_of(args)
+        if isinstance(chat, JSONResponse):
+            return chat
+        return JSONResponse({"ok": True, "result": {**chat.json(), "accent_color_id": 0, "max_reaction_count": 11}})
 
     async def _m_setWebhook(self, args: dict[str, Any]) -> Response:
         w = self.world
