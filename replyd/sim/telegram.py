@@ -221,6 +221,11 @@ class TelegramWorld:
             return JSONResponse({"ok": False, "error_code": 502, "description": "Bad Gateway"}, status_code=502)
         if fault == "blocked":
             return _err("error_403_blocked")
+        chat = self.find_chat(args)
+        return chat if isinstance(chat, JSONResponse) else _bad_text(args.get("text")) or chat
+
+    def find_chat(self, args: dict[str, Any]) -> Chat | JSONResponse:
+        """The chat ``args["chat_id"]`` names, or 400 "chat not found"."""
         chat_id = args.get("chat_id")
         if isinstance(chat_id, str) and chat_id.isascii() and chat_id.removeprefix("-").isdigit():
             chat_id = int(chat_id)  # "Integer or String": a JSON body may carry the id as a string
@@ -228,7 +233,7 @@ class TelegramWorld:
         if chat is None:
             return JSONResponse({"ok": False, "error_code": 400, "description": "Bad Request: chat not found"},
                                 status_code=400)
-        return _bad_text(args.get("text")) or chat
+        return chat
 
     def send_message(self, args: dict[str, Any]) -> tuple[str, dict[str, Any] | JSONResponse]:
         """Create the bot's message (or refuse): (fault, message or error response)."""
@@ -476,15 +481,6 @@ class TelegramApi:
                           "upload_document", "choose_sticker", "find_location", "record_video_note",
                           "upload_video_note"})
 
-    def _chat_of(self, args: dict[str, Any]) -> Chat | JSONResponse:
-        chat_id = args.get("chat_id")
-        if isinstance(chat_id, str) and chat_id.removeprefix("-").isdigit():
-            chat_id = int(chat_id)
-        chat = self.world.chats.get(chat_id) if isinstance(chat_id, int) else None
-        if chat is None:
-            return JSONResponse({"ok": False, "error_code": 400, "description": "Bad Request: chat not found"}, 400)
-        return chat
-
     async def _m_setMyCommands(self, args: dict[str, Any]) -> Response:
         commands = args.get("commands")
         if isinstance(commands, str):
@@ -511,7 +507,7 @@ class TelegramApi:
             return JSONResponse({"ok": True, "result": list(self.world.commands)})
 
     async def _m_sendChatAction(self, args: dict[str, Any]) -> Response:
-        chat = self._chat_of(args)
+        chat = self.world.find_chat(args)
         if isinstance(chat, JSONResponse):
             return chat
         if args.get("action") not in self._ACTIONS:
@@ -520,7 +516,7 @@ class TelegramApi:
         return JSONResponse({"ok": True, "result": True})
 
     async def _m_setMessageReaction(self, args: dict[str, Any]) -> Response:
-        chat = self._chat_of(args)
+        chat = self.world.find_chat(args)
         if isinstance(chat, JSONResponse):
             return chat
         mid = args.get("message_id")
@@ -532,7 +528,7 @@ class TelegramApi:
         return JSONResponse({"ok": True, "result": True})
 
     async def _m_getChat(self, args: dict[str, Any]) -> Response:
-        chat = self._chat_of(args)
+        chat = self.world.find_chat(args)
         if isinstance(chat, JSONResponse):
             return chat
         return JSONResponse({"ok": True, "result": {**chat.json(), "accent_color_id": 0, "max_reaction_count": 11}})
